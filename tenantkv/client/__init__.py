@@ -1,0 +1,1 @@
+"""Blocking and Trio clients over one sans-IO core."""

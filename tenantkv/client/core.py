@@ -1,0 +1,301 @@
+"""The sans-IO client core shared by :class:`tenantkv.Client` and :class:`tenantkv.AsyncClient`.
+
+It encodes requests, pairs responses with requests by msgid, and turns error
+maps into exceptions; it never touches a socket. :class:`Commands` describes
+every command once — its parameters and how its result is read — and each
+driver only supplies ``_execute(call)``, which sends a :class:`Call` and
+returns its parsed result (or, for the async client, a coroutine of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Generic, TypeVar
+
+from tenantkv import errors, protocol
+
+T = TypeVar("T")
+CLIENT_NAME = "tenantkv-python"
+
+Key = bytes | str
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A stored value with its metadata."""
+
+    value: bytes
+    cas: int
+    flags: int
+    expiry_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One record returned by ``scan``."""
+
+    key: bytes
+    value: bytes
+    cas: int
+    flags: int
+    expiry_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPage:
+    items: list[Item]
+    #: pass as ``after`` to get the next page; None when the scan is complete
+    cursor: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    method: str
+    params: dict[str, Any]
+    parse: Callable[[Any], T]
+    #: a read may be retried on overload without side effects
+    is_read: bool = False
+
+
+def _key(key: Key) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+def _value(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _ident(x: Any) -> Any:
+    return x
+
+
+def _record(r: Any) -> Record | None:
+    return None if r is None else Record(r["value"], r["cas"], r["flags"], r["expiry_ms"])
+
+
+def _value_of(r: Any) -> bytes | None:
+    return None if r is None else r["value"]
+
+
+def _cas(r: Any) -> int:
+    return int(r["cas"])
+
+
+def _scan(r: Any) -> ScanPage:
+    return ScanPage([Item(*row) for row in r["items"]], r["cursor"])
+
+
+class ClientCore:
+    """Request encoding and response matching."""
+
+    def __init__(self) -> None:
+        self._ids = count(1)
+        self._decoder = protocol.ResponseDecoder()
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
+        msgid = next(self._ids) & 0xFFFFFFFF
+        return msgid, protocol.encode_request(msgid, method, params)
+
+    def receive(self, data: bytes) -> list[protocol.Response]:
+        self._decoder.feed(data)
+        return list(self._decoder)
+
+    @staticmethod
+    def outcome(resp: protocol.Response, call: Call[T]) -> T:
+        """The parsed result, or raise the error the server sent."""
+        if resp.error is not None:
+            raise errors.from_wire(resp.error, command=call.method)
+        return call.parse(resp.result)
+
+
+def hello_call(
+    user: str, password: str, bucket: str | None, client_name: str, version: str
+) -> Call[dict[str, Any]]:
+    params: dict[str, Any] = {
+        "user": user,
+        "password": password,
+        "client": {"name": client_name, "version": version},
+        "backpressure": True,
+    }
+    if bucket is not None:
+        params["bucket"] = bucket
+    return Call("hello", params, _ident)
+
+
+class Commands:
+    """Every command, described once. Drivers implement ``_execute``."""
+
+    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def with_timeout(self, seconds: float | None) -> Commands:
+        """A view of this client whose operations use this timeout, e.g.
+        ``c.with_timeout(0.5).get("k")`` (``await`` it on the async client)."""
+        return _TimeoutView(self, seconds)
+
+    # -- data ---------------------------------------------------------------
+
+    def get(self, key: Key) -> Any:
+        """The value, or None if the key does not exist."""
+        return self._execute(Call("get", {"key": _key(key)}, _value_of, True))
+
+    def get_record(self, key: Key) -> Any:
+        """A :class:`Record` (value, cas, flags, expiry_ms), or None."""
+        return self._execute(Call("get", {"key": _key(key)}, _record, True))
+
+    def exists(self, key: Key) -> Any:
+        return self._execute(Call("exists", {"key": _key(key)}, bool, True))
+
+    def set(
+        self,
+        key: Key,
+        value: bytes | str,
+        *,
+        ttl: float = 0,
+        flags: int = 0,
+        cas: int = 0,
+        mode: str = "upsert",
+    ) -> Any:
+        """Store a value; returns its new CAS. ``cas`` makes it a compare-and-swap;
+        ``mode`` is upsert, add (fail if present) or replace (fail if absent)."""
+        params: dict[str, Any] = {"key": _key(key), "value": _value(value)}
+        if ttl:
+            params["ttl"] = ttl
+        if flags:
+            params["flags"] = flags
+        if cas:
+            params["cas"] = cas
+        if mode != "upsert":
+            params["mode"] = mode
+        return self._execute(Call("set", params, _cas))
+
+    def add(self, key: Key, value: bytes | str, *, ttl: float = 0, flags: int = 0) -> Any:
+        return self.set(key, value, ttl=ttl, flags=flags, mode="add")
+
+    def replace(self, key: Key, value: bytes | str, *, ttl: float = 0, flags: int = 0) -> Any:
+        return self.set(key, value, ttl=ttl, flags=flags, mode="replace")
+
+    def delete(self, key: Key, *, cas: int = 0) -> Any:
+        """True if a record was deleted, False if there was none."""
+        params: dict[str, Any] = {"key": _key(key)}
+        if cas:
+            params["cas"] = cas
+        return self._execute(Call("delete", params, bool))
+
+    def touch(self, key: Key, ttl: float) -> Any:
+        """Set a new ttl (0 = never expires); returns the new CAS."""
+        return self._execute(Call("touch", {"key": _key(key), "ttl": ttl}, _cas))
+
+    def incr(self, key: Key, delta: int = 1, *, initial: int | None = None, ttl: float = 0) -> Any:
+        """Atomically add ``delta``; a missing key is set to ``initial`` if given."""
+        return self._counter("incr", key, delta, initial, ttl)
+
+    def decr(self, key: Key, delta: int = 1, *, initial: int | None = None, ttl: float = 0) -> Any:
+        return self._counter("decr", key, delta, initial, ttl)
+
+    def _counter(self, method: str, key: Key, delta: int, initial: int | None, ttl: float) -> Any:
+        params: dict[str, Any] = {"key": _key(key), "delta": delta}
+        if initial is not None:
+            params["initial"] = initial
+        if ttl:
+            params["ttl"] = ttl
+        return self._execute(Call(method, params, lambda r: int(r["value"])))
+
+    def mget(self, keys: Iterable[Key]) -> Any:
+        """Values in key order, None for missing keys."""
+        return self._execute(
+            Call(
+                "mget",
+                {"keys": [_key(k) for k in keys]},
+                lambda r: [None if x is None else x["value"] for x in r],
+                True,
+            )
+        )
+
+    def mget_records(self, keys: Iterable[Key]) -> Any:
+        return self._execute(
+            Call("mget", {"keys": [_key(k) for k in keys]}, lambda r: [_record(x) for x in r], True)
+        )
+
+    def scan(
+        self,
+        *,
+        prefix: Key | None = None,
+        start: Key | None = None,
+        end: Key | None = None,
+        after: Key | None = None,
+        limit: int = 100,
+    ) -> Any:
+        """One page of records in key order (by prefix or [start, end)); see ScanPage."""
+        params: dict[str, Any] = {"limit": limit}
+        for name, v in (("prefix", prefix), ("start", start), ("end", end), ("after", after)):
+            if v is not None:
+                params[name] = _key(v)
+        return self._execute(Call("scan", params, _scan, True))
+
+    def ping(self) -> Any:
+        return self._execute(Call("ping", {}, _ident, True))
+
+    def select_bucket(self, name: str) -> Any:
+        return self._execute(Call("select_bucket", {"bucket": name}, _ident))
+
+    # -- admin ---------------------------------------------------------------
+
+    def create_bucket(self, name: str) -> Any:
+        return self._execute(Call("create_bucket", {"name": name}, _ident))
+
+    def delete_bucket(self, name: str) -> Any:
+        return self._execute(Call("delete_bucket", {"name": name}, _ident))
+
+    def list_buckets(self) -> Any:
+        return self._execute(Call("list_buckets", {}, _ident, True))
+
+    def create_user(
+        self,
+        name: str,
+        password: str,
+        *,
+        roles: dict[str, str] | None = None,
+        admin: bool = False,
+        unthrottled: bool = False,
+    ) -> Any:
+        """roles: {bucket: "read" | "readwrite"}."""
+        return self._execute(
+            Call(
+                "create_user",
+                {
+                    "name": name,
+                    "password": password,
+                    "roles": roles or {},
+                    "admin": admin,
+                    "unthrottled": unthrottled,
+                },
+                _ident,
+            )
+        )
+
+    def delete_user(self, name: str) -> Any:
+        return self._execute(Call("delete_user", {"name": name}, _ident))
+
+    def list_users(self) -> Any:
+        return self._execute(Call("list_users", {}, _ident, True))
+
+    def server_status(self) -> Any:
+        return self._execute(Call("server_status", {}, _ident, True))
+
+    def command(self, name: str, **args: Any) -> Any:
+        """Run any server command with these parameters; returns its raw result."""
+        return self._execute(Call(name, args, _ident))
+
+
+class _TimeoutView(Commands):
+    __slots__ = ("_client", "_seconds")
+
+    def __init__(self, client: Commands, seconds: float | None) -> None:
+        self._client = client
+        self._seconds = seconds
+
+    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
+        return self._client._execute(call, self._seconds if op_timeout is None else op_timeout)

@@ -1,0 +1,173 @@
+"""Every server setting, declared once, and the TOML config loader built from it.
+
+The declaration (:data:`SETTINGS`) is the single source of the name, type,
+default, range and help of each setting; the loader, the ``serve`` flags and
+``docs/configuration.md`` all follow it. Precedence: command line > config
+file > defaults. An unknown key or a bad value stops start-up with a message
+naming it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tenantkv import protocol
+
+#: Default TCP port: unassigned by IANA and clear of common database ports.
+DEFAULT_PORT = 7207
+
+
+class ConfigError(ValueError):
+    """A config file or flag is wrong; the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    #: None allowed (the setting is "off" or "unbounded" when None)
+    optional: bool = False
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("data_dir", str, "./tenantkv-data", "Directory holding the LMDB files."),
+    Setting("host", str, "127.0.0.1", "Address to listen on."),
+    Setting("port", int, DEFAULT_PORT, "TCP port; 0 picks a free port.", 0, 65535),
+    Setting(
+        "metrics_port",
+        int,
+        None,
+        "Prometheus metrics port on loopback (off when unset).",
+        0,
+        65535,
+        optional=True,
+    ),
+    Setting(
+        "durability",
+        str,
+        "fsync",
+        "fsync: acknowledge writes after fsync; "
+        "nosync: after the OS has the data (survives a process crash, not a power loss).",
+        choices=("fsync", "nosync"),
+    ),
+    Setting("map_size_mb", int, 1024, "Initial LMDB map size; it grows on its own.", 1),
+    Setting("max_map_size_mb", int, 0, "Largest map size (0 = limited only by the disk).", 0),
+    Setting("max_buckets", int, 1000, "Most buckets on this node.", 1, 30000),
+    Setting(
+        "max_value_bytes",
+        int,
+        protocol.MAX_VALUE_BYTES,
+        "Largest value accepted.",
+        0,
+        protocol.MAX_VALUE_BYTES,
+    ),
+    Setting("max_connections", int, 10000, "Most open client connections.", 1),
+    Setting(
+        "max_inflight_per_connection",
+        int,
+        1024,
+        "Pipelined requests a connection may have unanswered before it stops being read.",
+        1,
+    ),
+    Setting("hello_timeout_secs", float, 10.0, "Time a new connection has to send hello.", 0.1),
+    Setting("idle_timeout_secs", float, 3600.0, "Close connections idle this long (0 = never).", 0),
+    Setting(
+        "shutdown_grace_secs",
+        float,
+        10.0,
+        "On SIGTERM/SIGINT, time in-flight requests get to finish.",
+        0,
+    ),
+    Setting(
+        "expiry_pager_interval_secs",
+        float,
+        5.0,
+        "How often expired records are reclaimed from disk.",
+        0.01,
+    ),
+    Setting(
+        "log_level", str, "info", "Logging level.", choices=("debug", "info", "warning", "error")
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: str = "./tenantkv-data"
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    metrics_port: int | None = None
+    durability: str = "fsync"
+    map_size_mb: int = 1024
+    max_map_size_mb: int = 0
+    max_buckets: int = 1000
+    max_value_bytes: int = protocol.MAX_VALUE_BYTES
+    max_connections: int = 10000
+    max_inflight_per_connection: int = 1024
+    hello_timeout_secs: float = 10.0
+    idle_timeout_secs: float = 3600.0
+    shutdown_grace_secs: float = 10.0
+    expiry_pager_interval_secs: float = 5.0
+    log_level: str = "info"
+
+    def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:
+        return replace(self, **{k: check(k, v, source) for k, v in values.items()})
+
+
+assert {f.name for f in fields(Config)} == set(_BY_NAME), "Config and SETTINGS disagree"
+assert all(getattr(Config(), s.name) == s.default for s in SETTINGS), "defaults disagree"
+
+
+def check(name: str, value: Any, source: str = "") -> Any:
+    """Validate one setting; returns the value converted to its type."""
+    where = f" in {source}" if source else ""
+    s = _BY_NAME.get(name)
+    if s is None:
+        raise ConfigError(f"unknown setting {name!r}{where}")
+    if value is None and s.optional:
+        return None
+    if s.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, s.type) or isinstance(value, bool):
+        raise ConfigError(
+            f"setting {name!r}{where} must be of type {s.type.__name__}, got {value!r}"
+        )
+    if s.choices and value not in s.choices:
+        raise ConfigError(f"setting {name!r}{where} must be one of {', '.join(s.choices)}")
+    if s.min is not None and value < s.min:
+        raise ConfigError(f"setting {name!r}{where} must be >= {s.min}, got {value!r}")
+    if s.max is not None and value > s.max:
+        raise ConfigError(f"setting {name!r}{where} must be <= {s.max}, got {value!r}")
+    return value
+
+
+def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file (top-level keys or a ``[server]`` table), then overrides."""
+    cfg = Config()
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        if isinstance(data.get("server"), dict):
+            rest = {k: v for k, v in data.items() if k != "server"}
+            data = {**rest, **data["server"]}
+        cfg = cfg.with_values(data, source=str(path))
+    if overrides:
+        cfg = cfg.with_values(
+            {k: v for k, v in overrides.items() if v is not None}, source="the command line"
+        )
+    return cfg

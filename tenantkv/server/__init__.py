@@ -1,0 +1,1 @@
+"""The Trio server: listener, sessions, commands, daemon entry point."""

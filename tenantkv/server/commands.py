@@ -1,0 +1,370 @@
+"""The command table: name, class (read / write / admin / session), parameters, handler.
+
+Read handlers run inline and return the result. Write handlers only validate
+and build a :class:`~tenantkv.storage.ops.WriteOp`; the session queues it on
+the group-commit writer and answers when the batch is durable, so pipelined
+writes share one commit. Admin and session handlers are coroutines.
+
+Parameter checking is strict — an unknown parameter or a wrong type is a
+``BadValue`` naming it — because a typo that silently does nothing (``tll``
+for ``ttl``) loses data later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import trio
+
+from tenantkv import errors, protocol
+from tenantkv.server import auth
+from tenantkv.storage.engine import BucketHandle, validate_bucket_name
+from tenantkv.storage.ops import (
+    CounterOp,
+    CreateBucketOp,
+    DeleteOp,
+    DropBucketOp,
+    SetOp,
+    TouchOp,
+    WriteOp,
+)
+from tenantkv.storage.records import Record
+
+if TYPE_CHECKING:
+    from tenantkv.server.session import Session
+
+Kind = Literal["read", "write", "admin", "session"]
+
+#: Parameters any command accepts.
+COMMON_PARAMS = frozenset({"timeout_ms"})
+MAX_SCAN_LIMIT = 1000
+MAX_MGET_KEYS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    kind: Kind
+    params: frozenset[str]
+    handler: Callable[..., Any]
+    #: what the command's result is, for docs
+    doc: str = ""
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, kind: Kind, *params: str) -> Callable[[Callable[..., Any]], Any]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        COMMANDS[name] = Command(
+            name, kind, frozenset(params) | COMMON_PARAMS, fn, fn.__doc__ or ""
+        )
+        return fn
+
+    return register
+
+
+def check_params(cmd: Command, params: dict[str, Any]) -> None:
+    for p in params:
+        if p not in cmd.params:
+            raise errors.BadValue(f"unknown parameter {p!r} for {cmd.name}")
+
+
+# -- parameter helpers ------------------------------------------------------------
+
+
+def key_param(p: dict[str, Any], name: str = "key") -> bytes:
+    k = p.get(name)
+    if isinstance(k, str):
+        k = k.encode()
+    if not isinstance(k, bytes):
+        raise errors.BadValue(f"{name!r} must be bytes or a string")
+    if not 0 < len(k) <= protocol.MAX_KEY_BYTES:
+        raise errors.KeyTooLong(f"{name!r} must be 1-{protocol.MAX_KEY_BYTES} bytes, got {len(k)}")
+    return k
+
+
+def opt_key(p: dict[str, Any], name: str) -> bytes | None:
+    if p.get(name) is None:
+        return None
+    k = p[name]
+    if isinstance(k, str):
+        k = k.encode()
+    if not isinstance(k, bytes) or len(k) > protocol.MAX_KEY_BYTES:
+        raise errors.BadValue(f"{name!r} must be bytes of at most {protocol.MAX_KEY_BYTES}")
+    return k
+
+
+def int_param(p: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    v = p.get(name, default)
+    if v is None:
+        return default
+    if type(v) is not int or not lo <= v <= hi:
+        raise errors.BadValue(f"{name!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def ttl_param(p: dict[str, Any]) -> float:
+    v = p.get("ttl", 0)
+    if v is None:
+        return 0
+    if type(v) not in (int, float) or not 0 <= v <= 10 * 365 * 86400:
+        raise errors.BadValue(f"'ttl' must be seconds >= 0 (0 = never expires), got {v!r}")
+    return v
+
+
+def bool_param(p: dict[str, Any], name: str, default: bool = False) -> bool:
+    v = p.get(name, default)
+    if type(v) is not bool:
+        raise errors.BadValue(f"{name!r} must be true or false, got {v!r}")
+    return v
+
+
+def str_param(p: dict[str, Any], name: str) -> str:
+    v = p.get(name)
+    if not isinstance(v, str):
+        raise errors.BadValue(f"{name!r} must be a string")
+    return v
+
+
+def record_out(rec: Record) -> dict[str, Any]:
+    return {"value": rec.value, "cas": rec.cas, "flags": rec.flags, "expiry_ms": rec.expiry_ms}
+
+
+# -- data: reads --------------------------------------------------------------------
+
+
+@command("get", "read", "key")
+def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """{value, cas, flags, expiry_ms} or nil when the key does not exist."""
+    key = key_param(p)
+    rec = s.node.engine.get(b.name, key)
+    if rec is None:
+        return None
+    s.read_sizes.append(len(key) + rec.stored_bytes)
+    return record_out(rec)
+
+
+@command("exists", "read", "key")
+def exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """true or false."""
+    return s.node.engine.get(b.name, key_param(p)) is not None
+
+
+@command("mget", "read", "keys")
+def mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """A list, one entry per key: {value, cas, flags, expiry_ms} or nil."""
+    keys = p.get("keys")
+    if not isinstance(keys, list) or not 0 < len(keys) <= MAX_MGET_KEYS:
+        raise errors.BadValue(f"'keys' must be a list of 1-{MAX_MGET_KEYS} keys")
+    ks = [key_param({"key": k}) for k in keys]
+    out = []
+    for k, rec in zip(ks, s.node.engine.mget(b.name, ks), strict=True):
+        if rec is None:
+            out.append(None)
+        else:
+            s.read_sizes.append(len(k) + rec.stored_bytes)
+            out.append(record_out(rec))
+    return out
+
+
+@command("scan", "read", "prefix", "start", "end", "after", "limit")
+def scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """{items: [[key, value, cas, flags, expiry_ms], ...], cursor: last key or nil}."""
+    prefix = opt_key(p, "prefix")
+    start = opt_key(p, "start") or b""
+    end = opt_key(p, "end")
+    if prefix is not None:
+        if p.get("start") is not None or p.get("end") is not None:
+            raise errors.BadValue("give either 'prefix' or 'start'/'end', not both")
+        start, end = prefix, _prefix_end(prefix)
+    limit = int_param(p, "limit", 100, 1, MAX_SCAN_LIMIT)
+    items, more = s.node.engine.scan(
+        b.name, start=start, end=end, after=opt_key(p, "after"), limit=limit
+    )
+    out = []
+    for k, rec in items:
+        s.read_sizes.append(len(k) + rec.stored_bytes)
+        out.append([k, rec.value, rec.cas, rec.flags, rec.expiry_ms])
+    return {"items": out, "cursor": items[-1][0] if more and items else None}
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with ``prefix``."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+# -- data: writes -------------------------------------------------------------------
+
+
+@command("set", "write", "key", "value", "ttl", "flags", "cas", "mode")
+def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
+    """{cas}. mode: upsert (default), add (KeyExists if present), replace (KeyNotFound if
+    absent). cas: only if the record's CAS matches (CasMismatch otherwise)."""
+    key = key_param(p)
+    value = p.get("value")
+    if isinstance(value, str):
+        value = value.encode()
+    if not isinstance(value, bytes):
+        raise errors.BadValue("'value' must be bytes or a string")
+    if len(value) > s.node.config.max_value_bytes:
+        raise errors.ValueTooLarge(
+            f"value of {len(value)} bytes exceeds max_value_bytes={s.node.config.max_value_bytes}"
+        )
+    mode = p.get("mode", "upsert")
+    if mode not in ("upsert", "add", "replace"):
+        raise errors.BadValue(f"'mode' must be upsert, add or replace, got {mode!r}")
+    return SetOp(
+        b,
+        key,
+        value,
+        ttl_param(p),
+        int_param(p, "flags", 0, 0, 2**32 - 1),
+        int_param(p, "cas", 0, 0, 2**64 - 1),
+        mode,
+    )
+
+
+@command("delete", "write", "key", "cas")
+def delete(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
+    """true if a record was deleted, false if there was none."""
+    return DeleteOp(b, key_param(p), int_param(p, "cas", 0, 0, 2**64 - 1))
+
+
+@command("touch", "write", "key", "ttl")
+def touch(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
+    """{cas}; sets a new ttl (0 = never expires). KeyNotFound if absent."""
+    return TouchOp(b, key_param(p), ttl_param(p))
+
+
+def _counter(p: dict[str, Any], sign: int, b: BucketHandle) -> WriteOp:
+    delta = int_param(p, "delta", 1, 0, 2**63 - 1)
+    initial = p.get("initial")
+    if initial is not None and (type(initial) is not int or not -(2**63) <= initial < 2**63):
+        raise errors.BadValue("'initial' must be a signed 64-bit integer")
+    return CounterOp(b, key_param(p), sign * delta, initial, ttl_param(p))
+
+
+@command("incr", "write", "key", "delta", "initial", "ttl")
+def incr(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
+    """{value, cas}. Adds delta (default 1); a missing key is set to initial if given."""
+    return _counter(p, 1, b)
+
+
+@command("decr", "write", "key", "delta", "initial", "ttl")
+def decr(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
+    """{value, cas}. Subtracts delta (default 1); a missing key is set to initial if given."""
+    return _counter(p, -1, b)
+
+
+# -- session --------------------------------------------------------------------------
+
+
+@command("ping", "session")
+async def ping(s: Session, p: dict[str, Any]) -> Any:
+    """ "pong"."""
+    return "pong"
+
+
+@command("select_bucket", "session", "bucket")
+async def select_bucket(s: Session, p: dict[str, Any]) -> Any:
+    """{bucket}; later data commands act on it."""
+    name = str_param(p, "bucket")
+    s.node.bucket(name)
+    assert s.user is not None
+    if not s.user.can_read(name):
+        raise errors.Unauthorized(f"user {s.user.name!r} has no role on bucket {name!r}")
+    s.select(name)
+    return {"bucket": name}
+
+
+@command("whoami", "session")
+async def whoami(s: Session, p: dict[str, Any]) -> Any:
+    """{user, bucket, admin, roles, connection_id}."""
+    assert s.user is not None
+    return {**s.user.public(), "user": s.user.name, "bucket": s.bucket, "connection_id": s.conn_id}
+
+
+# -- admin ----------------------------------------------------------------------------
+
+
+@command("create_bucket", "admin", "name")
+async def create_bucket(s: Session, p: dict[str, Any]) -> Any:
+    """{name}."""
+    name = validate_bucket_name(p.get("name"))
+    handle = await s.node.write(CreateBucketOp(name, {"created_ms": int(trio.current_time())}))
+    s.node.bucket_added(handle)
+    return {"name": name}
+
+
+@command("delete_bucket", "admin", "name")
+async def delete_bucket(s: Session, p: dict[str, Any]) -> Any:
+    """true. Drops the bucket and all its data."""
+    name = str_param(p, "name")
+    handle = s.node.bucket(name)
+    s.node.bucket_removed(handle)  # new requests see BucketNotFound at once
+    await s.node.write(DropBucketOp(handle))
+    for other in list(s.node.sessions):
+        if other.bucket == name:
+            other.select(None)
+    return True
+
+
+@command("list_buckets", "admin")
+async def list_buckets(s: Session, p: dict[str, Any]) -> Any:
+    """[{name, entries}, ...] sorted by name."""
+    eng = s.node.engine
+    return [{"name": n, "entries": eng.bucket_entries(n)} for n in sorted(eng.buckets)]
+
+
+@command("create_user", "admin", "name", "password", "roles", "admin", "unthrottled")
+async def create_user(s: Session, p: dict[str, Any]) -> Any:
+    """{name, admin, unthrottled, roles}. roles: {bucket: "read" | "readwrite"}."""
+    name = auth.validate_user_name(p.get("name"))
+    password = auth.validate_password(p.get("password"))
+    roles = auth.validate_roles(p.get("roles"))
+    for bucket in roles:
+        s.node.bucket(bucket)
+    if name in s.node.users:
+        raise errors.UserExists(f"user {name!r} already exists")
+    admin, unthrottled = bool_param(p, "admin"), bool_param(p, "unthrottled")
+    user = await trio.to_thread.run_sync(
+        lambda: auth.new_user(name, password, admin=admin, unthrottled=unthrottled, roles=roles)
+    )
+    await s.node.save_user(user, expect="absent")
+    return user.public()
+
+
+@command("delete_user", "admin", "name")
+async def delete_user(s: Session, p: dict[str, Any]) -> Any:
+    """true."""
+    name = str_param(p, "name")
+    assert s.user is not None
+    if name == s.user.name:
+        raise errors.BadValue("a user cannot delete itself")
+    await s.node.drop_user(name)
+    return True
+
+
+@command("list_users", "admin")
+async def list_users(s: Session, p: dict[str, Any]) -> Any:
+    """[{name, admin, unthrottled, roles}, ...] sorted by name."""
+    return [s.node.users[n].public() for n in sorted(s.node.users)]
+
+
+@command("server_status", "admin")
+async def server_status(s: Session, p: dict[str, Any]) -> Any:
+    """The status document: version, uptime, connections, storage, buckets, and a
+    section per admission gate."""
+    return s.node.status()
+
+
+AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]

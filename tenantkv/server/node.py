@@ -1,0 +1,242 @@
+"""The node: everything one server process shares — storage, users, buckets, stats.
+
+Sessions and commands reach storage and the user registry only through here.
+It lives on the Trio thread; the writer thread hands finished batches back
+through ``TrioToken.run_sync_soon`` so every callback runs on the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from tenantkv import errors
+from tenantkv._version import __version__
+from tenantkv.config import Config
+from tenantkv.server import auth
+from tenantkv.storage.engine import BucketHandle, Engine
+from tenantkv.storage.group_commit import GroupCommitWriter, Pending
+from tenantkv.storage.ops import PutSystemOp, WriteOp
+
+if TYPE_CHECKING:
+    from tenantkv.server.session import Session
+
+log = logging.getLogger("tenantkv.server")
+
+ADMIN_USER = "admin"
+ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
+ADMIN_PASSWORD_FILE = "admin-password"
+
+
+@dataclass(slots=True)
+class BucketStats:
+    ops: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class Node:
+    def __init__(self, config: Config, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self.started = time.time()
+        self.users: dict[str, auth.User] = {}
+        #: credential digests verified since the user last changed
+        self._verified: dict[bytes, str] = {}
+        self.sessions: set[Session] = set()
+        self.no_sessions = trio.Event()
+        self.connections_total = 0
+        self.connections_rejected = 0
+        self.bucket_stats: dict[str, BucketStats] = {}
+        self.shutting_down = False
+        self.host = config.host
+        self.port = 0
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
+        for name, rec in engine.system_items(b"user:"):
+            self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
+        for name in engine.buckets:
+            self.bucket_stats[name] = BucketStats()
+
+    # -- writer plumbing -----------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer; call on the Trio thread."""
+        self._token = trio.lowlevel.current_trio_token()
+        self.writer.start()
+
+    def _deliver_threadsafe(self, batch: list[Pending]) -> None:
+        assert self._token is not None
+        with contextlib.suppress(trio.RunFinishedError):  # loop already gone
+            self._token.run_sync_soon(self._deliver, batch)
+
+    @staticmethod
+    def _deliver(batch: list[Pending]) -> None:
+        for p in batch:
+            p.callback(p.result, p.error)
+
+    def submit(self, op: WriteOp, callback: Any) -> None:
+        self.writer.submit(op, callback)
+
+    async def write(self, op: WriteOp) -> Any:
+        """Queue one op and wait for its commit (admin and internal work)."""
+        done = trio.Event()
+        box: list[Any] = [None, None]
+
+        def callback(result: Any, error: BaseException | None) -> None:
+            box[0], box[1] = result, error
+            done.set()
+
+        self.writer.submit(op, callback)
+        # Shielded: once queued the op will commit; wait for its outcome so the
+        # in-memory registries never disagree with the disk.
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        if box[1] is not None:
+            raise box[1]
+        return box[0]
+
+    async def stop_writer(self) -> None:
+        """Commit what is queued, then stop the writer thread."""
+        self.writer.stop()
+        await trio.to_thread.run_sync(self.writer.join)
+
+    def session_closed(self, session: Session) -> None:
+        self.sessions.discard(session)
+        if not self.sessions:
+            self.no_sessions.set()
+
+    def session_opened(self, session: Session) -> None:
+        self.sessions.add(session)
+        if self.no_sessions.is_set():
+            self.no_sessions = trio.Event()
+
+    # -- buckets ---------------------------------------------------------------
+
+    def bucket(self, name: str) -> BucketHandle:
+        return self.engine.bucket(name)
+
+    def bucket_added(self, handle: BucketHandle) -> None:
+        self.engine.buckets[handle.name] = handle
+        self.bucket_stats[handle.name] = BucketStats()
+
+    def bucket_removed(self, handle: BucketHandle) -> None:
+        handle.dropped = True
+        self.engine.buckets.pop(handle.name, None)
+        self.bucket_stats.pop(handle.name, None)
+
+    # -- users -----------------------------------------------------------------
+
+    async def authenticate(self, name: Any, password: Any) -> auth.User:
+        if not isinstance(name, str) or not isinstance(password, str):
+            raise errors.AuthenticationFailed("user and password must be strings")
+        user = self.users.get(name)
+        key = auth.digest(name, password)
+        if user is not None and self._verified.get(key) == name:
+            return user
+        if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
+            # Same cost as a real check, so a probe cannot tell unknown users apart.
+            await trio.to_thread.run_sync(auth.hash_password, password[:1024], b"0" * 16)
+            raise errors.AuthenticationFailed("unknown user or wrong password")
+        ok = await trio.to_thread.run_sync(auth.verify, user, password)
+        if not ok or self.users.get(name) is not user:
+            raise errors.AuthenticationFailed("unknown user or wrong password")
+        if len(self._verified) > 10_000:
+            self._verified.clear()
+        self._verified[key] = name
+        return user
+
+    async def save_user(self, user: auth.User, *, expect: str | None) -> None:
+        await self.write(
+            PutSystemOp(
+                b"user:" + user.name.encode(),
+                user.to_record(),
+                expect=expect,  # type: ignore[arg-type]
+                on_present=errors.UserExists,
+                on_absent=errors.UserNotFound,
+                what=f"user {user.name!r}",
+            )
+        )
+        self.users[user.name] = user
+        self._forget(user.name)
+
+    async def drop_user(self, name: str) -> None:
+        await self.write(
+            PutSystemOp(
+                b"user:" + name.encode(),
+                None,
+                expect="present",
+                on_absent=errors.UserNotFound,
+                what=f"user {name!r}",
+            )
+        )
+        self.users.pop(name, None)
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self._verified = {k: v for k, v in self._verified.items() if v != name}
+
+    async def bootstrap_admin(self) -> None:
+        """First start: create ``admin`` (password from the environment or generated)."""
+        if self.users:
+            return
+        password = os.environ.get(ADMIN_PASSWORD_ENV)
+        if password:
+            log.info(
+                "bootstrapping user %r with the password from %s", ADMIN_USER, ADMIN_PASSWORD_ENV
+            )
+        else:
+            password = auth.generate_password()
+            path = os.path.join(self.engine.path, ADMIN_PASSWORD_FILE)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            os.chmod(path, 0o600)
+            log.info("bootstrapping user %r; its generated password is in %s", ADMIN_USER, path)
+        user = await trio.to_thread.run_sync(
+            lambda: auth.new_user(ADMIN_USER, password, admin=True)
+        )
+        await self.save_user(user, expect="absent")
+
+    # -- status ----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        used, size = self.engine.map_usage()
+        buckets: dict[str, Any] = {}
+        for name in sorted(self.engine.buckets):
+            st = self.bucket_stats.get(name) or BucketStats()
+            buckets[name] = {
+                "entries": self.engine.bucket_entries(name),
+                "connections": sum(1 for s in self.sessions if s.bucket == name),
+                "ops": dict(st.ops),
+                "errors": dict(st.errors),
+            }
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_secs": round(time.time() - self.started, 3),
+            "listening": f"{self.host}:{self.port}",
+            "shutting_down": self.shutting_down,
+            "connections": {
+                "current": len(self.sessions),
+                "total_created": self.connections_total,
+                "rejected": self.connections_rejected,
+                "backpressure": sum(1 for s in self.sessions if s.backpressure),
+                "max": self.config.max_connections,
+            },
+            "storage": {
+                "path": self.engine.path,
+                "map_size_bytes": size,
+                "used_bytes": used,
+                "durability": self.config.durability,
+                "writer": self.writer.statistics(),
+            },
+            "buckets": buckets,
+            "users": len(self.users),
+        }

@@ -1,0 +1,321 @@
+"""One client connection: hello, then pipelined requests answered in order.
+
+Two tasks per connection. The reader decodes every complete request in each
+received chunk and handles it: a read runs inline and its response is
+appended to the output buffer; a write is queued on the group-commit writer
+and answered from the writer's callback once durable, so the reader goes on
+to the next request at once and pipelined writes share one commit. The sender
+flushes the output buffer whenever it has bytes.
+
+Order: a connection's writes commit in the order sent (one writer, FIFO), and
+a read or admin command waits for the connection's earlier writes, so every
+connection reads its own writes and sees responses in request order.
+
+Back-pressure: when a connection has ``max_inflight_per_connection`` writes
+unanswered or more than ``OUT_HIGH_WATER`` bytes unsent, its reader stops
+reading until they drain — TCP then pushes back on the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from typing import Any
+
+import trio
+
+from tenantkv import errors, protocol
+from tenantkv._version import __version__
+from tenantkv.server import auth
+from tenantkv.server.commands import COMMANDS, Command, check_params
+from tenantkv.server.node import Node
+from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.ops import WriteOp
+
+log = logging.getLogger("tenantkv.session")
+
+RECEIVE_BYTES = 256 * 1024
+#: Unsent response bytes above which the reader pauses.
+OUT_HIGH_WATER = 4 * 1024 * 1024
+HELLO_PARAMS = frozenset(
+    {"user", "password", "bucket", "client", "backpressure", "nonblocking_throttle", "timeout_ms"}
+)
+
+
+class Session:
+    def __init__(self, node: Node, stream: trio.abc.Stream, peer: str, conn_id: int) -> None:
+        self.node = node
+        self.stream = stream
+        self.peer = peer
+        self.conn_id = conn_id
+        self.user: auth.User | None = None
+        self.bucket: str | None = None
+        self.backpressure = False
+        self.nonblocking_throttle = False
+        self.client_info: dict[str, Any] = {}
+        #: per-record byte counts a read handler read (for metering)
+        self.read_sizes: list[int] = []
+        self.pending_writes = 0
+        self._max_inflight = node.config.max_inflight_per_connection
+        self._out = bytearray()
+        self._out_lot = trio.lowlevel.ParkingLot()
+        self._drain_lot = trio.lowlevel.ParkingLot()
+        self._reading = True
+        self._recv_scope: trio.CancelScope | None = None
+        self._done = False
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.node.session_opened(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, nursery.cancel_scope)
+                try:
+                    await self._read_loop()
+                finally:
+                    with trio.move_on_after(self.node.config.shutdown_grace_secs) as cs:
+                        cs.shield = True
+                        while self.pending_writes:
+                            await self._drain_lot.park()
+                    self._done = True
+                    self._out_lot.unpark_all()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.select(None)
+            self.node.session_closed(self)
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self.stream.aclose()
+
+    def begin_shutdown(self) -> None:
+        """Stop reading new requests; what was received still completes."""
+        self._reading = False
+        if self._recv_scope is not None:
+            self._recv_scope.cancel()
+
+    def select(self, bucket: str | None) -> None:
+        self.bucket = bucket
+
+    # -- output --------------------------------------------------------------------
+
+    def _reply(self, msgid: int, result: Any) -> None:
+        self._out += protocol.encode_result(msgid, result)
+        self._out_lot.unpark_all()
+
+    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
+        self._out += protocol.encode_error(msgid, exc)
+        self._out_lot.unpark_all()
+
+    async def _send_loop(self, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                if not self._out:
+                    if self._done:
+                        return
+                    await self._out_lot.park()
+                    continue
+                data, self._out = self._out, bytearray()
+                await self.stream.send_all(data)
+                self._drain_lot.unpark_all()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._done = True
+            scope.cancel()  # peer is gone: stop reading too
+
+    # -- input ---------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        cfg = self.node.config
+        decoder = protocol.RequestDecoder(
+            min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024)
+        )
+        hello_deadline = trio.current_time() + cfg.hello_timeout_secs
+        idle = cfg.idle_timeout_secs or math.inf
+        while self._reading:
+            deadline = hello_deadline if self.user is None else trio.current_time() + idle
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._recv_scope = scope
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            self._recv_scope = None
+            if scope.cancelled_caught:
+                if not self._reading:
+                    return
+                what = "hello" if self.user is None else "a request"
+                self._reply_error(None, errors.IdleTimeout(f"no {what} within the time limit"))
+                return
+            if not data:
+                return
+            try:
+                decoder.feed(data)
+                for req in decoder:
+                    if not await self._handle(req):
+                        return
+                    if self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
+                        await self._wait_drained()
+            except (errors.ProtocolError, errors.FrameTooLarge) as exc:
+                log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
+                self._reply_error(
+                    decoder.last_msgid if isinstance(exc, errors.FrameTooLarge) else None, exc
+                )
+                return
+
+    async def _wait_drained(self) -> None:
+        while self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
+            await self._drain_lot.park()
+
+    async def _wait_writes(self) -> None:
+        while self.pending_writes:
+            await self._drain_lot.park()
+
+    async def _handle(self, req: protocol.Request) -> bool:
+        """Handle one request; False when the connection must close."""
+        msgid, method, params = req.msgid, req.method, req.params
+        if self.user is None:
+            return await self._hello(req)
+        cmd = COMMANDS.get(method)
+        try:
+            if cmd is None:
+                if method == "hello":
+                    raise errors.BadValue("hello was already received on this connection")
+                raise errors.UnknownCommand(f"no command named {method!r:.80}")
+            check_params(cmd, params)
+            kind = cmd.kind
+            if kind == "read":
+                b = self._data_bucket(write=False)
+                if self.pending_writes:
+                    await self._wait_writes()
+                self.read_sizes.clear()
+                result = cmd.handler(self, b, params)
+                self.node.bucket_stats[b.name].ops[method] += 1
+                self._reply(msgid, result)
+            elif kind == "write":
+                b = self._data_bucket(write=True)
+                op = cmd.handler(self, b, params)
+                self.pending_writes += 1
+                self.node.submit(op, partial(self._write_done, msgid, method, b, op))
+            else:
+                await self._run_other(cmd, msgid, params)
+        except errors.TenantKVError as exc:
+            exc.command = method
+            self._count_error(exc)
+            self._reply_error(msgid, exc)
+            return not exc.fatal
+        except Exception as exc:
+            log.exception("command %r failed on connection %d", method, self.conn_id)
+            self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
+        return True
+
+    async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
+        assert self.user is not None
+        if cmd.kind == "admin" and not self.user.admin:
+            raise errors.Unauthorized(f"{cmd.name} needs an admin user")
+        if self.pending_writes:
+            await self._wait_writes()
+        self._reply(msgid, await cmd.handler(self, params))
+
+    def _write_done(
+        self,
+        msgid: int,
+        method: str,
+        b: BucketHandle,
+        op: WriteOp,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        self.pending_writes -= 1
+        stats = self.node.bucket_stats.get(b.name)
+        if error is None:
+            if stats is not None:
+                stats.ops[method] += 1
+            self._reply(msgid, result)
+        else:
+            exc = (
+                error
+                if isinstance(error, errors.TenantKVError)
+                else errors.InternalError(repr(error))
+            )
+            exc.command = method
+            self._count_error(exc)
+            self._reply_error(msgid, exc)
+        self._drain_lot.unpark_all()
+
+    def _count_error(self, exc: errors.TenantKVError) -> None:
+        if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
+            stats.errors[exc.code_name] += 1
+
+    def _data_bucket(self, *, write: bool) -> BucketHandle:
+        name = self.bucket
+        if name is None:
+            raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
+        b = self.node.bucket(name)
+        user = self.user
+        assert user is not None
+        if not (user.can_write(name) if write else user.can_read(name)):
+            need = "readwrite" if write else "read"
+            raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")
+        return b
+
+    # -- hello ------------------------------------------------------------------------
+
+    async def _hello(self, req: protocol.Request) -> bool:
+        try:
+            if req.method != "hello":
+                raise errors.HelloRequired(
+                    f"the first request must be hello, not {req.method!r:.80}"
+                )
+            p = req.params
+            for k in p:
+                if k not in HELLO_PARAMS:
+                    raise errors.BadValue(f"unknown parameter {k!r} for hello")
+            user = await self.node.authenticate(p.get("user"), p.get("password"))
+            bucket = p.get("bucket")
+            if bucket is not None:
+                if not isinstance(bucket, str):
+                    raise errors.BadValue("'bucket' must be a string")
+                self.node.bucket(bucket)
+                if not user.can_read(bucket):
+                    raise errors.Unauthorized(f"user {user.name!r} has no role on {bucket!r}")
+            elif not user.admin:
+                raise errors.BadValue("'bucket' is required for users who are not admins")
+            client = p.get("client") or {}
+            if not isinstance(client, dict):
+                raise errors.BadValue("'client' must be a map {name, version}")
+            self.client_info = {
+                k: str(v)[:128] for k, v in client.items() if k in ("name", "version")
+            }
+            self.backpressure = bool(p.get("backpressure", False))
+            self.nonblocking_throttle = bool(p.get("nonblocking_throttle", False))
+        except errors.TenantKVError as exc:
+            exc.command = "hello"
+            log.info("connection %d from %s: hello failed: %s", self.conn_id, self.peer, exc)
+            self._reply_error(req.msgid, exc)
+            return False  # a failed hello always closes the connection
+        self.user = user
+        self.select(bucket)
+        log.debug(
+            "connection %d from %s: user %r bucket %r client %r",
+            self.conn_id,
+            self.peer,
+            user.name,
+            bucket,
+            self.client_info,
+        )
+        self._reply(
+            req.msgid,
+            {
+                "server": "tenantkv",
+                "version": __version__,
+                "connection_id": self.conn_id,
+                "user": user.name,
+                "admin": user.admin,
+                "bucket": bucket,
+                "limits": {
+                    "max_key_bytes": protocol.MAX_KEY_BYTES,
+                    "max_value_bytes": self.node.config.max_value_bytes,
+                    "max_frame_bytes": protocol.MAX_FRAME_BYTES,
+                    "max_inflight": self._max_inflight,
+                },
+            },
+        )
+        return True

@@ -1,0 +1,1 @@
+"""LMDB storage: the engine, the group-commit writer, write ops, records."""

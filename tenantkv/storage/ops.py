@@ -1,0 +1,285 @@
+"""Write operations, applied by the group-commit writer inside its transaction.
+
+Each op validates everything before it writes, so one that raises leaves the
+shared batch transaction untouched; its error goes to its own caller only.
+``nbytes`` after ``apply`` is what the op wrote (key + record), for metering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import lmdb
+import msgpack
+
+from tenantkv import errors
+from tenantkv.storage import records
+from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle
+from tenantkv.storage.records import Record
+
+if TYPE_CHECKING:
+    from tenantkv.storage.group_commit import WriteContext
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class WriteOp:
+    """Base: subclasses implement ``apply``; ``exempt`` marks internal/admin work."""
+
+    exempt: bool = False
+    nbytes: int = 0
+    #: Rough size for batch bounding and map growth.
+    size_hint: int = 64
+
+    def apply(self, w: WriteContext) -> Any:
+        raise NotImplementedError
+
+
+def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
+    raw = w.txn.get(key, db=h.db)
+    if raw is None:
+        return None
+    rec = records.decode(raw)
+    return rec if rec.live(w.now_ms) else None
+
+
+def _stored(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
+    raw = w.txn.get(key, db=h.db)
+    return None if raw is None else records.decode(raw)
+
+
+def _put(
+    w: WriteContext,
+    h: BucketHandle,
+    key: bytes,
+    old: Record | None,
+    value: bytes,
+    expiry_ms: int,
+    flags: int,
+) -> int:
+    """Write a record and keep the expiry index in step; returns the new CAS."""
+    cas = w.next_cas()
+    raw = records.encode(value, cas, expiry_ms, flags)
+    w.txn.put(key, raw, db=h.db)
+    if old is not None and old.expiry_ms and old.expiry_ms != expiry_ms:
+        w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
+    if expiry_ms and (old is None or old.expiry_ms != expiry_ms):
+        w.txn.put(records.expiry_key(expiry_ms, h.name, key), b"", db=w.engine.expiry)
+    return cas
+
+
+def _delete(w: WriteContext, h: BucketHandle, key: bytes, old: Record) -> None:
+    w.txn.delete(key, db=h.db)
+    if old.expiry_ms:
+        w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
+
+
+def _check_bucket(h: BucketHandle) -> None:
+    if h.dropped:
+        raise errors.BucketNotFound(f"bucket {h.name!r} was deleted")
+
+
+def expiry_from_ttl(now_ms: int, ttl: float) -> int:
+    return 0 if not ttl else now_ms + int(ttl * 1000)
+
+
+@dataclass(slots=True, eq=False)
+class SetOp(WriteOp):
+    bucket: BucketHandle
+    key: bytes
+    value: bytes
+    ttl: float = 0
+    flags: int = 0
+    cas: int = 0
+    mode: Literal["upsert", "add", "replace"] = "upsert"
+    nbytes: int = 0
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        return len(self.key) + len(self.value) + records.HEADER_BYTES
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old = _stored(w, h, self.key)
+        live = old if old is not None and old.live(w.now_ms) else None
+        if self.mode == "add" and live is not None:
+            raise errors.KeyExists("key already exists")
+        if (self.mode == "replace" or self.cas) and live is None:
+            raise errors.KeyNotFound("key does not exist")
+        if self.cas and live is not None and live.cas != self.cas:
+            raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+        cas = _put(w, h, self.key, old, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
+        self.nbytes = len(self.key) + records.HEADER_BYTES + len(self.value)
+        return {"cas": cas}
+
+
+@dataclass(slots=True, eq=False)
+class DeleteOp(WriteOp):
+    bucket: BucketHandle
+    key: bytes
+    cas: int = 0
+    nbytes: int = 0
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old = _stored(w, h, self.key)
+        live = old if old is not None and old.live(w.now_ms) else None
+        if self.cas:
+            if live is None:
+                raise errors.KeyNotFound("key does not exist")
+            if live.cas != self.cas:
+                raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+        if old is not None:
+            _delete(w, h, self.key, old)
+        if live is None:
+            return False
+        self.nbytes = len(self.key)
+        return True
+
+
+@dataclass(slots=True, eq=False)
+class TouchOp(WriteOp):
+    bucket: BucketHandle
+    key: bytes
+    ttl: float = 0
+    nbytes: int = 0
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old = _live(w, h, self.key)
+        if old is None:
+            raise errors.KeyNotFound("key does not exist")
+        cas = _put(w, h, self.key, old, old.value, expiry_from_ttl(w.now_ms, self.ttl), old.flags)
+        self.nbytes = len(self.key) + old.stored_bytes
+        return {"cas": cas}
+
+
+@dataclass(slots=True, eq=False)
+class CounterOp(WriteOp):
+    bucket: BucketHandle
+    key: bytes
+    delta: int
+    initial: int | None = None
+    ttl: float = 0
+    nbytes: int = 0
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old = _stored(w, h, self.key)
+        live = old if old is not None and old.live(w.now_ms) else None
+        if live is None:
+            if self.initial is None:
+                raise errors.KeyNotFound("key does not exist and no initial value was given")
+            value = self.initial
+            expiry, flags = expiry_from_ttl(w.now_ms, self.ttl), 0
+        else:
+            try:
+                current = int(live.value.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise errors.NotANumber("value is not a decimal integer") from None
+            value = current + self.delta
+            expiry, flags = live.expiry_ms, live.flags
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise errors.BadValue("counter would leave the signed 64-bit range")
+        data = str(value).encode()
+        cas = _put(w, h, self.key, old, data, expiry, flags)
+        self.nbytes = len(self.key) + records.HEADER_BYTES + len(data)
+        return {"value": value, "cas": cas}
+
+
+# -- system (exempt) -----------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class CreateBucketOp(WriteOp):
+    name: str
+    props: dict[str, Any]
+    exempt: bool = True
+
+    def apply(self, w: WriteContext) -> Any:
+        key = b"bucket:" + self.name.encode()
+        if w.txn.get(key, db=w.engine.system) is not None:
+            raise errors.BucketExists(f"bucket {self.name!r} already exists")
+        try:
+            db = w.engine.env.open_db(BUCKET_DB_PREFIX + self.name.encode(), txn=w.txn)
+        except lmdb.DbsFullError:
+            raise errors.BadValue("the node holds its maximum number of buckets") from None
+        w.txn.put(key, msgpack.packb(self.props), db=w.engine.system)
+        return BucketHandle(self.name, db, dict(self.props))
+
+
+@dataclass(slots=True, eq=False)
+class DropBucketOp(WriteOp):
+    """Drops the bucket's database; its expiry-index entries are left for the
+    pager, which discards entries of buckets that no longer exist."""
+
+    handle: BucketHandle
+    exempt: bool = True
+
+    def apply(self, w: WriteContext) -> Any:
+        w.txn.drop(self.handle.db, delete=True)
+        w.txn.delete(b"bucket:" + self.handle.name.encode(), db=w.engine.system)
+        return True
+
+
+@dataclass(slots=True, eq=False)
+class PutSystemOp(WriteOp):
+    """Put (or with ``value`` None, delete) a system record. ``expect`` guards
+    against concurrent changes: "absent", "present" or None (don't care)."""
+
+    key: bytes
+    value: Any
+    expect: Literal["absent", "present"] | None = None
+    exempt: bool = True
+    on_absent: type[errors.ServerError] = errors.InternalError
+    on_present: type[errors.ServerError] = errors.InternalError
+    what: str = ""
+
+    def apply(self, w: WriteContext) -> Any:
+        cur = w.txn.get(self.key, db=w.engine.system)
+        if self.expect == "absent" and cur is not None:
+            raise self.on_present(f"{self.what} already exists")
+        if self.expect == "present" and cur is None:
+            raise self.on_absent(f"{self.what} does not exist")
+        if self.value is None:
+            w.txn.delete(self.key, db=w.engine.system)
+        else:
+            w.txn.put(self.key, msgpack.packb(self.value), db=w.engine.system)
+        return True
+
+
+@dataclass(slots=True, eq=False)
+class ExpireDueOp(WriteOp):
+    """Reclaim up to ``limit`` expired records (the expiry pager's step)."""
+
+    limit: int = 10_000
+    exempt: bool = True
+    removed: int = field(default=0)
+
+    def apply(self, w: WriteContext) -> Any:
+        upto = records.expiry_prefix_upto(w.now_ms)
+        cur = w.txn.cursor(db=w.engine.expiry)
+        done: list[bytes] = []
+        if cur.first():
+            for ikey, _ in cur:
+                if ikey >= upto or len(done) >= self.limit:
+                    break
+                done.append(ikey)
+        removed = 0
+        for ikey in done:
+            expiry_ms, bname, key = records.parse_expiry_key(ikey)
+            w.txn.delete(ikey, db=w.engine.expiry)
+            h = w.engine.buckets.get(bname)
+            if h is None or h.dropped:
+                continue
+            old = _stored(w, h, key)
+            if old is not None and old.expiry_ms == expiry_ms:
+                w.txn.delete(key, db=h.db)
+                removed += 1
+        self.removed = removed
+        return {"scanned": len(done), "removed": removed}

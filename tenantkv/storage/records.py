@@ -1,0 +1,58 @@
+"""The on-disk record: a fixed header (CAS, expiry, flags) followed by the value.
+
+Kept as raw bytes rather than MessagePack so a read decodes with one
+``struct.unpack_from`` and a slice, and the metered size is exact.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# cas u64, expiry in epoch milliseconds u64 (0 = never), client flags u32
+HEADER = struct.Struct(">QQI")
+HEADER_BYTES = HEADER.size
+
+# Expiry index key: expiry ms u64, bucket-name length u8, bucket name, key.
+_EXP = struct.Struct(">QB")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    value: bytes
+    cas: int
+    expiry_ms: int
+    flags: int
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes this record occupies besides its key (metered as value + metadata)."""
+        return HEADER_BYTES + len(self.value)
+
+    def live(self, now_ms: int) -> bool:
+        return self.expiry_ms == 0 or self.expiry_ms > now_ms
+
+
+def encode(value: bytes, cas: int, expiry_ms: int, flags: int) -> bytes:
+    return HEADER.pack(cas, expiry_ms, flags) + value
+
+
+def decode(raw: bytes) -> Record:
+    cas, expiry_ms, flags = HEADER.unpack_from(raw)
+    return Record(raw[HEADER_BYTES:], cas, expiry_ms, flags)
+
+
+def expiry_key(expiry_ms: int, bucket: str, key: bytes) -> bytes:
+    b = bucket.encode()
+    return _EXP.pack(expiry_ms, len(b)) + b + key
+
+
+def parse_expiry_key(raw: bytes) -> tuple[int, str, bytes]:
+    expiry_ms, blen = _EXP.unpack_from(raw)
+    start = _EXP.size
+    return expiry_ms, raw[start : start + blen].decode(), raw[start + blen :]
+
+
+def expiry_prefix_upto(now_ms: int) -> bytes:
+    """Index keys strictly below this have expired by ``now_ms``."""
+    return _EXP.pack(now_ms + 1, 0)[:8]
