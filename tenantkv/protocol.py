@@ -69,15 +69,12 @@ class RequestDecoder:
 
     Raises :class:`~tenantkv.errors.ProtocolError` or
     :class:`~tenantkv.errors.FrameTooLarge`; after either the decoder is dead
-    and the connection must close. ``last_msgid`` is the msgid of the last
-    frame seen, so an error about a well-framed but invalid request can be
-    addressed to it.
+    and the connection must close.
     """
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._max = max_frame_bytes
         self._unpacker = _unpacker(max_frame_bytes)
-        self.last_msgid: int | None = None
 
     def feed(self, data: bytes) -> None:
         try:
@@ -107,7 +104,6 @@ class RequestDecoder:
             raise errors.ProtocolError("a request must start with type 0")
         if type(msgid) is not int or not 0 <= msgid < 2**32:
             raise errors.ProtocolError("msgid must be an integer in [0, 2**32)")
-        self.last_msgid = msgid
         if type(method) is not str:
             raise errors.ProtocolError("method must be a string")
         if params is None:

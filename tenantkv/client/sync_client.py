@@ -109,9 +109,9 @@ class Client(Commands):
                     self._ready[resp.msgid] = resp
         return self._ready.pop(msgid)
 
-    def pipeline(self) -> Pipeline:
+    def pipeline(self, *, raise_on_error: bool = True) -> Pipeline:
         """Queue commands and send them in one write; see :class:`Pipeline`."""
-        return Pipeline(self)
+        return Pipeline(self, raise_on_error=raise_on_error)
 
     def close(self) -> None:
         if not self._closed:

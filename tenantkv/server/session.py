@@ -155,9 +155,8 @@ class Session:
                         await self._wait_drained()
             except (errors.ProtocolError, errors.FrameTooLarge) as exc:
                 log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
-                self._reply_error(
-                    decoder.last_msgid if isinstance(exc, errors.FrameTooLarge) else None, exc
-                )
+                # The frame is unreadable, so the error is not addressed to a msgid.
+                self._reply_error(None, exc)
                 return
 
     async def _wait_drained(self) -> None:

@@ -135,7 +135,10 @@ class GroupCommitWriter:
             batch, stopping = self._take_batch()
             if batch:
                 self._commit(batch)
-                self._deliver(batch)
+                try:
+                    self._deliver(batch)
+                except Exception:  # the writer must outlive any callback bug
+                    log.exception("delivering a write batch failed")
 
     def _take_batch(self) -> tuple[list[Pending], bool]:
         first = self._carry if self._carry is not None else self._queue.get()

@@ -1,0 +1,1098 @@
+"""Tenant throttle: per-bucket unit quotas (node capacity, reservation, hard limit).
+
+The Couchbase KV throttling model, made fair between buckets.
+
+Units
+    Every operation is metered after it ran: ``RU = ceil(read bytes / 4096)``,
+    ``WU = ceil(written bytes / 4096)`` (a delete costs 1 WU) and its cost is
+    ``RU + write_weight * WU`` (``write_weight`` defaults to 2). The server calls
+    :meth:`TenantThrottle.charge` with the units; :func:`read_units` and
+    :func:`write_units` compute them.
+
+Properties (all in units per second; ``None`` means "unlimited")
+    node ``capacity``
+        What the node may serve per second. ``None`` (the default) switches the
+        node-level throttle off; only finite bucket hard limits still apply.
+    bucket ``reserved``
+        Guaranteed to the bucket. The **free pool** is ``capacity - sum(reserved)``.
+        A reservation a bucket leaves unused is *not* lent to others (the
+        Couchbase guarantee: it is there the moment the tenant wants it).
+        ``reserved=None`` exempts the bucket from node capacity altogether.
+    bucket ``hard_limit``
+        Never exceeded over time, whatever the free pool holds. ``0`` throttles
+        the bucket completely.
+
+Decision (:meth:`TenantThrottle.try_admit`, before each operation)
+    Optimistic: an operation is admitted while its bucket has any allowance left
+    (``> 0``); its real cost is charged afterwards and may drive the allowance
+    negative. That overshoot is **debt**: it is repaid from later refills before
+    the bucket runs again, so the long-run rate honours every limit even for
+    operations far larger than a slice's allowance.
+
+    * the ``Unthrottled`` privilege is never delayed but always charged, against
+      its bucket and, through the bucket's share, against the node;
+    * usage below the reservation always runs;
+    * usage beyond it runs from the bucket's share of the free pool and is
+      throttled when that share is spent (the free pool is exhausted for it);
+    * a finite hard limit throttles the bucket once it is reached.
+
+How the free pool is shared (the part that is fairer than Couchbase)
+    Couchbase hands the free pool out first come, first served, so the tenant
+    with the most connections and the biggest requests wins. Here every bucket
+    has its own allowance counter refilled at its own **allowance rate**::
+
+        rate = reservation + share of the free pool        (capped at hard_limit)
+
+    where the shares are *water-filled* (max-min fair, optionally weighted)
+    between the buckets that want more than their reservation. A bucket's
+    *demand* is unlimited while it is **hungry** (it was throttled recently or
+    has waiters); otherwise it is ``1.25 x`` its measured recent usage. So a
+    bucket's share depends on neither how many connections or waiters it has
+    nor on its request sizes: each request only spends its own bucket's counter.
+
+    The rates are recomputed every slice and at once when something changes (a
+    bucket turns hungry, a connection opens, a property is set). Share that a
+    bucket's counter could not hold because the bucket did not use it (never
+    its reservation) is handed on at refill time to the hungry buckets,
+    again water-filled, and what nobody takes stays in a small node **spare**
+    that any bucket may use first come, first served. That keeps the scheme
+    work-conserving: capacity nobody uses goes to whoever wants it.
+
+Time
+    Counters are refilled lazily (no background task): the first call after
+    each slice boundary (``slice_secs``, default 100 ms) refills every bucket
+    pro-rated to the exact time elapsed, and a change of rates first refills up
+    to "now" with the old rates. There are never whole-second lumps.
+
+Burst (exactly what a bucket may take at once)
+    * A bucket's counter holds at most one slice of its allowance:
+      ``rate x slice_secs`` (e.g. 800 units for 8000 units/s). After any idle
+      period that is all it can take at once, plus the overshoot of operations
+      admitted while the counter was still positive (at most the cost of the
+      operations in flight; recorded as debt and repaid first).
+    * A finite hard limit has a counter of its own, capped at
+      ``hard_limit x slice_secs``: in any interval of ``T`` seconds a bucket is
+      admitted at most ``hard_limit x (T + slice_secs)`` units plus that
+      in-flight overshoot, which again is repaid.
+    * Redistributed unused share may top a hungry bucket's counter up to at
+      most ``(rate + min(hard_limit - rate, free pool)) x slice_secs`` (after
+      repaying its debt), and the node spare never exceeds
+      ``free pool x slice_secs``.
+
+Slow start
+    A bucket with no open connection keeps only 10 % of its reservation; the
+    rest joins the free pool. :meth:`TenantThrottle.connection_opened` gives
+    the full reservation back at once (the new rate applies from that instant,
+    so within one refill slice the bucket runs at its full reservation).
+
+Over-reservation
+    If the (effective) reservations add up to more than the capacity, they are
+    scaled down proportionally so that the node capacity still holds.
+
+Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
+    A throttled request parks FIFO in its bucket's queue. Only the head of the
+    queue keeps time: it sleeps until the instant :meth:`TenantThrottle.try_admit`
+    predicted, re-checks, and on success hands the head to the next waiter. The
+    wait is bounded by the request's deadline and by ``max_wait_secs``
+    (server parameter ``throttle_max_wait_ms``); a request that cannot be
+    admitted within that bound fails with :class:`~tenantkv.errors.Throttled`
+    (``retryAfterMs`` set) as soon as that is known. Non-blocking connections
+    get ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a
+    bucket wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+import trio
+
+from tenantkv.errors import BadValue, BucketExists, BucketNotFound, DeadlineExceeded, Throttled
+
+#: A unit limit: a non-negative int, or ``None`` for "unlimited".
+Limit = int | None
+
+#: The wire spelling of an unlimited limit.
+UNLIMITED: Final = "unlimited"
+
+DEFAULT_UNIT_SIZE: Final = 4096
+DEFAULT_WRITE_WEIGHT: Final = 2
+DEFAULT_SLICE_SECS: Final = 0.1
+DEFAULT_MAX_WAIT_SECS: Final = 5.0
+#: Share of its reservation a bucket keeps while it has no open connection.
+SLOW_START_FRACTION: Final = 0.1
+#: A non-hungry bucket's demand is this times its recent usage (room to grow
+#: without being throttled first; what it leaves unused is redistributed).
+DEMAND_HEADROOM: Final = 1.25
+#: Weight of the newest slice in the usage average.
+DEMAND_EWMA_ALPHA: Final = 0.5
+#: A throttled bucket stays hungry this many slices past its predicted wake-up.
+HUNGRY_HOLD_SLICES: Final = 3
+#: Added to every predicted wait so a waiter wakes just *after* the refill
+#: instant despite floating-point rounding.
+WAKE_GUARD_SECS: Final = 1e-6
+#: Bound of ``retryAfterMs`` for a non-blocking rejection.
+NONBLOCKING_MAX_RETRY_MS: Final = 1000
+#: Upper bounds (µs) of the wait-time histogram bins; a last bin counts the rest.
+WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
+    100,
+    1_000,
+    10_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+)
+
+_INF: Final = math.inf
+
+
+class _Unset(Enum):
+    UNSET = "UNSET"
+
+
+#: Sentinel for "leave unchanged" / "use the node default".
+UNSET: Final = _Unset.UNSET
+_Opt = Literal[_Unset.UNSET]
+
+
+def read_units(nbytes: int, unit_size: int = DEFAULT_UNIT_SIZE) -> int:
+    """Read units for ``nbytes`` read: ``ceil(nbytes / unit_size)``; 0 bytes cost 0."""
+    if nbytes < 0 or unit_size <= 0:
+        raise ValueError(f"bad read size {nbytes} / unit {unit_size}")
+    return -(-nbytes // unit_size)
+
+
+def write_units(nbytes: int, unit_size: int = DEFAULT_UNIT_SIZE) -> int:
+    """Write units for ``nbytes`` written: ``ceil(nbytes / unit_size)``; 0 bytes cost 0.
+
+    A delete writes no value but still costs 1 WU; the server passes that itself.
+    """
+    if nbytes < 0 or unit_size <= 0:
+        raise ValueError(f"bad write size {nbytes} / unit {unit_size}")
+    return -(-nbytes // unit_size)
+
+
+def water_fill(total: float, caps: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Split ``total`` max-min fairly: item ``i`` gets at most ``caps[i]``.
+
+    Items that want less than their weighted fair level get what they want; the
+    rest share what is left in proportion to their weights. Runs in O(n log n).
+    """
+    n = len(caps)
+    out = [0.0] * n
+    if n == 0 or total <= 0.0:
+        return out
+    order = sorted(range(n), key=lambda i: caps[i] / weights[i])
+    remaining = total
+    wsum = float(sum(weights))
+    for pos, i in enumerate(order):
+        level = remaining / wsum
+        if caps[i] <= level * weights[i]:
+            out[i] = caps[i]
+            remaining -= caps[i]
+            wsum -= weights[i]
+        else:
+            for j in order[pos:]:
+                out[j] = level * weights[j]
+            break
+    return out
+
+
+def _check_limit(name: str, value: object) -> Limit:
+    """Validate a :data:`Limit` given through the Python API."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadValue(f"{name} must be a non-negative integer or unlimited, got {value!r}")
+    return value
+
+
+def _le(a: Limit, b: Limit) -> bool:
+    """``a <= b`` where ``None`` is infinity."""
+    if b is None:
+        return True
+    return a is not None and a <= b
+
+
+def _wire(limit: Limit) -> int | str:
+    return UNLIMITED if limit is None else limit
+
+
+def _rate(limit: Limit) -> float:
+    return _INF if limit is None else float(limit)
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@dataclass(frozen=True, slots=True)
+class BucketThrottleStatistics:
+    """One bucket's throttle counters (an immutable snapshot)."""
+
+    name: str
+    reserved: Limit
+    hard_limit: Limit
+    weight: float
+    connections: int
+    #: Reservation in force now (after slow start and over-reservation scaling).
+    effective_reserved: float
+    #: Current allowance rate in units/s (``None``: unlimited).
+    allowance_rate: float | None
+    #: Allowance left now (negative: debt; ``None``: unlimited).
+    allowance: float | None
+    hungry: bool
+    ru_total: int
+    wu_total: int
+    #: Cost units charged in the current whole-second window / the one before.
+    units_used_window: int
+    units_used_previous_window: int
+    throttle_count_total: int
+    throttle_wait_micros_total: int
+    reject_count_total: int
+    #: ``(upper bound in µs, count)`` per bin; the last bound is ``inf``.
+    wait_histogram: tuple[tuple[float, int], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reserved": _wire(self.reserved),
+            "hard_limit": _wire(self.hard_limit),
+            "weight": self.weight,
+            "connections": self.connections,
+            "effective_reserved": self.effective_reserved,
+            "allowance_rate": UNLIMITED if self.allowance_rate is None else self.allowance_rate,
+            "allowance": UNLIMITED if self.allowance is None else self.allowance,
+            "hungry": self.hungry,
+            "ru_total": self.ru_total,
+            "wu_total": self.wu_total,
+            "units_used_window": self.units_used_window,
+            "units_used_previous_window": self.units_used_previous_window,
+            "throttle_count_total": self.throttle_count_total,
+            "throttle_wait_micros_total": self.throttle_wait_micros_total,
+            "reject_count_total": self.reject_count_total,
+            "wait_histogram_us": [
+                ["+Inf" if math.isinf(le) else int(le), n] for le, n in self.wait_histogram
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NodeThrottleStatistics:
+    """The node's throttle counters (an immutable snapshot)."""
+
+    enabled: bool
+    capacity: Limit
+    default_reserved: Limit
+    default_hard_limit: Limit
+    write_weight: int
+    slice_secs: float
+    max_wait_secs: float
+    #: Free pool in units/s: capacity minus reservations in force (``None``: unlimited).
+    free_pool_units: float | None
+    #: Cost units charged beyond reservations in the current whole-second window.
+    free_pool_used_window: int
+    #: Unused share no hungry bucket took, usable first come first served.
+    spare_units: float
+    ru_total: int
+    wu_total: int
+    throttle_count_total: int
+    reject_count_total: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "capacity": _wire(self.capacity),
+            "default_throttle_reserved_units": _wire(self.default_reserved),
+            "default_throttle_hard_limit": _wire(self.default_hard_limit),
+            "write_weight": self.write_weight,
+            "slice_ms": round(self.slice_secs * 1000),
+            "throttle_max_wait_ms": round(self.max_wait_secs * 1000),
+            "free_pool_units": UNLIMITED if self.free_pool_units is None else self.free_pool_units,
+            "free_pool_used_window": self.free_pool_used_window,
+            "spare_units": self.spare_units,
+            "ru_total": self.ru_total,
+            "wu_total": self.wu_total,
+            "throttle_count_total": self.throttle_count_total,
+            "reject_count_total": self.reject_count_total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleStatistics:
+    """What :meth:`TenantThrottle.statistics` returns."""
+
+    node: NodeThrottleStatistics
+    buckets: Mapping[str, BucketThrottleStatistics]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``tenant_throttle`` section of ``server_status``)."""
+        return {
+            "node": self.node.as_dict(),
+            "buckets": {name: b.as_dict() for name, b in self.buckets.items()},
+        }
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+class _Bucket:
+    """Mutable per-bucket state (slots: the fast path reads it for every op)."""
+
+    __slots__ = (
+        "bonus",
+        "connections",
+        "credit",
+        "demand_ewma",
+        "demand_last",
+        "hard",
+        "hard_limit",
+        "hard_rate",
+        "histogram",
+        "hungry_until",
+        "name",
+        "prio_ewma",
+        "prio_last",
+        "prio_sample",
+        "rate",
+        "reject_count",
+        "res_rate",
+        "reserved",
+        "ru_total",
+        "throttle_count",
+        "used_prev_window",
+        "used_refill",
+        "used_sample",
+        "used_window",
+        "wait_us_total",
+        "weight",
+        "wu_total",
+    )
+
+    def __init__(self, name: str, reserved: Limit, hard_limit: Limit, weight: float) -> None:
+        self.name = name
+        self.reserved = reserved
+        self.hard_limit = hard_limit
+        self.weight = weight
+        self.connections = 0
+        # Rates in units/s. ``credit``/``hard`` start infinite and are set to a
+        # full slice by the first _recompute (a new bucket may start at once).
+        self.hard_rate = _rate(hard_limit)
+        self.rate = _INF
+        self.res_rate = 0.0
+        self.credit = _INF
+        self.hard = _INF
+        self.hungry_until = -_INF
+        #: Redistributed share received at the last refill, as a rate (units/s).
+        self.bonus = 0.0
+        # usage since the last refill / demand sample / in the current window
+        self.used_refill = 0
+        self.used_sample = 0
+        self.prio_sample = 0
+        self.used_window = 0
+        self.used_prev_window = 0
+        self.demand_ewma = 0.0
+        self.demand_last = 0.0
+        self.prio_ewma = 0.0
+        self.prio_last = 0.0
+        self.ru_total = 0
+        self.wu_total = 0
+        self.throttle_count = 0
+        self.wait_us_total = 0
+        self.reject_count = 0
+        self.histogram = [0] * (len(WAIT_HISTOGRAM_BOUNDS_US) + 1)
+
+
+class TenantThrottle:
+    """Per-bucket unit quotas; pure logic with an injected clock (see the module doc).
+
+    ``clock`` returns seconds (any origin); the Trio adapter needs it to be
+    ``trio.current_time``. Limits are units per second, ``None`` = unlimited.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        capacity: Limit = None,
+        default_reserved: Limit = 0,
+        default_hard_limit: Limit = None,
+        write_weight: int = DEFAULT_WRITE_WEIGHT,
+        slice_secs: float = DEFAULT_SLICE_SECS,
+        max_wait_secs: float = DEFAULT_MAX_WAIT_SECS,
+    ) -> None:
+        if not 0.0 < slice_secs <= 0.1:
+            raise ValueError(f"slice_secs must be in (0, 0.1], got {slice_secs}")
+        if isinstance(write_weight, bool) or not isinstance(write_weight, int) or write_weight < 0:
+            raise ValueError(f"write_weight must be a non-negative int, got {write_weight!r}")
+        self._clock = clock
+        self._capacity = _check_limit("capacity", capacity)
+        self._default_reserved = _check_limit("default_throttle_reserved_units", default_reserved)
+        self._default_hard = _check_limit("default_throttle_hard_limit", default_hard_limit)
+        if not _le(self._default_reserved, self._default_hard):
+            raise BadValue("default reserved can't exceed hard limit")
+        self._write_weight = write_weight
+        self._slice = slice_secs
+        self._hold = HUNGRY_HOLD_SLICES * slice_secs
+        #: Longest a request may wait for its turn (server ``throttle_max_wait_ms``).
+        self.max_wait_secs = max_wait_secs
+        self._buckets: dict[str, _Bucket] = {}
+        now = clock()
+        self._last_refill = now
+        self._last_sample = now
+        self._window = math.floor(now)
+        self._next_slice = self._slice_after(now)
+        self._free_rate = _INF if capacity is None else float(capacity)
+        self._unallocated_rate = 0.0
+        self._spare = 0.0
+        self._enabled = capacity is not None
+        self._ru_total = 0
+        self._wu_total = 0
+        self._free_used_window = 0
+        self._throttle_count = 0
+        self._reject_count = 0
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def enabled(self) -> bool:
+        """False when nothing can ever be throttled: the server may skip admission.
+
+        (It should still :meth:`charge`, to keep the unit totals.)
+        """
+        return self._enabled
+
+    @property
+    def capacity(self) -> Limit:
+        return self._capacity
+
+    @property
+    def write_weight(self) -> int:
+        return self._write_weight
+
+    def bucket_limits(self, name: str) -> tuple[Limit, Limit]:
+        """``(reserved, hard_limit)`` as set for bucket ``name``."""
+        b = self._get(name)
+        return b.reserved, b.hard_limit
+
+    def node_limits(self) -> tuple[Limit, Limit, Limit]:
+        """``(capacity, default_reserved, default_hard_limit)``."""
+        return self._capacity, self._default_reserved, self._default_hard
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._buckets
+
+    # ------------------------------------------------------------------ configuration
+
+    def add_bucket(
+        self,
+        name: str,
+        *,
+        reserved: Limit | _Opt = UNSET,
+        hard_limit: Limit | _Opt = UNSET,
+        weight: float = 1.0,
+    ) -> None:
+        """Register a bucket; unset limits take the node defaults (as of now)."""
+        if name in self._buckets:
+            raise BucketExists(f"bucket {name!r} already exists")
+        res = self._default_reserved if reserved is UNSET else _check_limit("reserved", reserved)
+        hard = (
+            self._default_hard
+            if hard_limit is UNSET
+            else _check_limit("hard_limit", hard_limit)
+        )
+        if not _le(res, hard):
+            raise BadValue(f"bucket {name!r}: reserved can't exceed hard limit")
+        self._check_weight(weight)
+        self._refill(self._clock())
+        self._buckets[name] = _Bucket(name, res, hard, float(weight))
+        self._reconfigure()
+
+    def remove_bucket(self, name: str) -> None:
+        """Forget a bucket (its share returns to the others at once)."""
+        self._get(name)
+        self._refill(self._clock())
+        del self._buckets[name]
+        self._reconfigure()
+
+    def set_node(
+        self,
+        *,
+        capacity: Limit | _Opt = UNSET,
+        default_reserved: Limit | _Opt = UNSET,
+        default_hard_limit: Limit | _Opt = UNSET,
+    ) -> None:
+        """Change node properties. New defaults apply to buckets added later."""
+        cap = self._capacity if capacity is UNSET else _check_limit("capacity", capacity)
+        res = (
+            self._default_reserved
+            if default_reserved is UNSET
+            else _check_limit("default_throttle_reserved_units", default_reserved)
+        )
+        hard = (
+            self._default_hard
+            if default_hard_limit is UNSET
+            else _check_limit("default_throttle_hard_limit", default_hard_limit)
+        )
+        if not _le(res, hard):
+            raise BadValue(
+                "default_throttle_reserved_units: reserved can't exceed hard limit "
+                f"(default_throttle_hard_limit {_wire(hard)})"
+            )
+        self._refill(self._clock())
+        self._capacity, self._default_reserved, self._default_hard = cap, res, hard
+        self._reconfigure()
+
+    def set_bucket(
+        self,
+        name: str,
+        *,
+        reserved: Limit | _Opt = UNSET,
+        hard_limit: Limit | _Opt = UNSET,
+        weight: float | _Opt = UNSET,
+    ) -> None:
+        """Change a bucket's properties; unset ones keep their value."""
+        b = self._get(name)
+        res = b.reserved if reserved is UNSET else _check_limit("reserved", reserved)
+        hard = b.hard_limit if hard_limit is UNSET else _check_limit("hard_limit", hard_limit)
+        if not _le(res, hard):
+            raise BadValue(
+                f"bucket {name!r}: reserved can't exceed hard limit "
+                f"(reserved {_wire(res)}, hard_limit {_wire(hard)})"
+            )
+        if weight is not UNSET:
+            self._check_weight(weight)
+        self._refill(self._clock())
+        b.reserved = res
+        if hard != b.hard_limit:
+            b.hard_limit = hard
+            b.hard_rate = _rate(hard)
+            cap = b.hard_rate * self._slice
+            # Keep debt; a raised limit does not hand out a fresh burst.
+            b.hard = _INF if hard is None else min(b.hard, cap)
+        if weight is not UNSET:
+            b.weight = float(weight)
+        self._reconfigure()
+
+    def connection_opened(self, bucket: str) -> None:
+        """A connection selected ``bucket``: the first one ends slow start."""
+        b = self._get(bucket)
+        b.connections += 1
+        if b.connections == 1:
+            self._refill(self._clock())
+            self._recompute(self._clock())
+
+    def connection_closed(self, bucket: str) -> None:
+        """A connection left ``bucket``; with none left it falls back to slow start."""
+        b = self._buckets.get(bucket)
+        if b is None or b.connections == 0:
+            return
+        b.connections -= 1
+        if b.connections == 0:
+            self._refill(self._clock())
+            self._recompute(self._clock())
+
+    # ------------------------------------------------------------------ hot path
+
+    def try_admit(self, bucket: str, *, unthrottled: bool = False) -> float:
+        """``0.0`` if an operation on ``bucket`` may run now, else seconds to wait.
+
+        The wait is a prediction (the rates may change meanwhile): re-check at
+        that time. ``inf`` means "not before a property changes" (hard limit 0).
+        Raises :class:`BucketNotFound` for an unknown bucket.
+        """
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        b = self._buckets.get(bucket)
+        if b is None:
+            raise BucketNotFound(f"bucket {bucket!r} not found")
+        if unthrottled or (b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0)):
+            return 0.0
+        return self._throttled(b, now)
+
+    def charge(self, bucket: str, ru: int, wu: int, *, unthrottled: bool = False) -> None:
+        """Account an operation that ran: ``ru`` read and ``wu`` write units.
+
+        Pass ``unthrottled=True`` for operations admitted with the privilege, so
+        their usage is set aside from the free pool before it is shared.
+        """
+        cost = ru + self._write_weight * wu
+        self._ru_total += ru
+        self._wu_total += wu
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        b = self._buckets.get(bucket)
+        if b is None:  # removed while the operation ran
+            return
+        b.ru_total += ru
+        b.wu_total += wu
+        b.used_refill += cost
+        b.used_sample += cost
+        if unthrottled:
+            b.prio_sample += cost
+        before = b.used_window
+        after = before + cost
+        b.used_window = after
+        res = b.res_rate
+        if after > res:
+            self._free_used_window += round(after - (before if before > res else res))
+        c = b.credit
+        spare = self._spare
+        if c < cost and spare > 0.0:
+            # Overshoot beyond the bucket's own allowance comes from the spare first.
+            take = cost - c if c > 0.0 else float(cost)
+            if take > spare:
+                take = spare
+            self._spare = spare - take
+            c += take
+        b.credit = c - cost
+        b.hard -= cost
+
+    # ------------------------------------------------------------------ waits & stats
+
+    def estimate_wait(self, bucket: str) -> float:
+        """Like :meth:`try_admit`'s answer but without counting as demand (0.0 = now)."""
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        b = self._get(bucket)
+        if b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0):
+            return 0.0
+        return self._predict(b, now)
+
+    def record_throttled(self, bucket: str, waited_secs: float, *, rejected: bool,
+                         parked: bool = True) -> None:
+        """Count one request that could not run at once (called by the adapter).
+
+        ``waited_secs`` is how long it was parked; ``parked=False`` for a request
+        rejected without waiting (it does not enter the wait histogram).
+        """
+        self._throttle_count += 1
+        if rejected:
+            self._reject_count += 1
+        b = self._buckets.get(bucket)
+        if b is None:
+            return
+        b.throttle_count += 1
+        if rejected:
+            b.reject_count += 1
+        if parked:
+            us = max(0, round(waited_secs * 1e6))
+            b.wait_us_total += us
+            for i, bound in enumerate(WAIT_HISTOGRAM_BOUNDS_US):
+                if us <= bound:
+                    b.histogram[i] += 1
+                    break
+            else:
+                b.histogram[-1] += 1
+
+    def statistics(self) -> ThrottleStatistics:
+        """An immutable snapshot of every counter (trio's ``statistics()`` convention)."""
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        bounds: tuple[float, ...] = (*WAIT_HISTOGRAM_BOUNDS_US, _INF)
+        buckets = {
+            name: BucketThrottleStatistics(
+                name=name,
+                reserved=b.reserved,
+                hard_limit=b.hard_limit,
+                weight=b.weight,
+                connections=b.connections,
+                effective_reserved=b.res_rate if b.reserved is not None else _INF,
+                allowance_rate=None if math.isinf(b.rate) else b.rate,
+                allowance=None if math.isinf(min(b.credit, b.hard)) else min(b.credit, b.hard),
+                hungry=b.hungry_until > now,
+                ru_total=b.ru_total,
+                wu_total=b.wu_total,
+                units_used_window=b.used_window,
+                units_used_previous_window=b.used_prev_window,
+                throttle_count_total=b.throttle_count,
+                throttle_wait_micros_total=b.wait_us_total,
+                reject_count_total=b.reject_count,
+                wait_histogram=tuple(zip(bounds, b.histogram, strict=True)),
+            )
+            for name, b in self._buckets.items()
+        }
+        node = NodeThrottleStatistics(
+            enabled=self._enabled,
+            capacity=self._capacity,
+            default_reserved=self._default_reserved,
+            default_hard_limit=self._default_hard,
+            write_weight=self._write_weight,
+            slice_secs=self._slice,
+            max_wait_secs=self.max_wait_secs,
+            free_pool_units=None if self._capacity is None else self._free_rate,
+            free_pool_used_window=self._free_used_window,
+            spare_units=self._spare,
+            ru_total=self._ru_total,
+            wu_total=self._wu_total,
+            throttle_count_total=self._throttle_count,
+            reject_count_total=self._reject_count,
+        )
+        return ThrottleStatistics(node=node, buckets=MappingProxyType(buckets))
+
+    # ------------------------------------------------------------------ internals
+
+    def _get(self, name: str) -> _Bucket:
+        b = self._buckets.get(name)
+        if b is None:
+            raise BucketNotFound(f"bucket {name!r} not found")
+        return b
+
+    @staticmethod
+    def _check_weight(weight: object) -> None:
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise BadValue(f"weight must be a positive number, got {weight!r}")
+        if math.isinf(weight):
+            raise BadValue("weight must be finite")
+
+    def _slice_after(self, now: float) -> float:
+        nxt = (math.floor(now / self._slice) + 1) * self._slice
+        return nxt if nxt > now else nxt + self._slice
+
+    def _reconfigure(self) -> None:
+        self._enabled = self._capacity is not None or any(
+            b.hard_limit is not None for b in self._buckets.values()
+        )
+        self._recompute(self._clock())
+
+    def _throttled(self, b: _Bucket, now: float) -> float:
+        """Slow path of :meth:`try_admit`: mark demand, predict the wait."""
+        if b.hungry_until <= now:
+            # Newly hungry: its share grows from this instant, not the next slice.
+            self._refill(now)
+            b.hungry_until = now + self._hold
+            self._recompute(now)
+            if b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0):
+                return 0.0
+        wait = self._predict(b, now)
+        until = now + min(wait, self.max_wait_secs) + self._hold
+        if until > b.hungry_until:
+            b.hungry_until = until
+        return wait
+
+    def _predict(self, b: _Bucket, now: float) -> float:
+        """Seconds until the refills bring ``b``'s counters above zero."""
+        wait = 0.0
+        if b.credit <= 0.0 and self._spare <= 0.0:
+            wait = self._time_to_positive(-b.credit, b.rate + b.bonus, now)
+        if b.hard <= 0.0:
+            wait = max(wait, self._time_to_positive(-b.hard, b.hard_rate, now))
+        return wait + WAKE_GUARD_SECS
+
+    def _time_to_positive(self, deficit: float, rate: float, now: float) -> float:
+        if rate <= 0.0:
+            return _INF
+        first = self._next_slice - now
+        gain = rate * (self._next_slice - self._last_refill)  # pro-rated first refill
+        if gain > deficit:
+            return first
+        more = math.floor((deficit - gain) / (rate * self._slice)) + 1
+        return first + more * self._slice
+
+    def _advance(self, now: float) -> None:
+        """Once per slice: refill, sample usage, roll the window, recompute rates."""
+        self._refill(now)
+        span = now - self._last_sample
+        if span > 0.0:
+            alpha = DEMAND_EWMA_ALPHA
+            for b in self._buckets.values():
+                s = b.used_sample / span
+                b.demand_last = s
+                b.demand_ewma += alpha * (s - b.demand_ewma)
+                p = b.prio_sample / span
+                b.prio_last = p
+                b.prio_ewma += alpha * (p - b.prio_ewma)
+                b.used_sample = 0
+                b.prio_sample = 0
+            self._last_sample = now
+        window = math.floor(now)
+        if window != self._window:
+            adjacent = window == self._window + 1
+            for b in self._buckets.values():
+                b.used_prev_window = b.used_window if adjacent else 0
+                b.used_window = 0
+            self._free_used_window = 0
+            self._window = window
+        self._recompute(now)
+        self._next_slice = self._slice_after(now)
+
+    def _refill(self, now: float) -> None:
+        """Add allowance for the time since the last refill, pro-rated.
+
+        Share a bucket did not use beyond its cap (never its reservation) goes to
+        the hungry buckets, water-filled; what nobody takes becomes node spare.
+        """
+        since = self._last_refill
+        dt = now - since
+        if dt <= 0.0:
+            return
+        self._last_refill = now
+        burst = self._slice
+        limited = self._capacity is not None
+        pool = self._unallocated_rate * dt if limited else 0.0
+        hungry: list[_Bucket] = []
+        for b in self._buckets.values():
+            hr = b.hard_rate
+            if hr != _INF:
+                h = b.hard + hr * dt
+                cap = hr * burst
+                b.hard = cap if h > cap else h
+            b.bonus = 0.0
+            r = b.rate
+            if r == _INF:
+                b.used_refill = 0
+                continue
+            c = b.credit + r * dt
+            cap = r * burst
+            if c > cap:
+                if limited:
+                    unused_res = b.res_rate * dt - b.used_refill
+                    spill = c - cap - (unused_res if unused_res > 0.0 else 0.0)
+                    if spill > 0.0:
+                        pool += spill
+                c = cap
+            b.credit = c
+            b.used_refill = 0
+            if b.hungry_until > since:
+                hungry.append(b)
+        if not limited:
+            return
+        pool += self._spare
+        free = self._free_rate
+        if hungry and pool > 0.0:
+            rooms: list[float] = []
+            for b in hungry:
+                room_rate = min(b.hard_rate - b.rate, free)
+                span = min(dt, b.hungry_until - since)
+                top = (b.rate + room_rate) * burst - b.credit
+                rooms.append(max(0.0, min(room_rate * span, top)))
+            gifts = water_fill(pool, rooms, [b.weight for b in hungry])
+            for b, g in zip(hungry, gifts, strict=True):
+                if g > 0.0:
+                    b.credit += g
+                    b.bonus = g / dt
+                    pool -= g
+        self._spare = max(0.0, min(pool, free * burst))
+
+    def _recompute(self, now: float) -> None:
+        """Set every bucket's allowance rate: reservation + water-filled free share."""
+        buckets = list(self._buckets.values())
+        if self._capacity is None:
+            for b in buckets:
+                b.rate = b.hard_rate
+                b.res_rate = b.hard_rate
+            self._free_rate = _INF
+            self._unallocated_rate = 0.0
+            self._spare = 0.0
+        else:
+            capacity = float(self._capacity)
+            members = [b for b in buckets if b.reserved is not None]
+            wanted = [
+                float(b.reserved) * (1.0 if b.connections else SLOW_START_FRACTION)  # type: ignore[arg-type]
+                for b in members
+            ]
+            total = sum(wanted)
+            scale = capacity / total if total > capacity else 1.0
+            floors: list[float] = []
+            for b, r in zip(members, wanted, strict=True):
+                b.res_rate = r * scale
+                # Unthrottled usage cannot be held back: set it aside first.
+                floors.append(max(b.res_rate, b.prio_ewma, b.prio_last))
+            free = max(0.0, capacity - sum(floors))
+            min_demand = 1.0 / self._slice  # one unit per slice: room to start
+            caps: list[float] = []
+            for b, floor in zip(members, floors, strict=True):
+                if b.hungry_until > now:
+                    want = _INF
+                else:
+                    want = DEMAND_HEADROOM * max(b.demand_ewma, b.demand_last) + min_demand
+                caps.append(max(0.0, min(b.hard_rate, want) - floor))
+            extras = water_fill(free, caps, [b.weight for b in members])
+            for b, floor, extra in zip(members, floors, extras, strict=True):
+                b.rate = floor + extra
+            for b in buckets:
+                if b.reserved is None:  # exempt from node capacity
+                    b.rate = b.hard_rate
+                    b.res_rate = b.hard_rate
+            self._free_rate = free
+            self._unallocated_rate = max(0.0, free - sum(extras))
+            if self._spare > free * self._slice:
+                self._spare = free * self._slice
+        burst = self._slice
+        for b in buckets:
+            if b.rate == _INF:
+                b.credit = _INF
+            elif b.credit == _INF:
+                b.credit = b.rate * burst
+            if b.hard_rate == _INF:
+                b.hard = _INF
+            elif b.hard == _INF:
+                b.hard = b.hard_rate * burst
+
+
+# --------------------------------------------------------------------------- Trio adapter
+
+
+class _Waiter:
+    """One parked request: its wake-up event and whether its bucket vanished."""
+
+    __slots__ = ("event", "removed")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.removed = False
+
+
+def _retry_after_ms(wait: float, cap_ms: int) -> int:
+    """``retryAfterMs`` for a predicted wait: at least 1, at most ``cap_ms``."""
+    if not wait * 1000.0 < cap_ms:  # also inf
+        return cap_ms
+    return max(1, math.ceil(wait * 1000.0))
+
+
+class TenantThrottleGate:
+    """Trio adapter for :class:`TenantThrottle`: waits FIFO per bucket.
+
+    The throttle's clock must be ``trio.current_time``. No background task: the
+    head of each bucket's queue sleeps until the throttle's predicted refill and
+    re-checks; the others park on an event until they reach the head.
+    """
+
+    def __init__(self, throttle: TenantThrottle) -> None:
+        self.throttle = throttle
+        self._queues: dict[str, deque[_Waiter]] = {}
+
+    def waiting(self, bucket: str) -> int:
+        """How many requests are parked for ``bucket``."""
+        queue = self._queues.get(bucket)
+        return len(queue) if queue else 0
+
+    async def admit(
+        self,
+        bucket: str,
+        *,
+        unthrottled: bool = False,
+        deadline: float | None = None,
+        nonblocking: bool = False,
+    ) -> None:
+        """Return when an operation on ``bucket`` may run.
+
+        Does not checkpoint when it admits at once (allowance left, nobody queued
+        ahead). Raises :class:`Throttled` when the wait would outlast ``deadline``
+        (absolute trio time) or ``max_wait_secs``, or at once if ``nonblocking``;
+        :class:`DeadlineExceeded` if it must wait and ``deadline`` already passed;
+        :class:`BucketNotFound` if the bucket is (or gets) removed.
+        """
+        throttle = self.throttle
+        if unthrottled:
+            throttle.try_admit(bucket, unthrottled=True)  # never delayed, never queued
+            return
+        queue = self._queues.get(bucket)
+        if queue:
+            wait = throttle.estimate_wait(bucket)  # FIFO: queue behind the others
+        else:
+            wait = throttle.try_admit(bucket)
+            if wait == 0.0:
+                return
+        if nonblocking:
+            throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+            raise Throttled(
+                f"bucket {bucket!r} is over its unit allowance",
+                retry_after_ms=_retry_after_ms(wait, NONBLOCKING_MAX_RETRY_MS),
+            )
+        start = trio.current_time()
+        if deadline is not None and deadline <= start:
+            throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+            raise DeadlineExceeded("the request's deadline passed before it could be admitted")
+        limit = start + throttle.max_wait_secs
+        if deadline is not None and deadline < limit:
+            limit = deadline
+        if start + wait > limit:
+            # Sleeping just to fail would hold the client for nothing.
+            throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+            raise self._throttled(bucket, wait)
+        if queue is None:
+            queue = self._queues[bucket] = deque()
+        waiter = _Waiter()
+        queue.append(waiter)
+        rejected = False
+        try:
+            await self._wait_turn(bucket, queue, waiter, limit)
+        except Throttled:
+            rejected = True
+            raise
+        finally:
+            self._leave(bucket, queue, waiter)
+            throttle.record_throttled(bucket, trio.current_time() - start, rejected=rejected)
+
+    async def _wait_turn(
+        self, bucket: str, queue: deque[_Waiter], waiter: _Waiter, limit: float
+    ) -> None:
+        throttle = self.throttle
+        while True:
+            if waiter.removed:
+                raise BucketNotFound(f"bucket {bucket!r} was removed")
+            waiter.event = trio.Event()
+            head = queue[0] is waiter
+            if head:
+                wait = throttle.try_admit(bucket)
+                if wait == 0.0:
+                    return
+                now = trio.current_time()
+                if now + wait > limit:
+                    raise self._throttled(bucket, wait)
+                wake_at = now + wait
+            else:
+                wake_at = limit
+            with trio.move_on_at(wake_at) as scope:
+                await waiter.event.wait()
+            timed_out = scope.cancelled_caught and not head and not waiter.removed
+            if timed_out and queue[0] is not waiter:
+                # Out of time while others were still ahead.
+                raise self._throttled(bucket, throttle.estimate_wait(bucket))
+
+    def _throttled(self, bucket: str, wait: float) -> Throttled:
+        cap = max(NONBLOCKING_MAX_RETRY_MS, round(self.throttle.max_wait_secs * 1000))
+        return Throttled(
+            f"bucket {bucket!r} is over its unit allowance (throttled past the wait bound)",
+            retry_after_ms=_retry_after_ms(wait, cap),
+        )
+
+    def _leave(self, bucket: str, queue: deque[_Waiter], waiter: _Waiter) -> None:
+        was_head = bool(queue) and queue[0] is waiter
+        if waiter in queue:
+            queue.remove(waiter)
+        if not queue:
+            if self._queues.get(bucket) is queue:
+                del self._queues[bucket]
+        elif was_head:
+            queue[0].event.set()  # the next in line takes over
+
+    def wake(self, bucket: str | None = None) -> None:
+        """Make the head waiter(s) re-check now, e.g. after a property change."""
+        names = list(self._queues) if bucket is None else [bucket]
+        for name in names:
+            queue = self._queues.get(name)
+            if queue:
+                queue[0].event.set()
+
+    def bucket_removed(self, name: str) -> None:
+        """The bucket is gone: forget it and fail its waiters with BucketNotFound."""
+        if name in self.throttle:
+            self.throttle.remove_bucket(name)
+        queue = self._queues.pop(name, None)
+        for waiter in queue or ():
+            waiter.removed = True
+            waiter.event.set()

@@ -1,0 +1,266 @@
+"""The engine and the group-commit writer, on real LMDB files in a temp dir."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantkv import errors
+from tenantkv.storage.engine import Engine
+from tenantkv.storage.group_commit import GroupCommitWriter, Pending
+from tenantkv.storage.ops import (
+    CounterOp,
+    CreateBucketOp,
+    DeleteOp,
+    DropBucketOp,
+    ExpireDueOp,
+    SetOp,
+    TouchOp,
+    WriteOp,
+)
+
+
+class Clock:
+    """Wall clock in ms that the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+class Store:
+    def __init__(self, path: Path, **kw: Any) -> None:
+        self.clock = Clock()
+        self.engine = Engine(path, now_ms=self.clock, **kw)
+        self.batches: list[list[Pending]] = []
+        self.writer = GroupCommitWriter(self.engine, self._deliver)
+        self.writer.start()
+
+    def _deliver(self, batch: list[Pending]) -> None:
+        # Called by the writer after the batch's commit, like the server's.
+        self.batches.append(batch)
+        for p in batch:
+            p.callback(p.result, p.error)
+
+    def run(self, *ops: WriteOp) -> list[tuple[Any, BaseException | None]]:
+        """Submit ops together; wait until every callback ran."""
+        out: list[Any] = [None] * len(ops)
+        left = threading.Semaphore(0)
+
+        def cb(i: int) -> Any:
+            def done(result: Any, error: BaseException | None) -> None:
+                out[i] = (result, error)
+                left.release()
+
+            return done
+
+        for i, op in enumerate(ops):
+            self.writer.submit(op, cb(i))
+        for _ in ops:
+            assert left.acquire(timeout=10)
+        return out
+
+    def ok(self, op: WriteOp) -> Any:
+        ((result, error),) = self.run(op)
+        if error is not None:
+            raise error
+        return result
+
+    def bucket(self, name: str = "b") -> Any:
+        h = self.ok(CreateBucketOp(name, {}))
+        self.engine.buckets[name] = h
+        return h
+
+    def close(self) -> None:
+        self.writer.stop()
+        self.writer.join(10)
+        self.engine.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = Store(tmp_path / "db")
+    yield s
+    s.close()
+
+
+def test_set_get_delete_and_cas(store: Store) -> None:
+    b = store.bucket()
+    cas1 = store.ok(SetOp(b, b"k", b"v1", flags=7))["cas"]
+    rec = store.engine.get("b", b"k")
+    assert rec is not None and (rec.value, rec.cas, rec.flags) == (b"v1", cas1, 7)
+    with pytest.raises(errors.CasMismatch):
+        store.ok(SetOp(b, b"k", b"v2", cas=cas1 + 100))
+    cas2 = store.ok(SetOp(b, b"k", b"v2", cas=cas1))["cas"]
+    assert cas2 > cas1
+    with pytest.raises(errors.CasMismatch):
+        store.ok(DeleteOp(b, b"k", cas=cas1))
+    assert store.ok(DeleteOp(b, b"k", cas=cas2)) is True
+    assert store.ok(DeleteOp(b, b"k")) is False
+    assert store.engine.get("b", b"k") is None
+
+
+def test_add_and_replace_modes(store: Store) -> None:
+    b = store.bucket()
+    with pytest.raises(errors.KeyNotFound):
+        store.ok(SetOp(b, b"k", b"v", mode="replace"))
+    store.ok(SetOp(b, b"k", b"v", mode="add"))
+    with pytest.raises(errors.KeyExists):
+        store.ok(SetOp(b, b"k", b"v", mode="add"))
+    store.ok(SetOp(b, b"k", b"w", mode="replace"))
+    assert store.engine.get("b", b"k").value == b"w"  # type: ignore[union-attr]
+
+
+def test_ttl_hides_at_once_and_pager_reclaims(store: Store) -> None:
+    b = store.bucket()
+    store.ok(SetOp(b, b"short", b"v", ttl=10))
+    store.ok(SetOp(b, b"long", b"v", ttl=100))
+    store.ok(SetOp(b, b"forever", b"v"))
+    store.clock.ms += 10_000  # exactly at expiry: gone
+    assert store.engine.get("b", b"short") is None
+    assert store.engine.get("b", b"long") is not None
+    assert [k for k, _ in store.engine.scan("b")[0]] == [b"forever", b"long"]
+    assert store.engine.bucket_entries("b") == 3  # still on disk
+    assert store.ok(ExpireDueOp())["removed"] == 1
+    assert store.engine.bucket_entries("b") == 2
+    # an expired key behaves as absent for add, and can be re-set
+    store.ok(SetOp(b, b"short", b"again", mode="add"))
+    assert store.engine.get("b", b"short").value == b"again"  # type: ignore[union-attr]
+
+
+def test_touch_moves_expiry_and_pager_respects_it(store: Store) -> None:
+    b = store.bucket()
+    store.ok(SetOp(b, b"k", b"v", ttl=5))
+    store.ok(TouchOp(b, b"k", ttl=60))
+    store.clock.ms += 10_000
+    assert store.ok(ExpireDueOp())["removed"] == 0
+    assert store.engine.get("b", b"k") is not None
+    store.ok(TouchOp(b, b"k", ttl=0))
+    store.clock.ms += 100_000
+    store.ok(ExpireDueOp())
+    assert store.engine.get("b", b"k") is not None
+    with pytest.raises(errors.KeyNotFound):
+        store.ok(TouchOp(b, b"missing", ttl=1))
+
+
+def test_counters(store: Store) -> None:
+    b = store.bucket()
+    with pytest.raises(errors.KeyNotFound):
+        store.ok(CounterOp(b, b"n", 1))
+    assert store.ok(CounterOp(b, b"n", 1, initial=10))["value"] == 10
+    assert store.ok(CounterOp(b, b"n", 5))["value"] == 15
+    assert store.ok(CounterOp(b, b"n", -20))["value"] == -5
+    store.ok(SetOp(b, b"s", b"abc"))
+    with pytest.raises(errors.NotANumber):
+        store.ok(CounterOp(b, b"s", 1))
+    store.ok(SetOp(b, b"big", str(2**63 - 1).encode()))
+    with pytest.raises(errors.BadValue):
+        store.ok(CounterOp(b, b"big", 1))
+
+
+def test_one_batch_one_commit_and_per_op_errors(store: Store) -> None:
+    b = store.bucket()
+    store.ok(SetOp(b, b"exists", b"v"))
+    ops: list[WriteOp] = [SetOp(b, b"k%d" % i, b"v") for i in range(200)]
+    ops.insert(50, SetOp(b, b"exists", b"x", mode="add"))
+    before = store.writer.batches
+    results = store.run(*ops)
+    assert isinstance(results[50][1], errors.KeyExists)
+    assert all(err is None for i, (_, err) in enumerate(results) if i != 50)
+    # 201 ops submitted back to back commit in far fewer transactions
+    assert store.writer.batches - before < 50
+    assert store.engine.bucket_entries("b") == 201
+
+
+def test_acknowledged_only_after_commit(tmp_path: Path) -> None:
+    """When a callback runs, another process opening the files sees the write."""
+    s = Store(tmp_path / "db")
+    b = s.bucket()
+    seen: list[str] = []
+    done = threading.Event()
+    probe = (
+        "import lmdb,sys; e=lmdb.open(sys.argv[1], max_dbs=10, readonly=True);"
+        "t=e.begin(db=e.open_db(b'b:b', create=False)); print(t.get(b'k'))"
+    )
+
+    def check(result: Any, error: BaseException | None) -> None:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(tmp_path / "db")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        seen.append(out.stdout + out.stderr)
+        done.set()
+
+    s.writer.submit(SetOp(b, b"k", b"durable"), check)
+    assert done.wait(30)
+    assert "durable" in seen[0], seen
+    s.close()
+
+
+def test_state_survives_reopen_and_cas_keeps_growing(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db")
+    b = s.bucket()
+    cas = s.ok(SetOp(b, b"k", b"v"))["cas"]
+    s.close()
+    s2 = Store(tmp_path / "db")
+    assert "b" in s2.engine.buckets
+    assert s2.engine.get("b", b"k").value == b"v"  # type: ignore[union-attr]
+    assert s2.ok(SetOp(s2.engine.buckets["b"], b"k2", b"v"))["cas"] > cas
+    s2.close()
+
+
+def test_map_grows_before_anyone_sees_map_full(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db", map_size=256 * 1024)
+    b = s.bucket()
+    for i in range(40):
+        s.ok(SetOp(b, b"k%d" % i, b"x" * 50_000))
+    assert s.writer.map_grows >= 1
+    assert s.engine.bucket_entries("b") == 40
+    s.close()
+
+
+def test_max_map_size_gives_storage_full_and_keeps_data(tmp_path: Path) -> None:
+    s = Store(tmp_path / "db", map_size=256 * 1024, max_map_size=512 * 1024)
+    b = s.bucket()
+    s.ok(SetOp(b, b"keep", b"v"))
+    with pytest.raises(errors.StorageFull):
+        for i in range(100):
+            s.ok(SetOp(b, b"k%d" % i, b"x" * 60_000))
+    assert s.engine.get("b", b"keep").value == b"v"  # type: ignore[union-attr]
+    s.ok(DeleteOp(b, b"k0"))  # small writes still work after the failure
+    s.close()
+
+
+def test_drop_bucket_fails_queued_writes_cleanly(store: Store) -> None:
+    b = store.bucket()
+    store.ok(SetOp(b, b"k", b"v"))
+    b.dropped = True
+    results = store.run(SetOp(b, b"k2", b"v"), DropBucketOp(b))
+    assert isinstance(results[0][1], errors.BucketNotFound)
+    assert results[1] == (True, None)
+    store.engine.buckets.pop("b")
+    with pytest.raises(errors.BucketNotFound):
+        store.engine.get("b", b"k")
+    # same name again: a fresh, empty bucket
+    store.bucket("b")
+    assert store.engine.get("b", b"k") is None
+
+
+def test_scan_ranges_prefix_and_cursor(store: Store) -> None:
+    b = store.bucket()
+    store.run(*[SetOp(b, k, b"v") for k in (b"a1", b"a2", b"a3", b"b1", b"c1")])
+    items, more = store.engine.scan("b", start=b"a", end=b"b", limit=2)
+    assert [k for k, _ in items] == [b"a1", b"a2"] and more
+    items, more = store.engine.scan("b", start=b"a", end=b"b", after=b"a2", limit=2)
+    assert [k for k, _ in items] == [b"a3"] and not more
+    items, _ = store.engine.scan("b", start=b"b")
+    assert [k for k, _ in items] == [b"b1", b"c1"]
