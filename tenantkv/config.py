@@ -171,3 +171,52 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
             {k: v for k, v in overrides.items() if v is not None}, source="the command line"
         )
     return cfg
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def render_markdown() -> str:
+    """``docs/configuration.md``, generated from :data:`SETTINGS` (a test keeps them equal)."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated from tenantkv/config.py by `tenantkv config docs > "
+        "docs/configuration.md`; edit the declaration, not this file. -->",
+        "",
+        "`tenantkv serve --config FILE` reads a TOML file. Keys may sit at the top level",
+        "or in a `[server]` table. Precedence: command-line flags > config file > defaults.",
+        "An unknown key or a bad value stops start-up with a message naming it.",
+        "",
+        "```toml",
+        "# tenantkv.toml",
+        'data_dir = "/var/lib/tenantkv"',
+        "port = 7207",
+        'durability = "fsync"',
+        "```",
+        "",
+        "| setting | type | default | range | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        rng = " / ".join(s.choices) if s.choices else ""
+        if s.min is not None or s.max is not None:
+            lo = "" if s.min is None else f"≥ {_num(s.min)}"
+            hi = "" if s.max is None else f"≤ {_num(s.max)}"
+            rng = ", ".join(x for x in (lo, hi) if x)
+        default = "unset" if s.default is None else f"`{s.default!r}`".replace("'", '"')
+        lines.append(f"| `{s.name}` | {s.type.__name__} | {default} | {rng} | {s.help} |")
+    lines += [
+        "",
+        "## Durability",
+        "",
+        "`fsync` (default) acknowledges a write only after the group commit holding it is",
+        "flushed to disk: it survives a power loss. `nosync` acknowledges once the commit is",
+        "in the OS page cache: it survives a crash or `kill -9` of the server, but a power",
+        "loss may lose the last moments of writes (never corrupt the file). Group commit",
+        "makes `fsync` cheap under concurrency: all writes queued while one commit runs",
+        "share the next one.",
+        "",
+    ]
+    return "\n".join(lines)

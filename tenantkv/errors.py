@@ -158,12 +158,6 @@ IdleTimeout = _define(22, "IdleTimeout", "The connection was idle too long.", fa
 ShuttingDown = _define(
     23, "ShuttingDown", "The server is stopping; the request had no effect.", labels=(RETRYABLE,)
 )
-TooManyRequests = _define(
-    24,
-    "TooManyRequests",
-    "Too many requests in flight on this connection.",
-    labels=OVERLOAD_LABELS,
-)
 Throttled = _define(
     25,
     "Throttled",

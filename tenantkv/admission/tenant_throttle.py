@@ -446,10 +446,10 @@ class TenantThrottle:
         self.max_wait_secs = max_wait_secs
         self._buckets: dict[str, _Bucket] = {}
         now = clock()
-        self._last_refill = now
-        self._last_sample = now
         self._window = math.floor(now)
-        self._next_slice = self._slice_after(now)
+        self._last_sample = now
+        self._slice_idx = self._slice_index(now)
+        self._next_slice = (self._slice_idx + 1) * slice_secs
         self._free_rate = _INF if capacity is None else float(capacity)
         self._unallocated_rate = 0.0
         self._spare = 0.0
@@ -504,22 +504,18 @@ class TenantThrottle:
         if name in self._buckets:
             raise BucketExists(f"bucket {name!r} already exists")
         res = self._default_reserved if reserved is UNSET else _check_limit("reserved", reserved)
-        hard = (
-            self._default_hard
-            if hard_limit is UNSET
-            else _check_limit("hard_limit", hard_limit)
-        )
+        hard = self._default_hard if hard_limit is UNSET else _check_limit("hard_limit", hard_limit)
         if not _le(res, hard):
             raise BadValue(f"bucket {name!r}: reserved can't exceed hard limit")
         self._check_weight(weight)
-        self._refill(self._clock())
+        self._catch_up()
         self._buckets[name] = _Bucket(name, res, hard, float(weight))
         self._reconfigure()
 
     def remove_bucket(self, name: str) -> None:
         """Forget a bucket (its share returns to the others at once)."""
         self._get(name)
-        self._refill(self._clock())
+        self._catch_up()
         del self._buckets[name]
         self._reconfigure()
 
@@ -547,7 +543,7 @@ class TenantThrottle:
                 "default_throttle_reserved_units: reserved can't exceed hard limit "
                 f"(default_throttle_hard_limit {_wire(hard)})"
             )
-        self._refill(self._clock())
+        self._catch_up()
         self._capacity, self._default_reserved, self._default_hard = cap, res, hard
         self._reconfigure()
 
@@ -570,7 +566,7 @@ class TenantThrottle:
             )
         if weight is not UNSET:
             self._check_weight(weight)
-        self._refill(self._clock())
+        self._catch_up()
         b.reserved = res
         if hard != b.hard_limit:
             b.hard_limit = hard
@@ -587,8 +583,7 @@ class TenantThrottle:
         b = self._get(bucket)
         b.connections += 1
         if b.connections == 1:
-            self._refill(self._clock())
-            self._recompute(self._clock())
+            self._recompute(self._catch_up())
 
     def connection_closed(self, bucket: str) -> None:
         """A connection left ``bucket``; with none left it falls back to slow start."""
@@ -597,8 +592,7 @@ class TenantThrottle:
             return
         b.connections -= 1
         if b.connections == 0:
-            self._refill(self._clock())
-            self._recompute(self._clock())
+            self._recompute(self._catch_up())
 
     # ------------------------------------------------------------------ hot path
 
@@ -670,8 +664,9 @@ class TenantThrottle:
             return 0.0
         return self._predict(b, now)
 
-    def record_throttled(self, bucket: str, waited_secs: float, *, rejected: bool,
-                         parked: bool = True) -> None:
+    def record_throttled(
+        self, bucket: str, waited_secs: float, *, rejected: bool, parked: bool = True
+    ) -> None:
         """Count one request that could not run at once (called by the adapter).
 
         ``waited_secs`` is how long it was parked; ``parked=False`` for a request
@@ -757,9 +752,16 @@ class TenantThrottle:
         if math.isinf(weight):
             raise BadValue("weight must be finite")
 
-    def _slice_after(self, now: float) -> float:
-        nxt = (math.floor(now / self._slice) + 1) * self._slice
-        return nxt if nxt > now else nxt + self._slice
+    def _slice_index(self, now: float) -> int:
+        idx = math.floor(now / self._slice)
+        return idx + 1 if (idx + 1) * self._slice <= now else idx
+
+    def _catch_up(self) -> float:
+        """Process slice boundaries passed since the last call; return the time."""
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        return now
 
     def _reconfigure(self) -> None:
         self._enabled = self._capacity is not None or any(
@@ -771,7 +773,6 @@ class TenantThrottle:
         """Slow path of :meth:`try_admit`: mark demand, predict the wait."""
         if b.hungry_until <= now:
             # Newly hungry: its share grows from this instant, not the next slice.
-            self._refill(now)
             b.hungry_until = now + self._hold
             self._recompute(now)
             if b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0):
@@ -783,7 +784,7 @@ class TenantThrottle:
         return wait
 
     def _predict(self, b: _Bucket, now: float) -> float:
-        """Seconds until the refills bring ``b``'s counters above zero."""
+        """Seconds until the slice refills bring ``b``'s counters above zero."""
         wait = 0.0
         if b.credit <= 0.0 and self._spare <= 0.0:
             wait = self._time_to_positive(-b.credit, b.rate + b.bonus, now)
@@ -794,29 +795,30 @@ class TenantThrottle:
     def _time_to_positive(self, deficit: float, rate: float, now: float) -> float:
         if rate <= 0.0:
             return _INF
-        first = self._next_slice - now
-        gain = rate * (self._next_slice - self._last_refill)  # pro-rated first refill
-        if gain > deficit:
-            return first
-        more = math.floor((deficit - gain) / (rate * self._slice)) + 1
-        return first + more * self._slice
+        boundaries = math.floor(deficit / (rate * self._slice)) + 1
+        return (self._next_slice - now) + (boundaries - 1) * self._slice
 
     def _advance(self, now: float) -> None:
-        """Once per slice: refill, sample usage, roll the window, recompute rates."""
-        self._refill(now)
-        span = now - self._last_sample
-        if span > 0.0:
-            alpha = DEMAND_EWMA_ALPHA
-            for b in self._buckets.values():
-                s = b.used_sample / span
-                b.demand_last = s
-                b.demand_ewma += alpha * (s - b.demand_ewma)
-                p = b.prio_sample / span
-                b.prio_last = p
-                b.prio_ewma += alpha * (p - b.prio_ewma)
-                b.used_sample = 0
-                b.prio_sample = 0
-            self._last_sample = now
+        """At the first call after slice boundaries: refill, sample, recompute rates."""
+        idx = self._slice_index(now)
+        n = idx - self._slice_idx
+        since = self._slice_idx * self._slice
+        self._slice_idx = idx
+        self._next_slice = (idx + 1) * self._slice
+        self._refill(n, since)
+        # Usage is sampled over the real time between calls, which jitters.
+        span = max(now - self._last_sample, self._slice / 2)
+        self._last_sample = now
+        alpha = DEMAND_EWMA_ALPHA
+        for b in self._buckets.values():
+            s = b.used_sample / span
+            b.demand_last = s
+            b.demand_ewma += alpha * (s - b.demand_ewma)
+            p = b.prio_sample / span
+            b.prio_last = p
+            b.prio_ewma += alpha * (p - b.prio_ewma)
+            b.used_sample = 0
+            b.prio_sample = 0
         window = math.floor(now)
         if window != self._window:
             adjacent = window == self._window + 1
@@ -826,20 +828,17 @@ class TenantThrottle:
             self._free_used_window = 0
             self._window = window
         self._recompute(now)
-        self._next_slice = self._slice_after(now)
 
-    def _refill(self, now: float) -> None:
-        """Add allowance for the time since the last refill, pro-rated.
+    def _refill(self, n: int, since: float) -> None:
+        """Credit every bucket ``n`` slices of its rate, each counter capped at one slice.
 
-        Share a bucket did not use beyond its cap (never its reservation) goes to
-        the hungry buckets, water-filled; what nobody takes becomes node spare.
+        Share a bucket did not use (never its reservation) goes to the buckets
+        that were hungry, water-filled; what nobody takes becomes node spare.
         """
-        since = self._last_refill
-        dt = now - since
-        if dt <= 0.0:
+        if n <= 0:
             return
-        self._last_refill = now
         burst = self._slice
+        dt = n * burst
         limited = self._capacity is not None
         pool = self._unallocated_rate * dt if limited else 0.0
         hungry: list[_Bucket] = []
@@ -887,8 +886,13 @@ class TenantThrottle:
         self._spare = max(0.0, min(pool, free * burst))
 
     def _recompute(self, now: float) -> None:
-        """Set every bucket's allowance rate: reservation + water-filled free share."""
+        """Set every bucket's allowance rate: reservation + water-filled free share.
+
+        The current slice was credited at the old rates; the difference for the
+        rest of it is credited (or debited) now, so a change takes effect at once.
+        """
         buckets = list(self._buckets.values())
+        old = [b.rate for b in buckets]
         if self._capacity is None:
             for b in buckets:
                 b.rate = b.hard_rate
@@ -900,7 +904,7 @@ class TenantThrottle:
             capacity = float(self._capacity)
             members = [b for b in buckets if b.reserved is not None]
             wanted = [
-                float(b.reserved) * (1.0 if b.connections else SLOW_START_FRACTION)  # type: ignore[arg-type]
+                float(b.reserved or 0) * (1.0 if b.connections else SLOW_START_FRACTION)
                 for b in members
             ]
             total = sum(wanted)
@@ -931,11 +935,17 @@ class TenantThrottle:
             if self._spare > free * self._slice:
                 self._spare = free * self._slice
         burst = self._slice
-        for b in buckets:
-            if b.rate == _INF:
+        rest = self._next_slice - now
+        for b, before in zip(buckets, old, strict=True):
+            r = b.rate
+            if r == _INF:
                 b.credit = _INF
             elif b.credit == _INF:
-                b.credit = b.rate * burst
+                b.credit = r * burst
+            elif r != before and before != _INF:
+                c = b.credit + (r - before) * rest
+                cap = max(r * burst, b.credit)  # never clip what it was given
+                b.credit = cap if c > cap else c
             if b.hard_rate == _INF:
                 b.hard = _INF
             elif b.hard == _INF:

@@ -51,12 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
         help='once listening, write {"host","port","metrics_port","pid"} as JSON here',
     )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    cfg = sub.add_parser("config", help="check a config file or print the settings reference")
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    check = cfg_sub.add_parser("check", help="validate a TOML config file (exit 0 if valid)")
+    check.add_argument("file")
+    cfg_sub.add_parser("docs", help="print docs/configuration.md (every setting)")
     return parser
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    if args.config_command == "docs":
+        print(config_mod.render_markdown(), end="")
+        return 0
+    try:
+        config_mod.load(args.file)
+    except config_mod.ConfigError as exc:
+        print(f"tenantkv: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "config":
+        return _config_command(args)
     if args.command != "serve":
         parser.print_help()
         return 2
