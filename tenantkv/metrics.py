@@ -52,8 +52,10 @@ def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
     c = CounterMetricFamily("tenantkv_connections_rejected", "Connections refused at the door.")
     c.add_metric([], conns["rejected"])
     yield c
-    g = GaugeMetricFamily("tenantkv_connections_backpressure",
-                          "Connections whose client declared backpressure support.")
+    g = GaugeMetricFamily(
+        "tenantkv_connections_backpressure",
+        "Connections whose client declared backpressure support.",
+    )
     g.add_metric([], conns["backpressure"])
     yield g
     g = GaugeMetricFamily("tenantkv_uptime_seconds", "Seconds since the server started.")
@@ -68,15 +70,19 @@ def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
     g.add_metric([], storage["used_bytes"])
     yield g
     w = storage["writer"]
-    g = GaugeMetricFamily("tenantkv_writer_queue_length",
-                          "Writes queued and not yet committed (write lag).")
+    g = GaugeMetricFamily(
+        "tenantkv_writer_queue_length", "Writes queued and not yet committed (write lag)."
+    )
     g.add_metric([], w["queued"])
     yield g
     for name, key, doc in (
         ("tenantkv_writer_batches", "batches", "Group-commit transactions committed."),
         ("tenantkv_writer_ops_committed", "ops_committed", "Writes committed."),
-        ("tenantkv_writer_commit_seconds", "commit_seconds_total",
-         "Time spent applying and committing batches (incl. fsync)."),
+        (
+            "tenantkv_writer_commit_seconds",
+            "commit_seconds_total",
+            "Time spent applying and committing batches (incl. fsync).",
+        ),
         ("tenantkv_writer_failed_batches", "failed_batches", "Batches that failed as a whole."),
         ("tenantkv_writer_map_grows", "map_grows", "Times the LMDB map was grown."),
     ):
@@ -84,14 +90,20 @@ def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
         c.add_metric([], w[key])
         yield c
 
-    entries = GaugeMetricFamily("tenantkv_bucket_entries", "Records stored (incl. expired "
-                                "ones not yet reclaimed).", labels=["bucket"])
-    ops = CounterMetricFamily("tenantkv_ops", "Operations completed successfully.",
-                              labels=["bucket", "operation"])
-    errs = CounterMetricFamily("tenantkv_op_errors", "Operations that ended in an error.",
-                               labels=["bucket", "code_name"])
-    bconns = GaugeMetricFamily("tenantkv_bucket_connections", "Connections using the bucket.",
-                               labels=["bucket"])
+    entries = GaugeMetricFamily(
+        "tenantkv_bucket_entries",
+        "Records stored (incl. expired ones not yet reclaimed).",
+        labels=["bucket"],
+    )
+    ops = CounterMetricFamily(
+        "tenantkv_ops", "Operations completed successfully.", labels=["bucket", "operation"]
+    )
+    errs = CounterMetricFamily(
+        "tenantkv_op_errors", "Operations that ended in an error.", labels=["bucket", "code_name"]
+    )
+    bconns = GaugeMetricFamily(
+        "tenantkv_bucket_connections", "Connections using the bucket.", labels=["bucket"]
+    )
     for bucket, b in st["buckets"].items():
         entries.add_metric([bucket], b["entries"])
         bconns.add_metric([bucket], b["connections"])
@@ -106,8 +118,10 @@ def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
     """Metrics of the tenant throttle's ``statistics()`` section."""
     node = t.get("node", {})
     cap = node.get("capacity")
-    g = GaugeMetricFamily("tenantkv_throttle_node_capacity_units",
-                          "Node capacity in units per second (-1 = unlimited).")
+    g = GaugeMetricFamily(
+        "tenantkv_throttle_node_capacity_units",
+        "Node capacity in units per second (-1 = unlimited).",
+    )
     g.add_metric([], -1 if cap in (None, "unlimited") else cap)
     yield g
     for key, value in node.items():
@@ -127,7 +141,9 @@ def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
                 if h is None:
                     h = families[key] = HistogramMetricFamily(
                         "tenantkv_throttle_wait_seconds",
-                        "Time throttled requests waited.", labels=["bucket"])
+                        "Time throttled requests waited.",
+                        labels=["bucket"],
+                    )
                 h.add_metric([bucket], value["buckets"], value["sum_seconds"])
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -136,9 +152,11 @@ def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
             if m is None:
                 kind = CounterMetricFamily if key.endswith("_total") else GaugeMetricFamily
                 name = key[: -len("_total")] if key.endswith("_total") else key
-                m = families[key] = kind(f"tenantkv_throttle_bucket_{name}",
-                                         f"Tenant throttle per-bucket {key} (-1 = unlimited).",
-                                         labels=["bucket"])
+                m = families[key] = kind(
+                    f"tenantkv_throttle_bucket_{name}",
+                    f"Tenant throttle per-bucket {key} (-1 = unlimited).",
+                    labels=["bucket"],
+                )
             m.add_metric([bucket], value)
     yield from families.values()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -37,8 +37,7 @@ MAX_STR_BYTES = 64 * 1024
 MAX_CONTAINER_LEN = 100_000
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     msgid: int
     method: str
     params: dict[str, Any]

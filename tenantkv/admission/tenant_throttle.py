@@ -943,9 +943,9 @@ class TenantThrottle:
             elif b.credit == _INF:
                 b.credit = r * burst
             elif r != before and before != _INF:
-                c = b.credit + (r - before) * rest
-                cap = max(r * burst, b.credit)  # never clip what it was given
-                b.credit = cap if c > cap else c
+                # No clipping: a counter within one slice of the old rate stays
+                # within one slice of the new rate (rest <= slice).
+                b.credit += (r - before) * rest
             if b.hard_rate == _INF:
                 b.hard = _INF
             elif b.hard == _INF:

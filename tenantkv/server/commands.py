@@ -140,7 +140,7 @@ def record_out(rec: Record) -> dict[str, Any]:
 def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """{value, cas, flags, expiry_ms} or nil when the key does not exist."""
     key = key_param(p)
-    rec = s.node.engine.get(b.name, key)
+    rec = s.node.engine.get(b, key)
     if rec is None:
         return None
     s.read_sizes.append(len(key) + rec.stored_bytes)
@@ -150,7 +150,7 @@ def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 @command("exists", "read", "key")
 def exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """true or false."""
-    return s.node.engine.get(b.name, key_param(p)) is not None
+    return s.node.engine.get(b, key_param(p)) is not None
 
 
 @command("mget", "read", "keys")
@@ -161,7 +161,7 @@ def mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
         raise errors.BadValue(f"'keys' must be a list of 1-{MAX_MGET_KEYS} keys")
     ks = [key_param({"key": k}) for k in keys]
     out = []
-    for k, rec in zip(ks, s.node.engine.mget(b.name, ks), strict=True):
+    for k, rec in zip(ks, s.node.engine.mget(b, ks), strict=True):
         if rec is None:
             out.append(None)
         else:
@@ -182,7 +182,7 @@ def scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
         start, end = prefix, _prefix_end(prefix)
     limit = int_param(p, "limit", 100, 1, MAX_SCAN_LIMIT)
     items, more = s.node.engine.scan(
-        b.name, start=start, end=end, after=opt_key(p, "after"), limit=limit
+        b, start=start, end=end, after=opt_key(p, "after"), limit=limit
     )
     out = []
     for k, rec in items:

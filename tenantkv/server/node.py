@@ -178,6 +178,9 @@ class Node:
         )
         self.users.pop(name, None)
         self._forget(name)
+        for s in list(self.sessions):
+            if s.user is not None and s.user.name == name:
+                s.begin_shutdown()  # a deleted user's connections close
 
     def _forget(self, name: str) -> None:
         self._verified = {k: v for k, v in self._verified.items() if v != name}

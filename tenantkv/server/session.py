@@ -102,11 +102,13 @@ class Session:
 
     def _reply(self, msgid: int, result: Any) -> None:
         self._out += protocol.encode_result(msgid, result)
-        self._out_lot.unpark_all()
+        if self._out_lot:  # the sender is parked: wake it
+            self._out_lot.unpark_all()
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)
-        self._out_lot.unpark_all()
+        if self._out_lot:
+            self._out_lot.unpark_all()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
         try:
@@ -149,7 +151,9 @@ class Session:
             try:
                 decoder.feed(data)
                 for req in decoder:
-                    if not await self._handle(req):
+                    if self.user is not None and self._run_fast(*req):
+                        pass
+                    elif not await self._handle(req):
                         return
                     if self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
                         await self._wait_drained()
@@ -167,11 +171,53 @@ class Session:
         while self.pending_writes:
             await self._drain_lot.park()
 
+    def _run_fast(self, msgid: int, method: str, params: dict[str, Any]) -> bool:
+        """Handle a read or write without awaiting; False if it needs ``_handle``.
+
+        This is the hot path of every data command: a read runs inline, a
+        write is queued on the group-commit writer and answered from its
+        callback. A read waits (in ``_handle``) while this connection has
+        writes in flight, so the connection reads its own writes.
+        """
+        cmd = COMMANDS.get(method)
+        if cmd is None:
+            return False
+        kind = cmd.kind
+        if kind == "read":
+            if self.pending_writes:
+                return False
+        elif kind != "write":
+            return False
+        try:
+            check_params(cmd, params)
+            if kind == "read":
+                b = self._data_bucket(write=False)
+                self.read_sizes.clear()
+                result = cmd.handler(self, b, params)
+                self.node.bucket_stats[b.name].ops[method] += 1
+                self._reply(msgid, result)
+            else:
+                b = self._data_bucket(write=True)
+                op = cmd.handler(self, b, params)
+                self.pending_writes += 1
+                self.node.submit(op, partial(self._write_done, msgid, method, b, op))
+        except errors.TenantKVError as exc:
+            exc.command = method
+            self._count_error(exc)
+            self._reply_error(msgid, exc)
+        except Exception as exc:
+            self._internal_error(msgid, method, exc)
+        return True
+
     async def _handle(self, req: protocol.Request) -> bool:
-        """Handle one request; False when the connection must close."""
-        msgid, method, params = req.msgid, req.method, req.params
+        """Any request the fast path did not take; False when the connection must close."""
+        msgid, method, params = req
         if self.user is None:
             return await self._hello(req)
+        if self.pending_writes:
+            await self._wait_writes()
+        if self._run_fast(msgid, method, params):
+            return True
         cmd = COMMANDS.get(method)
         try:
             if cmd is None:
@@ -179,38 +225,24 @@ class Session:
                     raise errors.BadValue("hello was already received on this connection")
                 raise errors.UnknownCommand(f"no command named {method!r:.80}")
             check_params(cmd, params)
-            kind = cmd.kind
-            if kind == "read":
-                b = self._data_bucket(write=False)
-                if self.pending_writes:
-                    await self._wait_writes()
-                self.read_sizes.clear()
-                result = cmd.handler(self, b, params)
-                self.node.bucket_stats[b.name].ops[method] += 1
-                self._reply(msgid, result)
-            elif kind == "write":
-                b = self._data_bucket(write=True)
-                op = cmd.handler(self, b, params)
-                self.pending_writes += 1
-                self.node.submit(op, partial(self._write_done, msgid, method, b, op))
-            else:
-                await self._run_other(cmd, msgid, params)
+            await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
             exc.command = method
             self._count_error(exc)
             self._reply_error(msgid, exc)
             return not exc.fatal
         except Exception as exc:
-            log.exception("command %r failed on connection %d", method, self.conn_id)
-            self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
+            self._internal_error(msgid, method, exc)
         return True
+
+    def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
+        log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
+        self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
 
     async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
         assert self.user is not None
         if cmd.kind == "admin" and not self.user.admin:
             raise errors.Unauthorized(f"{cmd.name} needs an admin user")
-        if self.pending_writes:
-            await self._wait_writes()
         self._reply(msgid, await cmd.handler(self, params))
 
     def _write_done(
@@ -237,7 +269,8 @@ class Session:
             exc.command = method
             self._count_error(exc)
             self._reply_error(msgid, exc)
-        self._drain_lot.unpark_all()
+        if self._drain_lot:
+            self._drain_lot.unpark_all()
 
     def _count_error(self, exc: errors.TenantKVError) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):

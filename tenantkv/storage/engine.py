@@ -122,8 +122,7 @@ class Engine:
             raise errors.BucketNotFound(f"bucket {name!r} does not exist")
         return h
 
-    def get(self, bucket: str, key: bytes) -> Record | None:
-        h = self.bucket(bucket)
+    def get(self, h: BucketHandle, key: bytes) -> Record | None:
         with self.txn_lock, self.env.begin(db=h.db) as txn:
             raw = txn.get(key)
         if raw is None:
@@ -131,8 +130,7 @@ class Engine:
         rec = records.decode(raw)
         return rec if rec.expiry_ms == 0 or rec.expiry_ms > self.now_ms() else None
 
-    def mget(self, bucket: str, keys: list[bytes]) -> list[Record | None]:
-        h = self.bucket(bucket)
+    def mget(self, h: BucketHandle, keys: list[bytes]) -> list[Record | None]:
         now = self.now_ms()
         out: list[Record | None] = []
         with self.txn_lock, self.env.begin(db=h.db) as txn:
@@ -144,7 +142,7 @@ class Engine:
 
     def scan(
         self,
-        bucket: str,
+        h: BucketHandle,
         *,
         start: bytes = b"",
         end: bytes | None = None,
@@ -155,7 +153,6 @@ class Engine:
 
         Returns (items, more): ``more`` says a further call may return more.
         """
-        h = self.bucket(bucket)
         now = self.now_ms()
         items: list[tuple[bytes, Record]] = []
         with self.txn_lock, self.env.begin(db=h.db) as txn:

@@ -67,6 +67,12 @@ class Store:
             assert left.acquire(timeout=10)
         return out
 
+    def get(self, key: bytes, bucket: str = "b") -> Any:
+        return self.engine.get(self.engine.bucket(bucket), key)
+
+    def scan(self, bucket: str = "b", **kw: Any) -> Any:
+        return self.engine.scan(self.engine.bucket(bucket), **kw)
+
     def ok(self, op: WriteOp) -> Any:
         ((result, error),) = self.run(op)
         if error is not None:
@@ -94,7 +100,7 @@ def store(tmp_path: Path) -> Any:
 def test_set_get_delete_and_cas(store: Store) -> None:
     b = store.bucket()
     cas1 = store.ok(SetOp(b, b"k", b"v1", flags=7))["cas"]
-    rec = store.engine.get("b", b"k")
+    rec = store.get(b"k")
     assert rec is not None and (rec.value, rec.cas, rec.flags) == (b"v1", cas1, 7)
     with pytest.raises(errors.CasMismatch):
         store.ok(SetOp(b, b"k", b"v2", cas=cas1 + 100))
@@ -104,7 +110,7 @@ def test_set_get_delete_and_cas(store: Store) -> None:
         store.ok(DeleteOp(b, b"k", cas=cas1))
     assert store.ok(DeleteOp(b, b"k", cas=cas2)) is True
     assert store.ok(DeleteOp(b, b"k")) is False
-    assert store.engine.get("b", b"k") is None
+    assert store.get(b"k") is None
 
 
 def test_add_and_replace_modes(store: Store) -> None:
@@ -115,7 +121,7 @@ def test_add_and_replace_modes(store: Store) -> None:
     with pytest.raises(errors.KeyExists):
         store.ok(SetOp(b, b"k", b"v", mode="add"))
     store.ok(SetOp(b, b"k", b"w", mode="replace"))
-    assert store.engine.get("b", b"k").value == b"w"  # type: ignore[union-attr]
+    assert store.get(b"k").value == b"w"  # type: ignore[union-attr]
 
 
 def test_ttl_hides_at_once_and_pager_reclaims(store: Store) -> None:
@@ -124,15 +130,15 @@ def test_ttl_hides_at_once_and_pager_reclaims(store: Store) -> None:
     store.ok(SetOp(b, b"long", b"v", ttl=100))
     store.ok(SetOp(b, b"forever", b"v"))
     store.clock.ms += 10_000  # exactly at expiry: gone
-    assert store.engine.get("b", b"short") is None
-    assert store.engine.get("b", b"long") is not None
-    assert [k for k, _ in store.engine.scan("b")[0]] == [b"forever", b"long"]
+    assert store.get(b"short") is None
+    assert store.get(b"long") is not None
+    assert [k for k, _ in store.scan()[0]] == [b"forever", b"long"]
     assert store.engine.bucket_entries("b") == 3  # still on disk
     assert store.ok(ExpireDueOp())["removed"] == 1
     assert store.engine.bucket_entries("b") == 2
     # an expired key behaves as absent for add, and can be re-set
     store.ok(SetOp(b, b"short", b"again", mode="add"))
-    assert store.engine.get("b", b"short").value == b"again"  # type: ignore[union-attr]
+    assert store.get(b"short").value == b"again"  # type: ignore[union-attr]
 
 
 def test_touch_moves_expiry_and_pager_respects_it(store: Store) -> None:
@@ -141,11 +147,11 @@ def test_touch_moves_expiry_and_pager_respects_it(store: Store) -> None:
     store.ok(TouchOp(b, b"k", ttl=60))
     store.clock.ms += 10_000
     assert store.ok(ExpireDueOp())["removed"] == 0
-    assert store.engine.get("b", b"k") is not None
+    assert store.get(b"k") is not None
     store.ok(TouchOp(b, b"k", ttl=0))
     store.clock.ms += 100_000
     store.ok(ExpireDueOp())
-    assert store.engine.get("b", b"k") is not None
+    assert store.get(b"k") is not None
     with pytest.raises(errors.KeyNotFound):
         store.ok(TouchOp(b, b"missing", ttl=1))
 
@@ -213,7 +219,7 @@ def test_state_survives_reopen_and_cas_keeps_growing(tmp_path: Path) -> None:
     s.close()
     s2 = Store(tmp_path / "db")
     assert "b" in s2.engine.buckets
-    assert s2.engine.get("b", b"k").value == b"v"  # type: ignore[union-attr]
+    assert s2.get(b"k").value == b"v"  # type: ignore[union-attr]
     assert s2.ok(SetOp(s2.engine.buckets["b"], b"k2", b"v"))["cas"] > cas
     s2.close()
 
@@ -235,7 +241,7 @@ def test_max_map_size_gives_storage_full_and_keeps_data(tmp_path: Path) -> None:
     with pytest.raises(errors.StorageFull):
         for i in range(100):
             s.ok(SetOp(b, b"k%d" % i, b"x" * 60_000))
-    assert s.engine.get("b", b"keep").value == b"v"  # type: ignore[union-attr]
+    assert s.get(b"keep").value == b"v"  # type: ignore[union-attr]
     s.ok(DeleteOp(b, b"k0"))  # small writes still work after the failure
     s.close()
 
@@ -249,18 +255,18 @@ def test_drop_bucket_fails_queued_writes_cleanly(store: Store) -> None:
     assert results[1] == (True, None)
     store.engine.buckets.pop("b")
     with pytest.raises(errors.BucketNotFound):
-        store.engine.get("b", b"k")
+        store.get(b"k")
     # same name again: a fresh, empty bucket
     store.bucket("b")
-    assert store.engine.get("b", b"k") is None
+    assert store.get(b"k") is None
 
 
 def test_scan_ranges_prefix_and_cursor(store: Store) -> None:
     b = store.bucket()
     store.run(*[SetOp(b, k, b"v") for k in (b"a1", b"a2", b"a3", b"b1", b"c1")])
-    items, more = store.engine.scan("b", start=b"a", end=b"b", limit=2)
+    items, more = store.scan(start=b"a", end=b"b", limit=2)
     assert [k for k, _ in items] == [b"a1", b"a2"] and more
-    items, more = store.engine.scan("b", start=b"a", end=b"b", after=b"a2", limit=2)
+    items, more = store.scan(start=b"a", end=b"b", after=b"a2", limit=2)
     assert [k for k, _ in items] == [b"a3"] and not more
-    items, _ = store.engine.scan("b", start=b"b")
+    items, _ = store.scan(start=b"b")
     assert [k for k, _ in items] == [b"b1", b"c1"]
