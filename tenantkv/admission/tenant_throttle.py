@@ -969,7 +969,7 @@ def _retry_after_ms(wait: float, cap_ms: int) -> int:
     """``retryAfterMs`` for a predicted wait: at least 1, at most ``cap_ms``."""
     if not wait * 1000.0 < cap_ms:  # also inf
         return cap_ms
-    return max(1, math.ceil(wait * 1000.0))
+    return max(1, math.ceil((wait - WAKE_GUARD_SECS) * 1000.0))
 
 
 class TenantThrottleGate:

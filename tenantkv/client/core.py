@@ -285,9 +285,9 @@ class Commands:
     def server_status(self) -> Any:
         return self._execute(Call("server_status", {}, _ident, True))
 
-    def command(self, name: str, **args: Any) -> Any:
+    def command(self, method: str, /, **args: Any) -> Any:
         """Run any server command with these parameters; returns its raw result."""
-        return self._execute(Call(name, args, _ident))
+        return self._execute(Call(method, args, _ident))
 
 
 class _TimeoutView(Commands):

@@ -139,7 +139,8 @@ class Pipeline(Commands):
         self.raise_on_error = raise_on_error
         self.results: list[Any] = []
 
-    def _execute(self, call: Call[Any]) -> None:
+    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> None:
+        # Queued calls share the timeout given to execute().
         self._calls.append(call)
 
     def execute(self, timeout: float | None = None) -> list[Any]:

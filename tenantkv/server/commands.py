@@ -311,7 +311,12 @@ async def delete_bucket(s: Session, p: dict[str, Any]) -> Any:
     name = str_param(p, "name")
     handle = s.node.bucket(name)
     s.node.bucket_removed(handle)  # new requests see BucketNotFound at once
-    await s.node.write(DropBucketOp(handle))
+    try:
+        await s.node.write(DropBucketOp(handle))
+    except BaseException:
+        handle.dropped = False  # the drop did not commit: the bucket is still there
+        s.node.bucket_added(handle)
+        raise
     for other in list(s.node.sessions):
         if other.bucket == name:
             other.select(None)

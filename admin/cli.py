@@ -1,0 +1,754 @@
+"""``tenantkv-admin``: manage buckets, users and throttling of a tenantkv server.
+
+    tenantkv-admin [--host H] [--port N] [--user U] [--password P] [--json] SUBCOMMAND ...
+
+Exit status: 0 on success, 1 when the server or the connection reports an
+error (one line on stderr, ``tenantkv-admin: CodeName: message``), 2 on a
+usage error. ``main(argv)`` returns that status, so tests and scripts can call
+it in-process; ``python -m admin.cli`` runs it as a program.
+
+How a run goes: parse the command line (argparse checks every value it can
+without a server) → find the admin password → ask what the subcommand must ask
+(a new user's password) → connect → run one or two commands → print a table,
+or the raw result as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tenantkv
+from admin import format as fmt
+from tenantkv import errors
+from tenantkv.config import DEFAULT_PORT
+
+PROG = "tenantkv-admin"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_USER = "admin"
+DEFAULT_TIMEOUT = 30.0
+ROLES = ("read", "readwrite")
+UNLIMITED = "unlimited"
+
+ENV_HOST = "TENANTKV_HOST"
+ENV_PORT = "TENANTKV_PORT"
+ENV_USER = "TENANTKV_USER"
+ENV_PASSWORD = "TENANTKV_PASSWORD"
+ENV_NEW_USER_PASSWORD = "TENANTKV_NEW_USER_PASSWORD"
+
+
+class UsageError(Exception):
+    """The command line cannot run as given (exit 2). ``parser`` prints the usage,
+    unless ``usage`` is false (the flags were right; an answer at a prompt was not)."""
+
+    def __init__(
+        self, message: str, parser: argparse.ArgumentParser | None = None, *, usage: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.usage = usage
+
+
+class Aborted(Exception):
+    """The operator answered no (exit 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What a subcommand produced: the server's raw result (printed by ``--json``)
+    and the text a person reads."""
+
+    result: Any
+    text: str
+
+
+# -- argument types (argparse turns their errors into exit 2) --------------------------
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {port}")
+    return port
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def limit(text: str) -> int | str:
+    """A unit limit: a non-negative integer or the word ``unlimited``."""
+    if text == UNLIMITED:
+        return UNLIMITED
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a non-negative integer or {UNLIMITED!r}, got {text!r}"
+        )
+    return value
+
+
+def role(text: str) -> tuple[str, str]:
+    """``BUCKET=read`` or ``BUCKET=readwrite``."""
+    bucket, sep, r = text.partition("=")
+    if not sep or not bucket or r not in ROLES:
+        raise argparse.ArgumentTypeError(f"expected BUCKET=read or BUCKET=readwrite, got {text!r}")
+    return bucket, r
+
+
+def json_object(text: str) -> str:
+    """A JSON object, passed on to the server as the text given."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{...}}, got {text!r}")
+    return text
+
+
+class _MisplacedPassword(argparse.Action):
+    """``user-create NAME --password X``: say which flag the user meant."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(
+            "--password is the password of the admin running this command and goes before "
+            "the subcommand; give the new user's password with --user-password, "
+            f"${ENV_NEW_USER_PASSWORD} or at the prompt"
+        )
+
+
+# -- terminal interaction --------------------------------------------------------------
+
+
+def stdin_is_tty() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def ask(question: str) -> str:
+    """One line from the terminal; the question goes to stderr so stdout stays clean."""
+    print(question, end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        raise Aborted("no answer (end of input)")
+    return line.strip()
+
+
+def prompt_password(prompt: str) -> str:
+    try:
+        return getpass.getpass(prompt)
+    except EOFError:
+        raise UsageError("no password entered", usage=False) from None
+
+
+# -- subcommands -----------------------------------------------------------------------
+#
+# Each subcommand is declared once: its help, its arguments, an optional
+# ``prepare`` (checks and questions before connecting) and ``run``, which talks
+# to the server and returns an Output.
+
+Run = Callable[[tenantkv.Client, argparse.Namespace], Output]
+Prepare = Callable[[argparse.Namespace, argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    name: str
+    help: str
+    description: str
+    examples: tuple[str, ...]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Run
+    prepare: Prepare | None = None
+
+
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _bucket_arg(p: argparse.ArgumentParser, help: str = "bucket name") -> None:
+    p.add_argument("bucket", metavar="BUCKET", help=help)
+
+
+# bucket-create
+
+
+def _bucket_create_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="bucket name: 1-100 of letters, digits, _ . -")
+    p.add_argument(
+        "--reserved",
+        type=limit,
+        metavar="N|unlimited",
+        help="throttle units per second reserved for this bucket (default: the server's)",
+    )
+    p.add_argument(
+        "--hard-limit",
+        type=limit,
+        metavar="N|unlimited",
+        help="most throttle units per second this bucket may use (default: the server's)",
+    )
+
+
+def _bucket_create(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    params: dict[str, Any] = {"name": a.name}
+    if a.reserved is not None:
+        params["reserved"] = a.reserved
+    if a.hard_limit is not None:
+        params["hard_limit"] = a.hard_limit
+    result = c.command("create_bucket", **params)
+    limits = ", ".join(f"{k}={v}" for k, v in params.items() if k != "name")
+    text = f"created bucket {fmt.cell(a.name)!r}" + (f" ({limits})" if limits else "")
+    return Output(result, text)
+
+
+# bucket-list
+
+
+def _bucket_list(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    buckets = c.list_buckets()
+    if not buckets:
+        return Output(buckets, "(no buckets)")
+    rows = [[b.get("name"), b.get("entries")] for b in buckets]
+    return Output(buckets, fmt.table(["name", "entries"], rows))
+
+
+# bucket-delete
+
+
+def _bucket_delete_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="bucket to delete")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+
+def _bucket_delete_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    if not a.yes and not stdin_is_tty():
+        raise UsageError(
+            f"bucket-delete drops bucket {a.name!r} and all its data; stdin is not a "
+            "terminal to confirm on, so pass --yes",
+            p,
+        )
+
+
+def _bucket_delete(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    name = a.name
+    if not a.yes:
+        found = [b for b in c.list_buckets() if b.get("name") == name]
+        if found:  # otherwise the delete below reports BucketNotFound
+            entries = found[0].get("entries")
+            what = (
+                f"empty bucket {name!r}"
+                if entries == 0
+                else f"bucket {name!r} and all its {entries} entries"
+            )
+            answer = ask(f"Delete {what}? This cannot be undone. Type the bucket name to confirm: ")
+            if answer != name:
+                raise Aborted(f"bucket {name!r} not deleted")
+    result = c.delete_bucket(name)
+    return Output(result, f"deleted bucket {fmt.cell(name)!r}")
+
+
+# user-create
+
+
+def _user_create_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . @ -")
+    p.add_argument(
+        "--user-password",
+        metavar="PW",
+        help=f"the new user's password (visible to other local users in ps; prefer "
+        f"${ENV_NEW_USER_PASSWORD} or the prompt)",
+    )
+    p.add_argument(
+        "--role",
+        dest="roles",
+        type=role,
+        action="append",
+        default=[],
+        metavar="BUCKET=read|readwrite",
+        help="grant a role on a bucket; repeat for more buckets",
+    )
+    p.add_argument("--admin", action="store_true", help="make the user an admin (all buckets)")
+    p.add_argument(
+        "--unthrottled",
+        action="store_true",
+        help="the user's requests are charged throttle units but never delayed",
+    )
+    p.add_argument("--password", nargs="?", action=_MisplacedPassword, help=argparse.SUPPRESS)
+
+
+def _user_create_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    roles: dict[str, str] = {}
+    for bucket, r in a.roles:
+        if roles.get(bucket, r) != r:
+            raise UsageError(f"bucket {bucket!r} is given two roles", p)
+        roles[bucket] = r
+    a.roles = roles
+    if a.user_password is not None:
+        password = a.user_password
+    elif os.environ.get(ENV_NEW_USER_PASSWORD):
+        password = os.environ[ENV_NEW_USER_PASSWORD]
+    elif stdin_is_tty():
+        password = prompt_password(f"Password for new user {a.name!r}: ")
+        if prompt_password("Repeat it: ") != password:
+            raise UsageError("the passwords do not match", p, usage=False)
+    else:
+        raise UsageError(
+            f"no password for the new user: pass --user-password PW, set "
+            f"${ENV_NEW_USER_PASSWORD}, or run on a terminal to be prompted",
+            p,
+        )
+    if not password:
+        raise UsageError("the new user's password is empty", p)
+    a.new_password = password
+
+
+def _user_create(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.create_user(
+        a.name, a.new_password, roles=a.roles, admin=a.admin, unthrottled=a.unthrottled
+    )
+    u = result if isinstance(result, dict) else {}
+    text = (
+        f"created user {fmt.cell(a.name)!r} (admin: {fmt.cell(u.get('admin', a.admin))}, "
+        f"unthrottled: {fmt.cell(u.get('unthrottled', a.unthrottled))}, "
+        f"roles: {fmt.cell(u.get('roles', a.roles))})"
+    )
+    return Output(result, text)
+
+
+# user-list / user-delete
+
+
+def _user_list(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    users = c.list_users()
+    rows = [[u.get("name"), u.get("admin"), u.get("unthrottled"), u.get("roles")] for u in users]
+    text = fmt.table(["name", "admin", "unthrottled", "roles"], rows) if users else "(no users)"
+    return Output(users, text)
+
+
+def _user_delete_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="user to delete")
+
+
+def _user_delete(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    return Output(c.delete_user(a.name), f"deleted user {fmt.cell(a.name)!r}")
+
+
+# status / ping
+
+
+def _status(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    doc = c.server_status()
+    return Output(doc, fmt.status_text(doc))
+
+
+def _ping(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    start = time.perf_counter()
+    result = c.ping()
+    ms = (time.perf_counter() - start) * 1000
+    version = c.server_info.get("version", "?")
+    return Output(
+        result,
+        f"{fmt.cell(result)} from {c.host}:{c.port} (tenantkv {fmt.cell(version)}) in {ms:.2f} ms",
+    )
+
+
+# throttle properties
+
+
+def _map_text(result: Any, done: str) -> str:
+    """A returned map as key/value pairs; anything else (true, nil) as ``done``."""
+    if isinstance(result, str | bytes):
+        try:
+            result = json.loads(result)
+        except ValueError:
+            return fmt.cell(result)
+    if isinstance(result, dict):
+        return fmt.kv_table(result)
+    return done
+
+
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "body", metavar="JSON", type=json_object, help="the properties as one JSON object"
+    )
+
+
+def _bucket_json_args(p: argparse.ArgumentParser) -> None:
+    _bucket_arg(p)
+    _json_arg(p)
+
+
+def _set_node_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.command("SetNodeThrottleProperties", json=a.body)
+    return Output(result, _map_text(result, "node throttle properties set"))
+
+
+def _get_node_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.command("GetNodeThrottleProperties")
+    return Output(result, _map_text(result, fmt.cell(result)))
+
+
+def _set_bucket_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.command("SetBucketThrottleProperties", bucket=a.bucket, json=a.body)
+    return Output(result, _map_text(result, f"throttle properties of {a.bucket!r} set"))
+
+
+def _get_bucket_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.command("GetBucketThrottleProperties", bucket=a.bucket)
+    return Output(result, _map_text(result, fmt.cell(result)))
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "bucket-create",
+        "create a bucket",
+        "Create an empty bucket. A bucket is one tenant: its own key space, roles and "
+        "throttle limits. --reserved and --hard-limit set its throttle units per second "
+        "(a non-negative integer or 'unlimited'); leave them out to use the server's "
+        "defaults.",
+        (
+            "tenantkv-admin bucket-create orders",
+            "tenantkv-admin bucket-create orders --reserved 1000 --hard-limit unlimited",
+        ),
+        _bucket_create_args,
+        _bucket_create,
+    ),
+    Subcommand(
+        "bucket-list",
+        "list buckets with their entry counts",
+        "List every bucket, sorted by name, with the number of entries it holds.",
+        ("tenantkv-admin bucket-list", "tenantkv-admin --json bucket-list | jq -r '.[].name'"),
+        _no_arguments,
+        _bucket_list,
+    ),
+    Subcommand(
+        "bucket-delete",
+        "delete a bucket and all its data",
+        "Delete a bucket and every record in it; connections using it lose their "
+        "selection. This cannot be undone. On a terminal you are asked to type the "
+        "bucket name; elsewhere (scripts, pipes) --yes is required.",
+        ("tenantkv-admin bucket-delete orders", "tenantkv-admin bucket-delete orders --yes"),
+        _bucket_delete_args,
+        _bucket_delete,
+        _bucket_delete_prepare,
+    ),
+    Subcommand(
+        "user-create",
+        "create a user",
+        "Create a user with roles on buckets. The new user's password comes from "
+        f"--user-password, else ${ENV_NEW_USER_PASSWORD}, else a prompt (asked twice) "
+        "when stdin is a terminal. (--password, before the subcommand, is the password "
+        "of the admin running this command.) A user who is not an admin must name one "
+        "of its buckets when it connects.",
+        (
+            "tenantkv-admin user-create app --role orders=readwrite --role catalog=read",
+            f"{ENV_NEW_USER_PASSWORD}=s3cret tenantkv-admin user-create reporter "
+            "--role orders=read",
+            "tenantkv-admin user-create ops --admin --unthrottled",
+        ),
+        _user_create_args,
+        _user_create,
+        _user_create_prepare,
+    ),
+    Subcommand(
+        "user-list",
+        "list users with their roles",
+        "List every user, sorted by name: admin, unthrottled, and roles per bucket.",
+        ("tenantkv-admin user-list", "tenantkv-admin --json user-list"),
+        _no_arguments,
+        _user_list,
+    ),
+    Subcommand(
+        "user-delete",
+        "delete a user",
+        "Delete a user. Its open connections stay open; new logins fail. A user cannot "
+        "delete itself.",
+        ("tenantkv-admin user-delete app",),
+        _user_delete_args,
+        _user_delete,
+    ),
+    Subcommand(
+        "status",
+        "show the server's status document",
+        "Show the server status: version and uptime, connections, storage and the "
+        "group-commit writer, a row per bucket (entries, connections, operations and "
+        "errors since start), and a section per admission gate. --json prints the whole "
+        "document for scripts and monitoring.",
+        ("tenantkv-admin status", "tenantkv-admin --json status | jq .connections.current"),
+        _no_arguments,
+        _status,
+    ),
+    Subcommand(
+        "set-node-throttle",
+        "set the node's throttle properties (JSON)",
+        "Set node-wide throttle properties (SetNodeThrottleProperties). JSON is one "
+        "object; keys it leaves out keep their values. Prints the properties now in force.",
+        ("tenantkv-admin set-node-throttle '{\"capacity\": 50000}'",),
+        _json_arg,
+        _set_node_throttle,
+    ),
+    Subcommand(
+        "get-node-throttle",
+        "show the node's throttle properties",
+        "Show the node-wide throttle properties (GetNodeThrottleProperties).",
+        ("tenantkv-admin get-node-throttle",),
+        _no_arguments,
+        _get_node_throttle,
+    ),
+    Subcommand(
+        "set-bucket-throttle",
+        "set a bucket's throttle properties (JSON)",
+        "Set one bucket's throttle properties (SetBucketThrottleProperties). JSON is one "
+        "object; keys it leaves out keep their values. Prints the properties now in force.",
+        (
+            "tenantkv-admin set-bucket-throttle orders "
+            '\'{"reserved": 1000, "hard_limit": "unlimited"}\'',
+        ),
+        _bucket_json_args,
+        _set_bucket_throttle,
+    ),
+    Subcommand(
+        "get-bucket-throttle",
+        "show a bucket's throttle properties",
+        "Show one bucket's throttle properties (GetBucketThrottleProperties).",
+        ("tenantkv-admin get-bucket-throttle orders",),
+        _bucket_arg,
+        _get_bucket_throttle,
+    ),
+    Subcommand(
+        "ping",
+        "check that the server answers",
+        "Connect, log in and ping; prints the round-trip time of the ping.",
+        ("tenantkv-admin ping", "tenantkv-admin --port 7300 ping"),
+        _no_arguments,
+        _ping,
+    ),
+)
+
+
+# -- the parser ------------------------------------------------------------------------
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps one-line paragraphs (descriptions); keeps multi-line ones (examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text  # zero-argument super() fails inside a comprehension
+        paragraphs = text.split("\n\n")
+        return "\n\n".join(
+            indent + p.replace("\n", "\n" + indent) if "\n" in p else fill(p, width, indent)
+            for p in paragraphs
+        )
+
+
+def _examples(lines: Sequence[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+MAIN_EXAMPLES = (
+    f"export {ENV_PASSWORD}=...",
+    "tenantkv-admin bucket-create orders",
+    "tenantkv-admin user-create app --role orders=readwrite",
+    "tenantkv-admin --host db1 status",
+    "tenantkv-admin SUBCOMMAND --help",
+)
+
+MAIN_EPILOG = f"""\
+connection:
+  --host, --port and --user default to ${ENV_HOST}, ${ENV_PORT} and
+  ${ENV_USER}, then to {DEFAULT_HOST}, {DEFAULT_PORT} and {DEFAULT_USER}. The password comes from
+  --password, else ${ENV_PASSWORD}, else a prompt on a terminal.
+
+exit status:
+  0 success, 1 an error from the server or the connection, 2 a usage error.
+
+{_examples(MAIN_EXAMPLES)}"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Administer a tenantkv server: buckets, users, throttling and status.",
+        epilog=MAIN_EPILOG,
+        formatter_class=_Formatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {tenantkv.__version__}")
+    parser.add_argument(
+        "--host", metavar="H", help=f"server address (default ${ENV_HOST} or {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        metavar="N",
+        type=port_number,
+        help=f"server port (default ${ENV_PORT} or {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--user", metavar="U", help=f"admin user to log in as (default ${ENV_USER} or admin)"
+    )
+    parser.add_argument(
+        "--password",
+        metavar="P",
+        help=f"its password (visible in ps; prefer ${ENV_PASSWORD} or the prompt)",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECS",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"give up on the server after this long (default {DEFAULT_TIMEOUT:g})",
+    )
+    # --json may also follow the subcommand: SUPPRESS keeps a subcommand from
+    # resetting what was given before it.
+    json_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    json_flag.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the server's result as JSON instead of a table",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the server's result as JSON instead of a table"
+    )
+    sub = parser.add_subparsers(
+        title="subcommands", dest="subcommand", metavar="SUBCOMMAND", required=True
+    )
+    for spec in SUBCOMMANDS:
+        p = sub.add_parser(
+            spec.name,
+            help=spec.help,
+            description=spec.description,
+            epilog=_examples(spec.examples),
+            formatter_class=_Formatter,
+            parents=[json_flag],
+            allow_abbrev=False,  # "--user" must not pass for "--user-password"
+        )
+        spec.add_arguments(p)
+        p.set_defaults(spec=spec, subparser=p)
+    return parser
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    host: str
+    port: int
+    user: str
+
+
+def resolve_target(a: argparse.Namespace) -> Target:
+    """Flags, else environment variables, else defaults."""
+    host = a.host or os.environ.get(ENV_HOST) or DEFAULT_HOST
+    port = a.port
+    if port is None:
+        env_port = os.environ.get(ENV_PORT)
+        if env_port:
+            try:
+                port = port_number(env_port)
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"${ENV_PORT}: {exc}") from None
+        else:
+            port = DEFAULT_PORT
+    user = a.user or os.environ.get(ENV_USER) or DEFAULT_USER
+    return Target(host, port, user)
+
+
+def resolve_password(a: argparse.Namespace, t: Target) -> str:
+    if a.password is not None:
+        if not a.password:
+            raise UsageError("--password is empty")
+        return a.password
+    if os.environ.get(ENV_PASSWORD):
+        return os.environ[ENV_PASSWORD]
+    if stdin_is_tty():
+        password = prompt_password(f"Password for {t.user} at {t.host}:{t.port}: ")
+        if not password:
+            raise UsageError("no password entered", usage=False)
+        return password
+    raise UsageError(
+        f"no password for user {t.user!r}: pass --password P, set ${ENV_PASSWORD}, "
+        "or run on a terminal to be prompted"
+    )
+
+
+def error_line(exc: errors.TenantKVError) -> str:
+    line = f"{PROG}: {exc.code_name}: {exc.errmsg}"
+    if exc.retry_after_ms is not None:
+        line += f" (retry after {exc.retry_after_ms} ms)"
+    return line
+
+
+def run(a: argparse.Namespace) -> Output:
+    """Connect and run the parsed subcommand (after ``prepare``)."""
+    t = resolve_target(a)
+    password = resolve_password(a, t)
+    spec: Subcommand = a.spec
+    if spec.prepare is not None:
+        spec.prepare(a, a.subparser)
+    with tenantkv.Client(
+        t.host,
+        t.port,
+        user=t.user,
+        password=password,
+        timeout=a.timeout,
+        connect_timeout=min(a.timeout, 10.0),
+        client_name=PROG,
+    ) as client:
+        return spec.run(client, a)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        out = run(args)
+        print(fmt.dumps(out.result) if args.json else out.text, flush=True)
+    except UsageError as exc:
+        p = exc.parser or parser
+        if exc.usage:
+            p.print_usage(sys.stderr)
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except errors.TenantKVError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
+    except Aborted as exc:
+        print(f"{PROG}: aborted: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # stdout went away (| head); keep the interpreter from failing on its final flush.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
