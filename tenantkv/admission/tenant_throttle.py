@@ -17,7 +17,8 @@ Properties (all in units per second; ``None`` means "unlimited")
         Guaranteed to the bucket. The **free pool** is ``capacity - sum(reserved)``.
         A reservation a bucket leaves unused is *not* lent to others (the
         Couchbase guarantee: it is there the moment the tenant wants it).
-        ``reserved=None`` exempts the bucket from node capacity altogether.
+        ``reserved=None`` exempts the bucket from node capacity altogether
+        (it needs ``hard_limit=None`` too: reserved can't exceed hard limit).
     bucket ``hard_limit``
         Never exceeded over time, whatever the free pool holds. ``0`` throttles
         the bucket completely.
@@ -59,25 +60,34 @@ How the free pool is shared (the part that is fairer than Couchbase)
     work-conserving: capacity nobody uses goes to whoever wants it.
 
 Time
-    Counters are refilled lazily (no background task): the first call after
-    each slice boundary (``slice_secs``, default 100 ms) refills every bucket
-    pro-rated to the exact time elapsed, and a change of rates first refills up
-    to "now" with the old rates. There are never whole-second lumps.
+    Counters are refilled lazily (no background task) in slices of
+    ``slice_secs`` (default 100 ms), aligned to multiples of it on the clock:
+    the first call after one or more slice boundaries credits every bucket
+    ``rate x slice_secs`` per boundary crossed, so the per-second rate arrives
+    in tenths, never as a whole-second lump, and a late call loses nothing.
+    When a rate changes inside a slice (a bucket turns hungry, a connection
+    opens, a property is set) the difference is credited or debited pro rata
+    for the rest of that slice, so the change takes effect at once.
 
 Burst (exactly what a bucket may take at once)
-    * A bucket's counter holds at most one slice of its allowance:
-      ``rate x slice_secs`` (e.g. 800 units for 8000 units/s). After any idle
-      period that is all it can take at once, plus the overshoot of operations
-      admitted while the counter was still positive (at most the cost of the
-      operations in flight; recorded as debt and repaid first).
+    * A bucket's counter holds at most one slice of its allowance rate:
+      ``rate x slice_secs`` (800 units at 8000 units/s). After any idle
+      period that is all it can take at once. A bucket that turns hungry
+      inside the slice gets its higher rate for the rest of that slice, so the
+      bound is one slice of the higher rate. On top of that comes the overshoot
+      of operations admitted while the counter was still positive (at most the
+      cost of the operations in flight), recorded as debt and repaid first.
     * A finite hard limit has a counter of its own, capped at
       ``hard_limit x slice_secs``: in any interval of ``T`` seconds a bucket is
-      admitted at most ``hard_limit x (T + slice_secs)`` units plus that
-      in-flight overshoot, which again is repaid.
+      admitted at most ``hard_limit x (T + 2 x slice_secs)`` units (one full
+      counter plus every refill inside the interval) plus that in-flight
+      overshoot, which again is repaid.
     * Redistributed unused share may top a hungry bucket's counter up to at
       most ``(rate + min(hard_limit - rate, free pool)) x slice_secs`` (after
       repaying its debt), and the node spare never exceeds
       ``free pool x slice_secs``.
+    * ``Unthrottled`` work is never held back, so it has no burst bound; it
+      is charged (as debt of its bucket) all the same.
 
 Slow start
     A bucket with no open connection keeps only 10 % of its reservation; the
@@ -96,9 +106,21 @@ Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
     wait is bounded by the request's deadline and by ``max_wait_secs``
     (server parameter ``throttle_max_wait_ms``); a request that cannot be
     admitted within that bound fails with :class:`~tenantkv.errors.Throttled`
-    (``retryAfterMs`` set) as soon as that is known. Non-blocking connections
-    get ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a
-    bucket wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
+    (``retryAfterMs`` set) as soon as that is known, without sleeping first; a
+    request that must wait although its deadline has already passed gets
+    :class:`~tenantkv.errors.DeadlineExceeded`. Non-blocking connections get
+    ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a bucket
+    wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
+
+Server integration (what :mod:`tenantkv.server` calls)
+    ``TenantThrottle(trio.current_time, ...)`` once; ``add_bucket`` /
+    ``remove_bucket`` via ``TenantThrottleGate.bucket_removed`` (wakes waiters);
+    ``connection_opened/closed`` when a session selects / leaves a bucket;
+    ``await gate.admit(bucket, ...)`` before an operation (skip it when
+    ``throttle.enabled`` is false); ``throttle.charge(bucket, ru, wu,
+    unthrottled=...)`` after it; ``gate.wake()`` after ``set_node`` /
+    ``set_bucket`` so waiters re-check at once; ``throttle.statistics()`` for
+    ``server_status``.
 """
 
 from __future__ import annotations
@@ -113,7 +135,14 @@ from typing import Any, Final, Literal
 
 import trio
 
-from tenantkv.errors import BadValue, BucketExists, BucketNotFound, DeadlineExceeded, Throttled
+from tenantkv.errors import (
+    BadValue,
+    BucketExists,
+    BucketNotFound,
+    DeadlineExceeded,
+    ServerError,
+    Throttled,
+)
 
 #: A unit limit: a non-negative int, or ``None`` for "unlimited".
 Limit = int | None
@@ -228,6 +257,11 @@ def _wire(limit: Limit) -> int | str:
     return UNLIMITED if limit is None else limit
 
 
+def _wire_float(value: float | None) -> float | str:
+    """JSON has no infinity: spell it (and ``None``) ``"unlimited"``."""
+    return UNLIMITED if value is None or math.isinf(value) else value
+
+
 def _rate(limit: Limit) -> float:
     return _INF if limit is None else float(limit)
 
@@ -244,7 +278,8 @@ class BucketThrottleStatistics:
     hard_limit: Limit
     weight: float
     connections: int
-    #: Reservation in force now (after slow start and over-reservation scaling).
+    #: Reservation in force now (after slow start and over-reservation scaling);
+    #: ``inf`` when the node capacity or the bucket's reservation is unlimited.
     effective_reserved: float
     #: Current allowance rate in units/s (``None``: unlimited).
     allowance_rate: float | None
@@ -268,9 +303,9 @@ class BucketThrottleStatistics:
             "hard_limit": _wire(self.hard_limit),
             "weight": self.weight,
             "connections": self.connections,
-            "effective_reserved": self.effective_reserved,
-            "allowance_rate": UNLIMITED if self.allowance_rate is None else self.allowance_rate,
-            "allowance": UNLIMITED if self.allowance is None else self.allowance,
+            "effective_reserved": _wire_float(self.effective_reserved),
+            "allowance_rate": _wire_float(self.allowance_rate),
+            "allowance": _wire_float(self.allowance),
             "hungry": self.hungry,
             "ru_total": self.ru_total,
             "wu_total": self.wu_total,
@@ -316,7 +351,7 @@ class NodeThrottleStatistics:
             "write_weight": self.write_weight,
             "slice_ms": round(self.slice_secs * 1000),
             "throttle_max_wait_ms": round(self.max_wait_secs * 1000),
-            "free_pool_units": UNLIMITED if self.free_pool_units is None else self.free_pool_units,
+            "free_pool_units": _wire_float(self.free_pool_units),
             "free_pool_used_window": self.free_pool_used_window,
             "spare_units": self.spare_units,
             "ru_total": self.ru_total,
@@ -704,7 +739,7 @@ class TenantThrottle:
                 hard_limit=b.hard_limit,
                 weight=b.weight,
                 connections=b.connections,
-                effective_reserved=b.res_rate if b.reserved is not None else _INF,
+                effective_reserved=b.res_rate,
                 allowance_rate=None if math.isinf(b.rate) else b.rate,
                 allowance=None if math.isinf(min(b.credit, b.hard)) else min(b.credit, b.hard),
                 hungry=b.hungry_until > now,
@@ -896,7 +931,7 @@ class TenantThrottle:
         if self._capacity is None:
             for b in buckets:
                 b.rate = b.hard_rate
-                b.res_rate = b.hard_rate
+                b.res_rate = _INF  # no free pool: everything counts as reserved
             self._free_rate = _INF
             self._unallocated_rate = 0.0
             self._spare = 0.0
@@ -929,7 +964,7 @@ class TenantThrottle:
             for b in buckets:
                 if b.reserved is None:  # exempt from node capacity
                     b.rate = b.hard_rate
-                    b.res_rate = b.hard_rate
+                    b.res_rate = _INF
             self._free_rate = free
             self._unallocated_rate = max(0.0, free - sum(extras))
             if self._spare > free * self._slice:
@@ -1073,7 +1108,8 @@ class TenantThrottleGate:
                 # Out of time while others were still ahead.
                 raise self._throttled(bucket, throttle.estimate_wait(bucket))
 
-    def _throttled(self, bucket: str, wait: float) -> Throttled:
+    def _throttled(self, bucket: str, wait: float) -> ServerError:
+        """A :class:`Throttled` error with a ``retryAfterMs`` for ``wait`` seconds."""
         cap = max(NONBLOCKING_MAX_RETRY_MS, round(self.throttle.max_wait_secs * 1000))
         return Throttled(
             f"bucket {bucket!r} is over its unit allowance (throttled past the wait bound)",

@@ -1,0 +1,980 @@
+"""The tenant throttle: pure logic on a fake clock, the Trio adapter on autojump time.
+
+Load is simulated per bucket over whole seconds: an *offered* bucket brings a
+steady number of units per second (what it cannot run is dropped, as a
+rejected client would), a *saturating* bucket (``None``) keeps asking until it
+is throttled. Rates are averaged over whole seconds after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterable
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenantkv.admission.tenant_throttle import (
+    NONBLOCKING_MAX_RETRY_MS,
+    WAIT_HISTOGRAM_BOUNDS_US,
+    TenantThrottle,
+    TenantThrottleGate,
+    read_units,
+    water_fill,
+    write_units,
+)
+from tenantkv.errors import (
+    BadValue,
+    BucketExists,
+    BucketNotFound,
+    DeadlineExceeded,
+    ServerError,
+    Throttled,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+class FakeClock:
+    """A mutable clock: tests move ``t`` themselves."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(**kw: object) -> tuple[TenantThrottle, FakeClock]:
+    clock = FakeClock()
+    return TenantThrottle(clock, **kw), clock  # type: ignore[arg-type]
+
+
+def add(th: TenantThrottle, name: str, *, connect: bool = True, **kw: object) -> None:
+    th.add_bucket(name, **kw)  # type: ignore[arg-type]
+    if connect:
+        th.connection_opened(name)
+
+
+def simulate(
+    th: TenantThrottle,
+    clock: FakeClock,
+    offered: dict[str, float | None],
+    seconds: int,
+    *,
+    tick: float = 0.01,
+    cost: int | dict[str, int] = 10,
+) -> dict[str, list[int]]:
+    """Run ``seconds`` of load from ``clock.t``; return admitted units per whole second."""
+    start = clock.t
+    costs = cost if isinstance(cost, dict) else dict.fromkeys(offered, cost)
+    backlog = dict.fromkeys(offered, 0.0)
+    per_sec = {b: [0] * seconds for b in offered}
+    names = list(offered)
+    steps = round(seconds / tick)
+    for step in range(steps):
+        clock.t = start + step * tick
+        sec = int(step * tick + 1e-9)
+        k = step % len(names)  # rotate who asks first
+        for b in names[k:] + names[:k]:
+            c = costs[b]
+            rate = offered[b]
+            if rate is None:
+                for _ in range(100_000):
+                    if th.try_admit(b) != 0.0:
+                        break
+                    th.charge(b, c, 0)
+                    per_sec[b][sec] += c
+            else:
+                backlog[b] = min(backlog[b] + rate * tick, rate * tick + c)  # no hoarding
+                while backlog[b] >= c and th.try_admit(b) == 0.0:
+                    th.charge(b, c, 0)
+                    per_sec[b][sec] += c
+                    backlog[b] -= c
+    clock.t = start + seconds
+    return per_sec
+
+
+def mean_rate(per_sec: dict[str, list[int]], warmup: int = 2) -> dict[str, float]:
+    return {b: sum(v[warmup:]) / (len(v) - warmup) for b, v in per_sec.items()}
+
+
+def jain(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def retry_ms(exc: ServerError) -> int:
+    assert exc.retry_after_ms is not None
+    return exc.retry_after_ms
+
+
+def near(value: float, target: float, rel: float = 0.02) -> bool:
+    return abs(value - target) <= rel * target
+
+
+# --------------------------------------------------------------------------- metering
+
+
+def test_units_round_up_per_4k() -> None:
+    assert read_units(0) == 0
+    assert read_units(1) == 1
+    assert read_units(4096) == 1
+    assert read_units(4097) == 2
+    assert write_units(0) == 0
+    assert write_units(8192) == 2
+    assert write_units(8193) == 3
+    assert read_units(100, unit_size=10) == 10
+    with pytest.raises(ValueError):
+        read_units(-1)
+
+
+def test_charge_counts_units_and_weighted_cost() -> None:
+    th, _ = make(write_weight=3)
+    add(th, "a", hard_limit=1_000_000)
+    th.charge("a", 2, 5)
+    th.charge("a", 1, 1)
+    stats = th.statistics()
+    b = stats.buckets["a"]
+    assert (b.ru_total, b.wu_total) == (3, 6)
+    assert b.units_used_window == (2 + 3 * 5) + (1 + 3 * 1)
+    assert (stats.node.ru_total, stats.node.wu_total) == (3, 6)
+    th.charge("gone", 4, 4)  # a bucket removed mid-operation: node totals only
+    assert th.statistics().node.ru_total == 7
+
+
+# --------------------------------------------------------------------------- properties
+
+
+def test_default_node_is_unlimited_and_disabled() -> None:
+    th, clock = make()
+    add(th, "a")
+    assert th.capacity is None
+    assert not th.enabled
+    for _ in range(1000):
+        assert th.try_admit("a") == 0.0
+        th.charge("a", 1000, 1000)
+    clock.t = 3.0
+    assert th.try_admit("a") == 0.0
+
+
+def test_enabled_by_capacity_or_finite_hard_limit() -> None:
+    th, _ = make()
+    add(th, "a", reserved=100)  # a reservation of an unlimited node does not matter
+    assert not th.enabled
+    add(th, "b", hard_limit=100)
+    assert th.enabled
+    th.set_bucket("b", hard_limit=None)
+    assert not th.enabled
+    th.set_node(capacity=10)
+    assert th.enabled
+
+
+def test_bucket_defaults_come_from_node() -> None:
+    th, _ = make(capacity=10_000, default_reserved=1666, default_hard_limit=5000)
+    add(th, "a")
+    assert th.bucket_limits("a") == (1666, 5000)
+    th.set_node(default_reserved=0, default_hard_limit=None)
+    assert th.bucket_limits("a") == (1666, 5000)  # defaults apply at creation
+    add(th, "b", hard_limit=7)
+    assert th.bucket_limits("b") == (0, 7)
+    assert th.node_limits() == (10_000, 0, None)
+
+
+def test_config_validation() -> None:
+    th, _ = make(capacity=10_000)
+    add(th, "a", reserved=100, hard_limit=200)
+    with pytest.raises(BadValue, match="reserved can't exceed hard limit"):
+        th.set_bucket("a", reserved=300)
+    with pytest.raises(BadValue, match="reserved can't exceed hard limit"):
+        th.set_bucket("a", hard_limit=50)
+    with pytest.raises(BadValue, match="reserved can't exceed hard limit"):
+        th.add_bucket("b", reserved=10, hard_limit=5)
+    with pytest.raises(BadValue, match="reserved can't exceed hard limit"):
+        th.set_node(default_reserved=10, default_hard_limit=5)
+    with pytest.raises(BadValue):
+        th.set_node(capacity=-1)
+    with pytest.raises(BadValue):
+        th.set_bucket("a", hard_limit=True)
+    with pytest.raises(BadValue):
+        th.set_bucket("a", weight=0)
+    with pytest.raises(BucketExists):
+        th.add_bucket("a")
+    with pytest.raises(BucketNotFound):
+        th.set_bucket("nope", reserved=1)
+    with pytest.raises(BucketNotFound):
+        th.try_admit("nope")
+    assert th.bucket_limits("a") == (100, 200)  # failed calls changed nothing
+    th.remove_bucket("a")
+    with pytest.raises(BucketNotFound):
+        th.try_admit("a")
+
+
+def test_water_fill_is_max_min_fair() -> None:
+    assert water_fill(90, [10, math.inf, math.inf], [1, 1, 1]) == [10, 40, 40]
+    assert water_fill(90, [100, 100], [2, 1]) == [60, 30]
+    assert water_fill(10, [3, 3], [1, 1]) == [3, 3]  # everyone satisfied, rest unused
+    assert water_fill(0, [3], [1]) == [0.0]
+    assert water_fill(5, [], []) == []
+
+
+# --------------------------------------------------------------------------- the issue's examples
+
+
+def two_buckets_2000_8000() -> tuple[TenantThrottle, FakeClock]:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=2000, hard_limit=8000)
+    add(th, "B", reserved=2000, hard_limit=8000)
+    return th, clock
+
+
+def test_example_a_using_3000_leaves_7000_for_b() -> None:
+    th, clock = two_buckets_2000_8000()
+    got = mean_rate(simulate(th, clock, {"A": 3000, "B": None}, 10))
+    assert near(got["A"], 3000, 0.01)
+    assert near(got["B"], 7000)
+
+
+def test_example_a_using_3000_random_arrivals() -> None:
+    """Same, with Poisson arrivals and random op sizes (1..19 units)."""
+    th, clock = two_buckets_2000_8000()
+    rnd = random.Random(7)
+    events = [(0.0005, "B"), (rnd.expovariate(300), "A")]
+    got = {"A": 0, "B": 0}
+    while True:
+        events.sort()
+        t, b = events.pop(0)
+        if t >= 10.0:
+            break
+        clock.t = t
+        cost = rnd.randint(1, 19)
+        wait = th.try_admit(b)
+        if wait == 0.0:
+            th.charge(b, cost, 0)
+            got[b] += cost if t >= 2.0 else 0
+        if b == "B":
+            events.append((t + (0.0005 if wait == 0.0 else wait), b))
+        else:
+            events.append((t + rnd.expovariate(300), b))
+    a, b_ = got["A"] / 8, got["B"] / 8
+    assert near(a, 3000, 0.05)  # Poisson noise in what A offers
+    assert a + b_ >= 0.97 * 10_000  # the rest goes to B: work-conserving
+    assert b_ <= 8000
+
+
+def test_example_a_idle_b_reaches_hard_limit() -> None:
+    th, clock = two_buckets_2000_8000()
+    got = mean_rate(simulate(th, clock, {"A": 0, "B": None}, 10))
+    assert near(got["B"], 8000)
+    assert got["B"] <= 8000 * 1.005
+
+
+def test_example_b_at_6000_a_can_use_4000() -> None:
+    th, clock = two_buckets_2000_8000()
+    got = mean_rate(simulate(th, clock, {"A": 4000, "B": 6000}, 10))
+    assert near(got["A"], 4000)
+    assert near(got["B"], 6000)
+
+
+def test_example_b_at_6000_a_saturating_stays_within_capacity() -> None:
+    """Max-min fair: A wanting more than 4000 gets at least that, the node never more."""
+    th, clock = two_buckets_2000_8000()
+    got = mean_rate(simulate(th, clock, {"A": None, "B": 6000}, 10))
+    assert got["A"] >= 4000 * 0.98
+    assert got["A"] + got["B"] <= 10_000 * 1.005
+    assert got["A"] + got["B"] >= 10_000 * 0.98
+
+
+def test_example_c_without_reservation_gets_the_free_pool() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=3000, hard_limit=6000)
+    add(th, "B", reserved=2000, hard_limit=5000)
+    add(th, "C", reserved=0, hard_limit=None)
+    got = mean_rate(simulate(th, clock, {"A": 0, "B": 0, "C": None}, 10))
+    assert near(got["C"], 5000)
+    assert got["C"] <= 5000 * 1.005
+
+
+# --------------------------------------------------------------------------- each rule
+
+
+def test_reservation_runs_even_when_free_pool_is_exhausted() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=2000)
+    add(th, "B")  # no reservation, eats the free pool
+    got = mean_rate(simulate(th, clock, {"A": 1500, "B": None}, 8))
+    assert near(got["A"], 1500, 0.01)
+    # The 500 A leaves unused are not lent: a reservation is there when wanted.
+    assert near(got["B"], 8000)
+
+
+def test_reserved_bucket_gets_reservation_plus_fair_share() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=6000)
+    add(th, "B")
+    got = mean_rate(simulate(th, clock, {"A": None, "B": None}, 8))
+    assert near(got["A"], 8000)
+    assert near(got["B"], 2000)
+
+
+def test_free_pool_exhausted_throttles_within_a_slice() -> None:
+    th, clock = make(capacity=1000)
+    add(th, "A")
+    clock.t = 0.05
+    used = 0
+    while th.try_admit("A") == 0.0:
+        th.charge("A", 10, 0)
+        used += 10
+    assert used <= 100 + 10  # one slice of the whole node (+ one overshooting op)
+    wait = th.try_admit("A")
+    assert 0 < wait <= 0.1
+    clock.t += wait
+    assert th.try_admit("A") == 0.0
+
+
+def test_hard_limit_accuracy_when_offered_3x() -> None:
+    for capacity in (None, 100_000):
+        th, clock = make(capacity=capacity)
+        add(th, "A", hard_limit=1000)
+        per_sec = simulate(th, clock, {"A": 3000}, 10, cost=7)
+        total = sum(per_sec["A"])
+        assert abs(total - 10_000) <= 0.03 * 10_000, (capacity, per_sec)
+        assert all(near(x, 1000, 0.03) for x in per_sec["A"]), per_sec
+
+
+def test_hard_limit_zero_is_fully_throttled() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=0)
+    assert th.try_admit("A") == math.inf
+    clock.t = 100.0
+    assert th.try_admit("A") == math.inf
+    assert th.try_admit("A", unthrottled=True) == 0.0
+
+
+def test_large_op_becomes_debt_paid_over_later_slices() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=1000)
+    assert th.try_admit("A") == 0.0
+    th.charge("A", 5000, 0)  # 5 s worth in one op: admitted optimistically
+    wait = th.try_admit("A")
+    # 4900 units of debt at 1000/s, repaid by whole slices
+    assert wait == pytest.approx(5.0, abs=1e-3)
+    clock.t = wait * 0.9
+    assert th.try_admit("A") > 0
+    clock.t = wait
+    assert th.try_admit("A") == 0.0
+
+
+def test_large_ops_honour_the_long_run_rate() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=1000)
+    per_sec = simulate(th, clock, {"A": None}, 20, cost=3000)
+    assert sum(per_sec["A"]) <= 1000 * 20 + 100 + 3000
+    assert sum(per_sec["A"]) >= 1000 * 20 - 3000
+
+
+def test_refill_comes_in_slices_not_whole_second_lumps() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=1000)
+    while th.try_admit("A") == 0.0:
+        th.charge("A", 10, 0)
+    admitted_at: list[float] = []
+    for step in range(1, 61):  # 0.6 s in 10 ms ticks
+        clock.t = step * 0.01
+        while th.try_admit("A") == 0.0:
+            th.charge("A", 10, 0)
+            admitted_at.append(clock.t)
+    assert len(admitted_at) * 10 == 500
+    per_slice = [
+        sum(1 for t in admitted_at if k * 0.1 - 1e-9 <= t < (k + 1) * 0.1 - 1e-9) for k in range(6)
+    ]
+    assert per_slice == [0] + [10] * 5  # 100 units every 100 ms, from the next slice
+
+
+def test_burst_after_idle_is_one_slice() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=2000, hard_limit=8000)
+    clock.t = 5.03  # idle for 5 s
+    used = 0
+    while th.try_admit("A") == 0.0:
+        th.charge("A", 1, 0)
+        used += 1
+    # A's allowance rate is its reservation (it was idle); it turns hungry when
+    # throttled, which grants its free-pool share for the rest of this slice.
+    assert used <= 8000 * 0.1 + 1
+    assert th.statistics().buckets["A"].hungry
+
+
+def test_unthrottled_is_never_delayed_but_charged() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=100)
+    for _ in range(50):
+        assert th.try_admit("A", unthrottled=True) == 0.0
+        th.charge("A", 10, 0, unthrottled=True)
+    stats = th.statistics()
+    assert stats.buckets["A"].ru_total == 500
+    assert stats.node.ru_total == 500
+    wait = th.try_admit("A")  # ordinary requests of the bucket pay the debt
+    assert wait > 3.0
+    clock.t = 1.0
+    assert th.try_admit("A", unthrottled=True) == 0.0
+
+
+def test_unthrottled_usage_counts_against_the_node() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A")
+    add(th, "B")
+    start = clock.t
+    got = {"A": 0, "B": 0}
+    for step in range(1000):  # 10 s
+        clock.t = start + step * 0.01
+        for _ in range(6):  # A: 6000 units/s, all privileged
+            assert th.try_admit("A", unthrottled=True) == 0.0
+            th.charge("A", 10, 0, unthrottled=True)
+            got["A"] += 10 if step >= 200 else 0
+        while th.try_admit("B") == 0.0:
+            th.charge("B", 10, 0)
+            got["B"] += 10 if step >= 200 else 0
+    assert got["A"] / 8 == 6000
+    assert near(got["B"] / 8, 4000, 0.03)
+
+
+def test_slow_start_lends_90_percent_of_reservation_until_connected() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=5000, connect=False)
+    add(th, "B")
+    assert th.statistics().buckets["A"].effective_reserved == pytest.approx(500)
+    got = mean_rate(simulate(th, clock, {"A": 0, "B": None}, 4))
+    assert near(got["B"], 9500)
+    th.connection_opened("A")
+    assert th.statistics().buckets["A"].effective_reserved == 5000
+    # Within one slice A runs at its full reservation; B is back to the free pool.
+    per_slice: list[int] = []
+    for step in range(100):  # 1 s
+        clock.t += 0.01
+        if step % 10 == 0:
+            per_slice.append(0)
+        backlog = 50  # A offers 5000 units/s
+        while backlog >= 10 and th.try_admit("A") == 0.0:
+            th.charge("A", 10, 0)
+            per_slice[-1] += 10
+            backlog -= 10
+        while th.try_admit("B") == 0.0:
+            th.charge("B", 10, 0)
+    assert all(units == 500 for units in per_slice[1:]), per_slice
+    got = mean_rate(simulate(th, clock, {"A": 5000, "B": None}, 4), warmup=1)
+    assert near(got["A"], 5000, 0.01)
+    assert near(got["B"], 5000)
+    th.connection_closed("A")
+    assert th.statistics().buckets["A"].effective_reserved == pytest.approx(500)
+
+
+def test_fair_share_ignores_request_size() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "small")
+    add(th, "large")
+    got = mean_rate(
+        simulate(th, clock, {"small": None, "large": None}, 10, cost={"small": 1, "large": 97})
+    )
+    assert jain(got.values()) >= 0.999
+    assert near(got["small"] + got["large"], 10_000)
+
+
+def test_weighted_shares() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "gold", weight=3)
+    add(th, "bronze")
+    got = mean_rate(simulate(th, clock, {"gold": None, "bronze": None}, 8))
+    assert near(got["gold"], 7500)
+    assert near(got["bronze"], 2500)
+
+
+def test_max_min_share_with_a_light_bucket() -> None:
+    th, clock = make(capacity=9000)
+    for name in "ABC":
+        add(th, name)
+    got = mean_rate(simulate(th, clock, {"A": 1000, "B": None, "C": None}, 10))
+    assert near(got["A"], 1000, 0.01)
+    assert near(got["B"], 4000)
+    assert near(got["C"], 4000)
+
+
+def test_removing_a_bucket_returns_its_share() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A")
+    add(th, "B")
+    got = mean_rate(simulate(th, clock, {"A": None, "B": None}, 4))
+    assert near(got["A"], 5000)
+    th.remove_bucket("B")
+    got = mean_rate(simulate(th, clock, {"A": None}, 4), warmup=1)
+    assert near(got["A"], 10_000)
+
+
+def test_over_reservation_is_scaled_to_capacity() -> None:
+    th, clock = make(capacity=6000)
+    add(th, "A", reserved=6000)
+    add(th, "B", reserved=3000)
+    stats = th.statistics()
+    assert stats.buckets["A"].effective_reserved == pytest.approx(4000)
+    assert stats.buckets["B"].effective_reserved == pytest.approx(2000)
+    assert stats.node.free_pool_units == 0
+    got = mean_rate(simulate(th, clock, {"A": None, "B": None}, 6))
+    assert near(got["A"], 4000)
+    assert near(got["B"], 2000)
+
+
+def test_unlimited_reservation_is_exempt_from_node_capacity() -> None:
+    th, clock = make(capacity=1000)
+    add(th, "A", reserved=None, hard_limit=None)  # (reserved can't exceed hard limit)
+    add(th, "B")
+    assert th.statistics().node.free_pool_units == 1000
+    got = mean_rate(simulate(th, clock, {"A": 5000, "B": None}, 6))
+    assert near(got["A"], 5000)
+    assert near(got["B"], 1000)
+    assert th.statistics().node.free_pool_used_window <= 1000 * 1.02
+
+
+def test_property_change_applies_at_once() -> None:
+    th, clock = make()
+    add(th, "A", hard_limit=1000)
+    got = mean_rate(simulate(th, clock, {"A": None}, 3), warmup=1)
+    assert near(got["A"], 1000)
+    th.set_bucket("A", hard_limit=4000)
+    got = mean_rate(simulate(th, clock, {"A": None}, 3), warmup=1)
+    assert near(got["A"], 4000)
+    th.set_node(capacity=2000)
+    got = mean_rate(simulate(th, clock, {"A": None}, 3), warmup=1)
+    assert near(got["A"], 2000)
+
+
+def test_statistics_snapshot() -> None:
+    th, clock = make(capacity=10_000)
+    add(th, "A", reserved=100, hard_limit=1000)
+    th.charge("A", 150, 0)
+    th.record_throttled("A", 0.0123, rejected=False)
+    th.record_throttled("A", 7.0, rejected=True)
+    th.record_throttled("A", 0.0, rejected=True, parked=False)
+    stats = th.statistics()
+    node, a = stats.node, stats.buckets["A"]
+    assert node.capacity == 10_000
+    assert node.free_pool_units == pytest.approx(9900)
+    assert node.free_pool_used_window == 50  # 150 used, 100 of them reserved
+    assert (node.throttle_count_total, node.reject_count_total) == (3, 2)
+    assert (a.reserved, a.hard_limit, a.units_used_window) == (100, 1000, 150)
+    assert (a.throttle_count_total, a.reject_count_total) == (3, 2)
+    assert a.throttle_wait_micros_total == 12_300 + 7_000_000
+    bins = dict(a.wait_histogram)
+    assert len(a.wait_histogram) == len(WAIT_HISTOGRAM_BOUNDS_US) + 1
+    assert bins[50_000] == 1 and bins[math.inf] == 1
+    assert sum(bins.values()) == 2
+    with pytest.raises(AttributeError):
+        a.ru_total = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        stats.buckets["B"] = a  # type: ignore[index]
+    add(th, "U", reserved=None)  # infinities are spelled "unlimited" in JSON
+    doc = json.loads(json.dumps(th.statistics().as_dict(), allow_nan=False))
+    assert doc["buckets"]["U"]["effective_reserved"] == "unlimited"
+    assert doc["buckets"]["U"]["allowance_rate"] == "unlimited"
+    assert doc["node"]["capacity"] == 10_000
+    assert doc["buckets"]["A"]["hard_limit"] == 1000
+    assert doc["buckets"]["A"]["wait_histogram_us"][-1] == ["+Inf", 1]
+    clock.t = 1.5  # next whole-second window
+    assert th.statistics().buckets["A"].units_used_window == 0
+    assert th.statistics().buckets["A"].units_used_previous_window == 150
+
+
+def test_try_admit_fast_path_is_cheap() -> None:
+    th = TenantThrottle(time.monotonic, capacity=10**12)
+    add(th, "A")
+    n = 20_000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        th.try_admit("A")
+        th.charge("A", 1, 0)
+    per_op_us = (time.perf_counter() - t0) / n * 1e6
+    assert per_op_us < 10, per_op_us  # ~1 µs measured; generous for slow CI
+
+
+# --------------------------------------------------------------------------- Trio adapter
+
+
+def gate_with(**kw: object) -> tuple[TenantThrottle, TenantThrottleGate]:
+    th = TenantThrottle(trio.current_time, **kw)  # type: ignore[arg-type]
+    return th, TenantThrottleGate(th)
+
+
+def exhaust(th: TenantThrottle, bucket: str, cost: int = 10) -> None:
+    while th.try_admit(bucket) == 0.0:
+        th.charge(bucket, cost, 0)
+
+
+async def test_gate_fast_path_does_not_checkpoint(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with(capacity=10_000)
+    add(th, "A")
+    with trio.testing.assert_no_checkpoints():
+        await gate.admit("A")
+        await gate.admit("A", unthrottled=True)
+
+
+async def test_gate_waits_fifo_then_admits(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=100)  # 10 units per slice
+    exhaust(th, "A")
+    order: list[tuple[int, float]] = []
+    start = trio.current_time()
+
+    async def request(i: int) -> None:
+        await gate.admit("A")
+        order.append((i, trio.current_time() - start))
+        th.charge("A", 10, 0)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            nursery.start_soon(request, i)
+            await trio.sleep(0.001)  # arrive in order
+        assert gate.waiting("A") == 5
+    assert [i for i, _ in order] == [0, 1, 2, 3, 4]
+    times = [t for _, t in order]
+    assert times == sorted(times)
+    assert times[-1] == pytest.approx(0.5, abs=0.1)  # one op per slice
+    stats = th.statistics().buckets["A"]
+    assert stats.throttle_count_total == 5
+    assert stats.reject_count_total == 0
+    assert stats.throttle_wait_micros_total > 0
+    assert sum(n for _, n in stats.wait_histogram) == 5
+
+
+async def test_gate_new_arrival_queues_behind_waiters(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """FIFO beats the fast path: allowance left is not for the newcomer first."""
+    th, gate = gate_with()
+    add(th, "A", hard_limit=10)
+    exhaust(th, "A")
+    th.charge("A", 20, 0)  # the first waiter sleeps ~3 s
+    order: list[str] = []
+
+    async def request(name: str) -> None:
+        await gate.admit("A")
+        order.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, "first")
+        await trio.sleep(0.5)
+        th.set_bucket("A", hard_limit=None)  # allowance now, but nobody told the head
+        assert th.try_admit("A") == 0.0
+        nursery.start_soon(request, "second")
+        await trio.sleep(0.1)
+        assert order == [] and gate.waiting("A") == 2
+        gate.wake("A")
+    assert order == ["first", "second"]
+
+
+async def test_gate_nonblocking_rejects_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=1000)
+    add(th, "Z", hard_limit=0)
+    exhaust(th, "A")
+    start = trio.current_time()
+    with pytest.raises(Throttled) as info:
+        await gate.admit("A", nonblocking=True)
+    assert 0 < retry_ms(info.value) <= 100
+    assert info.value.has_label("RetryableError")
+    th.charge("A", 60_000, 0)  # a minute of debt
+    with pytest.raises(Throttled) as info:
+        await gate.admit("A", nonblocking=True)
+    assert retry_ms(info.value) == NONBLOCKING_MAX_RETRY_MS
+    with pytest.raises(Throttled) as info:
+        await gate.admit("Z", nonblocking=True)
+    assert 0 < retry_ms(info.value) <= 1000
+    assert trio.current_time() == start
+    assert th.statistics().buckets["A"].reject_count_total == 2
+
+
+async def test_gate_max_wait_rejects_with_retry_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    th, gate = gate_with(max_wait_secs=5.0)
+    add(th, "A", hard_limit=1000)
+    exhaust(th, "A")
+    th.charge("A", 8000, 0)  # ~8 s of debt: more than the 5 s bound
+    start = trio.current_time()
+    with pytest.raises(Throttled) as info:
+        await gate.admit("A")
+    assert trio.current_time() == start  # known at once: no pointless sleep
+    assert 5000 <= retry_ms(info.value) <= 8200
+    th2, gate2 = gate_with(max_wait_secs=5.0)
+    add(th2, "A", hard_limit=1000)
+    exhaust(th2, "A")
+    th2.charge("A", 3000, 0)  # ~3 s: fits, so it waits and runs
+    await gate2.admit("A")
+    assert 2.9 <= trio.current_time() - start <= 3.2
+
+
+async def test_gate_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=1000)
+    exhaust(th, "A")
+    th.charge("A", 1000, 0)  # ~1 s to wait
+    now = trio.current_time()
+    with pytest.raises(Throttled):
+        await gate.admit("A", deadline=now + 0.5)
+    with pytest.raises(DeadlineExceeded):
+        await gate.admit("A", deadline=now - 0.001)
+    await gate.admit("A", deadline=now + 2.0)
+    assert trio.current_time() - now == pytest.approx(1.0, abs=0.15)
+    await gate.admit("A", deadline=now - 1)  # admitted at once: the deadline is not ours
+
+
+async def test_gate_waiter_behind_others_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    th, gate = gate_with(max_wait_secs=5.0)
+    add(th, "A", hard_limit=1000)
+    exhaust(th, "A")
+    th.charge("A", 800, 0)  # the head waits ~0.8 s
+    start = trio.current_time()
+    results: dict[str, object] = {}
+
+    async def request(name: str, deadline: float | None) -> None:
+        try:
+            await gate.admit("A", deadline=deadline)
+            results[name] = trio.current_time() - start
+        except Throttled as exc:
+            results[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, "head", None)
+        await trio.sleep(0.001)
+        nursery.start_soon(request, "second", start + 0.3)
+    assert isinstance(results["second"], Throttled)
+    second = results["second"]
+    assert isinstance(second, Throttled)
+    assert retry_ms(second) > 0
+    assert results["head"] == pytest.approx(0.8, abs=0.15)
+
+
+async def test_gate_bucket_removal_wakes_every_waiter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=1000)
+    exhaust(th, "A")
+    th.charge("A", 3000, 0)
+    errors: list[BaseException] = []
+
+    async def request() -> None:
+        try:
+            await gate.admit("A")
+        except BucketNotFound as exc:
+            errors.append(exc)
+
+    with trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(request)
+            await trio.sleep(0.5)
+            removed_at = trio.current_time()
+            gate.bucket_removed("A")
+    assert len(errors) == 4
+    assert trio.current_time() == removed_at
+    assert "A" not in th
+    assert gate.waiting("A") == 0
+    with pytest.raises(BucketNotFound):
+        await gate.admit("A")
+
+
+async def test_gate_unthrottled_skips_the_queue(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=100)
+    exhaust(th, "A")
+    th.charge("A", 200, 0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.admit, "A")
+        await trio.sleep(0.01)
+        assert gate.waiting("A") == 1
+        with trio.testing.assert_no_checkpoints():
+            await gate.admit("A", unthrottled=True)
+        th.charge("A", 10, 0, unthrottled=True)
+        nursery.cancel_scope.cancel()
+
+
+async def test_gate_cancelled_head_passes_the_turn(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=100)
+    exhaust(th, "A")
+    th.charge("A", 200, 0)  # ~2 s
+    done: list[float] = []
+
+    async def second() -> None:
+        await gate.admit("A")
+        done.append(trio.current_time())
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        head_scope = trio.CancelScope()
+
+        async def head() -> None:
+            with head_scope:
+                await gate.admit("A")
+
+        nursery.start_soon(head)
+        await trio.sleep(0.01)
+        nursery.start_soon(second)
+        await trio.sleep(0.5)
+        head_scope.cancel()
+    assert done and done[0] - start == pytest.approx(2.1, abs=0.2)
+    assert gate.waiting("A") == 0
+
+
+async def test_gate_wake_after_limit_raised(autojump_clock: trio.testing.MockClock) -> None:
+    th, gate = gate_with()
+    add(th, "A", hard_limit=10)
+    exhaust(th, "A")
+    th.charge("A", 20, 0)  # ~3 s at 10 units/s
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.admit, "A")
+        await trio.sleep(0.2)
+        th.set_bucket("A", hard_limit=None)
+        gate.wake("A")
+    assert trio.current_time() - start == pytest.approx(0.2, abs=0.01)
+
+
+async def test_gate_hard_limit_accuracy_when_offered_3x(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    th, gate = gate_with(capacity=50_000)
+    add(th, "A", hard_limit=1000)
+    admitted = 0
+    start = trio.current_time()
+
+    async def client() -> None:
+        nonlocal admitted
+        while True:  # 3 clients x 100 ops/s x 10 units = 3x the hard limit
+            await gate.admit("A")
+            th.charge("A", 10, 0)
+            admitted += 10
+            await trio.sleep(0.01)
+
+    with trio.move_on_at(start + 10.0):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(client)
+    assert abs(admitted - 10_000) <= 0.03 * 10_000, admitted
+
+
+async def test_gate_fairness_one_waiter_vs_64(autojump_clock: trio.testing.MockClock) -> None:
+    """Equal buckets share the free pool equally, whatever their concurrency."""
+    th, gate = gate_with(capacity=10_000)
+    add(th, "one")
+    add(th, "many")
+    units = {"one": 0, "many": 0}
+    start = trio.current_time()
+
+    async def client(bucket: str) -> None:
+        while True:
+            await gate.admit(bucket)
+            await trio.sleep(0.001)  # the operation itself
+            th.charge(bucket, 4, 3)  # 4 RU + 2 x 3 WU = 10 units
+            if trio.current_time() - start >= 2.0:  # after a 2 s warm-up
+                units[bucket] += 10
+
+    with trio.move_on_after(12.0):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client, "one")
+            for _ in range(64):
+                nursery.start_soon(client, "many")
+    rates = [units["one"] / 10, units["many"] / 10]
+    assert jain(rates) >= 0.99, rates
+    assert sum(rates) == pytest.approx(10_000, rel=0.03)
+    assert th.statistics().buckets["many"].throttle_count_total > 0
+
+
+# --------------------------------------------------------------------------- invariants
+
+limits = st.one_of(st.none(), st.integers(0, 5000))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacity=st.integers(100, 20_000),
+    buckets=st.lists(
+        st.tuples(st.integers(0, 3000), limits, st.booleans(), st.integers(1, 50)),
+        min_size=1,
+        max_size=5,
+    ),
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.sampled_from(["load", "open", "close", "set", "idle", "unthrottled"]),
+            st.integers(0, 5000),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_invariants_under_random_operations(
+    capacity: int,
+    buckets: list[tuple[int, int | None, bool, int]],
+    steps: list[tuple[int, str, int]],
+) -> None:
+    """Whatever happens: waits are sane, and the node and hard limits hold over time."""
+    th, clock = make(capacity=capacity)
+    names: list[str] = []
+    hard: dict[str, int | None] = {}
+    for i, (reserved, hard_limit, connected, _) in enumerate(buckets):
+        if hard_limit is not None and reserved > hard_limit:
+            reserved = hard_limit
+        name = f"b{i}"
+        add(th, name, reserved=reserved, hard_limit=hard_limit, connect=connected)
+        names.append(name)
+        hard[name] = hard_limit
+    cost = {f"b{i}": b[3] for i, b in enumerate(buckets)}
+    used = dict.fromkeys(names, 0)
+    privileged = 0
+    start = clock.t
+    for index, action, amount in steps:
+        name = names[index % len(names)]
+        clock.t += 0.013 + amount / 100_000
+        if action == "load":
+            for _ in range(200):
+                wait = th.try_admit(name)
+                assert wait >= 0.0 and not math.isnan(wait)
+                if wait:
+                    break
+                th.charge(name, cost[name], 0)
+                used[name] += cost[name]
+        elif action == "unthrottled":
+            assert th.try_admit(name, unthrottled=True) == 0.0
+            th.charge(name, amount % 50, 0, unthrottled=True)
+            privileged += amount % 50
+        elif action == "open":
+            th.connection_opened(name)
+        elif action == "close":
+            th.connection_closed(name)
+        elif action == "set":
+            th.set_bucket(name, reserved=0, hard_limit=hard[name])
+        else:
+            clock.t += amount / 1000
+    elapsed = clock.t - start
+    slices = elapsed / 0.1 + 2
+    # Per bucket: hard limit over time, plus one slice of burst and one op of overshoot.
+    for name in names:
+        h = hard[name]
+        if h is not None:
+            assert used[name] <= h * 0.1 * slices + cost[name], (name, used[name])
+    # Node: at most one slice of burst per slice, plus overshoot and privileged work.
+    total = sum(used.values())
+    overshoot = sum(cost.values()) * (len(steps) + 1)
+    assert total <= capacity * 0.1 * (slices + 1) + overshoot + privileged
+    stats = th.statistics()
+    json.dumps(stats.as_dict(), allow_nan=False)
+    for b in stats.buckets.values():
+        assert b.allowance is None or not math.isnan(b.allowance)
