@@ -94,6 +94,30 @@ SETTINGS: tuple[Setting, ...] = (
         0.01,
     ),
     Setting(
+        "read_unit_size",
+        int,
+        4096,
+        "Bytes per read unit (RU): a read costs ceil(bytes / read_unit_size).",
+        1,
+    ),
+    Setting(
+        "write_unit_size",
+        int,
+        4096,
+        "Bytes per write unit (WU): a write costs ceil(bytes / write_unit_size).",
+        1,
+    ),
+    Setting(
+        "write_weight", int, 2, "Throttling cost of one WU in RU (a write also persists).", 0, 1000
+    ),
+    Setting(
+        "throttle_max_wait_ms",
+        int,
+        5000,
+        "Longest a throttled request waits before it fails with Throttled.",
+        0,
+    ),
+    Setting(
         "log_level", str, "info", "Logging level.", choices=("debug", "info", "warning", "error")
     ),
 )
@@ -118,6 +142,10 @@ class Config:
     idle_timeout_secs: float = 3600.0
     shutdown_grace_secs: float = 10.0
     expiry_pager_interval_secs: float = 5.0
+    read_unit_size: int = 4096
+    write_unit_size: int = 4096
+    write_weight: int = 2
+    throttle_max_wait_ms: int = 5000
     log_level: str = "info"
 
     def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:

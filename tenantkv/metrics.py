@@ -114,51 +114,66 @@ def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
     yield from (entries, ops, errs, bconns)
 
 
+def _number(value: Any) -> float | None:
+    """A status value as a metric value: "unlimited" is -1, booleans 0/1."""
+    if value == "unlimited":
+        return -1.0
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
 def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
-    """Metrics of the tenant throttle's ``statistics()`` section."""
-    node = t.get("node", {})
-    cap = node.get("capacity")
-    g = GaugeMetricFamily(
-        "tenantkv_throttle_node_capacity_units",
-        "Node capacity in units per second (-1 = unlimited).",
-    )
-    g.add_metric([], -1 if cap in (None, "unlimited") else cap)
-    yield g
-    for key, value in node.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "capacity":
-            kind = CounterMetricFamily if key.endswith("_total") else GaugeMetricFamily
-            name = key[: -len("_total")] if key.endswith("_total") else key
-            m = kind(f"tenantkv_throttle_node_{name}", f"Tenant throttle node {key}.")
-            m.add_metric([], value)
-            yield m
+    """The tenant throttle section: node values, then per-bucket values by label.
+
+    Names follow the status keys (``tenantkv_throttle_node_<key>``,
+    ``tenantkv_throttle_bucket_<key>``); ``*_total`` keys are counters; limits
+    that are "unlimited" read -1.
+    """
+    for key, value in t.get("node", {}).items():
+        v = _number(value)
+        if v is None:
+            continue
+        if key.endswith("_total"):
+            m: Any = CounterMetricFamily(f"tenantkv_throttle_node_{key[:-6]}", f"Node {key}.")
+        else:
+            m = GaugeMetricFamily(f"tenantkv_throttle_node_{key}", f"Node {key} (-1 = unlimited).")
+        m.add_metric([], v)
+        yield m
     families: dict[str, Any] = {}
+    hist = HistogramMetricFamily(
+        "tenantkv_throttle_wait_seconds", "Time throttled requests waited.", labels=["bucket"]
+    )
     for bucket, b in t.get("buckets", {}).items():
         for key, value in b.items():
-            if key in ("reserved", "hard_limit"):
-                value = -1 if value in (None, "unlimited") else value
-            if key == "wait_histogram" and isinstance(value, dict):
-                h = families.get(key)
-                if h is None:
-                    h = families[key] = HistogramMetricFamily(
-                        "tenantkv_throttle_wait_seconds",
-                        "Time throttled requests waited.",
-                        labels=["bucket"],
-                    )
-                h.add_metric([bucket], value["buckets"], value["sum_seconds"])
+            if key == "wait_histogram_us":
+                cumulative, buckets = 0, []
+                for le, n in value:
+                    cumulative += n
+                    buckets.append(("+Inf" if le == "+Inf" else str(le / 1e6), cumulative))
+                hist.add_metric([bucket], buckets, b.get("throttle_wait_micros_total", 0) / 1e6)
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            v = _number(value)
+            if v is None:
                 continue
             m = families.get(key)
             if m is None:
-                kind = CounterMetricFamily if key.endswith("_total") else GaugeMetricFamily
-                name = key[: -len("_total")] if key.endswith("_total") else key
-                m = families[key] = kind(
-                    f"tenantkv_throttle_bucket_{name}",
-                    f"Tenant throttle per-bucket {key} (-1 = unlimited).",
-                    labels=["bucket"],
-                )
-            m.add_metric([bucket], value)
+                if key.endswith("_total"):
+                    m = CounterMetricFamily(
+                        f"tenantkv_throttle_bucket_{key[:-6]}", f"Bucket {key}.", labels=["bucket"]
+                    )
+                else:
+                    m = GaugeMetricFamily(
+                        f"tenantkv_throttle_bucket_{key}",
+                        f"Bucket {key} (-1 = unlimited).",
+                        labels=["bucket"],
+                    )
+                families[key] = m
+            m.add_metric([bucket], v)
     yield from families.values()
+    yield hist
 
 
 def start_metrics_server(node: Node, port: int, addr: str = "127.0.0.1") -> int:

@@ -46,11 +46,14 @@ class AsyncClient(Commands):
         timeout: float | None = 30.0,
         connect_timeout: float = 10.0,
         client_name: str = CLIENT_NAME,
+        nonblocking_throttle: bool = False,
     ) -> None:
         self.host, self.port = host, port
         self.timeout = timeout
         self._connect_timeout = connect_timeout
-        self._hello = hello_call(user, password, bucket, client_name, __version__)
+        self._hello = hello_call(
+            user, password, bucket, client_name, __version__, nonblocking_throttle
+        )
         self._core = ClientCore()
         self._waiting: dict[int, _Slot] = {}
         self._stream: trio.SocketStream | None = None

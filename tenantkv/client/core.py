@@ -9,6 +9,7 @@ returns its parsed result (or, for the async client, a coroutine of it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
@@ -111,7 +112,12 @@ class ClientCore:
 
 
 def hello_call(
-    user: str, password: str, bucket: str | None, client_name: str, version: str
+    user: str,
+    password: str,
+    bucket: str | None,
+    client_name: str,
+    version: str,
+    nonblocking_throttle: bool = False,
 ) -> Call[dict[str, Any]]:
     params: dict[str, Any] = {
         "user": user,
@@ -119,6 +125,8 @@ def hello_call(
         "client": {"name": client_name, "version": version},
         "backpressure": True,
     }
+    if nonblocking_throttle:
+        params["nonblocking_throttle"] = True
     if bucket is not None:
         params["bucket"] = bucket
     return Call("hello", params, _ident)
@@ -243,8 +251,35 @@ class Commands:
 
     # -- admin ---------------------------------------------------------------
 
-    def create_bucket(self, name: str) -> Any:
-        return self._execute(Call("create_bucket", {"name": name}, _ident))
+    def create_bucket(
+        self, name: str, *, reserved: int | str | None = None, hard_limit: int | str | None = None
+    ) -> Any:
+        """Create a bucket; throttle limits (units/s or "unlimited") default to the node's."""
+        params: dict[str, Any] = {"name": name}
+        if reserved is not None:
+            params["reserved"] = reserved
+        if hard_limit is not None:
+            params["hard_limit"] = hard_limit
+        return self._execute(Call("create_bucket", params, _ident))
+
+    def set_node_throttle(self, props: dict[str, Any] | str) -> Any:
+        """SetNodeThrottleProperties: {capacity, default_throttle_hard_limit,
+        default_throttle_reserved_units} (any subset; a dict or its JSON text)."""
+        body = props if isinstance(props, str) else json.dumps(props)
+        return self._execute(Call("SetNodeThrottleProperties", {"json": body}, _ident))
+
+    def get_node_throttle(self) -> Any:
+        return self._execute(Call("GetNodeThrottleProperties", {}, _ident, True))
+
+    def set_bucket_throttle(self, bucket: str, props: dict[str, Any] | str) -> Any:
+        """SetBucketThrottleProperties: {reserved, hard_limit} (a dict or its JSON text)."""
+        body = props if isinstance(props, str) else json.dumps(props)
+        return self._execute(
+            Call("SetBucketThrottleProperties", {"bucket": bucket, "json": body}, _ident)
+        )
+
+    def get_bucket_throttle(self, bucket: str) -> Any:
+        return self._execute(Call("GetBucketThrottleProperties", {"bucket": bucket}, _ident, True))
 
     def delete_bucket(self, name: str) -> Any:
         return self._execute(Call("delete_bucket", {"name": name}, _ident))

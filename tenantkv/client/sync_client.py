@@ -36,6 +36,7 @@ class Client(Commands):
         timeout: float | None = 30.0,
         connect_timeout: float = 10.0,
         client_name: str = CLIENT_NAME,
+        nonblocking_throttle: bool = False,
     ) -> None:
         self.host, self.port = host, port
         #: default per-operation timeout in seconds (None = wait forever)
@@ -52,7 +53,7 @@ class Client(Commands):
         self._closed = False
         try:
             self.server_info: dict[str, Any] = self._execute(
-                hello_call(user, password, bucket, client_name, __version__)
+                hello_call(user, password, bucket, client_name, __version__, nonblocking_throttle)
             )
         except BaseException:
             self.close()

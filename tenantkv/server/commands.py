@@ -12,6 +12,8 @@ for ``ttl``) loses data later.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,13 +21,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from tenantkv import errors, protocol
+from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
+from tenantkv.server.node import THROTTLE_NODE_KEY
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
     CounterOp,
     CreateBucketOp,
     DeleteOp,
     DropBucketOp,
+    PutSystemOp,
     SetOp,
     TouchOp,
     WriteOp,
@@ -33,7 +38,10 @@ from tenantkv.storage.ops import (
 from tenantkv.storage.records import Record
 
 if TYPE_CHECKING:
+    from tenantkv.server.node import Node
     from tenantkv.server.session import Session
+
+log = logging.getLogger("tenantkv.audit")
 
 Kind = Literal["read", "write", "admin", "session"]
 
@@ -150,7 +158,12 @@ def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 @command("exists", "read", "key")
 def exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """true or false."""
-    return s.node.engine.get(b, key_param(p)) is not None
+    key = key_param(p)
+    rec = s.node.engine.get(b, key)
+    if rec is None:
+        return False
+    s.read_sizes.append(len(key) + rec.stored_bytes)
+    return True
 
 
 @command("mget", "read", "keys")
@@ -296,13 +309,21 @@ async def whoami(s: Session, p: dict[str, Any]) -> Any:
 # -- admin ----------------------------------------------------------------------------
 
 
-@command("create_bucket", "admin", "name")
+@command("create_bucket", "admin", "name", "reserved", "hard_limit")
 async def create_bucket(s: Session, p: dict[str, Any]) -> Any:
-    """{name}."""
+    """{name, reserved, hard_limit}. Throttle limits default to the node defaults."""
     name = validate_bucket_name(p.get("name"))
-    handle = await s.node.write(CreateBucketOp(name, {"created_ms": int(trio.current_time())}))
+    limits = s.node.bucket_throttle_defaults()
+    for key in ("reserved", "hard_limit"):
+        if p.get(key) is not None:
+            limits[key] = p[key]
+    parsed = parse_bucket_props(limits)  # validates both, and reserved <= hard limit
+    throttle = {k: limit_to_wire(v) for k, v in parsed.items()}
+    props = {"created_ms": int(time.time() * 1000), "throttle": throttle}
+    handle = await s.node.write(CreateBucketOp(name, props))
     s.node.bucket_added(handle)
-    return {"name": name}
+    log.info("audit: %s created bucket %r %s", s.who(), name, throttle)
+    return {"name": name, **throttle}
 
 
 @command("delete_bucket", "admin", "name")
@@ -320,6 +341,7 @@ async def delete_bucket(s: Session, p: dict[str, Any]) -> Any:
     for other in list(s.node.sessions):
         if other.bucket == name:
             other.select(None)
+    log.info("audit: %s deleted bucket %r", s.who(), name)
     return True
 
 
@@ -345,6 +367,7 @@ async def create_user(s: Session, p: dict[str, Any]) -> Any:
         lambda: auth.new_user(name, password, admin=admin, unthrottled=unthrottled, roles=roles)
     )
     await s.node.save_user(user, expect="absent")
+    log.info("audit: %s created user %s", s.who(), user.public())
     return user.public()
 
 
@@ -356,6 +379,7 @@ async def delete_user(s: Session, p: dict[str, Any]) -> Any:
     if name == s.user.name:
         raise errors.BadValue("a user cannot delete itself")
     await s.node.drop_user(name)
+    log.info("audit: %s deleted user %r", s.who(), name)
     return True
 
 
@@ -370,6 +394,91 @@ async def server_status(s: Session, p: dict[str, Any]) -> Any:
     """The status document: version, uptime, connections, storage, buckets, and a
     section per admission gate."""
     return s.node.status()
+
+
+# -- throttle properties (Couchbase's names; bodies are JSON) -----------------------------
+
+
+def _json_body(p: dict[str, Any]) -> Any:
+    body = p.get("json")
+    if not isinstance(body, (str, bytes, dict)):
+        raise errors.BadValue("'json' must be a JSON object (as a string of at most 1024 bytes)")
+    return body
+
+
+@command("SetNodeThrottleProperties", "admin", "json")
+async def set_node_throttle(s: Session, p: dict[str, Any]) -> Any:
+    """The node's throttle properties after the change. json: {capacity,
+    default_throttle_hard_limit, default_throttle_reserved_units}, any subset."""
+    given = parse_node_props(_json_body(p))
+    node = s.node
+    before = _node_props(node)
+    merged = parse_node_props({**before, **{k: limit_to_wire(v) for k, v in given.items()}})
+    after = {k: limit_to_wire(v) for k, v in merged.items()}
+    await node.write(PutSystemOp(THROTTLE_NODE_KEY, after))
+    node.throttle.set_node(
+        capacity=merged["capacity"],
+        default_reserved=merged["default_throttle_reserved_units"],
+        default_hard_limit=merged["default_throttle_hard_limit"],
+    )
+    node.gate.wake()
+    log.info("audit: %s SetNodeThrottleProperties %s -> %s", s.who(), before, after)
+    return after
+
+
+@command("GetNodeThrottleProperties", "admin")
+async def get_node_throttle(s: Session, p: dict[str, Any]) -> Any:
+    """{capacity, default_throttle_hard_limit, default_throttle_reserved_units}."""
+    return _node_props(s.node)
+
+
+def _node_props(node: Node) -> dict[str, Any]:
+    cap, res, hard = node.throttle.node_limits()
+    return {
+        "capacity": limit_to_wire(cap),
+        "default_throttle_hard_limit": limit_to_wire(hard),
+        "default_throttle_reserved_units": limit_to_wire(res),
+    }
+
+
+@command("SetBucketThrottleProperties", "admin", "bucket", "json")
+async def set_bucket_throttle(s: Session, p: dict[str, Any]) -> Any:
+    """The bucket's throttle properties after the change. json: {reserved, hard_limit}."""
+    name = str_param(p, "bucket")
+    given = parse_bucket_props(_json_body(p))
+    node = s.node
+    handle = node.bucket(name)
+    before = _bucket_props(node, name)
+    merged = parse_bucket_props({**before, **{k: limit_to_wire(v) for k, v in given.items()}})
+    after = {k: limit_to_wire(v) for k, v in merged.items()}
+    props = {**handle.props, "throttle": after}
+    await node.write(
+        PutSystemOp(
+            b"bucket:" + name.encode(),
+            props,
+            expect="present",
+            on_absent=errors.BucketNotFound,
+            what=f"bucket {name!r}",
+        )
+    )
+    handle.props = props
+    node.throttle.set_bucket(name, reserved=merged["reserved"], hard_limit=merged["hard_limit"])
+    node.gate.wake(name)
+    log.info("audit: %s SetBucketThrottleProperties %r %s -> %s", s.who(), name, before, after)
+    return after
+
+
+@command("GetBucketThrottleProperties", "admin", "bucket")
+async def get_bucket_throttle(s: Session, p: dict[str, Any]) -> Any:
+    """{reserved, hard_limit}."""
+    name = str_param(p, "bucket")
+    s.node.bucket(name)
+    return _bucket_props(s.node, name)
+
+
+def _bucket_props(node: Node, name: str) -> dict[str, Any]:
+    reserved, hard = node.throttle.bucket_limits(name)
+    return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
 
 AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]

@@ -19,6 +19,13 @@ import trio
 
 from tenantkv import errors
 from tenantkv._version import __version__
+from tenantkv.admission.tenant_throttle import (
+    TenantThrottle,
+    TenantThrottleGate,
+    read_units,
+    write_units,
+)
+from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.storage.engine import BucketHandle, Engine
@@ -33,6 +40,8 @@ log = logging.getLogger("tenantkv.server")
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
 ADMIN_PASSWORD_FILE = "admin-password"
+#: System record holding the node's throttle properties.
+THROTTLE_NODE_KEY = b"param:throttle_node"
 
 
 @dataclass(slots=True)
@@ -58,6 +67,9 @@ class Node:
         self.host = config.host
         self.port = 0
         self._token: trio.lowlevel.TrioToken | None = None
+        # Created in start(): the throttle reads trio's clock from the outset.
+        self.throttle: TenantThrottle
+        self.gate: TenantThrottleGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
         for name, rec in engine.system_items(b"user:"):
             self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
@@ -69,7 +81,52 @@ class Node:
     def start(self) -> None:
         """Start the writer; call on the Trio thread."""
         self._token = trio.lowlevel.current_trio_token()
+        self._start_throttle()
         self.writer.start()
+
+    def _start_throttle(self) -> None:
+        saved = self.engine.system_get(THROTTLE_NODE_KEY) or {}
+        self.throttle = TenantThrottle(
+            trio.current_time,
+            capacity=parse_limit("capacity", saved.get("capacity", "unlimited")),
+            default_reserved=parse_limit(
+                "default_throttle_reserved_units", saved.get("default_throttle_reserved_units", 0)
+            ),
+            default_hard_limit=parse_limit(
+                "default_throttle_hard_limit", saved.get("default_throttle_hard_limit", "unlimited")
+            ),
+            write_weight=self.config.write_weight,
+            max_wait_secs=self.config.throttle_max_wait_ms / 1000,
+        )
+        self.gate = TenantThrottleGate(self.throttle)
+        for handle in self.engine.buckets.values():
+            self._throttle_add(handle)
+
+    def _throttle_add(self, handle: BucketHandle) -> None:
+        props = handle.props.get("throttle") or {}
+        self.throttle.add_bucket(
+            handle.name,
+            reserved=parse_limit("reserved", props.get("reserved", 0)),
+            hard_limit=parse_limit("hard_limit", props.get("hard_limit", "unlimited")),
+        )
+
+    def bucket_throttle_defaults(self) -> dict[str, int | str]:
+        """What a new bucket gets unless told otherwise: the node defaults, now."""
+        _, reserved, hard = self.throttle.node_limits()
+        return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
+
+    def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool) -> None:
+        """Meter a read after it ran: RU per record returned (a miss costs nothing)."""
+        unit = self.config.read_unit_size
+        self.throttle.charge(
+            bucket, sum(read_units(n, unit) for n in sizes), 0, unthrottled=unthrottled
+        )
+
+    def charge_write(self, bucket: str, nbytes: int, unthrottled: bool) -> None:
+        if nbytes and bucket in self.throttle:
+            self.throttle.charge(
+                bucket, 0, write_units(nbytes, self.config.write_unit_size), unthrottled=unthrottled
+            )
 
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
         assert self._token is not None
@@ -125,11 +182,14 @@ class Node:
     def bucket_added(self, handle: BucketHandle) -> None:
         self.engine.buckets[handle.name] = handle
         self.bucket_stats[handle.name] = BucketStats()
+        self._throttle_add(handle)
 
     def bucket_removed(self, handle: BucketHandle) -> None:
         handle.dropped = True
         self.engine.buckets.pop(handle.name, None)
         self.bucket_stats.pop(handle.name, None)
+        # Wakes throttled requests of the bucket with BucketNotFound.
+        self.gate.bucket_removed(handle.name)
 
     # -- users -----------------------------------------------------------------
 
@@ -242,4 +302,11 @@ class Node:
             },
             "buckets": buckets,
             "users": len(self.users),
+            "throttle": self._throttle_status(),
         }
+
+    def _throttle_status(self) -> dict[str, Any]:
+        doc = self.throttle.statistics().as_dict()
+        for name, b in doc["buckets"].items():
+            b["waiting"] = self.gate.waiting(name)  # requests parked right now
+        return doc

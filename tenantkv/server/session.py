@@ -96,7 +96,18 @@ class Session:
             self._recv_scope.cancel()
 
     def select(self, bucket: str | None) -> None:
+        """Change the selected bucket; the throttle counts connections per bucket
+        (a bucket with none keeps only part of its reservation: slow start)."""
+        throttle = self.node.throttle
+        if self.bucket is not None and self.bucket in throttle:
+            throttle.connection_closed(self.bucket)
         self.bucket = bucket
+        if bucket is not None and bucket in throttle:
+            throttle.connection_opened(bucket)
+
+    def who(self) -> str:
+        """For audit lines: user and peer address."""
+        return f"user {self.user.name if self.user else None!r} from {self.peer}"
 
     # -- output --------------------------------------------------------------------
 
@@ -171,13 +182,16 @@ class Session:
         while self.pending_writes:
             await self._drain_lot.park()
 
-    def _run_fast(self, msgid: int, method: str, params: dict[str, Any]) -> bool:
+    def _run_fast(
+        self, msgid: int, method: str, params: dict[str, Any], admitted: bool = False
+    ) -> bool:
         """Handle a read or write without awaiting; False if it needs ``_handle``.
 
         This is the hot path of every data command: a read runs inline, a
         write is queued on the group-commit writer and answered from its
-        callback. A read waits (in ``_handle``) while this connection has
-        writes in flight, so the connection reads its own writes.
+        callback. It goes to ``_handle`` (which may wait) when this connection
+        has writes in flight (so a connection reads its own writes) or when the
+        tenant throttle cannot admit the operation at once.
         """
         cmd = COMMANDS.get(method)
         if cmd is None:
@@ -188,19 +202,31 @@ class Session:
                 return False
         elif kind != "write":
             return False
+        node = self.node
+        user = self.user
+        assert user is not None
         try:
             check_params(cmd, params)
+            b = self._data_bucket(write=kind == "write")
+            if not admitted:
+                throttle = node.throttle
+                if user.unthrottled:
+                    throttle.try_admit(b.name, unthrottled=True)
+                elif throttle.enabled and (
+                    node.gate.waiting(b.name) or throttle.try_admit(b.name) != 0.0
+                ):
+                    return False
             if kind == "read":
-                b = self._data_bucket(write=False)
                 self.read_sizes.clear()
                 result = cmd.handler(self, b, params)
-                self.node.bucket_stats[b.name].ops[method] += 1
+                node.bucket_stats[b.name].ops[method] += 1
+                if self.read_sizes:
+                    node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
             else:
-                b = self._data_bucket(write=True)
                 op = cmd.handler(self, b, params)
                 self.pending_writes += 1
-                self.node.submit(op, partial(self._write_done, msgid, method, b, op))
+                node.submit(op, partial(self._write_done, msgid, method, b, op))
         except errors.TenantKVError as exc:
             exc.command = method
             self._count_error(exc)
@@ -225,7 +251,11 @@ class Session:
                     raise errors.BadValue("hello was already received on this connection")
                 raise errors.UnknownCommand(f"no command named {method!r:.80}")
             check_params(cmd, params)
-            await self._run_other(cmd, msgid, params)
+            if cmd.kind in ("read", "write"):
+                await self._admit(cmd, params)
+                self._run_fast(msgid, method, params, admitted=True)
+            else:
+                await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
             exc.command = method
             self._count_error(exc)
@@ -234,6 +264,23 @@ class Session:
         except Exception as exc:
             self._internal_error(msgid, method, exc)
         return True
+
+    async def _admit(self, cmd: Command, params: dict[str, Any]) -> None:
+        """Wait for the tenant throttle (this connection reads nothing meanwhile)."""
+        b = self._data_bucket(write=cmd.kind == "write")
+        deadline = None
+        timeout_ms = params.get("timeout_ms")
+        if timeout_ms is not None:
+            if type(timeout_ms) is not int or timeout_ms < 0:
+                raise errors.BadValue("'timeout_ms' must be a non-negative integer")
+            deadline = trio.current_time() + timeout_ms / 1000
+        assert self.user is not None
+        await self.node.gate.admit(
+            b.name,
+            unthrottled=self.user.unthrottled,
+            deadline=deadline,
+            nonblocking=self.nonblocking_throttle,
+        )
 
     def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
         log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
@@ -259,6 +306,8 @@ class Session:
         if error is None:
             if stats is not None:
                 stats.ops[method] += 1
+            user = self.user
+            self.node.charge_write(b.name, op.nbytes, user is not None and user.unthrottled)
             self._reply(msgid, result)
         else:
             exc = (

@@ -100,7 +100,9 @@ def test_bucket_create_list_delete(daemon: Daemon) -> None:
 
 def test_bucket_create_and_delete_json(daemon: Daemon) -> None:
     assert json.loads(ok(admin(daemon, "--json", "bucket-create", "cli-json"))) == {
-        "name": "cli-json"
+        "name": "cli-json",
+        "reserved": 0,
+        "hard_limit": "unlimited",
     }
     assert json.loads(ok(admin(daemon, "--json", "bucket-delete", "--yes", "cli-json"))) is True
 
