@@ -187,6 +187,8 @@ def status_text(doc: Any) -> str:
             continue
         if name == "buckets" and all(isinstance(v, Mapping) for v in value.values()):
             blocks.append(section("buckets", bucket_status_table(value)))
+        elif name == "throttle" and isinstance(value.get("buckets"), Mapping):
+            blocks.append(section("throttle", throttle_status_text(value)))
         else:
             blocks.append(section(cell(name), kv_table(value, indent=INDENT)))
     return "\n\n".join(blocks)
@@ -206,6 +208,42 @@ def bucket_status_table(buckets: Mapping[Any, Mapping[str, Any]]) -> str:
         for name, b in buckets.items()
     ]
     return table(["name", "entries", "connections", "ops", "errors"], rows, indent=INDENT)
+
+
+#: Per-bucket throttle columns: (header, status key).
+THROTTLE_COLUMNS = (
+    ("reserved", "reserved"),
+    ("hard_limit", "hard_limit"),
+    ("rate/s", "allowance_rate"),
+    ("used/s", "units_used_previous_window"),
+    ("ru_total", "ru_total"),
+    ("wu_total", "wu_total"),
+    ("throttled", "throttle_count_total"),
+    ("wait_ms", "throttle_wait_micros_total"),
+    ("rejected", "reject_count_total"),
+    ("waiting", "waiting"),
+)
+
+
+def throttle_status_text(t: Mapping[str, Any]) -> str:
+    """The tenant throttle section: node values, then one row per bucket."""
+    node = {k: v for k, v in (t.get("node") or {}).items()}
+    parts = [kv_table(node, indent=INDENT)] if node else []
+    buckets = t["buckets"]
+    if buckets:
+        rows = []
+        for name, b in buckets.items():
+            row: list[Any] = [name]
+            for _, key in THROTTLE_COLUMNS:
+                v = b.get(key)
+                if key == "throttle_wait_micros_total" and _is_number(v):
+                    v = round(v / 1000)
+                elif isinstance(v, float):
+                    v = round(v)
+                row.append(v)
+            rows.append(row)
+        parts.append(table(["bucket", *(h for h, _ in THROTTLE_COLUMNS)], rows, indent=INDENT))
+    return "\n\n".join(parts)
 
 
 def _total(value: Any) -> Any:
