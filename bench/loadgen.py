@@ -1,0 +1,712 @@
+"""The load generator: one protocol-agnostic load loop, run in worker processes.
+
+Why it looks like this:
+
+- **The generator must not be the bottleneck.** One Python process saturates
+  long before a server on the other core does, so connections are spread over
+  several worker *processes* (``multiprocessing``, fork). Each worker owns raw
+  non-blocking sockets and one ``epoll`` loop — no asyncio/Trio, no per-request
+  objects. Request bytes are precomputed once per worker (a ring of encoded
+  requests, stored twice back to back, so sending ``k`` requests is one
+  zero-copy ``memoryview`` slice and one ``send``). Replies are only counted
+  (ok / error) by a cheap streaming parser per protocol.
+- **Pipeline depth N** = keep N requests outstanding per connection. In the
+  default closed loop, every completed reply immediately releases one more
+  request, so the server is driven at its maximum throughput.
+- **Open loop from the start** (``rate``): each connection schedules requests
+  at fixed intervals and sends whatever is due (at most ``depth`` outstanding);
+  latency is measured from the *scheduled* send time, not the actual one, so a
+  server stall shows up in the latencies instead of silently pausing the
+  generator (coordinated omission).
+- **Latency** is recorded per batch of replies (one clock read per ``recv``),
+  into a log-linear histogram (8 significant bits, < 0.8 % bucket error) that
+  is cheap to update and to send back to the parent.
+- **Codecs** are the only protocol-specific part: they encode a request, do
+  the blocking handshake, and make a reply parser. Requests carry no per-op
+  state the loop must track: replies come back in request order on both
+  protocols, so a FIFO of send times pairs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import select
+import socket
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import msgpack
+
+RECV_BYTES = 256 * 1024
+#: Cap on the bytes of one worker's request ring (matters only for big values).
+RING_BYTES = 32 * 1024 * 1024
+#: After the window closes, how long a worker waits for outstanding replies.
+DRAIN_SECONDS = 10.0
+#: Most expected-reply repetitions the RESP fast path compares at once.
+RESP_RUN = 256
+HANDSHAKE_TIMEOUT = 15.0
+#: Open loop: waits shorter than this use select() for sub-millisecond timing.
+FINE_WAIT = 0.005
+
+OPS = ("get", "set")
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (server unreachable, handshake refused, ...)."""
+
+
+# -- reply parsers -----------------------------------------------------------------
+
+
+class ReplyParser(Protocol):
+    """Counts complete replies in a byte stream; keeps one error for the report."""
+
+    error_sample: str | None
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        """Consume bytes; return (ok replies, error replies) completed by them."""
+        ...
+
+
+class MsgpackRpcParser:
+    """tenantkv replies ``[1, msgid, error, result]``: a streaming Unpacker in C.
+
+    ``raw=True`` and ``use_list=False`` skip UTF-8 decoding and list building
+    (~0.3 µs per reply here); only the error slot is looked at.
+    """
+
+    __slots__ = ("_unpacker", "error_sample")
+
+    def __init__(self) -> None:
+        self._unpacker = msgpack.Unpacker(raw=True, use_list=False, max_buffer_size=1 << 30)
+        self.error_sample: str | None = None
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        up = self._unpacker
+        up.feed(data)
+        ok = err = 0
+        for obj in up:
+            if obj[2] is None:
+                ok += 1
+            else:
+                err += 1
+                if self.error_sample is None:
+                    self.error_sample = repr(obj[2])[:300]
+        return ok, err
+
+
+class RespParser:
+    """Minimal RESP2 reply parser for the replies the benchmark causes.
+
+    Handles ``+simple``, ``-error``, ``:integer`` and ``$n`` bulk / ``$-1`` nil.
+    Fast path: when every success reply is known in advance (``+OK`` for SET,
+    ``$n<value>`` for GET of keys holding the same value) a run of them is
+    verified with one C-level ``startswith`` instead of a Python step per
+    reply. Anything else (an error, a nil) falls back to the general parser.
+    """
+
+    __slots__ = ("_buf", "_expected", "_run", "_slow", "error_sample")
+
+    def __init__(self, expected: bytes | None = None) -> None:
+        self._buf = bytearray()
+        self._expected = expected
+        self._run = memoryview(expected * RESP_RUN) if expected else None
+        self._slow = 0  # replies left to parse the slow way after a fast-path miss
+        self.error_sample: str | None = None
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        buf = self._buf
+        buf += data
+        n = len(buf)
+        pos = ok = err = 0
+        exp, run = self._expected, self._run
+        while pos < n:
+            if exp is not None and run is not None and not self._slow:
+                size = len(exp)
+                k = min((n - pos) // size, RESP_RUN)
+                if k and buf.startswith(run[: k * size], pos):
+                    ok += k
+                    pos += k * size
+                    continue
+                if not k and exp.startswith(bytes(buf[pos:n])):
+                    break  # an incomplete expected reply: wait for more bytes
+                self._slow = 64
+            c = buf[pos]
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if c == 36:  # $ bulk string
+                length = int(buf[pos + 1 : eol])
+                end = eol + 2 if length < 0 else eol + 4 + length
+                if end > n:
+                    break
+                ok += 1
+            elif c == 43 or c == 58:  # + simple string, : integer
+                end = eol + 2
+                ok += 1
+            elif c == 45:  # - error
+                end = eol + 2
+                err += 1
+                if self.error_sample is None:
+                    self.error_sample = bytes(buf[pos:eol]).decode(errors="replace")[:300]
+            else:
+                raise BenchError(f"unexpected RESP reply type {chr(c)!r}")
+            pos = end
+            if self._slow:
+                self._slow -= 1
+        if pos:
+            del buf[:pos]
+        return ok, err
+
+
+# -- codecs ------------------------------------------------------------------------
+
+
+class Codec(Protocol):
+    """What the load loop needs to know about a wire protocol."""
+
+    name: str
+
+    def encode(self, op: str, key: bytes, value: bytes, seq: int) -> bytes:
+        """The bytes of one request (``seq`` may become a request id)."""
+        ...
+
+    def parser(self, op: str, value: bytes) -> ReplyParser:
+        """A fresh reply counter for a connection sending only ``op``."""
+        ...
+
+    def handshake(self, sock: socket.socket) -> None:
+        """Authenticate / select the bucket on a new blocking socket; raise on failure."""
+        ...
+
+
+def _read_until(sock: socket.socket, parser: ReplyParser, replies: int) -> tuple[int, int]:
+    """Blocking: read until ``replies`` replies are complete."""
+    ok = err = 0
+    while ok + err < replies:
+        data = sock.recv(RECV_BYTES)
+        if not data:
+            raise BenchError("server closed the connection")
+        o, e = parser.feed(data)
+        ok, err = ok + o, err + e
+    return ok, err
+
+
+@dataclass(frozen=True)
+class TenantKVCodec:
+    """MessagePack-RPC: ``[0, msgid, method, params]``; keys and values as bin."""
+
+    user: str
+    password: str
+    bucket: str
+    name: str = "tenantkv"
+
+    def encode(self, op: str, key: bytes, value: bytes, seq: int) -> bytes:
+        params: dict[str, Any] = {"key": key} if op == "get" else {"key": key, "value": value}
+        return msgpack.packb([0, seq & 0xFFFFFFFF, op, params], use_bin_type=True)
+
+    def parser(self, op: str, value: bytes) -> ReplyParser:
+        return MsgpackRpcParser()
+
+    def handshake(self, sock: socket.socket) -> None:
+        from tenantkv import __version__
+
+        hello = {
+            "user": self.user,
+            "password": self.password,
+            "bucket": self.bucket,
+            "client": {"name": "tenantkv-bench", "version": __version__},
+            "backpressure": True,
+        }
+        sock.sendall(msgpack.packb([0, 0, "hello", hello], use_bin_type=True))
+        unpacker = msgpack.Unpacker(raw=False)
+        while True:
+            data = sock.recv(RECV_BYTES)
+            if not data:
+                raise BenchError("tenantkv closed the connection during hello")
+            unpacker.feed(data)
+            for reply in unpacker:
+                if reply[2] is not None:
+                    raise BenchError(f"tenantkv hello failed: {reply[2]}")
+                return
+
+
+def resp_command(*args: bytes) -> bytes:
+    """A RESP array of bulk strings: how every Redis command is sent."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class RedisCodec:
+    """RESP2 ``GET key`` / ``SET key value``."""
+
+    password: str | None = None
+    name: str = "redis"
+
+    def encode(self, op: str, key: bytes, value: bytes, seq: int) -> bytes:
+        if op == "get":
+            return resp_command(b"GET", key)
+        return resp_command(b"SET", key, value)
+
+    def parser(self, op: str, value: bytes) -> ReplyParser:
+        expected = b"+OK\r\n" if op == "set" else b"$%d\r\n%s\r\n" % (len(value), value)
+        return RespParser(expected)
+
+    def handshake(self, sock: socket.socket) -> None:
+        cmds = [resp_command(b"AUTH", self.password.encode())] if self.password else []
+        cmds.append(resp_command(b"PING"))
+        sock.sendall(b"".join(cmds))
+        parser = RespParser()
+        _, err = _read_until(sock, parser, len(cmds))
+        if err:
+            raise BenchError(f"redis handshake failed: {parser.error_sample}")
+
+
+# -- what to run -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    codec: Any  # a Codec; Any keeps the frozen dataclass picklable and simple
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One cell of a benchmark: an op, a connection count, a pipeline depth."""
+
+    op: str
+    conns: int
+    depth: int
+    value: bytes
+    keys: int
+    seconds: float
+    warmup: float
+    #: total target ops/s over all connections (open loop); None = closed loop, max rate
+    rate: float | None = None
+    #: most worker processes (connections are spread round-robin over them)
+    workers: int = 2
+    #: CPUs the worker processes are pinned to (None = let the OS place them)
+    cpus: frozenset[int] | None = None
+    key_prefix: bytes = b"bench:"
+
+
+def key_name(prefix: bytes, i: int) -> bytes:
+    return b"%s%08d" % (prefix, i)
+
+
+@dataclass
+class LoadResult:
+    ok: int
+    errors: int
+    window_s: float
+    #: latency histogram: bucket lower bound in ns -> count
+    hist: dict[int, int]
+    #: CPU seconds the worker processes used inside the window
+    client_cpu_s: float
+    #: CPU seconds the server process used inside the window (None if unknown)
+    server_cpu_s: float | None
+    error_sample: str | None = None
+    workers: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ok / self.window_s if self.window_s > 0 else 0.0
+
+    def percentile_us(self, q: float) -> float | None:
+        """The q-quantile (0..1) of the recorded latencies, in µs."""
+        total = sum(self.hist.values())
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for bucket in sorted(self.hist):
+            seen += self.hist[bucket]
+            if seen >= rank:
+                return bucket / 1000.0
+        return max(self.hist) / 1000.0
+
+
+# -- the worker loop ---------------------------------------------------------------
+
+
+class _Conn:
+    __slots__ = (
+        "fd",
+        "inflight",
+        "outstanding",
+        "parser",
+        "pos",
+        "scheduled",
+        "sock",
+        "start_ns",
+        "wbuf",
+    )
+
+    def __init__(self, sock: socket.socket, parser: ReplyParser, pos: int) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.parser = parser
+        self.pos = pos  # next request in the ring
+        self.outstanding = 0
+        #: FIFO of (first send/scheduled time ns, count, step ns between them)
+        self.inflight: deque[tuple[int, int, int]] = deque()
+        self.wbuf = bytearray()  # bytes the kernel did not take yet
+        self.start_ns = 0  # open loop: the first scheduled send
+        self.scheduled = 0  # open loop: requests scheduled so far
+
+
+def build_ring(codec: Codec, spec: LoadSpec) -> tuple[bytes, list[int], int]:
+    """Encode ``R`` requests once; stored twice so any run of <= R is contiguous."""
+    sample = len(codec.encode(spec.op, key_name(spec.key_prefix, 0), spec.value, 0))
+    ring = max(2 * spec.depth, min(spec.keys, max(64, RING_BYTES // sample)))
+    reqs = [
+        codec.encode(spec.op, key_name(spec.key_prefix, i % spec.keys), spec.value, i)
+        for i in range(ring)
+    ]
+    offs = [0]
+    for r in reqs + reqs:
+        offs.append(offs[-1] + len(r))
+    return b"".join(reqs) * 2, offs, ring
+
+
+def _drive(
+    conns: list[_Conn],
+    blob: bytes,
+    offs: list[int],
+    ring: int,
+    depth: int,
+    interval_ns: int,
+    t_go: int,
+    t_measure: int,
+    t_end: int,
+) -> dict[str, Any]:
+    """Run the load from ``t_go`` to ``t_end`` (monotonic ns); count [t_measure, t_end)."""
+    ep = select.epoll()
+    by_fd = {c.fd: c for c in conns}
+    fds = list(by_fd)
+    for c in conns:
+        ep.register(c.fd, select.EPOLLIN)
+    mv = memoryview(blob)
+    hist: dict[int, int] = {}
+    ok_n = err_n = 0
+    lag_n = lag_sum = lag_max = 0
+    open_loop = interval_ns > 0
+    clock = time.monotonic_ns
+    IN, OUT = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP, select.EPOLLOUT
+
+    def send(c: _Conn, k: int, t: int, step: int) -> None:
+        start = c.pos
+        data = mv[offs[start] : offs[start + k]]
+        c.pos = (start + k) % ring
+        c.outstanding += k
+        c.inflight.append((t, k, step))
+        if c.wbuf:
+            c.wbuf += data
+            return
+        sent = c.sock.send(data)
+        if sent < len(data):
+            c.wbuf += data[sent:]
+            ep.modify(c.fd, select.EPOLLIN | OUT)
+
+    def flush(c: _Conn) -> None:
+        sent = c.sock.send(c.wbuf)
+        del c.wbuf[:sent]
+        if not c.wbuf:
+            ep.modify(c.fd, select.EPOLLIN)
+
+    def complete(c: _Conn, n: int, now: int, record: bool) -> None:
+        q = c.inflight
+        while n:
+            t, k, step = q[0]
+            if k <= n:
+                q.popleft()
+                take = k
+            else:
+                q[0] = (t + n * step, k - n, step)
+                take = n
+            n -= take
+            if not record:
+                continue
+            for j in range(take if step else 1):
+                lat = now - t - j * step
+                b = lat.bit_length()
+                if b > 8:
+                    lat = (lat >> (b - 8)) << (b - 8)
+                hist[lat] = hist.get(lat, 0) + (1 if step else take)
+
+    def receive(c: _Conn, now: int) -> int:
+        nonlocal ok_n, err_n
+        data = c.sock.recv(RECV_BYTES)
+        if not data:
+            raise BenchError("the server closed a connection during the run")
+        ok, err = c.parser.feed(data)
+        n = ok + err
+        if n:
+            c.outstanding -= n
+            if t_measure <= now < t_end:
+                ok_n += ok
+                err_n += err
+                complete(c, n, now, True)
+            else:
+                complete(c, n, now, False)
+        return n
+
+    while clock() < t_go:
+        time.sleep(max(0.0, (t_go - clock()) / 1e9))
+    now = clock()
+    if open_loop:
+        for c in conns:
+            c.start_ns += t_go
+    else:
+        for c in conns:
+            send(c, depth, now, 0)
+    cpu_start: float | None = None
+    while True:
+        now = clock()
+        if cpu_start is None and now >= t_measure:
+            cpu_start = time.process_time()
+        if now >= t_end:
+            break
+        wake = t_end if cpu_start is not None else t_measure
+        if open_loop:
+            for c in conns:
+                if c.outstanding < depth:
+                    wake = min(wake, c.start_ns + c.scheduled * interval_ns)
+        timeout = max(0.0, (wake - now) / 1e9)
+        if open_loop and 0 < timeout < FINE_WAIT:
+            # epoll's timeout is whole milliseconds; select() waits to ~50 µs
+            select.select(fds, (), (), timeout)
+            events = ep.poll(0)
+        else:
+            events = ep.poll(timeout)
+        now = clock()
+        for fd, ev in events:
+            c = by_fd[fd]
+            if ev & OUT:
+                flush(c)
+            if ev & IN:
+                n = receive(c, now)
+                if n and not open_loop and now < t_end:
+                    send(c, n, now, 0)
+        if open_loop:
+            for c in conns:
+                due = (now - c.start_ns) // interval_ns + 1 - c.scheduled
+                k = min(due, depth - c.outstanding)
+                if k > 0:
+                    first = c.start_ns + c.scheduled * interval_ns
+                    send(c, k, first, interval_ns)
+                    c.scheduled += k
+                    if cpu_start is not None:  # how late the generator sent (diagnostic)
+                        lag_n += 1
+                        lag_sum += now - first
+                        lag_max = max(lag_max, now - first)
+    cpu_used = time.process_time() - (cpu_start if cpu_start is not None else 0.0)
+    deadline = clock() + int(DRAIN_SECONDS * 1e9)
+    while any(c.outstanding for c in conns) and clock() < deadline:
+        for fd, ev in ep.poll(0.1):
+            c = by_fd[fd]
+            if ev & OUT:
+                flush(c)
+            if ev & IN:
+                receive(c, clock())
+    ep.close()
+    errors = [c.parser.error_sample for c in conns if c.parser.error_sample]
+    return {
+        "ok": ok_n,
+        "errors": err_n,
+        "hist": hist,
+        "cpu_s": cpu_used,
+        "error_sample": errors[0] if errors else None,
+        "undrained": sum(c.outstanding for c in conns),
+        "lag": (lag_n, lag_sum, lag_max),
+    }
+
+
+def _connect(target: Target) -> socket.socket:
+    try:
+        sock = socket.create_connection((target.host, target.port), timeout=HANDSHAKE_TIMEOUT)
+    except OSError as exc:
+        raise BenchError(f"cannot connect to {target.host}:{target.port}: {exc}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _tight_timers() -> None:
+    """Ask Linux for 1 µs timer slack (default 50 µs) so open-loop sends are on time."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
+
+
+def _worker_main(
+    pipe: Connection, target: Target, spec: LoadSpec, conn_ids: list[int], interval_ns: int
+) -> None:
+    """One worker process: connect and handshake, report ready, run when told."""
+    socks: list[socket.socket] = []
+    _tight_timers()
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)
+    try:
+        codec = target.codec
+        blob, offs, ring = build_ring(codec, spec)
+        conns = []
+        for g in conn_ids:
+            sock = _connect(target)
+            socks.append(sock)
+            codec.handshake(sock)
+            sock.setblocking(False)
+            c = _Conn(sock, codec.parser(spec.op, spec.value), g * ring // spec.conns)
+            # open loop: stagger connections evenly inside one interval
+            c.start_ns = g * interval_ns // spec.conns
+            conns.append(c)
+        pipe.send(("ready", None))
+        msg = pipe.recv()
+        if msg[0] != "go":
+            return
+        _, t_go, t_measure, t_end = msg
+        res = _drive(conns, blob, offs, ring, spec.depth, interval_ns, t_go, t_measure, t_end)
+        pipe.send(("done", res))
+    except BaseException as exc:
+        detail = str(exc) if isinstance(exc, BenchError) else traceback.format_exc()
+        with contextlib.suppress(OSError):
+            pipe.send(("error", detail))
+    finally:
+        for s in socks:
+            s.close()
+        pipe.close()
+
+
+def run_load(
+    target: Target,
+    spec: LoadSpec,
+    server_cpu: Callable[[], float | None] | None = None,
+) -> LoadResult:
+    """Run one cell: fork workers, start them together, merge what they measured.
+
+    ``server_cpu`` (the server process's CPU seconds so far) is sampled at the
+    window's edges so the report can show how busy the server was.
+    """
+    if spec.op not in OPS:
+        raise ValueError(f"op must be one of {OPS}")
+    ctx = mp.get_context("fork")
+    nworkers = max(1, min(spec.workers, spec.conns))
+    interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
+    procs: list[tuple[Any, Connection]] = []
+    try:
+        for w in range(nworkers):
+            ids = list(range(w, spec.conns, nworkers))
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
+                target=_worker_main,
+                args=(child, target, spec, ids, interval_ns),
+                name=f"bench-worker-{w}",
+                daemon=True,
+            )
+            p.start()
+            child.close()
+            procs.append((p, parent))
+        for _, pipe in procs:
+            _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
+        t_go = time.monotonic_ns() + 50_000_000
+        t_measure = t_go + int(spec.warmup * 1e9)
+        t_end = t_measure + int(spec.seconds * 1e9)
+        for _, pipe in procs:
+            pipe.send(("go", t_go, t_measure, t_end))
+        srv0 = srv1 = None
+        if server_cpu is not None:
+            _sleep_until(t_measure)
+            srv0 = server_cpu()
+            _sleep_until(t_end)
+            srv1 = server_cpu()
+        limit = spec.warmup + spec.seconds + DRAIN_SECONDS + 30
+        results = [_expect(pipe, "done", limit) for _, pipe in procs]
+    finally:
+        for p, pipe in procs:
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    pipe.send(("stop",))
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+            pipe.close()
+    hist: dict[int, int] = {}
+    for r in results:
+        for b, n in r["hist"].items():
+            hist[b] = hist.get(b, 0) + n
+    samples = [r["error_sample"] for r in results if r["error_sample"]]
+    return LoadResult(
+        ok=sum(r["ok"] for r in results),
+        errors=sum(r["errors"] for r in results),
+        window_s=(t_end - t_measure) / 1e9,
+        hist=hist,
+        client_cpu_s=sum(r["cpu_s"] for r in results),
+        server_cpu_s=(srv1 - srv0) if srv0 is not None and srv1 is not None else None,
+        error_sample=samples[0] if samples else None,
+        workers=nworkers,
+        extra=_extra(results),
+    )
+
+
+def _extra(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Diagnostics: replies never received, and (open loop) how late sends went out."""
+    lag_n = sum(r["lag"][0] for r in results)
+    out: dict[str, Any] = {"undrained": sum(r["undrained"] for r in results)}
+    if lag_n:
+        out["send_lag_mean_us"] = round(sum(r["lag"][1] for r in results) / lag_n / 1000, 1)
+        out["send_lag_max_us"] = round(max(r["lag"][2] for r in results) / 1000, 1)
+    return out
+
+
+def _sleep_until(t_ns: int) -> None:
+    while (left := t_ns - time.monotonic_ns()) > 0:
+        time.sleep(left / 1e9)
+
+
+def _expect(pipe: Connection, what: str, timeout: float) -> Any:
+    if not pipe.poll(timeout):
+        raise BenchError(f"a load worker did not report {what!r} within {timeout:.0f} s")
+    try:
+        msg = pipe.recv()
+    except EOFError:
+        raise BenchError("a load worker died") from None
+    if msg[0] == "error":
+        raise BenchError(f"load worker failed: {msg[1]}")
+    if msg[0] != what:
+        raise BenchError(f"load worker sent {msg[0]!r}, expected {what!r}")
+    return msg[1]
+
+
+def preload(target: Target, keys: int, value: bytes, key_prefix: bytes = b"bench:") -> None:
+    """Write every key once (pipelined, 256 at a time) so GETs find a value."""
+    codec = target.codec
+    sock = _connect(target)
+    try:
+        codec.handshake(sock)
+        parser = codec.parser("set", value)
+        for start in range(0, keys, 256):
+            batch = [
+                codec.encode("set", key_name(key_prefix, i), value, i)
+                for i in range(start, min(keys, start + 256))
+            ]
+            sock.sendall(b"".join(batch))
+            _, err = _read_until(sock, parser, len(batch))
+            if err:
+                raise BenchError(f"preload failed on {codec.name}: {parser.error_sample}")
+    finally:
+        sock.close()

@@ -1,0 +1,268 @@
+"""Start and stop the servers a benchmark talks to: a tenantkv daemon and redis-server.
+
+Both run as child processes on loopback with a throw-away directory, so a
+benchmark never touches anything it did not create, and both are stopped
+(SIGTERM, then SIGKILL) however the benchmark ends. Each handle knows the
+server's pid, so the report can show the server's CPU use next to the
+client's — on a 2-core machine that is what tells a server bottleneck from a
+client one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from bench.loadgen import BenchError, RedisCodec, RespParser, resp_command
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ServerHandle:
+    """A running server: where it listens and, if we started it, its process."""
+
+    kind: str
+    host: str
+    port: int
+    version: str = "?"
+    pid: int | None = None
+    #: credentials with admin rights (tenantkv), or the AUTH password (redis)
+    user: str | None = None
+    password: str | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    log_path: str | None = None
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds of the server process (all threads), if local."""
+        if self.pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    """A free loopback port (for redis-server, which cannot report one it picked)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that sets the child's CPU affinity before it starts any thread."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """``--pin split``: the server on the first allowed CPU, the load on the others."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise BenchError("--pin split needs at least 2 CPUs")
+    return {allowed[0]}, set(allowed[1:])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def tenantkv_server(
+    data_dir: str | None = None, cpus: set[int] | None = None
+) -> Iterator[ServerHandle]:
+    """Run ``tenantkv serve`` with default (durable) settings on a free port.
+
+    The admin password is generated and passed in ``TENANTKV_ADMIN_PASSWORD``
+    for the first start. ``data_dir`` None uses a temporary directory that is
+    removed afterwards. ``cpus`` pins the server (all its threads) to those CPUs.
+    """
+    from tenantkv import __version__
+
+    tmp = tempfile.mkdtemp(prefix="tenantkv-bench-")
+    data = data_dir or os.path.join(tmp, "data")
+    ready = os.path.join(tmp, "ready.json")
+    log_path = os.path.join(tmp, "server.log")
+    password = secrets.token_urlsafe(18)
+    env = {**os.environ, "TENANTKV_ADMIN_PASSWORD": password}
+    cmd = [sys.executable, "-m", "tenantkv.server.cli", "serve", "--data-dir", data]
+    cmd += ["--host", "127.0.0.1", "--port", "0", "--ready-file", ready]
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_pin(cpus)
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not os.path.exists(ready):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(log_path, errors="replace") as f:
+                    tail = f.read()[-2000:]
+                raise BenchError(f"tenantkv did not start:\n{tail}")
+            time.sleep(0.02)
+        with open(ready) as f:
+            info = json.load(f)
+        yield ServerHandle(
+            "tenantkv",
+            info["host"],
+            info["port"],
+            version=__version__,
+            pid=info["pid"],
+            user="admin",
+            password=password,
+            settings={"durability": "fsync (default)", "data_dir": data},
+            log_path=log_path,
+        )
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_tenantkv(server: ServerHandle, bucket: str, *, dedicated_user: bool) -> tuple[str, str]:
+    """Create ``bucket`` (if absent) and return the credentials the load should use.
+
+    With ``dedicated_user`` (a server we started) the load runs as a plain
+    ``bench`` user with the readwrite role, not as admin, so it takes the
+    same path through the admission gates as an application would.
+    """
+    import tenantkv
+    from tenantkv import errors
+
+    assert server.user is not None and server.password is not None
+    try:
+        client = tenantkv.Client(
+            server.host, server.port, user=server.user, password=server.password
+        )
+    except errors.TenantKVError as exc:
+        raise BenchError(f"cannot log in to tenantkv as {server.user!r}: {exc}") from None
+    with client:
+        # an existing server may have the bucket already, or deny a non-admin
+        with contextlib.suppress(errors.BucketExists, errors.Unauthorized):
+            client.create_bucket(bucket)
+        if not dedicated_user:
+            return server.user, server.password
+        password = secrets.token_urlsafe(18)
+        client.create_user("bench", password, roles={bucket: "readwrite"})
+        return "bench", password
+
+
+def find_redis() -> str | None:
+    return shutil.which("redis-server")
+
+
+@contextlib.contextmanager
+def redis_server(
+    appendfsync: str = "always", cpus: set[int] | None = None
+) -> Iterator[ServerHandle]:
+    """Run redis-server on a free loopback port with AOF ``appendfsync``.
+
+    ``appendonly yes`` + ``appendfsync always`` is Redis's durable mode: it
+    fsyncs the AOF before replying, batching the writes of one event-loop
+    iteration — the same group-commit idea as tenantkv's writer. ``save ""``
+    turns off RDB snapshots so a fork never lands inside a measurement.
+    """
+    exe = find_redis()
+    if exe is None:
+        raise BenchError("redis-server is not on PATH")
+    version = subprocess.run(
+        [exe, "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    tmp = tempfile.mkdtemp(prefix="redis-bench-")
+    log_path = os.path.join(tmp, "redis.log")
+    port = free_port()
+    settings = {"appendonly": "yes", "appendfsync": appendfsync, "save": '""'}
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp]
+    cmd += ["--save", "", "--appendonly", "yes", "--appendfsync", appendfsync]
+    cmd += ["--daemonize", "no", "--logfile", log_path]
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_pin(cpus)
+        )
+        handle = ServerHandle(
+            "redis",
+            "127.0.0.1",
+            port,
+            version=version.split(" v=")[-1].split()[0] if " v=" in version else version,
+            pid=proc.pid,
+            settings=settings,
+            log_path=log_path,
+        )
+        _wait_redis(handle, proc)
+        yield handle
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_redis(handle: ServerHandle, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            raise BenchError(f"redis-server exited at start:\n{handle.log_tail()}")
+        try:
+            with socket.create_connection((handle.host, handle.port), timeout=1) as s:
+                RedisCodec().handshake(s)
+                return
+        except (OSError, BenchError):
+            if time.monotonic() > deadline:
+                raise BenchError(f"redis-server did not start:\n{handle.log_tail()}") from None
+            time.sleep(0.05)
+
+
+def redis_info(handle: ServerHandle, section: str = "persistence") -> dict[str, str]:
+    """``INFO section`` as a dict (to confirm the AOF settings in force)."""
+    with socket.create_connection((handle.host, handle.port), timeout=5) as s:
+        RedisCodec(handle.password).handshake(s)
+        s.sendall(resp_command(b"INFO", section.encode()))
+        data = b""
+        parser = RespParser()
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if parser.feed(chunk)[0]:
+                break
+    body = data.split(b"\r\n", 1)[1].decode(errors="replace")
+    out = {}
+    for line in body.splitlines():
+        if ":" in line and not line.startswith("#"):
+            k, v = line.split(":", 1)
+            out[k] = v
+    return out
