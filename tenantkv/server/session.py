@@ -59,8 +59,12 @@ class Session:
         self.pending_writes = 0
         self._max_inflight = node.config.max_inflight_per_connection
         self._out = bytearray()
+        # Plain flags say whether anyone is parked: checking a bool per reply is
+        # much cheaper than asking the ParkingLot.
         self._out_lot = trio.lowlevel.ParkingLot()
+        self._sender_parked = False
         self._drain_lot = trio.lowlevel.ParkingLot()
+        self._reader_parked = False
         self._reading = True
         self._recv_scope: trio.CancelScope | None = None
         self._done = False
@@ -78,9 +82,9 @@ class Session:
                     with trio.move_on_after(self.node.config.shutdown_grace_secs) as cs:
                         cs.shield = True
                         while self.pending_writes:
-                            await self._drain_lot.park()
+                            await self._park_reader()
                     self._done = True
-                    self._out_lot.unpark_all()
+                    self._wake_sender()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -113,13 +117,30 @@ class Session:
 
     def _reply(self, msgid: int, result: Any) -> None:
         self._out += protocol.encode_result(msgid, result)
-        if self._out_lot:  # the sender is parked: wake it
-            self._out_lot.unpark_all()
+        if self._sender_parked:
+            self._wake_sender()
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)
-        if self._out_lot:
-            self._out_lot.unpark_all()
+        if self._sender_parked:
+            self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        self._sender_parked = False
+        self._out_lot.unpark_all()
+
+    async def _park_reader(self) -> None:
+        """Wait until a write completes or the output buffer drains."""
+        self._reader_parked = True
+        try:
+            await self._drain_lot.park()
+        finally:
+            self._reader_parked = False
+
+    def _wake_reader(self) -> None:
+        if self._reader_parked:
+            self._reader_parked = False
+            self._drain_lot.unpark_all()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
         try:
@@ -127,11 +148,12 @@ class Session:
                 if not self._out:
                     if self._done:
                         return
+                    self._sender_parked = True
                     await self._out_lot.park()
                     continue
                 data, self._out = self._out, bytearray()
                 await self.stream.send_all(data)
-                self._drain_lot.unpark_all()
+                self._wake_reader()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._done = True
             scope.cancel()  # peer is gone: stop reading too
@@ -176,11 +198,11 @@ class Session:
 
     async def _wait_drained(self) -> None:
         while self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
-            await self._drain_lot.park()
+            await self._park_reader()
 
     async def _wait_writes(self) -> None:
         while self.pending_writes:
-            await self._drain_lot.park()
+            await self._park_reader()
 
     def _run_fast(
         self, msgid: int, method: str, params: dict[str, Any], admitted: bool = False
@@ -318,8 +340,8 @@ class Session:
             exc.command = method
             self._count_error(exc)
             self._reply_error(msgid, exc)
-        if self._drain_lot:
-            self._drain_lot.unpark_all()
+        if self._reader_parked:
+            self._wake_reader()
 
     def _count_error(self, exc: errors.TenantKVError) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):

@@ -26,7 +26,7 @@ from typing import Any
 import lmdb
 
 from tenantkv import errors
-from tenantkv.storage.engine import CAS_KEY, Engine, is_disk_full
+from tenantkv.storage.engine import CAS_BLOCK, CAS_KEY, Engine, is_disk_full
 from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.storage")
@@ -207,7 +207,7 @@ class GroupCommitWriter:
         caller may retry the whole batch (after growing the map).
         """
         eng = self.engine
-        cas_before = eng.cas_counter
+        cas_before, ceiling_before = eng.cas_counter, eng.cas_ceiling
         txn = eng.env.begin(write=True)
         try:
             w = WriteContext(eng, txn, eng.now_ms())
@@ -217,12 +217,13 @@ class GroupCommitWriter:
                     p.result = p.op.apply(w)
                 except errors.TenantKVError as exc:
                     p.error = exc
-            if eng.cas_counter != cas_before:
-                txn.put(CAS_KEY, str(eng.cas_counter).encode(), db=eng.system)
+            if eng.cas_counter > eng.cas_ceiling:
+                eng.cas_ceiling = eng.cas_counter + CAS_BLOCK
+                txn.put(CAS_KEY, str(eng.cas_ceiling).encode(), db=eng.system)
             txn.commit()
         except BaseException:
             txn.abort()
-            eng.cas_counter = cas_before
+            eng.cas_counter, eng.cas_ceiling = cas_before, ceiling_before
             raise
 
     def _fail(self, batch: list[Pending], exc: errors.TenantKVError) -> None:

@@ -270,3 +270,18 @@ def test_scan_ranges_prefix_and_cursor(store: Store) -> None:
     assert [k for k, _ in items] == [b"a3"] and not more
     items, _ = store.scan(start=b"b")
     assert [k for k, _ in items] == [b"b1", b"c1"]
+
+
+def test_overwriting_clears_or_moves_the_expiry(store: Store) -> None:
+    b = store.bucket()
+    store.ok(SetOp(b, b"k", b"v", ttl=10))
+    store.ok(SetOp(b, b"k", b"v2"))  # upsert without ttl: never expires now
+    store.ok(SetOp(b, b"m", b"v", ttl=10))
+    store.ok(SetOp(b, b"m", b"v2", ttl=100))  # moved later
+    store.clock.ms += 20_000
+    assert store.ok(ExpireDueOp())["removed"] == 0
+    assert store.get(b"k").value == b"v2"
+    assert store.get(b"m").value == b"v2"
+    store.clock.ms += 100_000
+    assert store.ok(ExpireDueOp())["removed"] == 1
+    assert store.get(b"m") is None and store.get(b"k") is not None
