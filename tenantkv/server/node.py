@@ -118,9 +118,8 @@ class Node:
     def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool) -> None:
         """Meter a read after it ran: RU per record returned (a miss costs nothing)."""
         unit = self.config.read_unit_size
-        self.throttle.charge(
-            bucket, sum(read_units(n, unit) for n in sizes), 0, unthrottled=unthrottled
-        )
+        ru = -(-sizes[0] // unit) if len(sizes) == 1 else sum(read_units(n, unit) for n in sizes)
+        self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled)
 
     def charge_write(self, bucket: str, nbytes: int, unthrottled: bool) -> None:
         if nbytes and bucket in self.throttle:
