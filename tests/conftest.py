@@ -8,16 +8,31 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 
 ADMIN_PASSWORD = "admin-test-password"
+
+
+def read_response(s: socket.socket) -> Any:
+    """The first MessagePack object a raw socket receives (None on EOF)."""
+    u = msgpack.Unpacker(raw=False)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            return None
+        u.feed(data)
+        for obj in u:
+            return obj
 
 
 @dataclass

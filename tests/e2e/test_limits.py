@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from tenantkv import errors
-from tests.conftest import Daemon
+from tests.conftest import Daemon, read_response
 
 TIMEOUT = 20
 
@@ -30,21 +30,10 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     d.kill()
 
 
-def _first_response(s: socket.socket) -> list | None:
-    u = msgpack.Unpacker(raw=False)
-    while True:
-        data = s.recv(65536)
-        if not data:
-            return None
-        u.feed(data)
-        for obj in u:
-            return obj
-
-
 def test_silent_connection_is_closed_after_the_hello_deadline(strict: Daemon) -> None:
     with socket.create_connection((strict.host, strict.port), timeout=TIMEOUT) as s:
         start = time.monotonic()
-        resp = _first_response(s)
+        resp = read_response(s)
         assert resp is not None and resp[2]["codeName"] == "IdleTimeout"
         assert s.recv(10) == b""
         assert time.monotonic() - start < 5
@@ -56,9 +45,9 @@ def test_idle_authenticated_connection_is_closed(strict: Daemon) -> None:
     with socket.create_connection((strict.host, strict.port), timeout=TIMEOUT) as s:
         hello = {"user": "admin", "password": ADMIN_PASSWORD}
         s.sendall(msgpack.packb([0, 1, "hello", hello]))
-        assert _first_response(s)[2] is None  # type: ignore[index]
+        assert read_response(s)[2] is None  # type: ignore[index]
         start = time.monotonic()
-        resp = _first_response(s)  # nothing sent: the server's idle timer fires
+        resp = read_response(s)  # nothing sent: the server's idle timer fires
         assert resp is not None and resp[1] is None and resp[2]["codeName"] == "IdleTimeout"
         assert 0.3 < time.monotonic() - start < 5
 

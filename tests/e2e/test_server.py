@@ -13,7 +13,7 @@ import trio
 
 import tenantkv
 from tenantkv import errors
-from tests.conftest import ADMIN_PASSWORD, Daemon
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response
 
 TIMEOUT = 30
 
@@ -184,17 +184,6 @@ def raw(setup: Daemon) -> Iterator[Callable[[], socket.socket]]:
         s.close()
 
 
-def _read_response(s: socket.socket) -> Any:
-    u = msgpack.Unpacker(raw=False)
-    while True:
-        data = s.recv(65536)
-        if not data:
-            return None
-        u.feed(data)
-        for obj in u:
-            return obj
-
-
 def _closed(s: socket.socket) -> bool:
     try:
         return s.recv(1) == b""
@@ -207,7 +196,7 @@ def test_garbage_bytes_get_an_error_then_close(
 ) -> None:
     s = raw()
     s.sendall(b"\xc1\xc1\xc1 GET / HTTP/1.1\r\n\r\n")
-    resp = _read_response(s)
+    resp = read_response(s)
     assert resp[0] == 1 and resp[2]["codeName"] == "ProtocolError"
     assert _closed(s)
 
@@ -217,7 +206,7 @@ def test_non_hello_first_request_is_refused(
 ) -> None:
     s = raw()
     s.sendall(msgpack.packb([0, 9, "get", {"key": b"k"}]))
-    resp = _read_response(s)
+    resp = read_response(s)
     assert resp[1] == 9 and resp[2]["codeName"] == "HelloRequired"
     assert _closed(s)
 
@@ -227,7 +216,7 @@ def test_huge_frame_is_refused_without_buffering(
 ) -> None:
     s = raw()
     s.sendall(msgpack.packb([0, 1, "hello", {"user": "admin", "password": ADMIN_PASSWORD}]))
-    assert _read_response(s)[2] is None
+    assert read_response(s)[2] is None
     # declare a 1 GiB bin and start streaming it
     s.sendall(b"\x94\x00\x02\xa3set\x82\xa3key\xc4\x01k\xa5value\xc6\x40\x00\x00\x00")
     resp = None
@@ -236,7 +225,7 @@ def test_huge_frame_is_refused_without_buffering(
             s.sendall(b"\x00" * 262144)
     except OSError:
         pass
-    resp = _read_response(s)
+    resp = read_response(s)
     assert resp is None or (resp[1] is None and resp[2]["codeName"] == "FrameTooLarge")
 
 
@@ -248,9 +237,9 @@ def test_wrong_shape_after_hello_closes_only_that_connection(
         s.sendall(
             msgpack.packb([0, 1, "hello", {"user": "alice", "password": "pw-a", "bucket": "alpha"}])
         )
-        assert _read_response(s)[2] is None
+        assert read_response(s)[2] is None
         s.sendall(msgpack.packb(["not", "a", "request"]))
-        assert _read_response(s)[2]["codeName"] == "ProtocolError"
+        assert read_response(s)[2]["codeName"] == "ProtocolError"
         assert _closed(s)
         assert healthy.ping() == "pong"
 
