@@ -118,6 +118,12 @@ SETTINGS: tuple[Setting, ...] = (
         0,
     ),
     Setting(
+        "enable_test_commands",
+        bool,
+        False,
+        "Allow test-only admin commands (configure_fail_point). Never in production.",
+    ),
+    Setting(
         "log_level", str, "info", "Logging level.", choices=("debug", "info", "warning", "error")
     ),
 )
@@ -146,6 +152,7 @@ class Config:
     write_unit_size: int = 4096
     write_weight: int = 2
     throttle_max_wait_ms: int = 5000
+    enable_test_commands: bool = False
     log_level: str = "info"
 
     def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:
@@ -166,7 +173,7 @@ def check(name: str, value: Any, source: str = "") -> Any:
         return None
     if s.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, s.type) or isinstance(value, bool):
+    if not isinstance(value, s.type) or (isinstance(value, bool) and s.type is not bool):
         raise ConfigError(
             f"setting {name!r}{where} must be of type {s.type.__name__}, got {value!r}"
         )

@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='once listening, write {"host","port","metrics_port","pid"} as JSON here',
     )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--enable-test-commands",
+        action="store_true",
+        default=None,
+        help="allow test-only admin commands such as configure_fail_point",
+    )
     cfg = sub.add_parser("config", help="check a config file or print the settings reference")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     check = cfg_sub.add_parser("check", help="validate a TOML config file (exit 0 if valid)")
@@ -86,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "port": args.port,
         "metrics_port": args.metrics_port,
         "log_level": args.log_level,
+        "enable_test_commands": args.enable_test_commands,
     }
     try:
         cfg = config_mod.load(args.config, overrides)

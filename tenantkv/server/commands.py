@@ -481,4 +481,18 @@ def _bucket_props(node: Node, name: str) -> dict[str, Any]:
     return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
 
+@command("configure_fail_point", "admin", "name", "mode", "data")
+async def configure_fail_point(s: Session, p: dict[str, Any]) -> Any:
+    """Test only (--enable-test-commands): make commands fail or stall; see
+    tenantkv/server/failpoints.py."""
+    if not s.node.config.enable_test_commands:
+        raise errors.UnknownCommand(
+            "configure_fail_point is a test command; start the server with "
+            "--enable-test-commands to use it"
+        )
+    result = s.node.failpoints.configure(p)
+    log.info("audit: %s configure_fail_point %s", s.who(), result)
+    return result
+
+
 AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]

@@ -28,6 +28,7 @@ from tenantkv.admission.tenant_throttle import (
 from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
 from tenantkv.config import Config
 from tenantkv.server import auth
+from tenantkv.server.failpoints import Failpoints
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import PutSystemOp, WriteOp
@@ -71,6 +72,7 @@ class Node:
         self.throttle: TenantThrottle
         self.gate: TenantThrottleGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
+        self.failpoints = Failpoints()
         for name, rec in engine.system_items(b"user:"):
             self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
         for name in engine.buckets:

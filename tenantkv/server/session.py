@@ -205,7 +205,12 @@ class Session:
             await self._park_reader()
 
     def _run_fast(
-        self, msgid: int, method: str, params: dict[str, Any], admitted: bool = False
+        self,
+        msgid: int,
+        method: str,
+        params: dict[str, Any],
+        admitted: bool = False,
+        failpoints_checked: bool = False,
     ) -> bool:
         """Handle a read or write without awaiting; False if it needs ``_handle``.
 
@@ -225,6 +230,8 @@ class Session:
         elif kind != "write":
             return False
         node = self.node
+        if node.failpoints.active and not failpoints_checked:
+            return False
         user = self.user
         assert user is not None
         try:
@@ -264,7 +271,9 @@ class Session:
             return await self._hello(req)
         if self.pending_writes:
             await self._wait_writes()
-        if self._run_fast(msgid, method, params):
+        if self.node.failpoints.active and await self._failpoint(msgid, method):
+            return True
+        if self._run_fast(msgid, method, params, failpoints_checked=True):
             return True
         cmd = COMMANDS.get(method)
         try:
@@ -275,7 +284,7 @@ class Session:
             check_params(cmd, params)
             if cmd.kind in ("read", "write"):
                 await self._admit(cmd, params)
-                self._run_fast(msgid, method, params, admitted=True)
+                self._run_fast(msgid, method, params, admitted=True, failpoints_checked=True)
             else:
                 await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
@@ -285,6 +294,20 @@ class Session:
             return not exc.fatal
         except Exception as exc:
             self._internal_error(msgid, method, exc)
+        return True
+
+    async def _failpoint(self, msgid: int, method: str) -> bool:
+        """Apply a test failpoint; True when it answered the request (with an error)."""
+        fp = self.node.failpoints.take(method)
+        if fp is None:
+            return False
+        if fp.block_secs:
+            await trio.sleep(fp.block_secs)
+        exc = fp.error()
+        if exc is None:
+            return False
+        exc.command = method
+        self._reply_error(msgid, exc)
         return True
 
     async def _admit(self, cmd: Command, params: dict[str, Any]) -> None:
