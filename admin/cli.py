@@ -417,6 +417,54 @@ def _get_bucket_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     return Output(result, _map_text(result, fmt.cell(result)))
 
 
+# server parameters
+
+
+def _param_set_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="parameter (see param-get)")
+    p.add_argument(
+        "value",
+        metavar="VALUE",
+        nargs="?",
+        help='new value; JSON if it parses (5, 0.5, true, "text"), else taken as text',
+    )
+    p.add_argument("--reset", action="store_true", help="go back to the configured value")
+
+
+def _param_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _param_set_check(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if a.reset == (a.value is not None):
+        raise UsageError("param-set needs either VALUE or --reset", parser)
+
+
+def _param_set(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    value = None if a.reset else _param_value(a.value)
+    result = c.command("set_parameter", name=a.name, value=value)
+    text = f"{a.name}: {fmt.cell(result.get('old'))} -> {fmt.cell(result.get('new'))}"
+    return Output(result, text)
+
+
+def _param_get_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", nargs="?", help="one parameter (default: all)")
+
+
+def _param_get(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    if a.name is None:
+        params = c.command("get_parameter")
+        rows = [
+            [p["name"], p["value"], p["default"], "yes" if p["runtime"] else ""] for p in params
+        ]
+        return Output(params, fmt.table(["name", "value", "default", "runtime"], rows))
+    result = c.command("get_parameter", name=a.name)
+    return Output(result, fmt.kv_table(result))
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         "bucket-create",
@@ -496,6 +544,29 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         ("tenantkv-admin status", "tenantkv-admin --json status | jq .connections.current"),
         _no_arguments,
         _status,
+    ),
+    Subcommand(
+        "param-set",
+        "change a server parameter at runtime",
+        "Change a runtime server parameter (set_parameter). The change applies at once or "
+        "to new connections, and persists across restarts; --reset returns to the value "
+        "from the config file. Only parameters marked runtime in param-get can change.",
+        (
+            "tenantkv-admin param-set throttle_max_wait_ms 2000",
+            "tenantkv-admin param-set idle_timeout_secs --reset",
+        ),
+        _param_set_args,
+        _param_set,
+        _param_set_check,
+    ),
+    Subcommand(
+        "param-get",
+        "show server parameters",
+        "Show one server parameter, or all of them with their defaults and whether they "
+        "can change at runtime (get_parameter).",
+        ("tenantkv-admin param-get", "tenantkv-admin --json param-get log_level"),
+        _param_get_args,
+        _param_get,
     ),
     Subcommand(
         "set-node-throttle",

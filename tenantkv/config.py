@@ -35,6 +35,8 @@ class Setting:
     choices: tuple[str, ...] = ()
     #: None allowed (the setting is "off" or "unbounded" when None)
     optional: bool = False
+    #: changeable while the server runs (admin command set_parameter)
+    runtime: bool = False
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -128,7 +130,31 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
+#: Settings an admin may change at runtime with ``set_parameter``. They apply
+#: at once (throttle wait, log level) or to connections opened afterwards
+#: (timeouts, limits), and persist in the data directory.
+RUNTIME = frozenset(
+    {
+        "max_connections",
+        "max_inflight_per_connection",
+        "hello_timeout_secs",
+        "idle_timeout_secs",
+        "shutdown_grace_secs",
+        "expiry_pager_interval_secs",
+        "throttle_max_wait_ms",
+        "log_level",
+    }
+)
+SETTINGS = tuple(replace(s, runtime=s.name in RUNTIME) for s in SETTINGS)
 _BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    """The declaration of one setting; ConfigError naming it if unknown."""
+    s = _BY_NAME.get(name)
+    if s is None:
+        raise ConfigError(f"unknown setting {name!r}")
+    return s
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +257,13 @@ def render_markdown() -> str:
         'durability = "fsync"',
         "```",
         "",
-        "| setting | type | default | range | meaning |",
-        "| --- | --- | --- | --- | --- |",
+        "Settings marked *runtime* can also be changed while the server runs, by an",
+        "admin: `tenantkv-admin param-set NAME VALUE` (`param-get [NAME]` shows them).",
+        "A runtime change persists in the data directory and, at the next start,",
+        "overrides the file and the command line (`param-set NAME --reset` removes it).",
+        "",
+        "| setting | type | default | range | runtime | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in SETTINGS:
         rng = " / ".join(s.choices) if s.choices else ""
@@ -241,7 +272,8 @@ def render_markdown() -> str:
             hi = "" if s.max is None else f"≤ {_num(s.max)}"
             rng = ", ".join(x for x in (lo, hi) if x)
         default = "unset" if s.default is None else f"`{s.default!r}`".replace("'", '"')
-        lines.append(f"| `{s.name}` | {s.type.__name__} | {default} | {rng} | {s.help} |")
+        rt = "runtime" if s.runtime else ""
+        lines.append(f"| `{s.name}` | {s.type.__name__} | {default} | {rng} | {rt} | {s.help} |")
     lines += [
         "",
         "## Durability",

@@ -481,6 +481,26 @@ def _bucket_props(node: Node, name: str) -> dict[str, Any]:
     return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
 
+@command("set_parameter", "admin", "name", "value")
+async def set_parameter(s: Session, p: dict[str, Any]) -> Any:
+    """{name, old, new}. Changes a runtime setting (value nil: back to the configured
+    value); persisted. Settings that are not runtime are refused with BadValue."""
+    name = str_param(p, "name")
+    if "value" not in p:
+        raise errors.BadValue("'value' is required (nil resets the parameter)")
+    old, new = await s.node.set_parameter(name, p["value"])
+    log.info("audit: %s set_parameter %s: %r -> %r", s.who(), name, old, new)
+    return {"name": name, "old": old, "new": new}
+
+
+@command("get_parameter", "admin", "name")
+async def get_parameter(s: Session, p: dict[str, Any]) -> Any:
+    """{name, value, default, runtime, help}; without name, a list of every setting."""
+    if p.get("name") is None:
+        return s.node.parameters()
+    return s.node.parameter(str_param(p, "name"))
+
+
 @command("configure_fail_point", "admin", "name", "mode", "data")
 async def configure_fail_point(s: Session, p: dict[str, Any]) -> Any:
     """Test only (--enable-test-commands): make commands fail or stall; see

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from tenantkv import config as config_mod
 from tenantkv import errors
 from tenantkv._version import __version__
 from tenantkv.admission.tenant_throttle import (
@@ -42,7 +43,9 @@ ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
 ADMIN_PASSWORD_FILE = "admin-password"
 #: System record holding the node's throttle properties.
-THROTTLE_NODE_KEY = b"param:throttle_node"
+THROTTLE_NODE_KEY = b"throttle:node"
+#: System records holding parameters changed with set_parameter.
+PARAM_PREFIX = b"param:"
 
 
 @dataclass(slots=True)
@@ -53,8 +56,10 @@ class BucketStats:
 
 class Node:
     def __init__(self, config: Config, engine: Engine) -> None:
-        self.config = config
+        #: the configuration as started (defaults < file < command line)
+        self.base_config = config
         self.engine = engine
+        self.config = self._with_saved_params(config)
         self.started = time.time()
         self.users: dict[str, auth.User] = {}
         #: credential digests verified since the user last changed
@@ -77,6 +82,74 @@ class Node:
             self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
         for name in engine.buckets:
             self.bucket_stats[name] = BucketStats()
+
+    # -- runtime parameters ----------------------------------------------------
+
+    def _with_saved_params(self, config: Config) -> Config:
+        """Apply parameters saved by set_parameter (they outlive a restart)."""
+        for key, value in self.engine.system_items(PARAM_PREFIX):
+            name = key.decode()
+            try:
+                if not config_mod.setting(name).runtime:
+                    continue
+                config = config.with_values({name: value}, source="a saved parameter")
+            except config_mod.ConfigError as exc:
+                log.warning("ignoring saved parameter %s=%r: %s", name, value, exc)
+                continue
+            log.info("parameter %s=%r (set at runtime; overrides the config)", name, value)
+        return config
+
+    def parameter(self, name: str) -> dict[str, Any]:
+        s = self._setting(name)
+        return {
+            "name": name,
+            "value": getattr(self.config, name),
+            "default": s.default,
+            "runtime": s.runtime,
+            "help": s.help,
+        }
+
+    def parameters(self) -> list[dict[str, Any]]:
+        return [self.parameter(s.name) for s in config_mod.SETTINGS]
+
+    async def set_parameter(self, name: str, value: Any) -> tuple[Any, Any]:
+        """Change a runtime parameter (None: back to the configured value); persists it.
+        Returns (old, new)."""
+        s = self._setting(name)
+        if not s.runtime:
+            raise errors.BadValue(
+                f"{name!r} cannot change at runtime; set it in the config file or on the "
+                "command line and restart"
+            )
+        if value is None:
+            new = getattr(self.base_config, name)
+            await self.write(PutSystemOp(PARAM_PREFIX + name.encode(), None))
+        else:
+            try:
+                new = config_mod.check(name, value)
+            except config_mod.ConfigError as exc:
+                raise errors.BadValue(str(exc)) from None
+            await self.write(PutSystemOp(PARAM_PREFIX + name.encode(), new))
+        old = getattr(self.config, name)
+        self.config = self.config.with_values({name: new})
+        self._apply_param(name, new)
+        return old, new
+
+    def _apply_param(self, name: str, value: Any) -> None:
+        """Parameters that act on live objects; the rest are read per use."""
+        if name == "throttle_max_wait_ms":
+            self.throttle.max_wait_secs = value / 1000
+        elif name == "log_level":
+            logging.getLogger().setLevel(value.upper())
+
+    @staticmethod
+    def _setting(name: Any) -> config_mod.Setting:
+        if not isinstance(name, str):
+            raise errors.BadValue("'name' must be a string")
+        try:
+            return config_mod.setting(name)
+        except config_mod.ConfigError as exc:
+            raise errors.BadValue(str(exc)) from None
 
     # -- writer plumbing -----------------------------------------------------
 
