@@ -10,11 +10,13 @@ naming it.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tenantkv import protocol
+from tenantkv import errors, protocol
+from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, validate_probing_param
 
 #: Default TCP port: unassigned by IANA and clear of common database ports.
 DEFAULT_PORT = 7207
@@ -37,6 +39,8 @@ class Setting:
     optional: bool = False
     #: changeable while the server runs (admin command set_parameter)
     runtime: bool = False
+    #: extra check after type and range (e.g. an open interval); raises ValueError
+    validate: Callable[[Any], Any] | None = None
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -120,6 +124,36 @@ SETTINGS: tuple[Setting, ...] = (
         0,
     ),
     Setting(
+        "execution_read_max_queue_depth",
+        int,
+        None,
+        "Most reads waiting for an execution ticket; beyond it AdmissionQueueOverflow "
+        "(unset = unbounded).",
+        0,
+        optional=True,
+    ),
+    Setting(
+        "execution_write_max_queue_depth",
+        int,
+        None,
+        "Most writes waiting for an execution ticket; beyond it AdmissionQueueOverflow "
+        "(unset = unbounded).",
+        0,
+        optional=True,
+    ),
+    *(
+        Setting(
+            p.name,
+            p.kind,
+            p.default,
+            p.help,
+            p.minimum,
+            p.maximum,
+            validate=lambda v, _n=p.name: validate_probing_param(_n, v),
+        )
+        for p in PROBING_PARAMETERS.values()
+    ),
+    Setting(
         "enable_test_commands",
         bool,
         False,
@@ -143,6 +177,9 @@ RUNTIME = frozenset(
         "expiry_pager_interval_secs",
         "throttle_max_wait_ms",
         "log_level",
+        "execution_read_max_queue_depth",
+        "execution_write_max_queue_depth",
+        *PROBING_PARAMETERS,
     }
 )
 SETTINGS = tuple(replace(s, runtime=s.name in RUNTIME) for s in SETTINGS)
@@ -178,6 +215,17 @@ class Config:
     write_unit_size: int = 4096
     write_weight: int = 2
     throttle_max_wait_ms: int = 5000
+    execution_read_max_queue_depth: int | None = None
+    execution_write_max_queue_depth: int | None = None
+    throughput_probing_initial_concurrency: int = 0
+    throughput_probing_min_concurrency: int = 4
+    throughput_probing_max_concurrency: int = 128
+    throughput_probing_read_write_ratio: float = 0.5
+    throughput_probing_concurrency_moving_average_weight: float = 0.2
+    throughput_probing_step_multiple: float = 0.1
+    throughput_probing_concurrency_adjustment_interval_ms: int = 100
+    storage_engine_concurrent_read_transactions: int = 0
+    storage_engine_concurrent_write_transactions: int = 0
     enable_test_commands: bool = False
     log_level: str = "info"
 
@@ -209,6 +257,11 @@ def check(name: str, value: Any, source: str = "") -> Any:
         raise ConfigError(f"setting {name!r}{where} must be >= {s.min}, got {value!r}")
     if s.max is not None and value > s.max:
         raise ConfigError(f"setting {name!r}{where} must be <= {s.max}, got {value!r}")
+    if s.validate is not None:
+        try:
+            value = s.validate(value)
+        except errors.BadValue as exc:
+            raise ConfigError(f"{exc.errmsg}{where}") from None
     return value
 
 

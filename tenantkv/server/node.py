@@ -20,6 +20,7 @@ import trio
 from tenantkv import config as config_mod
 from tenantkv import errors
 from tenantkv._version import __version__
+from tenantkv.admission.execution_tickets import Priority, TicketHolder
 from tenantkv.admission.tenant_throttle import (
     TenantThrottle,
     TenantThrottleGate,
@@ -27,6 +28,7 @@ from tenantkv.admission.tenant_throttle import (
     write_units,
 )
 from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
+from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, ThroughputProber
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.failpoints import Failpoints
@@ -78,6 +80,20 @@ class Node:
         self.gate: TenantThrottleGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
         self.failpoints = Failpoints()
+        # Execution control: every storage access by a user operation holds a
+        # ticket of its class; throughput probing sizes the two pools.
+        cfg = self.config
+        self.read_tickets = TicketHolder(
+            0, name="read", max_queue_depth=cfg.execution_read_max_queue_depth
+        )
+        self.write_tickets = TicketHolder(
+            0, name="write", max_queue_depth=cfg.execution_write_max_queue_depth
+        )
+        self.prober = ThroughputProber(
+            self.read_tickets,
+            self.write_tickets,
+            **{name: getattr(cfg, name) for name in PROBING_PARAMETERS},
+        )
         for name, rec in engine.system_items(b"user:"):
             self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
         for name in engine.buckets:
@@ -129,15 +145,23 @@ class Node:
                 new = config_mod.check(name, value)
             except config_mod.ConfigError as exc:
                 raise errors.BadValue(str(exc)) from None
-            await self.write(PutSystemOp(PARAM_PREFIX + name.encode(), new))
         old = getattr(self.config, name)
-        self.config = self.config.with_values({name: new})
+        # Apply first: a cross-check (probing min <= max) may still refuse it.
         self._apply_param(name, new)
+        self.config = self.config.with_values({name: new})
+        if value is not None:
+            await self.write(PutSystemOp(PARAM_PREFIX + name.encode(), new))
         return old, new
 
     def _apply_param(self, name: str, value: Any) -> None:
         """Parameters that act on live objects; the rest are read per use."""
-        if name == "throttle_max_wait_ms":
+        if name in PROBING_PARAMETERS:
+            self.prober.configure(**{name: value})
+        elif name == "execution_read_max_queue_depth":
+            self.read_tickets.max_queue_depth = value
+        elif name == "execution_write_max_queue_depth":
+            self.write_tickets.max_queue_depth = value
+        elif name == "throttle_max_wait_ms":
             self.throttle.max_wait_secs = value / 1000
         elif name == "log_level":
             logging.getLogger().setLevel(value.upper())
@@ -224,11 +248,14 @@ class Node:
             box[0], box[1] = result, error
             done.set()
 
+        ticket = self.write_tickets.try_acquire(Priority.EXEMPT)  # counted, never waits
+        assert ticket is not None
         self.writer.submit(op, callback)
         # Shielded: once queued the op will commit; wait for its outcome so the
         # in-memory registries never disagree with the disk.
         with trio.CancelScope(shield=True):
             await done.wait()
+        ticket.release()
         if box[1] is not None:
             raise box[1]
         return box[0]
@@ -377,6 +404,11 @@ class Node:
             "buckets": buckets,
             "users": len(self.users),
             "throttle": self._throttle_status(),
+            "execution": {
+                "read": self.read_tickets.statistics().as_dict(),
+                "write": self.write_tickets.statistics().as_dict(),
+                "probing": self.prober.statistics().as_dict(),
+            },
         }
 
     def _throttle_status(self) -> dict[str, Any]:

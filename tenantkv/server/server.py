@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from tenantkv import errors, protocol
+from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
 from tenantkv.server.node import Node
 from tenantkv.server.session import Session
@@ -71,6 +72,7 @@ class Server:
                 if handle_signals:
                     outer.start_soon(self._watch_signals)
                 outer.start_soon(self._expiry_pager)
+                outer.start_soon(run_probing, node.prober)
                 async with trio.open_nursery() as sessions:
                     accept_scope = trio.CancelScope()
                     for listener in self.listeners:

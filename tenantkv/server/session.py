@@ -27,6 +27,7 @@ import trio
 
 from tenantkv import errors, protocol
 from tenantkv._version import __version__
+from tenantkv.admission.execution_tickets import Ticket
 from tenantkv.server import auth
 from tenantkv.server.commands import COMMANDS, Command, check_params
 from tenantkv.server.node import Node
@@ -211,14 +212,18 @@ class Session:
         params: dict[str, Any],
         admitted: bool = False,
         failpoints_checked: bool = False,
+        ticket: Ticket | None = None,
     ) -> bool:
         """Handle a read or write without awaiting; False if it needs ``_handle``.
 
-        This is the hot path of every data command: a read runs inline, a
-        write is queued on the group-commit writer and answered from its
-        callback. It goes to ``_handle`` (which may wait) when this connection
-        has writes in flight (so a connection reads its own writes) or when the
-        tenant throttle cannot admit the operation at once.
+        This is the hot path of every data command, passing its gates in path
+        order: tenant throttle, then an execution ticket of its class. A read
+        runs inline holding its ticket; a write is queued on the group-commit
+        writer and keeps its ticket until its batch is durable. It goes to
+        ``_handle`` (which may wait) when this connection has writes in flight
+        (so a connection reads its own writes) or a gate cannot admit it now.
+        ``ticket``, when given, was acquired by ``_handle``; this method then
+        owns it (releases it, or hands it to the write's callback).
         """
         cmd = COMMANDS.get(method)
         if cmd is None:
@@ -234,6 +239,7 @@ class Session:
             return False
         user = self.user
         assert user is not None
+        t = ticket
         try:
             check_params(cmd, params)
             b = self._data_bucket(write=kind == "write")
@@ -246,22 +252,32 @@ class Session:
                 ):
                     return False
             if kind == "read":
+                if t is None and (t := node.read_tickets.try_acquire()) is None:
+                    return False
                 self.read_sizes.clear()
                 result = cmd.handler(self, b, params)
+                t.release()
+                t = None
                 node.bucket_stats[b.name].ops[method] += 1
                 if self.read_sizes:
                     node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
             else:
                 op = cmd.handler(self, b, params)
+                if t is None and (t := node.write_tickets.try_acquire()) is None:
+                    return False
                 self.pending_writes += 1
-                node.submit(op, partial(self._write_done, msgid, method, b, op))
+                node.submit(op, partial(self._write_done, msgid, method, b, op, t))
+                t = None  # the write's callback releases it once durable
         except errors.TenantKVError as exc:
             exc.command = method
             self._count_error(exc)
             self._reply_error(msgid, exc)
         except Exception as exc:
             self._internal_error(msgid, method, exc)
+        finally:
+            if t is not None:
+                t.release()
         return True
 
     async def _handle(self, req: protocol.Request) -> bool:
@@ -283,8 +299,10 @@ class Session:
                 raise errors.UnknownCommand(f"no command named {method!r:.80}")
             check_params(cmd, params)
             if cmd.kind in ("read", "write"):
-                await self._admit(cmd, params)
-                self._run_fast(msgid, method, params, admitted=True, failpoints_checked=True)
+                ticket = await self._admit(cmd, params)
+                self._run_fast(
+                    msgid, method, params, admitted=True, failpoints_checked=True, ticket=ticket
+                )
             else:
                 await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
@@ -310,8 +328,10 @@ class Session:
         self._reply_error(msgid, exc)
         return True
 
-    async def _admit(self, cmd: Command, params: dict[str, Any]) -> None:
-        """Wait for the tenant throttle (this connection reads nothing meanwhile)."""
+    async def _admit(self, cmd: Command, params: dict[str, Any]) -> Ticket:
+        """Wait for the gates a data command passes before storage: the tenant
+        throttle, then an execution ticket of its class. This connection reads
+        nothing meanwhile (TCP back-pressure). Returns the ticket."""
         b = self._data_bucket(write=cmd.kind == "write")
         deadline = None
         timeout_ms = params.get("timeout_ms")
@@ -320,12 +340,15 @@ class Session:
                 raise errors.BadValue("'timeout_ms' must be a non-negative integer")
             deadline = trio.current_time() + timeout_ms / 1000
         assert self.user is not None
-        await self.node.gate.admit(
+        node = self.node
+        await node.gate.admit(
             b.name,
             unthrottled=self.user.unthrottled,
             deadline=deadline,
             nonblocking=self.nonblocking_throttle,
         )
+        holder = node.read_tickets if cmd.kind == "read" else node.write_tickets
+        return await holder.acquire(deadline=deadline)
 
     def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
         log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
@@ -343,9 +366,11 @@ class Session:
         method: str,
         b: BucketHandle,
         op: WriteOp,
+        ticket: Ticket,
         result: Any,
         error: BaseException | None,
     ) -> None:
+        ticket.release()
         self.pending_writes -= 1
         stats = self.node.bucket_stats.get(b.name)
         if error is None:
