@@ -39,6 +39,9 @@ class NodeCollector(Collector):
         yield from node_metrics(st)
         if "throttle" in st:
             yield from throttle_metrics(st["throttle"])
+        for gate in GATE_SECTIONS:
+            if gate in st:
+                yield from section_metrics(f"tenantkv_{gate}", st[gate])
 
 
 def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
@@ -174,6 +177,55 @@ def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
             m.add_metric([bucket], v)
     yield from families.values()
     yield hist
+
+
+#: status sections exported by :func:`section_metrics` (one per admission gate)
+GATE_SECTIONS = ("execution",)
+
+#: statistics that only grow, exported as counters (the rest are gauges)
+COUNTER_KEYS = frozenset(
+    {
+        "added_to_queue",
+        "removed_from_queue",
+        "started_processing",
+        "finished_processing",
+        "total_time_processing_micros",
+        "total_time_queued_micros",
+        "canceled",
+        "new_admissions",
+        "times_probed_stable",
+        "times_probed_up",
+        "times_probed_down",
+        "times_increased",
+        "times_decreased",
+        "total_amount_increased",
+        "total_amount_decreased",
+    }
+)
+
+
+def section_metrics(prefix: str, section: dict[str, Any]) -> Iterator[Any]:
+    """Every number in a gate's status section, named by its path:
+    ``{"read": {"out": 3}}`` under ``tenantkv_execution`` is ``tenantkv_execution_read_out``."""
+    for path, value in _leaves(section, ()):
+        v = _number(value)
+        if v is None:
+            continue
+        name = "_".join((prefix, *path))
+        if path[-1] in COUNTER_KEYS or path[-1].endswith("_total"):
+            m: Any = CounterMetricFamily(name.removesuffix("_total"), f"{prefix}: {'.'.join(path)}")
+        else:
+            m = GaugeMetricFamily(name, f"{prefix}: {'.'.join(path)}")
+        m.add_metric([], v)
+        yield m
+
+
+def _leaves(d: dict[str, Any], path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, (*path, str(k)))
+        else:
+            yield (*path, str(k)), v
 
 
 def start_metrics_server(node: Node, port: int, addr: str = "127.0.0.1") -> int:

@@ -276,6 +276,9 @@ def test_metrics_endpoint_shows_throttle_and_node_metrics(tmp_path: Path) -> Non
         "tenantkv_throttle_node_capacity -1.0",
         'tenantkv_ops_total{bucket="m",operation="get"} 1.0',
         "tenantkv_connections ",
+        "tenantkv_execution_read_total_tickets ",
+        "tenantkv_execution_write_finished_processing_total ",
+        "tenantkv_execution_probing_times_probed_stable_total ",
         'tenantkv_throttle_wait_seconds_bucket{bucket="m",le="+Inf"} ',
     ):
         assert line in text, line
