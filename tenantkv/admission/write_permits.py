@@ -1,0 +1,649 @@
+"""Write permits: per-bucket write semaphores whose size follows the commit backlog.
+
+EvidentDB's admission control, applied to tenantkv's group-commit writer.
+
+Why
+    Every write goes through one group-commit writer thread (DESIGN.md §3).
+    When writes arrive faster than batches become durable, its queue grows:
+    that backlog, the **lag** (writes queued but not yet durable, provided by
+    the server through a callable), is pure latency for every tenant and
+    memory for the server. Rejecting would be premature (the writer may catch
+    up within milliseconds); instead the number of writes each bucket may have
+    in flight shrinks while the lag is high, so the backlog drains and the
+    writers that keep pushing wait *before* their write is queued, not after.
+
+The capacity (the same for every bucket, since the writer is shared)::
+
+    lag <= target_lag      capacity = max_capacity
+    lag >= critical_lag    capacity = min_capacity
+    in between             capacity = min + (max - min) x (1 - (lag - target) / (critical - target))
+
+rounded down, never below ``min_capacity``. It is a per-bucket bound: each
+bucket may hold ``capacity`` permits, so a bucket that floods the writer is
+held to its ``capacity`` while a quiet bucket still gets its own
+(``min_capacity > 0`` guarantees every bucket progress even at critical lag).
+
+Re-evaluation
+    :meth:`WritePermitGate.run` (a tiny Trio task) samples the lag every
+    ``adjustment_interval_ms`` (default 10 ms) and applies the new capacity.
+    Why 10 ms: a group-commit batch takes ~0.1-3 ms, so one interval spans
+    roughly 3-100 batches. Shorter, and the sample would chase the sawtooth of
+    single batches (a batch just taken vs. just committed) and make the
+    capacity flap; longer, and a burst could queue many intervals' worth of
+    writes before anyone reacts (at 100k writes/s, 10 ms is 1000 writes, the
+    default target). The task costs ~100 wake-ups per second, a few µs each.
+
+Permits
+    A write takes a permit at admission and holds it until durable (release
+    is synchronous, from any task: the group-commit callback). FIFO per
+    bucket: a newcomer takes a permit at once only if one is free and nobody
+    waits; a released permit passes straight to the head waiter. When the
+    capacity grows, waiters are woken at once; when it shrinks, holders keep
+    their permits and finish (nothing is revoked): new permits are handed out
+    only once ``in_use < capacity`` again. Waiting is unbounded here: the
+    caller bounds it with its deadline (a cancel scope); a cancelled waiter
+    simply leaves the queue.
+
+Logging
+    Each capacity change is logged on ``tenantkv.admission`` (old -> new, lag).
+    At INFO at most once per :data:`LOG_MIN_INTERVAL_SECS`: under sustained
+    overload the capacity may change every interval (100 times a second), so
+    changes in between go to DEBUG and the next INFO line says how many there
+    were. ``adjustments`` in the statistics counts every change.
+
+Statistics
+    Per bucket: capacity, in use, waiting, permits granted, how many had to
+    wait and a histogram of those waits (µs); node: the parameters, the
+    current capacity, the last lag sampled, evaluations and adjustments.
+
+Server integration
+    ``WritePermitGate.create(lambda: writer.lag, ...)``; ``await nursery.start(gate.run)``;
+    ``add_bucket`` / ``remove_bucket`` from the bucket hooks. For a write, on
+    the sync fast path ``p = gate.try_acquire(bucket)`` (``None``: take the async
+    path, ``p = await gate.acquire(bucket)``), then ``gate.release(p)`` in the
+    group-commit callback, exactly once, whatever the outcome. Exempt
+    (admin/internal) writes skip the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+import trio
+
+from tenantkv.errors import BadValue, BucketExists, BucketNotFound
+
+log = logging.getLogger("tenantkv.admission")
+
+DEFAULT_TARGET_LAG: Final = 1024
+DEFAULT_CRITICAL_LAG: Final = 8192
+DEFAULT_MIN_CAPACITY: Final = 4
+DEFAULT_MAX_CAPACITY: Final = 64
+DEFAULT_ADJUSTMENT_INTERVAL_MS: Final = 10
+MAX_LAG: Final = 1_000_000_000
+MAX_CAPACITY: Final = 65_536
+MAX_ADJUSTMENT_INTERVAL_MS: Final = 60_000
+#: At most one INFO line about capacity changes per this many seconds.
+LOG_MIN_INTERVAL_SECS: Final = 1.0
+#: Upper bounds (µs) of the permit-wait histogram bins; a last bin counts the rest.
+WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
+    100,
+    1_000,
+    10_000,
+    100_000,
+    1_000_000,
+)
+
+_PARAM: Final = {
+    "target_lag": "write_permit_target_lag",
+    "critical_lag": "write_permit_critical_lag",
+    "min_capacity": "write_permit_min_capacity",
+    "max_capacity": "write_permit_max_capacity",
+    "adjustment_interval_ms": "write_permit_adjustment_interval_ms",
+}
+
+
+def capacity_for_lag(
+    lag: float, *, target_lag: int, critical_lag: int, min_capacity: int, max_capacity: int
+) -> int:
+    """The permits per bucket for ``lag`` (the formula of the module doc)."""
+    if lag <= target_lag:
+        return max_capacity
+    if lag >= critical_lag:
+        return min_capacity
+    # min + (max - min) * (critical - lag) / (critical - target), floored, in exact
+    # integer arithmetic for an integer lag.
+    extra = (max_capacity - min_capacity) * (critical_lag - lag) // (critical_lag - target_lag)
+    return max(min_capacity, min_capacity + int(extra))
+
+
+def _check_int(key: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadValue(f"{_PARAM[key]} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def validate(
+    *,
+    target_lag: int,
+    critical_lag: int,
+    min_capacity: int,
+    max_capacity: int,
+    adjustment_interval_ms: int,
+) -> None:
+    """Raise :class:`BadValue` naming the parameter unless the settings make sense."""
+    _check_int("target_lag", target_lag, 0, MAX_LAG)
+    _check_int("critical_lag", critical_lag, 1, MAX_LAG)
+    _check_int("min_capacity", min_capacity, 1, MAX_CAPACITY)
+    _check_int("max_capacity", max_capacity, 1, MAX_CAPACITY)
+    _check_int("adjustment_interval_ms", adjustment_interval_ms, 1, MAX_ADJUSTMENT_INTERVAL_MS)
+    if critical_lag <= target_lag:
+        raise BadValue(
+            f"{_PARAM['critical_lag']} ({critical_lag}) must be greater than "
+            f"{_PARAM['target_lag']} ({target_lag})"
+        )
+    if max_capacity < min_capacity:
+        raise BadValue(
+            f"{_PARAM['max_capacity']} ({max_capacity}) must be at least "
+            f"{_PARAM['min_capacity']} ({min_capacity})"
+        )
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPermitStatistics:
+    """One bucket's permits (an immutable snapshot)."""
+
+    bucket: str
+    capacity: int
+    in_use: int
+    waiting: int
+    #: Permits handed out (at once or after waiting).
+    granted: int
+    #: Of those, how many had to wait; and the total of their waits.
+    waited: int
+    wait_micros_total: int
+    #: Waiters that went away (deadline, client gone) before a permit.
+    interrupted: int
+    #: ``(upper bound in µs, count)`` per bin of the waits; the last bound is ``inf``.
+    wait_histogram: tuple[tuple[float, int], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity,
+            "in_use": self.in_use,
+            "waiting": self.waiting,
+            "granted": self.granted,
+            "waited": self.waited,
+            "wait_micros_total": self.wait_micros_total,
+            "interrupted": self.interrupted,
+            "wait_histogram_us": [
+                ["+Inf" if math.isinf(le) else int(le), n] for le, n in self.wait_histogram
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WritePermitStatistics:
+    """What :meth:`WritePermits.statistics` returns."""
+
+    target_lag: int
+    critical_lag: int
+    min_capacity: int
+    max_capacity: int
+    adjustment_interval_ms: int
+    #: Permits per bucket now.
+    capacity: int
+    #: The lag sampled last (``None`` before the first evaluation).
+    last_lag: int | None
+    #: Lag samples taken / capacity changes made.
+    evaluations: int
+    adjustments: int
+    buckets: Mapping[str, BucketPermitStatistics]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``write_permits`` section of ``server_status``)."""
+        return {
+            "node": {
+                "write_permit_target_lag": self.target_lag,
+                "write_permit_critical_lag": self.critical_lag,
+                "write_permit_min_capacity": self.min_capacity,
+                "write_permit_max_capacity": self.max_capacity,
+                "write_permit_adjustment_interval_ms": self.adjustment_interval_ms,
+                "capacity": self.capacity,
+                "last_lag": self.last_lag,
+                "evaluations": self.evaluations,
+                "adjustments": self.adjustments,
+            },
+            "buckets": {name: b.as_dict() for name, b in self.buckets.items()},
+        }
+
+
+# --------------------------------------------------------------------------- the core
+
+
+class Waiter:
+    """A write waiting for a permit. ``event`` belongs to the adapter."""
+
+    __slots__ = ("enqueued", "event", "granted")
+
+    def __init__(self, enqueued: float) -> None:
+        self.enqueued = enqueued
+        self.granted = False
+        self.event: Any = None
+
+
+class BucketPermits:
+    """One bucket's semaphore; also the handle a permit holder releases."""
+
+    __slots__ = (
+        "bucket",
+        "granted",
+        "histogram",
+        "in_use",
+        "interrupted",
+        "removed",
+        "wait_us_total",
+        "waited",
+        "waiters",
+    )
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self.in_use = 0
+        self.waiters: deque[Waiter] = deque()
+        self.granted = 0
+        self.waited = 0
+        self.wait_us_total = 0
+        self.interrupted = 0
+        self.removed = False
+        self.histogram = [0] * (len(WAIT_HISTOGRAM_BOUNDS_US) + 1)
+
+    def __repr__(self) -> str:
+        return f"<BucketPermits {self.bucket!r} in use {self.in_use} waiting {len(self.waiters)}>"
+
+
+class WritePermits:
+    """Lag-driven per-bucket write permits; pure logic (see the module doc).
+
+    ``clock`` returns seconds; :class:`WritePermitGate` needs ``trio.current_time``.
+    Methods that can free permits return the waiters to wake.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        target_lag: int = DEFAULT_TARGET_LAG,
+        critical_lag: int = DEFAULT_CRITICAL_LAG,
+        min_capacity: int = DEFAULT_MIN_CAPACITY,
+        max_capacity: int = DEFAULT_MAX_CAPACITY,
+        adjustment_interval_ms: int = DEFAULT_ADJUSTMENT_INTERVAL_MS,
+    ) -> None:
+        validate(
+            target_lag=target_lag,
+            critical_lag=critical_lag,
+            min_capacity=min_capacity,
+            max_capacity=max_capacity,
+            adjustment_interval_ms=adjustment_interval_ms,
+        )
+        self._clock = clock
+        self._target = target_lag
+        self._critical = critical_lag
+        self._min = min_capacity
+        self._max = max_capacity
+        self._interval_ms = adjustment_interval_ms
+        self._capacity = max_capacity  # no backlog is known yet
+        self._last_lag: int | None = None
+        self._evaluations = 0
+        self._adjustments = 0
+        self._last_log = -math.inf
+        self._unlogged = 0
+        self._buckets: dict[str, BucketPermits] = {}
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def capacity(self) -> int:
+        """Permits per bucket now."""
+        return self._capacity
+
+    @property
+    def adjustment_interval_secs(self) -> float:
+        return self._interval_ms / 1000
+
+    def __contains__(self, bucket: object) -> bool:
+        return bucket in self._buckets
+
+    # ------------------------------------------------------------------ buckets
+
+    def add_bucket(self, name: str) -> None:
+        if name in self._buckets:
+            raise BucketExists(f"bucket {name!r} already exists")
+        self._buckets[name] = BucketPermits(name)
+
+    def remove_bucket(self, name: str) -> list[Waiter]:
+        """Forget a bucket; returns its waiters (to wake: they fail with BucketNotFound)."""
+        p = self._buckets.pop(name, None)
+        if p is None:
+            return []
+        p.removed = True
+        woken = list(p.waiters)
+        p.waiters.clear()
+        return woken
+
+    def permits(self, bucket: str) -> BucketPermits:
+        p = self._buckets.get(bucket)
+        if p is None:
+            raise BucketNotFound(f"bucket {bucket!r} not found")
+        return p
+
+    # ------------------------------------------------------------------ lag and configuration
+
+    def adjust(self, lag: int) -> list[Waiter]:
+        """Apply the capacity for ``lag`` (sampled now); returns the waiters it admits."""
+        self._last_lag = lag
+        self._evaluations += 1
+        return self._apply(
+            capacity_for_lag(
+                lag,
+                target_lag=self._target,
+                critical_lag=self._critical,
+                min_capacity=self._min,
+                max_capacity=self._max,
+            ),
+            lag,
+        )
+
+    def configure(
+        self,
+        *,
+        target_lag: int | None = None,
+        critical_lag: int | None = None,
+        min_capacity: int | None = None,
+        max_capacity: int | None = None,
+        adjustment_interval_ms: int | None = None,
+    ) -> list[Waiter]:
+        """Change parameters at runtime (``None`` = unchanged); all or nothing.
+
+        The combination is validated as a whole (e.g. a new ``critical_lag``
+        against the current ``target_lag``). The capacity is recomputed at once
+        from the last lag; returns the waiters that admits.
+        """
+        new = {
+            "target_lag": self._target if target_lag is None else target_lag,
+            "critical_lag": self._critical if critical_lag is None else critical_lag,
+            "min_capacity": self._min if min_capacity is None else min_capacity,
+            "max_capacity": self._max if max_capacity is None else max_capacity,
+            "adjustment_interval_ms": (
+                self._interval_ms if adjustment_interval_ms is None else adjustment_interval_ms
+            ),
+        }
+        validate(**new)
+        self._target = new["target_lag"]
+        self._critical = new["critical_lag"]
+        self._min = new["min_capacity"]
+        self._max = new["max_capacity"]
+        self._interval_ms = new["adjustment_interval_ms"]
+        lag = self._last_lag
+        cap = (
+            self._max
+            if lag is None
+            else capacity_for_lag(
+                lag,
+                target_lag=self._target,
+                critical_lag=self._critical,
+                min_capacity=self._min,
+                max_capacity=self._max,
+            )
+        )
+        return self._apply(cap, lag)
+
+    # ------------------------------------------------------------------ hot path
+
+    def try_acquire(self, bucket: str) -> BucketPermits | None:
+        """Take a permit if one is free and nobody waits; ``None``: take the slow path."""
+        p = self._buckets.get(bucket)
+        if p is None:
+            raise BucketNotFound(f"bucket {bucket!r} not found")
+        if p.in_use < self._capacity and not p.waiters:
+            p.in_use += 1
+            p.granted += 1
+            return p
+        return None
+
+    def release(self, p: BucketPermits) -> Waiter | None:
+        """Give a permit back; returns the waiter it passes to (the adapter wakes it)."""
+        if p.waiters and p.in_use <= self._capacity:
+            waiter = p.waiters.popleft()  # the permit passes on: in_use is unchanged
+            self._granted(p, waiter)
+            return waiter
+        p.in_use -= 1
+        return None
+
+    # ------------------------------------------------------------------ slow path
+
+    def enqueue(self, bucket: str) -> tuple[BucketPermits, Waiter | None]:
+        """``(p, None)``: a permit now; ``(p, waiter)``: wait until ``waiter.granted``."""
+        p = self.permits(bucket)
+        if p.in_use < self._capacity and not p.waiters:
+            p.in_use += 1
+            p.granted += 1
+            return p, None
+        waiter = Waiter(self._clock())
+        p.waiters.append(waiter)
+        return p, waiter
+
+    def abandon(self, p: BucketPermits, waiter: Waiter) -> None:
+        """``waiter`` went away before it got a permit."""
+        if waiter in p.waiters:
+            p.waiters.remove(waiter)
+        p.interrupted += 1
+
+    # ------------------------------------------------------------------ stats
+
+    def statistics(self) -> WritePermitStatistics:
+        bounds: tuple[float, ...] = (*WAIT_HISTOGRAM_BOUNDS_US, math.inf)
+        buckets = {
+            name: BucketPermitStatistics(
+                bucket=name,
+                capacity=self._capacity,
+                in_use=p.in_use,
+                waiting=len(p.waiters),
+                granted=p.granted,
+                waited=p.waited,
+                wait_micros_total=p.wait_us_total,
+                interrupted=p.interrupted,
+                wait_histogram=tuple(zip(bounds, p.histogram, strict=True)),
+            )
+            for name, p in self._buckets.items()
+        }
+        return WritePermitStatistics(
+            target_lag=self._target,
+            critical_lag=self._critical,
+            min_capacity=self._min,
+            max_capacity=self._max,
+            adjustment_interval_ms=self._interval_ms,
+            capacity=self._capacity,
+            last_lag=self._last_lag,
+            evaluations=self._evaluations,
+            adjustments=self._adjustments,
+            buckets=MappingProxyType(buckets),
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _apply(self, capacity: int, lag: int | None) -> list[Waiter]:
+        old = self._capacity
+        if capacity == old:
+            return []
+        self._capacity = capacity
+        self._adjustments += 1
+        self._log_change(old, capacity, lag)
+        if capacity < old:
+            return []  # holders finish; nothing is revoked
+        woken: list[Waiter] = []
+        for p in self._buckets.values():
+            while p.waiters and p.in_use < capacity:
+                waiter = p.waiters.popleft()
+                p.in_use += 1
+                self._granted(p, waiter)
+                woken.append(waiter)
+        return woken
+
+    def _granted(self, p: BucketPermits, waiter: Waiter) -> None:
+        waiter.granted = True
+        p.granted += 1
+        p.waited += 1
+        us = max(0, round((self._clock() - waiter.enqueued) * 1e6))
+        p.wait_us_total += us
+        for i, bound in enumerate(WAIT_HISTOGRAM_BOUNDS_US):
+            if us <= bound:
+                p.histogram[i] += 1
+                break
+        else:
+            p.histogram[-1] += 1
+
+    def _log_change(self, old: int, new: int, lag: int | None) -> None:
+        now = self._clock()
+        args = (old, new, lag, self._target, self._critical)
+        fmt = "write permit capacity %d -> %d per bucket (lag %s, target %d, critical %d)"
+        if now - self._last_log >= LOG_MIN_INTERVAL_SECS:
+            if self._unlogged:
+                log.info(fmt + "; %d more changes since the last line", *args, self._unlogged)
+            else:
+                log.info(fmt, *args)
+            self._last_log = now
+            self._unlogged = 0
+        else:
+            log.debug(fmt, *args)
+            self._unlogged += 1
+
+
+# --------------------------------------------------------------------------- Trio adapter
+
+
+class WritePermitGate:
+    """Trio adapter for :class:`WritePermits`: parks waiters, runs the lag sampler.
+
+    The core's clock must be ``trio.current_time``; ``lag`` returns the current
+    group-commit backlog (writes queued and not yet durable).
+    """
+
+    def __init__(self, permits: WritePermits, lag: Callable[[], int]) -> None:
+        self.permits = permits
+        self._lag = lag
+
+    @classmethod
+    def create(
+        cls,
+        lag: Callable[[], int],
+        *,
+        target_lag: int = DEFAULT_TARGET_LAG,
+        critical_lag: int = DEFAULT_CRITICAL_LAG,
+        min_capacity: int = DEFAULT_MIN_CAPACITY,
+        max_capacity: int = DEFAULT_MAX_CAPACITY,
+        adjustment_interval_ms: int = DEFAULT_ADJUSTMENT_INTERVAL_MS,
+    ) -> WritePermitGate:
+        return cls(
+            WritePermits(
+                trio.current_time,
+                target_lag=target_lag,
+                critical_lag=critical_lag,
+                min_capacity=min_capacity,
+                max_capacity=max_capacity,
+                adjustment_interval_ms=adjustment_interval_ms,
+            ),
+            lag,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Re-evaluate the capacity every ``adjustment_interval_ms``, forever.
+
+        Start it with ``nursery.start``: the first evaluation is done by then.
+        """
+        permits = self.permits
+        self._wake(permits.adjust(self._lag()))
+        task_status.started()
+        while True:
+            await trio.sleep(permits.adjustment_interval_secs)
+            self._wake(permits.adjust(self._lag()))
+
+    def try_acquire(self, bucket: str) -> BucketPermits | None:
+        """:meth:`WritePermits.try_acquire`: a permit now, or ``None``."""
+        return self.permits.try_acquire(bucket)
+
+    def release(self, p: BucketPermits) -> None:
+        """Give back a permit (sync; from any task, exactly once per permit)."""
+        waiter = self.permits.release(p)
+        if waiter is not None:
+            waiter.event.set()
+
+    async def acquire(self, bucket: str) -> BucketPermits:
+        """Return the bucket's permits holding one for this write; FIFO wait if need be.
+
+        No checkpoint when a permit is free at once. Raises
+        :class:`BucketNotFound` if the bucket is (or gets) removed. Bound the
+        wait with a cancel scope; cancelled, the waiter leaves the queue (and
+        passes on a permit granted at that very moment).
+        """
+        permits = self.permits
+        p, waiter = permits.enqueue(bucket)
+        if waiter is None:
+            return p
+        event = waiter.event = trio.Event()
+        try:
+            await event.wait()
+        except BaseException:
+            if waiter.granted:
+                self.release(p)
+            else:
+                permits.abandon(p, waiter)
+            raise
+        if not waiter.granted:  # woken by the bucket's removal
+            raise BucketNotFound(f"bucket {bucket!r} was removed")
+        return p
+
+    def add_bucket(self, name: str) -> None:
+        self.permits.add_bucket(name)
+
+    def remove_bucket(self, name: str) -> None:
+        """Forget ``name``; its waiters fail with BucketNotFound."""
+        self._wake(self.permits.remove_bucket(name))
+
+    def configure(
+        self,
+        *,
+        target_lag: int | None = None,
+        critical_lag: int | None = None,
+        min_capacity: int | None = None,
+        max_capacity: int | None = None,
+        adjustment_interval_ms: int | None = None,
+    ) -> None:
+        """:meth:`WritePermits.configure`; a new interval applies from the next tick."""
+        self._wake(
+            self.permits.configure(
+                target_lag=target_lag,
+                critical_lag=critical_lag,
+                min_capacity=min_capacity,
+                max_capacity=max_capacity,
+                adjustment_interval_ms=adjustment_interval_ms,
+            )
+        )
+
+    def statistics(self) -> WritePermitStatistics:
+        return self.permits.statistics()
+
+    @staticmethod
+    def _wake(waiters: list[Waiter]) -> None:
+        for w in waiters:
+            if w.event is not None:
+                w.event.set()
