@@ -123,6 +123,130 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest a throttled request waits before it fails with Throttled.",
         0,
     ),
+    # -- front door (docs/admission.md) --
+    Setting(
+        "ingress_request_rate_limiter_enabled",
+        bool,
+        False,
+        "Limit the node's request rate (462 IngressRequestRateLimitExceeded beyond it).",
+    ),
+    Setting(
+        "ingress_request_admission_rate_per_sec",
+        float,
+        100000.0,
+        "Requests per second the node admits when the limiter is on.",
+        0.001,
+        1e9,
+    ),
+    Setting(
+        "ingress_request_admission_burst_capacity_secs",
+        float,
+        1.0,
+        "Burst of the request limiter, in seconds of its rate.",
+        0.001,
+        1e6,
+    ),
+    Setting(
+        "ingress_request_rate_limiter_exemptions",
+        str,
+        "",
+        "Client addresses (CIDR list, comma-separated; IPv4 and IPv6) never rate-limited.",
+    ),
+    Setting(
+        "ingress_connection_establishment_rate_limiter_enabled",
+        bool,
+        False,
+        "Limit the rate of new connections (they queue, then are refused).",
+    ),
+    Setting(
+        "ingress_connection_establishment_rate_per_sec",
+        float,
+        1000.0,
+        "New connections per second admitted when the limiter is on.",
+        0.001,
+        1e9,
+    ),
+    Setting(
+        "ingress_connection_establishment_burst_capacity_secs",
+        float,
+        1.0,
+        "Burst of the connection limiter, in seconds of its rate.",
+        0.001,
+        1e6,
+    ),
+    Setting(
+        "ingress_connection_establishment_max_queue_depth",
+        int,
+        100,
+        "New connections that may wait for the connection limiter; more are refused.",
+        0,
+        1_000_000,
+    ),
+    Setting(
+        "ingress_connection_establishment_rate_limiter_bypass",
+        str,
+        "",
+        "Client addresses (CIDR list) that skip the connection limiter.",
+    ),
+    Setting(
+        "ingress_admission_tickets",
+        int,
+        1_000_000,
+        "Operations that may be in the server at once (ingress admission controller).",
+        1,
+        1_000_000_000,
+    ),
+    Setting(
+        "bucket_queue_concurrency",
+        int,
+        64,
+        "Per bucket and class (read/write): operations running at once.",
+        1,
+        65536,
+    ),
+    Setting(
+        "bucket_queue_tolerance",
+        int,
+        1024,
+        "Per bucket and class: operations that may wait for a slot; more are rejected "
+        "with AdmissionQueueOverflow.",
+        0,
+        1_000_000,
+    ),
+    Setting(
+        "bucket_queue_pending_timeout_ms",
+        int,
+        1000,
+        "Longest an operation waits for a bucket-queue slot (0 = no limit).",
+        0,
+        600_000,
+    ),
+    Setting(
+        "write_permit_target_lag",
+        int,
+        1024,
+        "Write backlog (queued, not yet durable) up to which buckets get max permits.",
+        0,
+        100_000_000,
+    ),
+    Setting(
+        "write_permit_critical_lag",
+        int,
+        8192,
+        "Write backlog from which buckets get min permits.",
+        1,
+        100_000_000,
+    ),
+    Setting("write_permit_min_capacity", int, 4, "Fewest write permits per bucket.", 1, 65536),
+    Setting("write_permit_max_capacity", int, 64, "Most write permits per bucket.", 1, 65536),
+    Setting(
+        "write_permit_adjustment_interval_ms",
+        int,
+        10,
+        "How often write permits follow the backlog.",
+        1,
+        60000,
+    ),
     Setting(
         "execution_read_max_queue_depth",
         int,
@@ -180,6 +304,11 @@ RUNTIME = frozenset(
         "execution_read_max_queue_depth",
         "execution_write_max_queue_depth",
         *PROBING_PARAMETERS,
+        *(
+            s.name
+            for s in SETTINGS
+            if s.name.startswith(("ingress_", "bucket_queue_", "write_permit_"))
+        ),
     }
 )
 SETTINGS = tuple(replace(s, runtime=s.name in RUNTIME) for s in SETTINGS)
@@ -215,6 +344,24 @@ class Config:
     write_unit_size: int = 4096
     write_weight: int = 2
     throttle_max_wait_ms: int = 5000
+    ingress_request_rate_limiter_enabled: bool = False
+    ingress_request_admission_rate_per_sec: float = 100000.0
+    ingress_request_admission_burst_capacity_secs: float = 1.0
+    ingress_request_rate_limiter_exemptions: str = ""
+    ingress_connection_establishment_rate_limiter_enabled: bool = False
+    ingress_connection_establishment_rate_per_sec: float = 1000.0
+    ingress_connection_establishment_burst_capacity_secs: float = 1.0
+    ingress_connection_establishment_max_queue_depth: int = 100
+    ingress_connection_establishment_rate_limiter_bypass: str = ""
+    ingress_admission_tickets: int = 1_000_000
+    bucket_queue_concurrency: int = 64
+    bucket_queue_tolerance: int = 1024
+    bucket_queue_pending_timeout_ms: int = 1000
+    write_permit_target_lag: int = 1024
+    write_permit_critical_lag: int = 8192
+    write_permit_min_capacity: int = 4
+    write_permit_max_capacity: int = 64
+    write_permit_adjustment_interval_ms: int = 10
     execution_read_max_queue_depth: int | None = None
     execution_write_max_queue_depth: int | None = None
     throughput_probing_initial_concurrency: int = 0
@@ -265,6 +412,30 @@ def check(name: str, value: Any, source: str = "") -> Any:
     return value
 
 
+def cross_check(cfg: Config) -> None:
+    """Checks that span several settings (ranges alone cannot say min <= max)."""
+    from tenantkv.admission import write_permits
+    from tenantkv.admission.cidr import parse_cidrs
+    from tenantkv.admission.throughput_probing import validate_probing_params
+
+    try:
+        validate_probing_params({n: getattr(cfg, n) for n in PROBING_PARAMETERS})
+        write_permits.validate(
+            target_lag=cfg.write_permit_target_lag,
+            critical_lag=cfg.write_permit_critical_lag,
+            min_capacity=cfg.write_permit_min_capacity,
+            max_capacity=cfg.write_permit_max_capacity,
+            adjustment_interval_ms=cfg.write_permit_adjustment_interval_ms,
+        )
+        for name in (
+            "ingress_request_rate_limiter_exemptions",
+            "ingress_connection_establishment_rate_limiter_bypass",
+        ):
+            parse_cidrs(getattr(cfg, name), name=name)
+    except errors.BadValue as exc:
+        raise ConfigError(exc.errmsg) from None
+
+
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults, then the TOML file (top-level keys or a ``[server]`` table), then overrides."""
     cfg = Config()
@@ -284,6 +455,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
         cfg = cfg.with_values(
             {k: v for k, v in overrides.items() if v is not None}, source="the command line"
         )
+    cross_check(cfg)
     return cfg
 
 

@@ -20,7 +20,11 @@ import trio
 from tenantkv import config as config_mod
 from tenantkv import errors
 from tenantkv._version import __version__
+from tenantkv.admission.bucket_queues import BucketQueueGate
+from tenantkv.admission.cidr import CidrMatcher
 from tenantkv.admission.execution_tickets import Priority, TicketHolder
+from tenantkv.admission.pipeline import Pipeline
+from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.tenant_throttle import (
     TenantThrottle,
     TenantThrottleGate,
@@ -29,6 +33,7 @@ from tenantkv.admission.tenant_throttle import (
 )
 from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, ThroughputProber
+from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.failpoints import Failpoints
@@ -80,6 +85,8 @@ class Node:
         self.gate: TenantThrottleGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
         self.failpoints = Failpoints()
+        # The ingress admission controller: a ticket per operation in the server.
+        self.ingress_tickets = TicketHolder(config.ingress_admission_tickets, name="ingress")
         # Execution control: every storage access by a user operation holds a
         # ticket of its class; throughput probing sizes the two pools.
         cfg = self.config
@@ -157,6 +164,24 @@ class Node:
         """Parameters that act on live objects; the rest are read per use."""
         if name in PROBING_PARAMETERS:
             self.prober.configure(**{name: value})
+        elif name == "ingress_admission_tickets":
+            self.ingress_tickets.resize(value)
+        elif name.startswith("ingress_request_admission_"):
+            self.request_limiter.configure(
+                **{name.removeprefix("ingress_request_admission_"): value}
+            )
+        elif name == "ingress_request_rate_limiter_exemptions":
+            self.request_exemptions = CidrMatcher(value, name=name)
+        elif name == "ingress_connection_establishment_rate_limiter_bypass":
+            self.connection_bypass = CidrMatcher(value, name=name)
+        elif name.startswith("ingress_connection_establishment_") and not name.endswith("_enabled"):
+            key = name.removeprefix("ingress_connection_establishment_")
+            self.connection_limiter.configure(**{key: value})
+        elif name.startswith("bucket_queue_"):
+            key = name.removeprefix("bucket_queue_")
+            self.queues.configure(**{"queue_tolerance" if key == "tolerance" else key: value})
+        elif name.startswith("write_permit_"):
+            self.permits.configure(**{name.removeprefix("write_permit_"): value})
         elif name == "execution_read_max_queue_depth":
             self.read_tickets.max_queue_depth = value
         elif name == "execution_write_max_queue_depth":
@@ -178,9 +203,55 @@ class Node:
     # -- writer plumbing -----------------------------------------------------
 
     def start(self) -> None:
-        """Start the writer; call on the Trio thread."""
+        """Build the gates that run on Trio's clock and start the writer (on the Trio thread)."""
         self._token = trio.lowlevel.current_trio_token()
+        cfg = self.config
+        self.request_limiter = RateLimiter.create(
+            rate_per_sec=cfg.ingress_request_admission_rate_per_sec,
+            burst_capacity_secs=cfg.ingress_request_admission_burst_capacity_secs,
+            max_queue_depth=0,
+            name="ingress request rate limiter",
+            param_prefix="ingress_request_admission_",
+        )
+        self.request_exemptions = CidrMatcher(
+            cfg.ingress_request_rate_limiter_exemptions,
+            name="ingress_request_rate_limiter_exemptions",
+        )
+        self.connection_limiter = RateLimiter.create(
+            rate_per_sec=cfg.ingress_connection_establishment_rate_per_sec,
+            burst_capacity_secs=cfg.ingress_connection_establishment_burst_capacity_secs,
+            max_queue_depth=cfg.ingress_connection_establishment_max_queue_depth,
+            name="connection establishment rate limiter",
+            param_prefix="ingress_connection_establishment_",
+            error=errors.TooManyConnections,
+        )
+        self.connection_bypass = CidrMatcher(
+            cfg.ingress_connection_establishment_rate_limiter_bypass,
+            name="ingress_connection_establishment_rate_limiter_bypass",
+        )
+        self.queues = BucketQueueGate.create(
+            concurrency=cfg.bucket_queue_concurrency,
+            queue_tolerance=cfg.bucket_queue_tolerance,
+            pending_timeout_ms=cfg.bucket_queue_pending_timeout_ms,
+        )
+        self.permits = WritePermitGate.create(
+            lambda: self.writer.lag,
+            target_lag=cfg.write_permit_target_lag,
+            critical_lag=cfg.write_permit_critical_lag,
+            min_capacity=cfg.write_permit_min_capacity,
+            max_capacity=cfg.write_permit_max_capacity,
+            adjustment_interval_ms=cfg.write_permit_adjustment_interval_ms,
+        )
         self._start_throttle()
+        self.pipeline = Pipeline(
+            ingress=self.ingress_tickets,
+            throttle=self.throttle,
+            throttle_gate=self.gate,
+            queues=self.queues,
+            permits=self.permits,
+            read_tickets=self.read_tickets,
+            write_tickets=self.write_tickets,
+        )
         self.writer.start()
 
     def _start_throttle(self) -> None:
@@ -199,9 +270,14 @@ class Node:
         )
         self.gate = TenantThrottleGate(self.throttle)
         for handle in self.engine.buckets.values():
-            self._throttle_add(handle)
+            self._gates_add(handle)
 
-    def _throttle_add(self, handle: BucketHandle) -> None:
+    def _gates_add(self, handle: BucketHandle) -> None:
+        """Register a bucket with every per-bucket gate, with its saved properties."""
+        self.queues.add_bucket(handle.name)
+        for cls, props in (handle.props.get("queues") or {}).items():
+            self.queues.set_bucket(handle.name, cls, **props)
+        self.permits.add_bucket(handle.name)
         props = handle.props.get("throttle") or {}
         self.throttle.add_bucket(
             handle.name,
@@ -283,14 +359,16 @@ class Node:
     def bucket_added(self, handle: BucketHandle) -> None:
         self.engine.buckets[handle.name] = handle
         self.bucket_stats[handle.name] = BucketStats()
-        self._throttle_add(handle)
+        self._gates_add(handle)
 
     def bucket_removed(self, handle: BucketHandle) -> None:
         handle.dropped = True
         self.engine.buckets.pop(handle.name, None)
         self.bucket_stats.pop(handle.name, None)
-        # Wakes throttled requests of the bucket with BucketNotFound.
+        # Waiting requests of the bucket fail with BucketNotFound.
         self.gate.bucket_removed(handle.name)
+        self.queues.remove_bucket(handle.name)
+        self.permits.remove_bucket(handle.name)
 
     # -- users -----------------------------------------------------------------
 
@@ -404,6 +482,19 @@ class Node:
             "buckets": buckets,
             "users": len(self.users),
             "throttle": self._throttle_status(),
+            "ingress": {
+                "request_rate_limiter": {
+                    "enabled": self.config.ingress_request_rate_limiter_enabled,
+                    **self.request_limiter.statistics().as_dict(),
+                },
+                "connection_establishment": {
+                    "enabled": self.config.ingress_connection_establishment_rate_limiter_enabled,
+                    **self.connection_limiter.statistics().as_dict(),
+                },
+                "admission": self.ingress_tickets.statistics().as_dict(),
+            },
+            "bucket_queues": self.queues.statistics().as_dict(),
+            "write_permits": self.permits.statistics().as_dict(),
             "execution": {
                 "read": self.read_tickets.statistics().as_dict(),
                 "write": self.write_tickets.statistics().as_dict(),

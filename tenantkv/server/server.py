@@ -73,6 +73,7 @@ class Server:
                     outer.start_soon(self._watch_signals)
                 outer.start_soon(self._expiry_pager)
                 outer.start_soon(run_probing, node.prober)
+                await outer.start(node.permits.run)
                 async with trio.open_nursery() as sessions:
                     accept_scope = trio.CancelScope()
                     for listener in self.listeners:
@@ -147,6 +148,22 @@ class Server:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             return
+        if node.config.ingress_connection_establishment_rate_limiter_enabled:
+            # Before the first read: a connection storm queues here (bounded),
+            # and what does not fit is refused, so established clients go on.
+            try:
+                await node.connection_limiter.acquire(
+                    exempt=node.connection_bypass.matches(peer.rsplit(":", 1)[0])
+                )
+            except errors.TenantKVError as refused:
+                node.connections_rejected += 1
+                with trio.move_on_after(1):
+                    try:
+                        await stream.send_all(protocol.encode_error(None, refused))
+                        await stream.aclose()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                return
         node.connections_total += 1
         await Session(node, stream, peer, next(self._ids)).run()
 

@@ -27,7 +27,7 @@ import trio
 
 from tenantkv import errors, protocol
 from tenantkv._version import __version__
-from tenantkv.admission.execution_tickets import Ticket
+from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
 from tenantkv.server.commands import COMMANDS, Command, check_params
 from tenantkv.server.node import Node
@@ -49,6 +49,7 @@ class Session:
         self.node = node
         self.stream = stream
         self.peer = peer
+        self.peer_ip = peer.rsplit(":", 1)[0]
         self.conn_id = conn_id
         self.user: auth.User | None = None
         self.bucket: str | None = None
@@ -162,7 +163,8 @@ class Session:
     # -- input ---------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        cfg = self.node.config
+        node = self.node
+        cfg = node.config
         decoder = protocol.RequestDecoder(
             min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024)
         )
@@ -185,7 +187,12 @@ class Session:
             try:
                 decoder.feed(data)
                 for req in decoder:
-                    if self.user is not None and self._run_fast(*req):
+                    if self.user is not None and (
+                        node.config.ingress_request_rate_limiter_enabled
+                        and not self._rate_admitted(req)
+                    ):
+                        pass  # answered with 462
+                    elif self.user is not None and self._run_fast(*req):
                         pass
                     elif not await self._handle(req):
                         return
@@ -196,6 +203,23 @@ class Session:
                 # The frame is unreadable, so the error is not addressed to a msgid.
                 self._reply_error(None, exc)
                 return
+
+    def _rate_admitted(self, req: protocol.Request) -> bool:
+        """The ingress request rate limiter, before any other work on the request.
+        Admin commands and exempt client addresses pass, counted as exempted."""
+        node = self.node
+        cmd = COMMANDS.get(req.method)
+        exempt = (cmd is not None and cmd.kind == "admin") or node.request_exemptions.matches(
+            self.peer_ip
+        )
+        wait = node.request_limiter.try_acquire(exempt=exempt)
+        if wait == 0.0:
+            return True
+        exc = node.request_limiter.rejection(wait)
+        exc.command = req.method
+        self._count_error(exc)
+        self._reply_error(req.msgid, exc)
+        return False
 
     async def _wait_drained(self) -> None:
         while self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
@@ -210,20 +234,19 @@ class Session:
         msgid: int,
         method: str,
         params: dict[str, Any],
-        admitted: bool = False,
+        holds: Holds | None = None,
         failpoints_checked: bool = False,
-        ticket: Ticket | None = None,
     ) -> bool:
         """Handle a read or write without awaiting; False if it needs ``_handle``.
 
-        This is the hot path of every data command, passing its gates in path
-        order: tenant throttle, then an execution ticket of its class. A read
-        runs inline holding its ticket; a write is queued on the group-commit
-        writer and keeps its ticket until its batch is durable. It goes to
-        ``_handle`` (which may wait) when this connection has writes in flight
-        (so a connection reads its own writes) or a gate cannot admit it now.
-        ``ticket``, when given, was acquired by ``_handle``; this method then
-        owns it (releases it, or hands it to the write's callback).
+        The hot path of every data command: the admission pipeline's fast path
+        (tenant throttle, bucket queue, write permit, execution ticket — see
+        :mod:`tenantkv.admission.pipeline`), then a read runs inline and a
+        write is queued on the group-commit writer, keeping what it holds
+        until its batch is durable. It goes to ``_handle`` (which may wait)
+        when this connection has writes in flight (so a connection reads its
+        own writes) or a gate cannot admit it now. ``holds``, when given, were
+        acquired by ``_handle``; this method then owns them.
         """
         cmd = COMMANDS.get(method)
         if cmd is None:
@@ -239,36 +262,34 @@ class Session:
             return False
         user = self.user
         assert user is not None
-        t = ticket
+        h = holds
         try:
             check_params(cmd, params)
             b = self._data_bucket(write=kind == "write")
-            if not admitted:
-                throttle = node.throttle
-                if user.unthrottled:
-                    throttle.try_admit(b.name, unthrottled=True)
-                elif throttle.enabled and (
-                    node.gate.waiting(b.name) or throttle.try_admit(b.name) != 0.0
-                ):
-                    return False
             if kind == "read":
-                if t is None and (t := node.read_tickets.try_acquire()) is None:
+                if (
+                    h is None
+                    and (h := node.pipeline.try_admit(b.name, False, user.unthrottled)) is None
+                ):
                     return False
                 self.read_sizes.clear()
                 result = cmd.handler(self, b, params)
-                t.release()
-                t = None
+                h.release(method)
+                h = None
                 node.bucket_stats[b.name].ops[method] += 1
                 if self.read_sizes:
                     node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
             else:
                 op = cmd.handler(self, b, params)
-                if t is None and (t := node.write_tickets.try_acquire()) is None:
+                if (
+                    h is None
+                    and (h := node.pipeline.try_admit(b.name, True, user.unthrottled)) is None
+                ):
                     return False
                 self.pending_writes += 1
-                node.submit(op, partial(self._write_done, msgid, method, b, op, t))
-                t = None  # the write's callback releases it once durable
+                node.submit(op, partial(self._write_done, msgid, method, b, op, h))
+                h = None  # the write's callback releases them once durable
         except errors.TenantKVError as exc:
             exc.command = method
             self._count_error(exc)
@@ -276,8 +297,8 @@ class Session:
         except Exception as exc:
             self._internal_error(msgid, method, exc)
         finally:
-            if t is not None:
-                t.release()
+            if h is not None:
+                h.release(method, outcome="error")
         return True
 
     async def _handle(self, req: protocol.Request) -> bool:
@@ -299,10 +320,8 @@ class Session:
                 raise errors.UnknownCommand(f"no command named {method!r:.80}")
             check_params(cmd, params)
             if cmd.kind in ("read", "write"):
-                ticket = await self._admit(cmd, params)
-                self._run_fast(
-                    msgid, method, params, admitted=True, failpoints_checked=True, ticket=ticket
-                )
+                holds = await self._admit(cmd, params)
+                self._run_fast(msgid, method, params, holds=holds, failpoints_checked=True)
             else:
                 await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
@@ -328,10 +347,9 @@ class Session:
         self._reply_error(msgid, exc)
         return True
 
-    async def _admit(self, cmd: Command, params: dict[str, Any]) -> Ticket:
-        """Wait for the gates a data command passes before storage: the tenant
-        throttle, then an execution ticket of its class. This connection reads
-        nothing meanwhile (TCP back-pressure). Returns the ticket."""
+    async def _admit(self, cmd: Command, params: dict[str, Any]) -> Holds:
+        """Wait at each gate of the admission pipeline, bounded by the request's
+        ``timeout_ms``. This connection reads nothing meanwhile (TCP back-pressure)."""
         b = self._data_bucket(write=cmd.kind == "write")
         deadline = None
         timeout_ms = params.get("timeout_ms")
@@ -340,15 +358,16 @@ class Session:
                 raise errors.BadValue("'timeout_ms' must be a non-negative integer")
             deadline = trio.current_time() + timeout_ms / 1000
         assert self.user is not None
-        node = self.node
-        await node.gate.admit(
+        key = params.get("key")
+        return await self.node.pipeline.admit(
             b.name,
+            cmd.kind == "write",
             unthrottled=self.user.unthrottled,
             deadline=deadline,
             nonblocking=self.nonblocking_throttle,
+            operation=cmd.name,
+            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
         )
-        holder = node.read_tickets if cmd.kind == "read" else node.write_tickets
-        return await holder.acquire(deadline=deadline)
 
     def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
         log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
@@ -366,11 +385,11 @@ class Session:
         method: str,
         b: BucketHandle,
         op: WriteOp,
-        ticket: Ticket,
+        holds: Holds,
         result: Any,
         error: BaseException | None,
     ) -> None:
-        ticket.release()
+        holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
         self.pending_writes -= 1
         stats = self.node.bucket_stats.get(b.name)
         if error is None:

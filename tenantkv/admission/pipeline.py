@@ -1,0 +1,158 @@
+"""The admission pipeline: the gates a data command passes, in path order.
+
+    ingress admission ticket ─► tenant throttle ─► bucket queue (read / write)
+      ─► write permit (writes only) ─► execution ticket ─► storage
+
+(The ingress request rate limiter sits in front of all of this, per request,
+in the session; it applies to admin commands too.)
+
+:meth:`Pipeline.try_admit` is the fast path the session runs for every
+operation: each gate's synchronous ``try_acquire``, no await, and when any
+gate cannot admit at once it gives back what it took and returns ``None``.
+The session then calls :meth:`Pipeline.admit`, which waits at each gate in
+the same order, bounded by the request's deadline. Either way the caller gets
+a :class:`Holds` and releases it exactly once when the operation is over — a
+read right after it ran, a write when its group commit is durable.
+
+A rejection anywhere happens before storage, so the operation had no effect.
+Exempt work (admin commands, the expiry pager) does not come through here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import trio
+
+from tenantkv import errors
+from tenantkv.admission.bucket_queues import READ, WRITE, BucketQueue, BucketQueueGate
+from tenantkv.admission.execution_tickets import Ticket, TicketHolder
+from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate
+from tenantkv.admission.write_permits import BucketPermits, WritePermitGate
+
+#: Default size of the ingress admission controller: effectively "no limit"
+#: until an operator lowers it; it bounds operations in the server at once.
+DEFAULT_INGRESS_TICKETS = 1_000_000
+
+
+class Holds:
+    """What one admitted operation holds; :meth:`release` gives all of it back."""
+
+    __slots__ = ("_pipeline", "ingress", "permit", "queue", "ticket")
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        ingress: Ticket,
+        queue: BucketQueue,
+        permit: BucketPermits | None,
+        ticket: Ticket,
+    ) -> None:
+        self._pipeline = pipeline
+        self.ingress = ingress
+        self.queue = queue
+        self.permit = permit
+        self.ticket = ticket
+
+    def release(self, operation: str = "", key_len: int = 0, outcome: str = "ok") -> None:
+        """Give everything back, innermost gate first (idempotent)."""
+        p = self._pipeline
+        self.ticket.release()
+        if self.permit is not None:
+            p.permits.release(self.permit)
+            self.permit = None
+        if self.queue is not None:
+            p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
+            self.queue = None  # type: ignore[assignment]
+        self.ingress.release()
+
+
+@dataclass(eq=False)
+class Pipeline:
+    ingress: TicketHolder
+    throttle: TenantThrottle
+    throttle_gate: TenantThrottleGate
+    queues: BucketQueueGate
+    permits: WritePermitGate
+    read_tickets: TicketHolder
+    write_tickets: TicketHolder
+
+    def try_admit(self, bucket: str, write: bool, unthrottled: bool) -> Holds | None:
+        """Admit now through every gate, or take nothing and return None."""
+        ingress = self.ingress.try_acquire()
+        if ingress is None:
+            return None
+        throttle = self.throttle
+        if unthrottled:
+            throttle.try_admit(bucket, unthrottled=True)  # charged later, never delayed
+        elif throttle.enabled and (
+            self.throttle_gate.waiting(bucket) or throttle.try_admit(bucket) != 0.0
+        ):
+            ingress.release()
+            return None
+        queue = self.queues.try_acquire(bucket, WRITE if write else READ)
+        if queue is None:
+            ingress.release()
+            return None
+        permit = None
+        if write:
+            permit = self.permits.try_acquire(bucket)
+            if permit is None:
+                self.queues.release(queue, outcome="requeued")
+                ingress.release()
+                return None
+        ticket = (self.write_tickets if write else self.read_tickets).try_acquire()
+        if ticket is None:
+            if permit is not None:
+                self.permits.release(permit)
+            self.queues.release(queue, outcome="requeued")
+            ingress.release()
+            return None
+        return Holds(self, ingress, queue, permit, ticket)
+
+    async def admit(
+        self,
+        bucket: str,
+        write: bool,
+        *,
+        unthrottled: bool,
+        deadline: float | None,
+        nonblocking: bool,
+        operation: str,
+        key_len: int,
+    ) -> Holds:
+        """Wait at each gate in order; raises the first gate's rejection (nothing held)."""
+        ingress = await self.ingress.acquire(deadline=deadline)
+        queue: BucketQueue | None = None
+        permit: BucketPermits | None = None
+        try:
+            await self.throttle_gate.admit(
+                bucket, unthrottled=unthrottled, deadline=deadline, nonblocking=nonblocking
+            )
+            queue = await _by(
+                deadline,
+                self.queues.acquire(
+                    bucket, WRITE if write else READ, operation=operation, key_len=key_len
+                ),
+            )
+            if write:
+                permit = await _by(deadline, self.permits.acquire(bucket))
+            holder = self.write_tickets if write else self.read_tickets
+            ticket = await holder.acquire(deadline=deadline)
+        except BaseException:
+            if permit is not None:
+                self.permits.release(permit)
+            if queue is not None:
+                self.queues.release(queue, operation=operation, key_len=key_len, outcome="rejected")
+            ingress.release()
+            raise
+        return Holds(self, ingress, queue, permit, ticket)
+
+
+async def _by(deadline: float | None, wait: object) -> object:
+    """Await ``wait`` (a coroutine) but give up with DeadlineExceeded at ``deadline``."""
+    with trio.move_on_at(math.inf if deadline is None else deadline) as scope:
+        return await wait  # type: ignore[misc]
+    assert scope.cancelled_caught
+    raise errors.DeadlineExceeded("the request's deadline passed while it waited for admission")
