@@ -180,7 +180,7 @@ def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
 
 
 #: status sections exported by :func:`section_metrics` (one per admission gate)
-GATE_SECTIONS = ("execution",)
+GATE_SECTIONS = ("ingress", "bucket_queues", "write_permits", "execution")
 
 #: statistics that only grow, exported as counters (the rest are gauges)
 COUNTER_KEYS = frozenset(
@@ -200,32 +200,75 @@ COUNTER_KEYS = frozenset(
         "times_decreased",
         "total_amount_increased",
         "total_amount_decreased",
+        "attempted",
+        "successful",
+        "rejected",
+        "exempted",
+        "interrupted_in_queue",
+        "admitted",
+        "queued_total",
+        "rejected_overflow",
+        "rejected_timeout",
+        "interrupted",
+        "granted",
+        "waited",
+        "evaluations",
+        "adjustments",
+        "events_delivered",
+        "events_dropped",
     }
 )
 
 
 def section_metrics(prefix: str, section: dict[str, Any]) -> Iterator[Any]:
     """Every number in a gate's status section, named by its path:
-    ``{"read": {"out": 3}}`` under ``tenantkv_execution`` is ``tenantkv_execution_read_out``."""
-    for path, value in _leaves(section, ()):
+    ``{"read": {"out": 3}}`` under ``tenantkv_execution`` is ``tenantkv_execution_read_out``.
+    Entries under a ``buckets`` map become a ``bucket`` label, and a
+    ``wait_histogram_us`` list of ``[upper bound µs, count]`` a histogram in seconds."""
+    families: dict[str, Any] = {}
+    for path, labels, value in _leaves(section, (), {}):
+        key = path[-1]
+        name = "_".join((prefix, *path))
+        names = sorted(labels)
+        if key == "wait_histogram_us" and isinstance(value, list):
+            name = name.removesuffix("_us") + "_seconds"
+            fam = families.get(name) or families.setdefault(
+                name, HistogramMetricFamily(name, f"{prefix}: wait time", labels=names)
+            )
+            cumulative, buckets = 0, []
+            for le, n in value:
+                cumulative += n
+                buckets.append(("+Inf" if le == "+Inf" else str(le / 1e6), cumulative))
+            fam.add_metric([labels[k] for k in names], buckets, None)
+            continue
         v = _number(value)
         if v is None:
             continue
-        name = "_".join((prefix, *path))
-        if path[-1] in COUNTER_KEYS or path[-1].endswith("_total"):
-            m: Any = CounterMetricFamily(name.removesuffix("_total"), f"{prefix}: {'.'.join(path)}")
+        if key in COUNTER_KEYS or key.endswith("_total"):
+            name = name.removesuffix("_total")
+            fam = families.get(name) or families.setdefault(
+                name, CounterMetricFamily(name, f"{prefix}: {'.'.join(path)}", labels=names)
+            )
         else:
-            m = GaugeMetricFamily(name, f"{prefix}: {'.'.join(path)}")
-        m.add_metric([], v)
-        yield m
+            fam = families.get(name) or families.setdefault(
+                name, GaugeMetricFamily(name, f"{prefix}: {'.'.join(path)}", labels=names)
+            )
+        fam.add_metric([labels[k] for k in names], v)
+    yield from families.values()
 
 
-def _leaves(d: dict[str, Any], path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+def _leaves(
+    d: dict[str, Any], path: tuple[str, ...], labels: dict[str, str]
+) -> Iterator[tuple[tuple[str, ...], dict[str, str], Any]]:
     for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _leaves(v, (*path, str(k)))
+        if k == "buckets" and isinstance(v, dict):
+            for bucket, sub in v.items():
+                if isinstance(sub, dict):
+                    yield from _leaves(sub, path, {**labels, "bucket": str(bucket)})
+        elif isinstance(v, dict):
+            yield from _leaves(v, (*path, str(k)), labels)
         else:
-            yield (*path, str(k)), v
+            yield (*path, str(k)), labels, v
 
 
 def start_metrics_server(node: Node, port: int, addr: str = "127.0.0.1") -> int:

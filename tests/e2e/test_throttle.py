@@ -279,6 +279,11 @@ def test_metrics_endpoint_shows_throttle_and_node_metrics(tmp_path: Path) -> Non
         "tenantkv_execution_read_total_tickets ",
         "tenantkv_execution_write_finished_processing_total ",
         "tenantkv_execution_probing_times_probed_stable_total ",
+        'tenantkv_bucket_queues_read_running{bucket="m"} 0.0',
+        'tenantkv_write_permits_capacity{bucket="m"} ',
+        'tenantkv_write_permits_wait_histogram_seconds_bucket{bucket="m",le="+Inf"} ',
+        "tenantkv_ingress_request_rate_limiter_rejected_total ",
+        "tenantkv_ingress_admission_total_tickets 1e+06",
         'tenantkv_throttle_wait_seconds_bucket{bucket="m",le="+Inf"} ',
     ):
         assert line in text, line
