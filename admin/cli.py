@@ -465,7 +465,99 @@ def _param_get(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     return Output(result, fmt.kv_table(result))
 
 
+# watch / bucket queues
+
+
+def _watch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bucket", metavar="BUCKET", help="only this bucket's events")
+    p.add_argument(
+        "--count", type=int, metavar="N", help="stop after N events (default: until Ctrl-C)"
+    )
+
+
+def _watch(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    seen = 0
+    params: dict[str, Any] = {"timeout_ms": 1000}
+    if a.bucket:
+        params["bucket"] = a.bucket
+    if not a.json:
+        print(
+            f"{'time':>12}  {'event':<17} {'bucket':<16} {'class':<5} {'operation':<10} "
+            f"{'key':>4} {'running':>7} {'queued':>6}  outcome",
+            flush=True,
+        )
+    try:
+        while a.count is None or seen < a.count:
+            for ev in c.command("watch_events", **params)["events"]:
+                seen += 1
+                if a.json:
+                    print(fmt.dumps(ev).replace("\n", " "), flush=True)
+                else:
+                    print(
+                        f"{ev['time']:>12.3f}  {ev['event']:<17} {ev['bucket']:<16} "
+                        f"{ev['class']:<5} {ev['operation']:<10} {ev['key_len']:>4} "
+                        f"{ev['running']:>7} {ev['queued']:>6}  {ev['outcome']}",
+                        flush=True,
+                    )
+                if a.count is not None and seen >= a.count:
+                    break
+    except KeyboardInterrupt:
+        pass
+    a.json = False  # events were printed as they came
+    return Output(seen, f"{seen} events")
+
+
+def _queue_limit(text: str) -> int | None:
+    if text == "default":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'default'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _queue_set_args(p: argparse.ArgumentParser) -> None:
+    _bucket_arg(p)
+    p.add_argument("cls", metavar="CLASS", choices=("read", "write"), help="read or write")
+    # SUPPRESS: a flag left out is absent, so "default" (None) and "unchanged" differ.
+    p.add_argument(
+        "--concurrency", type=_queue_limit, metavar="N|default", default=argparse.SUPPRESS
+    )
+    p.add_argument("--tolerance", type=_queue_limit, metavar="N|default", default=argparse.SUPPRESS)
+
+
+def _queue_set(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    params: dict[str, Any] = {"bucket": a.bucket, "class": a.cls}
+    if hasattr(a, "concurrency"):
+        params["concurrency"] = a.concurrency
+    if hasattr(a, "tolerance"):
+        params["queue_tolerance"] = a.tolerance
+    result = c.command("set_bucket_queue", **params)
+    return Output(result, fmt.kv_table(result))
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "watch",
+        "follow bucket-queue events live",
+        "Stream request_throttled / request_handled events of the bucket queues (time, "
+        "bucket, class, operation, key length, slots in use, queued, outcome). Ctrl-C stops.",
+        ("tenantkv-admin watch", "tenantkv-admin watch --bucket orders --count 100"),
+        _watch_args,
+        _watch,
+    ),
+    Subcommand(
+        "bucket-queue-set",
+        "set a bucket's own queue limits",
+        "Set one bucket's running slots (--concurrency) and waiting room (--tolerance) for "
+        "reads or writes; 'default' returns a value to the node's bucket_queue_* setting.",
+        ("tenantkv-admin bucket-queue-set orders write --concurrency 16 --tolerance 256",),
+        _queue_set_args,
+        _queue_set,
+    ),
     Subcommand(
         "bucket-create",
         "create a bucket",

@@ -501,6 +501,69 @@ async def get_parameter(s: Session, p: dict[str, Any]) -> Any:
     return s.node.parameter(str_param(p, "name"))
 
 
+@command("watch_events", "admin", "bucket", "max_events")
+async def watch_events(s: Session, p: dict[str, Any]) -> Any:
+    """{events: [{event, time, bucket, class, operation, key_len, running, queued,
+    outcome}, ...]}: bucket-queue events (request_throttled, request_handled) since the
+    last call on this connection, waiting up to timeout_ms (default 1000) for the first.
+    The first call subscribes this connection (for one bucket, or all)."""
+    bucket = p.get("bucket")
+    if bucket is not None:
+        s.node.bucket(str_param(p, "bucket"))
+    limit = int_param(p, "max_events", 1000, 1, 100_000)
+    timeout = int_param(p, "timeout_ms", 1000, 0, 600_000) / 1000
+    rx = s.watch(bucket)
+    events = []
+    with trio.move_on_after(timeout):
+        events.append(await rx.receive())
+    while len(events) < limit:
+        try:
+            events.append(rx.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+    return {"events": [e.as_dict() for e in events]}
+
+
+@command("set_bucket_queue", "admin", "bucket", "class", "concurrency", "queue_tolerance")
+async def set_bucket_queue(s: Session, p: dict[str, Any]) -> Any:
+    """{bucket, class, concurrency, queue_tolerance}: a bucket's own queue limits for one
+    class (read or write); nil for a value returns it to the node default. Persisted."""
+    name = str_param(p, "bucket")
+    cls = p.get("class")
+    if cls not in ("read", "write"):
+        raise errors.BadValue("'class' must be 'read' or 'write'")
+    node = s.node
+    handle = node.bucket(name)
+    queues = dict(handle.props.get("queues") or {})
+    current = dict(queues.get(cls) or {})
+    for key in ("concurrency", "queue_tolerance"):
+        if key in p:
+            current[key] = p[key]
+    # Validate by applying to the live gate first (all or nothing), then persist.
+    node.queues.set_bucket(name, cls, **current)
+    queues[cls] = {k: v for k, v in current.items() if v is not None}
+    props = {**handle.props, "queues": queues}
+    await node.write(
+        PutSystemOp(
+            b"bucket:" + name.encode(),
+            props,
+            expect="present",
+            on_absent=errors.BucketNotFound,
+            what=f"bucket {name!r}",
+        )
+    )
+    handle.props = props
+    stats = node.queues.statistics().as_dict()["buckets"][name][cls]
+    result = {
+        "bucket": name,
+        "class": cls,
+        "concurrency": stats["concurrency"],
+        "queue_tolerance": stats["queue_tolerance"],
+    }
+    log.info("audit: %s set_bucket_queue %s", s.who(), result)
+    return result
+
+
 @command("configure_fail_point", "admin", "name", "mode", "data")
 async def configure_fail_point(s: Session, p: dict[str, Any]) -> Any:
     """Test only (--enable-test-commands): make commands fail or stall; see

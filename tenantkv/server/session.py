@@ -70,6 +70,8 @@ class Session:
         self._reading = True
         self._recv_scope: trio.CancelScope | None = None
         self._done = False
+        #: bucket-queue event subscription of a watch_events connection
+        self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -90,6 +92,8 @@ class Session:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            if self._watch_rx is not None:
+                self.node.queues.unsubscribe(self._watch_rx)
             self.select(None)
             self.node.session_closed(self)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -110,6 +114,12 @@ class Session:
         self.bucket = bucket
         if bucket is not None and bucket in throttle:
             throttle.connection_opened(bucket)
+
+    def watch(self, bucket: str | None) -> trio.MemoryReceiveChannel[Any]:
+        """This connection's subscription to bucket-queue events (made on first use)."""
+        if self._watch_rx is None:
+            self._watch_rx = self.node.queues.subscribe(bucket)
+        return self._watch_rx
 
     def who(self) -> str:
         """For audit lines: user and peer address."""
@@ -306,13 +316,15 @@ class Session:
         msgid, method, params = req
         if self.user is None:
             return await self._hello(req)
-        if self.pending_writes:
+        cmd = COMMANDS.get(method)
+        if self.pending_writes and (cmd is None or cmd.kind != "write"):
+            # Reads and admin commands see this connection's earlier writes; a
+            # write needs no wait: the writer commits a connection's writes in order.
             await self._wait_writes()
         if self.node.failpoints.active and await self._failpoint(msgid, method):
             return True
         if self._run_fast(msgid, method, params, failpoints_checked=True):
             return True
-        cmd = COMMANDS.get(method)
         try:
             if cmd is None:
                 if method == "hello":
