@@ -126,6 +126,7 @@ Server integration (what :mod:`tenantkv.server` calls)
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -508,6 +509,11 @@ class TenantThrottle:
     @property
     def capacity(self) -> Limit:
         return self._capacity
+
+    @property
+    def slice_secs(self) -> float:
+        """Length of one refill slice."""
+        return self._slice
 
     @property
     def write_weight(self) -> int:
@@ -1000,6 +1006,13 @@ class _Waiter:
         self.removed = False
 
 
+def _spread(wait: float, slice_secs: float) -> float:
+    """A retry hint spread over the next refills: every rejected client is told a
+    different moment, so their retries do not all land on the same refill (and
+    crowd out first attempts there). Never sooner than the predicted wait."""
+    return wait + random.random() * max(slice_secs, wait)
+
+
 def _retry_after_ms(wait: float, cap_ms: int) -> int:
     """``retryAfterMs`` for a predicted wait: at least 1, at most ``cap_ms``."""
     if not wait * 1000.0 < cap_ms:  # also inf
@@ -1055,7 +1068,9 @@ class TenantThrottleGate:
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
             raise Throttled(
                 f"bucket {bucket!r} is over its unit allowance",
-                retry_after_ms=_retry_after_ms(wait, NONBLOCKING_MAX_RETRY_MS),
+                retry_after_ms=_retry_after_ms(
+                    _spread(wait, throttle.slice_secs), NONBLOCKING_MAX_RETRY_MS
+                ),
             )
         start = trio.current_time()
         if deadline is not None and deadline <= start:

@@ -7,20 +7,24 @@
             for i in range(100):
                 n.start_soon(c.get, f"key{i}")
 
-A background task reads responses and wakes the caller waiting for each msgid.
+A background task per connection reads responses and wakes the caller waiting
+for each msgid. Overload errors are retried with backoff by the policy the
+blocking client uses too (:mod:`tenantkv.client.retry`); only the sleeping
+(``trio.sleep``) is this module's own.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
 import trio
 
 from tenantkv import errors
-from tenantkv._version import __version__
-from tenantkv.client.core import CLIENT_NAME, Call, ClientCore, Commands, hello_call
-from tenantkv.config import DEFAULT_PORT
+from tenantkv.client.base import BaseClient
+from tenantkv.client.core import Call, ClientCore
+from tenantkv.client.servers import Address
 from tenantkv.protocol import Response
 
 RECV_BYTES = 256 * 1024
@@ -34,47 +38,146 @@ class _Slot:
         self.response: Response | None = None
 
 
-class AsyncClient(Commands):
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        *,
-        user: str,
-        password: str,
-        bucket: str | None = None,
-        timeout: float | None = 30.0,
-        connect_timeout: float = 10.0,
-        client_name: str = CLIENT_NAME,
-        nonblocking_throttle: bool = False,
-    ) -> None:
-        self.host, self.port = host, port
-        self.timeout = timeout
-        self._connect_timeout = connect_timeout
-        self._hello = hello_call(
-            user, password, bucket, client_name, __version__, nonblocking_throttle
-        )
-        self._core = ClientCore()
-        self._waiting: dict[int, _Slot] = {}
-        self._stream: trio.SocketStream | None = None
-        self._send_lock = trio.Lock()
+class _Connection:
+    """One stream to one server and the table of callers waiting for responses."""
+
+    def __init__(self, address: Address, stream: trio.abc.Stream) -> None:
+        self.address = address
+        self.stream: trio.abc.Stream | None = stream
+        self.core = ClientCore()
+        self.waiting: dict[int, _Slot] = {}
+        self.send_lock = trio.Lock()
+        #: set once the connection is unusable; raised to every later caller
+        self.failure: errors.TenantKVError | None = None
+        self.info: dict[str, Any] = {}
+
+    def fail(self, exc: errors.TenantKVError) -> None:
+        if self.failure is None:
+            self.failure = exc
+        for slot in self.waiting.values():
+            slot.event.set()
+
+    async def receive_loop(self) -> None:
+        stream = self.stream
+        assert stream is not None
+        try:
+            while True:
+                data = await stream.receive_some(RECV_BYTES)
+                if not data:
+                    self.fail(errors.ConnectionClosed("the server closed the connection"))
+                    return
+                for resp in self.core.receive(data):
+                    if resp.msgid is None and resp.error is not None:
+                        self.fail(errors.from_wire(resp.error))
+                        return
+                    slot = self.waiting.pop(resp.msgid, None)
+                    if slot is not None:  # else its caller gave up
+                        slot.response = resp
+                        slot.event.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.fail(errors.ConnectionClosed(f"connection lost: {exc!r}"))
+        except errors.TenantKVError as exc:
+            self.fail(exc)
+
+    async def roundtrip(
+        self, call: Call[Any], params: dict[str, Any], deadline: float | None
+    ) -> Any:
+        """Send one request and wait for its result until ``deadline`` (trio time)."""
+        if self.failure is not None:
+            raise self.failure
+        stream = self.stream
+        if stream is None:
+            raise errors.ConnectionClosed("the client is not connected")
+        msgid, data = self.core.request(call.method, params)
+        slot = _Slot()
+        self.waiting[msgid] = slot
+        try:
+            with trio.move_on_at(math.inf if deadline is None else deadline) as scope:
+                async with self.send_lock:
+                    await stream.send_all(data)
+                await slot.event.wait()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise errors.ConnectionClosed(f"send failed: {exc!r}") from None
+        finally:
+            self.waiting.pop(msgid, None)
+        if scope.cancelled_caught:
+            raise errors.ClientTimeout(
+                f"no response to {call.method} within the timeout", command=call.method
+            )
+        if slot.response is None:
+            assert self.failure is not None
+            raise self.failure
+        return self.core.outcome(slot.response, call)
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            self.fail(errors.ConnectionClosed("the client is closed"))
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+
+class AsyncClient(BaseClient):
+    """The Trio client; the constructor arguments are :class:`BaseClient`'s.
+
+    Use it as ``async with``: entering connects to the home server.
+    """
+
+    #: how the retry loop waits and reads time (trio's, so MockClock applies)
+    _sleep = staticmethod(trio.sleep)
+    _clock = staticmethod(trio.current_time)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conns: list[_Connection | None] = [None] * len(self.addresses)
+        self._opening: list[trio.Lock] = [trio.Lock() for _ in self.addresses]
         self._nursery_cm: Any = None
-        self._failure: errors.TenantKVError | None = None
-        self.server_info: dict[str, Any] = {}
+        self._nursery: trio.Nursery | None = None
+
+    __init__.__doc__ = BaseClient.__doc__
+    __init__.__signature__ = inspect.signature(BaseClient.__init__)  # type: ignore[attr-defined]
+
+    async def _open_stream(self, address: Address) -> trio.abc.Stream:
+        """A connected stream to ``address`` (tests override this to skip the network)."""
+        host, port = address
+        try:
+            with trio.fail_after(self.connect_timeout):
+                return await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc!r}") from None
+
+    async def _open(self, index: int) -> _Connection:
+        assert self._nursery is not None
+        address = self.addresses[index]
+        conn = _Connection(address, await self._open_stream(address))
+        self._nursery.start_soon(conn.receive_loop)
+        hello = self._hello_call()
+        deadline = None if self.timeout is None else trio.current_time() + self.timeout
+        try:
+            conn.info = await conn.roundtrip(hello, hello.params, deadline)
+        except BaseException:
+            await conn.aclose()
+            raise
+        return conn
 
     async def __aenter__(self) -> AsyncClient:
-        try:
-            with trio.fail_after(self._connect_timeout):
-                self._stream = await trio.open_tcp_stream(self.host, self.port)
-        except (OSError, trio.TooSlowError) as exc:
-            raise errors.ConnectionClosed(
-                f"cannot connect to {self.host}:{self.port}: {exc!r}"
-            ) from None
         self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
-        nursery.start_soon(self._receive_loop)
+        self._nursery = await self._nursery_cm.__aenter__()
         try:
-            self.server_info = await self._execute(self._hello)
+            for i in range(len(self.addresses)):
+                try:
+                    conn = await self._open(i)
+                except errors.TenantKVError as exc:
+                    last = i == len(self.addresses) - 1
+                    if last or not (
+                        isinstance(exc, errors.ConnectionClosed)
+                        or exc.has_label(errors.SYSTEM_OVERLOADED)
+                    ):
+                        raise
+                    continue
+                self._conns[i] = conn
+                self._set_home(i, conn.info)
+                break
         except BaseException:
             await self.aclose()
             raise
@@ -84,67 +187,65 @@ class AsyncClient(Commands):
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._stream is not None:
-            stream, self._stream = self._stream, None
-            self._fail(errors.ConnectionClosed("the client is closed"))
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        for conn in self._conns:
+            if conn is not None:
+                await conn.aclose()
         if self._nursery_cm is not None:
             cm, self._nursery_cm = self._nursery_cm, None
+            self._nursery = None
             await cm.__aexit__(None, None, None)
 
-    def _fail(self, exc: errors.TenantKVError) -> None:
-        if self._failure is None:
-            self._failure = exc
-        for slot in self._waiting.values():
-            slot.event.set()
+    async def _connection(self, index: int) -> _Connection:
+        conn = self._conns[index]
+        if conn is not None and conn.failure is None:
+            return conn
+        if index == self._servers.home:
+            if conn is None:
+                raise errors.ConnectionClosed("the client is not connected")
+            assert conn.failure is not None
+            raise conn.failure  # the home connection is the client's own: it does not come back
+        if self._nursery is None:
+            raise errors.ConnectionClosed("the client is not connected")
+        async with self._opening[index]:
+            conn = self._conns[index]
+            if conn is None or conn.failure is not None:
+                if conn is not None:
+                    await conn.aclose()
+                conn = self._conns[index] = await self._open(index)
+        return conn
 
-    async def _receive_loop(self) -> None:
-        stream = self._stream
-        assert stream is not None
-        try:
-            while True:
-                data = await stream.receive_some(RECV_BYTES)
-                if not data:
-                    self._fail(errors.ConnectionClosed("the server closed the connection"))
-                    return
-                for resp in self._core.receive(data):
-                    if resp.msgid is None and resp.error is not None:
-                        self._fail(errors.from_wire(resp.error))
-                        return
-                    slot = self._waiting.pop(resp.msgid, None)
-                    if slot is not None:  # else its caller gave up
-                        slot.response = resp
-                        slot.event.set()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._fail(errors.ConnectionClosed(f"connection lost: {exc!r}"))
-        except errors.TenantKVError as exc:
-            self._fail(exc)
+    async def _close_others(self) -> None:
+        for i, conn in enumerate(self._conns):
+            if conn is not None and i != self._servers.home:
+                self._conns[i] = None
+                await conn.aclose()
 
     async def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
-        if self._failure is not None:
-            raise self._failure
-        stream = self._stream
-        if stream is None:
-            raise errors.ConnectionClosed("the client is not connected")
-        t = self.timeout if op_timeout is None else op_timeout
-        msgid, data = self._core.request(call.method, call.params)
-        slot = _Slot()
-        self._waiting[msgid] = slot
-        try:
-            with trio.move_on_after(math.inf if t is None else t) as scope:
-                async with self._send_lock:
-                    await stream.send_all(data)
-                await slot.event.wait()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise errors.ConnectionClosed(f"send failed: {exc!r}") from None
-        finally:
-            self._waiting.pop(msgid, None)
-        if scope.cancelled_caught:
-            raise errors.ClientTimeout(
-                f"no response to {call.method} within {t} s", command=call.method
-            )
-        if slot.response is None:
-            assert self._failure is not None
-            raise self._failure
-        return self._core.outcome(slot.response, call)
+        clock = self._clock
+        op = self._begin(call, op_timeout, clock())
+        attempt = op.first_attempt()
+        while True:
+            if attempt.delay > 0:
+                await self._sleep(attempt.delay)
+            try:
+                conn = await self._connection(attempt.server)
+            except errors.TenantKVError as exc:
+                next_attempt = op.server_unavailable(attempt, exc, clock())
+                if next_attempt is None:
+                    raise
+                attempt = next_attempt
+                continue
+            now = clock()
+            op.started(attempt, now)
+            try:
+                result = await conn.roundtrip(call, op.params(now), op.deadline)
+            except BaseException as exc:
+                next_attempt = op.failed(exc, clock())
+                if next_attempt is None:
+                    raise
+                attempt = next_attempt
+                continue
+            op.succeeded(clock())
+            if self._selected_bucket(call):
+                await self._close_others()
+            return result

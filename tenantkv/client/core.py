@@ -4,7 +4,9 @@ It encodes requests, pairs responses with requests by msgid, and turns error
 maps into exceptions; it never touches a socket. :class:`Commands` describes
 every command once — its parameters and how its result is read — and each
 driver only supplies ``_execute(call)``, which sends a :class:`Call` and
-returns its parsed result (or, for the async client, a coroutine of it).
+returns its parsed result (or, for the async client, a coroutine of it),
+following the decisions of the shared retry policy
+(:mod:`tenantkv.client.retry`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ class Call(Generic[T]):
     method: str
     params: dict[str, Any]
     parse: Callable[[Any], T]
-    #: a read may be retried on overload without side effects
+    #: a read: retried on overload when ``retry_reads`` (else ``retry_writes``)
     is_read: bool = False
+    #: sent by ``command()``: its class is unknown, so it is retried on overload only
+    #: when both ``retry_reads`` and ``retry_writes`` are on
+    generic: bool = False
 
 
 def _key(key: Key) -> bytes:
@@ -321,8 +326,10 @@ class Commands:
         return self._execute(Call("server_status", {}, _ident, True))
 
     def command(self, method: str, /, **args: Any) -> Any:
-        """Run any server command with these parameters; returns its raw result."""
-        return self._execute(Call(method, args, _ident))
+        """Run any server command with these parameters; returns its raw result.
+
+        A ``timeout_ms`` among them also bounds the operation on the client side."""
+        return self._execute(Call(method, args, _ident, generic=True))
 
 
 class _TimeoutView(Commands):

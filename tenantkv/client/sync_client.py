@@ -6,72 +6,62 @@
             p.get("k"); p.incr("n", initial=0)
         print(p.results)
 
-A ``Client`` is for one thread at a time (use one per thread).
+Overload errors are retried with backoff by the shared policy
+(:mod:`tenantkv.client.retry`; docs/client.md). A ``Client`` is for one thread
+at a time (use one per thread; they may share a ``RetryPolicy`` and its
+adaptive token bucket).
 """
 
 from __future__ import annotations
 
+import inspect
 import socket
 import time
 from typing import Any
 
 from tenantkv import errors
-from tenantkv._version import __version__
-from tenantkv.client.core import CLIENT_NAME, Call, ClientCore, Commands, hello_call
-from tenantkv.config import DEFAULT_PORT
+from tenantkv.client.base import BaseClient
+from tenantkv.client.core import Call, ClientCore, Commands
+from tenantkv.client.servers import Address
 from tenantkv.protocol import Response
 
 RECV_BYTES = 256 * 1024
 
 
-class Client(Commands):
+class _Connection:
+    """One socket to one server, past ``hello``."""
+
+    __slots__ = ("_abandoned", "_ready", "_sock", "address", "closed", "core", "info")
+
     def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        *,
-        user: str,
-        password: str,
-        bucket: str | None = None,
-        timeout: float | None = 30.0,
-        connect_timeout: float = 10.0,
-        client_name: str = CLIENT_NAME,
-        nonblocking_throttle: bool = False,
+        self, address: Address, hello: Call[Any], connect_timeout: float, timeout: float | None
     ) -> None:
-        self.host, self.port = host, port
-        #: default per-operation timeout in seconds (None = wait forever)
-        self.timeout = timeout
-        self._core = ClientCore()
+        self.address = address
+        self.core = ClientCore()
         self._ready: dict[int, Response] = {}
         #: msgids whose caller timed out: their late responses are dropped
         self._abandoned: set[int] = set()
+        self.closed = False
+        host, port = address
         try:
-            self._sock = socket.create_connection((host, port), timeout=connect_timeout)
+            self._sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
             raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._closed = False
         try:
-            self.server_info: dict[str, Any] = self._execute(
-                hello_call(user, password, bucket, client_name, __version__, nonblocking_throttle)
-            )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.info: dict[str, Any] = self.roundtrip(hello, hello.params, deadline)
         except BaseException:
             self.close()
             raise
 
-    # -- plumbing -----------------------------------------------------------------
+    def roundtrip(self, call: Call[Any], params: dict[str, Any], deadline: float | None) -> Any:
+        msgid, data = self.core.request(call.method, params)
+        self.send(data)
+        return self.core.outcome(self.wait(msgid, deadline), call)
 
-    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
-        msgid, data = self._core.request(call.method, call.params)
-        self._send(data)
-        return self._core.outcome(self._wait(msgid, self._deadline(op_timeout)), call)
-
-    def _deadline(self, timeout: float | None) -> float | None:
-        t = self.timeout if timeout is None else timeout
-        return None if t is None else time.monotonic() + t
-
-    def _send(self, data: bytes) -> None:
-        if self._closed:
+    def send(self, data: bytes) -> None:
+        if self.closed:
             raise errors.ConnectionClosed("the client is closed")
         try:
             self._sock.sendall(data)
@@ -79,7 +69,7 @@ class Client(Commands):
             self.close()
             raise errors.ConnectionClosed(f"send failed: {exc}") from None
 
-    def _wait(self, msgid: int, deadline: float | None) -> Response:
+    def wait(self, msgid: int, deadline: float | None) -> Response:
         while msgid not in self._ready:
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -99,7 +89,7 @@ class Client(Commands):
             if not data:
                 self.close()
                 raise errors.ConnectionClosed("the server closed the connection")
-            for resp in self._core.receive(data):
+            for resp in self.core.receive(data):
                 if resp.msgid is None and resp.error is not None:
                     # A connection-level error (the server is closing this connection).
                     self.close()
@@ -110,14 +100,111 @@ class Client(Commands):
                     self._ready[resp.msgid] = resp
         return self._ready.pop(msgid)
 
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._sock.close()
+
+
+def _try_next_server(exc: errors.TenantKVError) -> bool:
+    """May the client look for its home server further down the address list?"""
+    return isinstance(exc, errors.ConnectionClosed) or exc.has_label(errors.SYSTEM_OVERLOADED)
+
+
+class Client(BaseClient):
+    """The blocking client; the constructor arguments are :class:`BaseClient`'s."""
+
+    #: how the retry loop waits and reads time (tests replace them)
+    _sleep = staticmethod(time.sleep)
+    _clock = staticmethod(time.monotonic)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conns: list[_Connection | None] = [None] * len(self.addresses)
+        self._closed = False
+        last: errors.TenantKVError | None = None
+        for i in range(len(self.addresses)):
+            try:
+                conn = self._open(i)
+            except errors.TenantKVError as exc:
+                if not _try_next_server(exc) or i == len(self.addresses) - 1:
+                    raise
+                last = exc
+                continue
+            self._conns[i] = conn
+            self._set_home(i, conn.info)
+            return
+        raise last or errors.ConnectionClosed("no server to connect to")  # pragma: no cover
+
+    __init__.__doc__ = BaseClient.__doc__
+    __init__.__signature__ = inspect.signature(BaseClient.__init__)  # type: ignore[attr-defined]
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
+        clock = self._clock
+        op = self._begin(call, op_timeout, clock())
+        attempt = op.first_attempt()
+        while True:
+            if attempt.delay > 0:
+                self._sleep(attempt.delay)
+            try:
+                conn = self._connection(attempt.server)
+            except errors.TenantKVError as exc:
+                next_attempt = op.server_unavailable(attempt, exc, clock())
+                if next_attempt is None:
+                    raise
+                attempt = next_attempt
+                continue
+            now = clock()
+            op.started(attempt, now)
+            try:
+                result = conn.roundtrip(call, op.params(now), op.deadline)
+            except BaseException as exc:
+                next_attempt = op.failed(exc, clock())
+                if next_attempt is None:
+                    raise
+                attempt = next_attempt
+                continue
+            op.succeeded(clock())
+            if self._selected_bucket(call):
+                self._close_others()
+            return result
+
+    def _connection(self, index: int) -> _Connection:
+        conn = self._conns[index]
+        if conn is not None and not conn.closed:
+            return conn
+        if index == self._servers.home or self._closed:
+            self.close()  # the home connection is the client's own: it does not come back
+            raise errors.ConnectionClosed("the client is closed")
+        conn = self._conns[index] = self._open(index)
+        return conn
+
+    def _open(self, index: int) -> _Connection:
+        """A new connection to server ``index``, past hello (tests override this)."""
+        return _Connection(
+            self.addresses[index], self._hello_call(), self.connect_timeout, self.timeout
+        )
+
+    def _home(self) -> _Connection:
+        return self._connection(self._servers.home)
+
+    def _close_others(self) -> None:
+        for i, conn in enumerate(self._conns):
+            if conn is not None and i != self._servers.home:
+                conn.close()
+                self._conns[i] = None
+
     def pipeline(self, *, raise_on_error: bool = True) -> Pipeline:
         """Queue commands and send them in one write; see :class:`Pipeline`."""
         return Pipeline(self, raise_on_error=raise_on_error)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._sock.close()
+        self._closed = True
+        for conn in self._conns:
+            if conn is not None:
+                conn.close()
 
     def __enter__(self) -> Client:
         return self
@@ -132,6 +219,12 @@ class Pipeline(Commands):
     As a context manager it executes on exit. With ``raise_on_error`` (default)
     the first failed command's error is raised after all responses are read;
     otherwise ``results`` holds the exception in that slot.
+
+    A pipeline goes to the home server in one write and every command in it
+    gets **one attempt**: an overload error is returned (or raised) like any
+    other, never retried, so that the results keep the order and the effects
+    of the batch as sent. Each command still carries the deadline
+    (``timeout_ms``) and produces its monitoring events (attempt 1).
     """
 
     def __init__(self, client: Client, *, raise_on_error: bool = True) -> None:
@@ -147,21 +240,39 @@ class Pipeline(Commands):
     def execute(self, timeout: float | None = None) -> list[Any]:
         c = self._client
         calls, self._calls = self._calls, []
+        conn = c._home()
+        clock = c._clock
+        now = clock()
+        ops = [c._begin(call, timeout, now, retry=False) for call in calls]
         ids, chunks = [], []
-        for call in calls:
-            msgid, data = c._core.request(call.method, call.params)
+        for call, op in zip(calls, ops, strict=True):
+            msgid, data = conn.core.request(call.method, op.params(now))
             ids.append(msgid)
             chunks.append(data)
-        c._send(b"".join(chunks))
-        deadline = c._deadline(timeout)
+        first = ops[0].first_attempt() if ops else None
+        for op in ops:
+            assert first is not None
+            op.started(first, now)
         results: list[Any] = []
         first_error: BaseException | None = None
-        for msgid, call in zip(ids, calls, strict=True):
-            try:
-                results.append(c._core.outcome(c._wait(msgid, deadline), call))
-            except errors.ServerError as exc:
-                results.append(exc)
-                first_error = first_error or exc
+        try:
+            conn.send(b"".join(chunks))
+            for msgid, call, op in zip(ids, calls, ops, strict=True):
+                try:
+                    results.append(conn.core.outcome(conn.wait(msgid, op.deadline), call))
+                except errors.ServerError as exc:
+                    op.failed(exc, clock())
+                    results.append(exc)
+                    first_error = first_error or exc
+                else:
+                    op.succeeded(clock())
+                    if c._selected_bucket(call):
+                        c._close_others()
+        except BaseException as exc:
+            # The connection or the time is gone: every command still waiting fails with it.
+            for op in ops[len(results) :]:
+                op.failed(exc, clock())
+            raise
         self.results = results
         if first_error is not None and self.raise_on_error:
             raise first_error

@@ -78,6 +78,10 @@ def check_params(cmd: Command, params: dict[str, Any]) -> None:
     for p in params:
         if p not in cmd.params:
             raise errors.BadValue(f"unknown parameter {p!r} for {cmd.name}")
+    if "timeout_ms" in params:
+        t = params["timeout_ms"]
+        if type(t) is not int or t < 0:
+            raise errors.BadValue("'timeout_ms' must be a non-negative integer (milliseconds)")
 
 
 # -- parameter helpers ------------------------------------------------------------

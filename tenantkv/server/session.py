@@ -364,10 +364,8 @@ class Session:
         ``timeout_ms``. This connection reads nothing meanwhile (TCP back-pressure)."""
         b = self._data_bucket(write=cmd.kind == "write")
         deadline = None
-        timeout_ms = params.get("timeout_ms")
+        timeout_ms = params.get("timeout_ms")  # checked by check_params
         if timeout_ms is not None:
-            if type(timeout_ms) is not int or timeout_ms < 0:
-                raise errors.BadValue("'timeout_ms' must be a non-negative integer")
             deadline = trio.current_time() + timeout_ms / 1000
         assert self.user is not None
         key = params.get("key")

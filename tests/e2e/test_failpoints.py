@@ -23,7 +23,7 @@ def testing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def test_fail_command_times_then_recovers(testing: Daemon) -> None:
-    with testing.client(bucket="fp") as c:
+    with testing.client(bucket="fp", max_overload_retries=0) as c:
         c.set("k", b"v")
         c.command(
             "configure_fail_point",

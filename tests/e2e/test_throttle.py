@@ -77,7 +77,7 @@ def test_b_light_load_under_reservation_is_never_throttled(daemon: Daemon) -> No
 def test_c_nonblocking_mode_rejects_at_once_with_a_hint(daemon: Daemon) -> None:
     with daemon.client() as c:
         c.create_bucket("nb", reserved=0, hard_limit=20)
-    with daemon.client(bucket="nb", nonblocking_throttle=True) as c:
+    with daemon.client(bucket="nb", nonblocking_throttle=True, max_overload_retries=0) as c:
         c.set("k", b"v")
         start = time.monotonic()
         with pytest.raises(errors.Throttled) as info:

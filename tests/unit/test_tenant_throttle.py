@@ -684,7 +684,8 @@ async def test_gate_nonblocking_rejects_at_once(autojump_clock: trio.testing.Moc
     start = trio.current_time()
     with pytest.raises(Throttled) as info:
         await gate.admit("A", nonblocking=True)
-    assert 0 < retry_ms(info.value) <= 100
+    # the next refill is at most one slice away; the hint is spread over one more
+    assert 0 < retry_ms(info.value) <= 200
     assert info.value.has_label("RetryableError")
     th.charge("A", 60_000, 0)  # a minute of debt
     with pytest.raises(Throttled) as info:
