@@ -277,6 +277,34 @@ SETTINGS: tuple[Setting, ...] = (
         )
         for p in PROBING_PARAMETERS.values()
     ),
+    # -- security (docs/security.md) --
+    Setting(
+        "tls_cert_file",
+        str,
+        None,
+        "Server TLS certificate (PEM); TLS is on when set.",
+        optional=True,
+    ),
+    Setting("tls_key_file", str, None, "Private key of tls_cert_file (PEM).", optional=True),
+    Setting(
+        "tls_ca_file",
+        str,
+        None,
+        "CA bundle (PEM) to verify client certificates; when set, clients must present one.",
+        optional=True,
+    ),
+    Setting(
+        "login_failure_limit",
+        int,
+        10,
+        "Failed logins allowed per client address per login_failure_window_secs; more get "
+        "TooManyLoginFailures (0 = no limit).",
+        0,
+        1_000_000,
+    ),
+    Setting(
+        "login_failure_window_secs", float, 60.0, "Window of login_failure_limit.", 1.0, 86400.0
+    ),
     Setting(
         "enable_test_commands",
         bool,
@@ -301,6 +329,8 @@ RUNTIME = frozenset(
         "expiry_pager_interval_secs",
         "throttle_max_wait_ms",
         "log_level",
+        "login_failure_limit",
+        "login_failure_window_secs",
         "execution_read_max_queue_depth",
         "execution_write_max_queue_depth",
         *PROBING_PARAMETERS,
@@ -373,6 +403,11 @@ class Config:
     throughput_probing_concurrency_adjustment_interval_ms: int = 100
     storage_engine_concurrent_read_transactions: int = 0
     storage_engine_concurrent_write_transactions: int = 0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    login_failure_limit: int = 10
+    login_failure_window_secs: float = 60.0
     enable_test_commands: bool = False
     log_level: str = "info"
 

@@ -177,6 +177,12 @@ TooManyConnections = _define(
     labels=OVERLOAD_LABELS,
     fatal=True,
 )
+TooManyLoginFailures = _define(
+    28,
+    "TooManyLoginFailures",
+    "Too many failed logins from this address; wait retryAfterMs before trying again.",
+    fatal=True,
+)
 IngressRequestRateLimitExceeded = _define(
     462,
     "IngressRequestRateLimitExceeded",
