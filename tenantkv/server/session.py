@@ -37,6 +37,8 @@ from tenantkv.storage.ops import WriteOp
 log = logging.getLogger("tenantkv.session")
 
 RECEIVE_BYTES = 256 * 1024
+#: Requests handled back to back before the reader lets other tasks run.
+FAIR_SHARE_REQUESTS = 256
 #: Unsent response bytes above which the reader pauses.
 OUT_HIGH_WATER = 4 * 1024 * 1024
 HELLO_PARAMS = frozenset(
@@ -194,6 +196,7 @@ class Session:
                 return
             if not data:
                 return
+            handled = 0
             try:
                 decoder.feed(data)
                 for req in decoder:
@@ -208,6 +211,11 @@ class Session:
                         return
                     if self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
                         await self._wait_drained()
+                    handled += 1
+                    if handled % FAIR_SHARE_REQUESTS == 0:
+                        # A long pipelined chunk yields now and then, so one
+                        # connection cannot hold the loop from the others.
+                        await trio.lowlevel.checkpoint()
             except (errors.ProtocolError, errors.FrameTooLarge) as exc:
                 log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
                 # The frame is unreadable, so the error is not addressed to a msgid.
