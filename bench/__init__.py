@@ -5,4 +5,5 @@
 - :mod:`bench.servers` — start and stop a tenantkv daemon or a redis-server.
 - :mod:`bench.report` — percentiles, the printed table, ratios, JSON.
 - :mod:`bench.throughput` — the ``throughput`` scenario.
+- :mod:`bench.throttle` — the ``throttle`` scenarios (tenant throttle accuracy and cost).
 """

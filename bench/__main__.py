@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import throughput
+from bench import retries, throttle, throughput
 from bench.loadgen import BenchError
 
 
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     throughput.add_parser(sub)
+    throttle.add_parser(sub)
+    retries.add_parser(sub)
     return parser
 
 

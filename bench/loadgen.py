@@ -37,7 +37,7 @@ import socket
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -320,23 +320,35 @@ class LoadResult:
     error_sample: str | None = None
     workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    #: open loop only: latency from the *actual* send time instead of the
+    #: scheduled one (what the server and network added, without the
+    #: generator's own lateness in sending)
+    hist_sent: dict[int, int] = field(default_factory=dict)
 
     @property
     def ops_per_s(self) -> float:
         return self.ok / self.window_s if self.window_s > 0 else 0.0
 
-    def percentile_us(self, q: float) -> float | None:
-        """The q-quantile (0..1) of the recorded latencies, in µs."""
-        total = sum(self.hist.values())
-        if not total:
-            return None
-        rank = q * total
-        seen = 0
-        for bucket in sorted(self.hist):
-            seen += self.hist[bucket]
-            if seen >= rank:
-                return bucket / 1000.0
-        return max(self.hist) / 1000.0
+    def percentile_us(self, q: float, *, from_send: bool = False) -> float | None:
+        """The q-quantile (0..1) of the recorded latencies, in µs.
+
+        ``from_send`` (open loop): of the latencies counted from the actual send.
+        """
+        return hist_percentile_us(self.hist_sent if from_send else self.hist, q)
+
+
+def hist_percentile_us(hist: dict[int, int], q: float) -> float | None:
+    """The q-quantile (0..1) of a latency histogram (ns buckets), in µs."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= rank:
+            return bucket / 1000.0
+    return max(hist) / 1000.0
 
 
 # -- the worker loop ---------------------------------------------------------------
@@ -361,8 +373,9 @@ class _Conn:
         self.parser = parser
         self.pos = pos  # next request in the ring
         self.outstanding = 0
-        #: FIFO of (first send/scheduled time ns, count, step ns between them)
-        self.inflight: deque[tuple[int, int, int]] = deque()
+        #: FIFO of (first scheduled/send time ns, count, step ns between them,
+        #: actual send time ns)
+        self.inflight: deque[tuple[int, int, int, int]] = deque()
         self.wbuf = bytearray()  # bytes the kernel did not take yet
         self.start_ns = 0  # open loop: the first scheduled send
         self.scheduled = 0  # open loop: requests scheduled so far
@@ -401,18 +414,19 @@ def _drive(
         ep.register(c.fd, select.EPOLLIN)
     mv = memoryview(blob)
     hist: dict[int, int] = {}
+    hist_sent: dict[int, int] = {}
     ok_n = err_n = 0
     lag_n = lag_sum = lag_max = 0
     open_loop = interval_ns > 0
     clock = time.monotonic_ns
     IN, OUT = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP, select.EPOLLOUT
 
-    def send(c: _Conn, k: int, t: int, step: int) -> None:
+    def send(c: _Conn, k: int, t: int, step: int, sent: int) -> None:
         start = c.pos
         data = mv[offs[start] : offs[start + k]]
         c.pos = (start + k) % ring
         c.outstanding += k
-        c.inflight.append((t, k, step))
+        c.inflight.append((t, k, step, sent))
         if c.wbuf:
             c.wbuf += data
             return
@@ -430,16 +444,22 @@ def _drive(
     def complete(c: _Conn, n: int, now: int, record: bool) -> None:
         q = c.inflight
         while n:
-            t, k, step = q[0]
+            t, k, step, sent = q[0]
             if k <= n:
                 q.popleft()
                 take = k
             else:
-                q[0] = (t + n * step, k - n, step)
+                q[0] = (t + n * step, k - n, step, sent)
                 take = n
             n -= take
             if not record:
                 continue
+            if step:  # open loop: also from the actual send time
+                lat = now - sent
+                b = lat.bit_length()
+                if b > 8:
+                    lat = (lat >> (b - 8)) << (b - 8)
+                hist_sent[lat] = hist_sent.get(lat, 0) + take
             for j in range(take if step else 1):
                 lat = now - t - j * step
                 b = lat.bit_length()
@@ -472,7 +492,7 @@ def _drive(
             c.start_ns += t_go
     else:
         for c in conns:
-            send(c, depth, now, 0)
+            send(c, depth, now, 0, now)
     cpu_start: float | None = None
     while True:
         now = clock()
@@ -500,14 +520,14 @@ def _drive(
             if ev & IN:
                 n = receive(c, now)
                 if n and not open_loop and now < t_end:
-                    send(c, n, now, 0)
+                    send(c, n, now, 0, now)
         if open_loop:
             for c in conns:
                 due = (now - c.start_ns) // interval_ns + 1 - c.scheduled
                 k = min(due, depth - c.outstanding)
                 if k > 0:
                     first = c.start_ns + c.scheduled * interval_ns
-                    send(c, k, first, interval_ns)
+                    send(c, k, first, interval_ns, now)
                     c.scheduled += k
                     if cpu_start is not None:  # how late the generator sent (diagnostic)
                         lag_n += 1
@@ -528,6 +548,7 @@ def _drive(
         "ok": ok_n,
         "errors": err_n,
         "hist": hist,
+        "hist_sent": hist_sent,
         "cpu_s": cpu_used,
         "error_sample": errors[0] if errors else None,
         "undrained": sum(c.outstanding for c in conns),
@@ -601,66 +622,115 @@ def run_load(
     ``server_cpu`` (the server process's CPU seconds so far) is sampled at the
     window's edges so the report can show how busy the server was.
     """
-    if spec.op not in OPS:
-        raise ValueError(f"op must be one of {OPS}")
+    results, samples = run_loads([(target, spec)], server_cpu)
+    res = results[0]
+    if len(samples) == 2 and samples[0][1] is not None and samples[1][1] is not None:
+        res.server_cpu_s = samples[1][1] - samples[0][1]
+    return res
+
+
+def run_loads(
+    loads: Sequence[tuple[Target, LoadSpec]],
+    probe: Callable[[], Any] | None = None,
+    probe_every: float | None = None,
+) -> tuple[list[LoadResult], list[tuple[int, Any]]]:
+    """Run several loads at once over one shared window; one result per load.
+
+    Each load (a target, e.g. one bucket, and its spec) gets its own worker
+    processes; all start at the same instant, and every spec must have the same
+    ``warmup`` and ``seconds``. ``probe`` (e.g. a ``server_status`` snapshot) is
+    called at the start of the window, every ``probe_every`` seconds inside it,
+    and at its end; the samples come back as ``(monotonic ns, value)`` pairs.
+    """
+    if not loads:
+        raise ValueError("no loads")
+    spec0 = loads[0][1]
+    for _, spec in loads:
+        if spec.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}")
+        if (spec.warmup, spec.seconds) != (spec0.warmup, spec0.seconds):
+            raise ValueError("loads run together must share warmup and seconds")
     ctx = mp.get_context("fork")
-    nworkers = max(1, min(spec.workers, spec.conns))
-    interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
-    procs: list[tuple[Any, Connection]] = []
+    #: per load: its worker processes and their pipes
+    groups: list[list[tuple[Any, Connection]]] = []
+    samples: list[tuple[int, Any]] = []
     try:
-        for w in range(nworkers):
-            ids = list(range(w, spec.conns, nworkers))
-            parent, child = ctx.Pipe()
-            p = ctx.Process(
-                target=_worker_main,
-                args=(child, target, spec, ids, interval_ns),
-                name=f"bench-worker-{w}",
-                daemon=True,
-            )
-            p.start()
-            child.close()
-            procs.append((p, parent))
-        for _, pipe in procs:
-            _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
+        for li, (target, spec) in enumerate(loads):
+            nworkers = max(1, min(spec.workers, spec.conns))
+            interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
+            procs: list[tuple[Any, Connection]] = []
+            groups.append(procs)
+            for w in range(nworkers):
+                ids = list(range(w, spec.conns, nworkers))
+                parent, child = ctx.Pipe()
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(child, target, spec, ids, interval_ns),
+                    name=f"bench-worker-{li}-{w}",
+                    daemon=True,
+                )
+                p.start()
+                child.close()
+                procs.append((p, parent))
+        for procs in groups:
+            for _, pipe in procs:
+                _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
         t_go = time.monotonic_ns() + 50_000_000
-        t_measure = t_go + int(spec.warmup * 1e9)
-        t_end = t_measure + int(spec.seconds * 1e9)
-        for _, pipe in procs:
-            pipe.send(("go", t_go, t_measure, t_end))
-        srv0 = srv1 = None
-        if server_cpu is not None:
+        t_measure = t_go + int(spec0.warmup * 1e9)
+        t_end = t_measure + int(spec0.seconds * 1e9)
+        for procs in groups:
+            for _, pipe in procs:
+                pipe.send(("go", t_go, t_measure, t_end))
+        if probe is not None:
             _sleep_until(t_measure)
-            srv0 = server_cpu()
+            samples.append((time.monotonic_ns(), probe()))
+            if probe_every:
+                step = int(probe_every * 1e9)
+                t_next = t_measure + step
+                while t_next < t_end - step // 4:
+                    _sleep_until(t_next)
+                    samples.append((time.monotonic_ns(), probe()))
+                    t_next += step
             _sleep_until(t_end)
-            srv1 = server_cpu()
-        limit = spec.warmup + spec.seconds + DRAIN_SECONDS + 30
-        results = [_expect(pipe, "done", limit) for _, pipe in procs]
+            samples.append((time.monotonic_ns(), probe()))
+        limit = spec0.warmup + spec0.seconds + DRAIN_SECONDS + 30
+        per_load = [[_expect(pipe, "done", limit) for _, pipe in procs] for procs in groups]
     finally:
-        for p, pipe in procs:
-            if p.is_alive():
-                with contextlib.suppress(OSError):
-                    pipe.send(("stop",))
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-            pipe.close()
-    hist: dict[int, int] = {}
-    for r in results:
-        for b, n in r["hist"].items():
-            hist[b] = hist.get(b, 0) + n
-    samples = [r["error_sample"] for r in results if r["error_sample"]]
-    return LoadResult(
-        ok=sum(r["ok"] for r in results),
-        errors=sum(r["errors"] for r in results),
-        window_s=(t_end - t_measure) / 1e9,
-        hist=hist,
-        client_cpu_s=sum(r["cpu_s"] for r in results),
-        server_cpu_s=(srv1 - srv0) if srv0 is not None and srv1 is not None else None,
-        error_sample=samples[0] if samples else None,
-        workers=nworkers,
-        extra=_extra(results),
-    )
+        for procs in groups:
+            for p, pipe in procs:
+                if p.is_alive():
+                    with contextlib.suppress(OSError):
+                        pipe.send(("stop",))
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+                pipe.close()
+    out = []
+    for results in per_load:
+        hist: dict[int, int] = {}
+        hist_sent: dict[int, int] = {}
+        for r in results:
+            for b, n in r["hist"].items():
+                hist[b] = hist.get(b, 0) + n
+            for b, n in r["hist_sent"].items():
+                hist_sent[b] = hist_sent.get(b, 0) + n
+        errs = [r["error_sample"] for r in results if r["error_sample"]]
+        out.append(
+            LoadResult(
+                ok=sum(r["ok"] for r in results),
+                errors=sum(r["errors"] for r in results),
+                window_s=(t_end - t_measure) / 1e9,
+                hist=hist,
+                client_cpu_s=sum(r["cpu_s"] for r in results),
+                server_cpu_s=None,
+                error_sample=errs[0] if errs else None,
+                workers=len(results),
+                extra=_extra(results),
+                hist_sent=hist_sent,
+            )
+        )
+    return out, samples
 
 
 def _extra(results: list[dict[str, Any]]) -> dict[str, Any]:
