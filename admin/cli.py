@@ -27,6 +27,7 @@ from typing import Any
 
 import tenantkv
 from admin import format as fmt
+from admin import top as top_mod
 from tenantkv import errors
 from tenantkv.config import DEFAULT_PORT
 
@@ -67,6 +68,8 @@ class Output:
 
     result: Any
     text: str
+    #: the subcommand already printed everything (top, watch)
+    printed: bool = False
 
 
 # -- argument types (argparse turns their errors into exit 2) --------------------------
@@ -179,6 +182,8 @@ class Subcommand:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Run
     prepare: Prepare | None = None
+    #: how long to wait for the server unless --timeout says (default DEFAULT_TIMEOUT)
+    timeout: float | None = None
 
 
 def _no_arguments(p: argparse.ArgumentParser) -> None:
@@ -507,6 +512,54 @@ def _watch(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     return Output(seen, f"{seen} events")
 
 
+# top / backup
+
+
+def _top_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--interval",
+        type=seconds,
+        default=1.0,
+        metavar="SECS",
+        help="seconds between refreshes (default 1)",
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print one view (two samples --interval apart) and exit; with --json, for scripts",
+    )
+    p.add_argument("--count", "-n", type=int, metavar="N", help="stop after N views")
+
+
+def _top(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    shown = top_mod.run(
+        c.server_status,
+        interval=a.interval,
+        once=a.once,
+        as_json=a.json,
+        count=a.count,
+        stdin=sys.stdin,
+    )
+    return Output(shown, "", printed=True)
+
+
+def _backup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="absolute directory on the server's machine: new, or empty",
+    )
+
+
+def _backup(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    result = c.command("backup", path=a.path)
+    text = (
+        f"backup written to {fmt.cell(result.get('path'))}: "
+        f"{fmt.human_bytes(int(result.get('bytes', 0)))} in {result.get('duration_secs')} s"
+    )
+    return Output(result, text)
+
+
 def _queue_limit(text: str) -> int | None:
     if text == "default":
         return None
@@ -540,6 +593,39 @@ def _queue_set(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "top",
+        "live per-bucket view: units, ops, throttling, latency",
+        "A live view of the server, refreshed every --interval seconds, like mongotop: per "
+        "bucket, units/s against its reservation and hard limit, operations/s, throttled/s "
+        "(made to wait by the tenant throttle), rejected/s (refused with an overload error "
+        "by any gate), p99 latency in ms, requests waiting and connections; above it the "
+        "node: connections, ops/s, write lag, commits/s and their p99, ticket pools. On a "
+        "terminal, q quits. --once --json prints one view as JSON for scripts.",
+        (
+            "tenantkv-admin top",
+            "tenantkv-admin top --interval 5",
+            "tenantkv-admin top --once --json | jq '.buckets[] | {bucket, units_per_sec}'",
+        ),
+        _top_args,
+        _top,
+    ),
+    Subcommand(
+        "backup",
+        "write a consistent, compacted copy of the data (online)",
+        "Ask the server to write a consistent, compacted copy of its whole data directory "
+        "(buckets, data, users, throttle properties, parameters) to PATH, a new or empty "
+        "directory on the server's machine, while it goes on serving. Prints the size and "
+        "how long it took. Restore with `tenantkv restore PATH --data-dir DIR` (server "
+        "stopped). Waits up to --timeout (default one hour for backup).",
+        (
+            "tenantkv-admin backup /var/backups/tenantkv/$(date +%F)",
+            "tenantkv-admin --json backup /srv/backup/tkv-1 | jq .bytes",
+        ),
+        _backup_args,
+        _backup,
+        timeout=3600.0,
+    ),
     Subcommand(
         "watch",
         "follow bucket-queue events live",
@@ -777,8 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         metavar="SECS",
         type=seconds,
-        default=DEFAULT_TIMEOUT,
-        help=f"give up on the server after this long (default {DEFAULT_TIMEOUT:g})",
+        help=f"give up on the server after this long (default {DEFAULT_TIMEOUT:g}; backup: 3600)",
     )
     # --json may also follow the subcommand: SUPPRESS keeps a subcommand from
     # resetting what was given before it.
@@ -869,13 +954,14 @@ def run(a: argparse.Namespace) -> Output:
     spec: Subcommand = a.spec
     if spec.prepare is not None:
         spec.prepare(a, a.subparser)
+    timeout = a.timeout or spec.timeout or DEFAULT_TIMEOUT
     with tenantkv.Client(
         t.host,
         t.port,
         user=t.user,
         password=password,
-        timeout=a.timeout,
-        connect_timeout=min(a.timeout, 10.0),
+        timeout=timeout,
+        connect_timeout=min(timeout, 10.0),
         client_name=PROG,
     ) as client:
         return spec.run(client, a)
@@ -889,7 +975,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         out = run(args)
-        print(fmt.dumps(out.result) if args.json else out.text, flush=True)
+        if not out.printed:
+            print(fmt.dumps(out.result) if args.json else out.text, flush=True)
     except UsageError as exc:
         p = exc.parser or parser
         if exc.usage:

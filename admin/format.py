@@ -8,7 +8,7 @@ from the server cannot move the cursor of the terminal it is printed on).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 #: Space between table columns.
@@ -174,8 +174,9 @@ def human_seconds(secs: float) -> str:
 
 def status_text(doc: Any) -> str:
     """``server_status`` for people: top-level values under "server", then one
-    titled block per map in the document (buckets as a table, any other map —
-    connections, storage, a gate's section — as key/value pairs)."""
+    titled block per map in the document. Buckets, the tenant throttle, the gates
+    and latency have their own layouts — per-bucket tables, pools side by side —
+    and any other map is shown as key/value pairs."""
     if not isinstance(doc, Mapping):
         return cell(doc)
     blocks = []
@@ -185,13 +186,225 @@ def status_text(doc: Any) -> str:
     for name, value in doc.items():
         if not isinstance(value, Mapping):
             continue
-        if name == "buckets" and all(isinstance(v, Mapping) for v in value.values()):
-            blocks.append(section("buckets", bucket_status_table(value)))
-        elif name == "throttle" and isinstance(value.get("buckets"), Mapping):
-            blocks.append(section("throttle", throttle_status_text(value)))
-        else:
-            blocks.append(section(cell(name), kv_table(value, indent=INDENT)))
+        render = SECTION_RENDERERS.get(name)
+        body = None
+        if render is not None:
+            try:
+                body = render(value)
+            except (KeyError, TypeError, AttributeError, ValueError):
+                body = None  # a shape this version does not know: show it plainly
+        if body is None:
+            body = generic_section_text(value)
+        blocks.append(section(cell(name), body))
     return "\n\n".join(blocks)
+
+
+def _buckets_text(value: Mapping[str, Any]) -> str | None:
+    if not all(isinstance(v, Mapping) for v in value.values()):
+        return None
+    return bucket_status_table(value)
+
+
+def _throttle_text(value: Mapping[str, Any]) -> str | None:
+    if not isinstance(value.get("buckets"), Mapping):
+        return None
+    return throttle_status_text(value)
+
+
+def side_by_side(maps: Mapping[str, Mapping[str, Any]], *, indent: str = INDENT) -> str:
+    """Maps with (mostly) the same keys as one table: a row per key, a column per map
+    (``-`` where a map lacks the key). Nested maps are flattened to dotted keys."""
+    flat = {name: dict(flatten(m)) for name, m in maps.items()}
+    keys: list[str] = []
+    for f in flat.values():
+        keys.extend(k for k in f if k not in keys)
+    rows = [[k, *(f.get(k) for f in flat.values())] for k in keys]
+    return table(["", *flat], rows, indent=indent)
+
+
+def _ingress_text(value: Mapping[str, Any]) -> str:
+    limiters = {k: v for k, v in value.items() if k != "admission" and isinstance(v, Mapping)}
+    parts = []
+    if limiters:
+        parts.append(side_by_side(limiters))
+    if isinstance(value.get("admission"), Mapping):
+        parts.append(side_by_side({"admission tickets": value["admission"]}))
+    return "\n\n".join(parts)
+
+
+def _execution_text(value: Mapping[str, Any]) -> str:
+    pools = {k: v for k, v in value.items() if k != "probing" and isinstance(v, Mapping)}
+    parts = [side_by_side({f"{k} tickets": v for k, v in pools.items()})] if pools else []
+    if isinstance(value.get("probing"), Mapping):
+        parts.append(section(INDENT + "probing", kv_table(value["probing"], indent=INDENT * 2)))
+    return "\n\n".join(parts)
+
+
+def _p99_ms_of(pairs: Any) -> float | None:
+    """p99 (ms, from the upper bound of its bucket) of a ``[[µs, n], ..., ["+Inf", n]]`` list."""
+    if not isinstance(pairs, list):
+        return None
+    total = sum(n for _, n in pairs)
+    if not total:
+        return None
+    seen, last = 0, None
+    for le, n in pairs:
+        seen += n
+        if le != "+Inf":
+            last = le
+        if seen >= 0.99 * total:
+            return None if last is None else round(last / 1000, 3)
+    return None
+
+
+def _node_and_buckets(value: Mapping[str, Any], headers: list[str], rows: list[list[Any]]) -> str:
+    parts = []
+    node = value.get("node")
+    if isinstance(node, Mapping) and node:
+        parts.append(kv_table(node, indent=INDENT))
+    parts.append(table(headers, rows, indent=INDENT) if rows else INDENT + "(no buckets)")
+    return "\n\n".join(parts)
+
+
+def _overridden(stats: Mapping[str, Any], key: str) -> Any:
+    v = stats.get(key)
+    return f"{v}*" if stats.get(f"{key}_overridden") else v
+
+
+def _bucket_queues_text(value: Mapping[str, Any]) -> str:
+    rows = []
+    for bucket, per in value["buckets"].items():
+        for cls, q in per.items():
+            rows.append(
+                [
+                    bucket,
+                    cls,
+                    _overridden(q, "concurrency"),
+                    _overridden(q, "queue_tolerance"),
+                    q.get("running"),
+                    q.get("queued"),
+                    q.get("admitted"),
+                    q.get("queued_total"),
+                    q.get("rejected_overflow"),
+                    q.get("rejected_timeout"),
+                    q.get("interrupted"),
+                    round(q["release_rate"], 1) if _is_number(q.get("release_rate")) else None,
+                ]
+            )
+    text = _node_and_buckets(
+        value,
+        [
+            "bucket",
+            "class",
+            "concurrency",
+            "tolerance",
+            "running",
+            "queued",
+            "admitted",
+            "waited",
+            "overflow",
+            "timeout",
+            "interrupted",
+            "release/s",
+        ],
+        rows,
+    )
+    if any("*" in str(r[2]) + str(r[3]) for r in rows):
+        text += "\n" + INDENT + "* the bucket's own limit (bucket-queue-set), not the node's"
+    return text
+
+
+def _ms(micros: Any) -> Any:
+    return round(micros / 1000) if _is_number(micros) else None
+
+
+def _write_permits_text(value: Mapping[str, Any]) -> str:
+    rows = [
+        [
+            bucket,
+            b.get("capacity"),
+            b.get("in_use"),
+            b.get("waiting"),
+            b.get("granted"),
+            b.get("waited"),
+            _ms(b.get("wait_micros_total")),
+            _p99_ms_of(b.get("wait_histogram_us")),
+            b.get("interrupted"),
+        ]
+        for bucket, b in value["buckets"].items()
+    ]
+    headers = [
+        "bucket",
+        "capacity",
+        "in_use",
+        "waiting",
+        "granted",
+        "waited",
+        "wait_ms",
+        "wait_p99_ms",
+        "interrupted",
+    ]
+    return _node_and_buckets(value, headers, rows)
+
+
+def _latency_text(value: Mapping[str, Any]) -> str:
+    """Per bucket and operation since start: count, mean, p50, p99 (ms); then commits."""
+
+    def ms(us: Any) -> Any:
+        return None if not _is_number(us) else round(us / 1000, 3)
+
+    def row(first: list[Any], h: Mapping[str, Any]) -> list[Any]:
+        count = h.get("count") or 0
+        mean = h["sum_micros"] / count if count and _is_number(h.get("sum_micros")) else None
+        return [*first, count, ms(mean), ms(h.get("p50_micros")), ms(h.get("p99_micros"))]
+
+    rows = [
+        row([bucket, op], h)
+        for bucket, per in (value.get("buckets") or {}).items()
+        for op, h in per.items()
+    ]
+    parts = [
+        table(["bucket", "operation", "count", "mean_ms", "p50_ms", "p99_ms"], rows, indent=INDENT)
+        if rows
+        else INDENT + "(no operations yet)"
+    ]
+    commit = value.get("commit")
+    if isinstance(commit, Mapping):
+        batches = commit.get("count") or 0
+        per_batch = (
+            round(commit["batch_ops_sum"] / batches, 1)
+            if batches and _is_number(commit.get("batch_ops_sum"))
+            else None
+        )
+        parts.append(
+            table(
+                ["commits", "count", "mean_ms", "p50_ms", "p99_ms", "ops/batch"],
+                [[*row(["group commit"], commit), per_batch]],
+                indent=INDENT,
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def generic_section_text(value: Mapping[str, Any]) -> str:
+    """Any other section: key/value pairs, and a table with a row per bucket when it
+    has a ``buckets`` map of maps (columns: their scalar values)."""
+    buckets = value.get("buckets")
+    if not (
+        isinstance(buckets, Mapping)
+        and buckets
+        and all(isinstance(b, Mapping) for b in buckets.values())
+    ):
+        return kv_table(value, indent=INDENT)
+    rest = {k: v for k, v in value.items() if k != "buckets"}
+    flat = {name: dict(flatten(b)) for name, b in buckets.items()}
+    keys: list[str] = []
+    for f in flat.values():
+        keys.extend(k for k, v in f.items() if k not in keys and _is_scalar(v))
+    rows = [[name, *(f.get(k) for k in keys)] for name, f in flat.items()]
+    parts = [kv_table(rest, indent=INDENT)] if rest else []
+    parts.append(table(["bucket", *keys], rows, indent=INDENT))
+    return "\n\n".join(parts)
 
 
 def bucket_status_table(buckets: Mapping[Any, Mapping[str, Any]]) -> str:
@@ -251,3 +464,15 @@ def _total(value: Any) -> Any:
     if isinstance(value, Mapping):
         return sum(v for v in value.values() if _is_number(v))
     return value
+
+
+#: Sections of ``server_status`` with a layout of their own (others: key/value pairs).
+SECTION_RENDERERS: dict[str, Callable[[Mapping[str, Any]], str | None]] = {
+    "buckets": _buckets_text,
+    "throttle": _throttle_text,
+    "ingress": _ingress_text,
+    "execution": _execution_text,
+    "bucket_queues": _bucket_queues_text,
+    "write_permits": _write_permits_text,
+    "latency": _latency_text,
+}

@@ -1,16 +1,21 @@
 """Every server setting, declared once, and the TOML config loader built from it.
 
 The declaration (:data:`SETTINGS`) is the single source of the name, type,
-default, range and help of each setting; the loader, the ``serve`` flags and
-``docs/configuration.md`` all follow it. Precedence: command line > config
-file > defaults. An unknown key or a bad value stops start-up with a message
-naming it.
+default, range and help of each setting; the loader, the environment
+variables, the ``serve`` flags, ``tenantkv config defaults`` and
+``docs/configuration.md`` all follow it. Precedence: command line >
+environment (``TENANTKV_<NAME>``) > config file > defaults. An unknown key or a
+bad value stops start-up with a message naming it (and the variable, for the
+environment).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import textwrap
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,8 @@ from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, validate_p
 
 #: Default TCP port: unassigned by IANA and clear of common database ports.
 DEFAULT_PORT = 7207
+#: A setting ``name`` may also come from the environment variable ``ENV_PREFIX + NAME``.
+ENV_PREFIX = "TENANTKV_"
 
 
 class ConfigError(ValueError):
@@ -41,6 +48,13 @@ class Setting:
     runtime: bool = False
     #: extra check after type and range (e.g. an open interval); raises ValueError
     validate: Callable[[Any], Any] | None = None
+    #: a value to show, commented out, for an optional setting that defaults to unset
+    example: Any = None
+
+    @property
+    def env_var(self) -> str:
+        """The environment variable that sets it: ``TENANTKV_<NAME>``."""
+        return ENV_PREFIX + self.name.upper()
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -55,6 +69,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         65535,
         optional=True,
+        example=9207,
     ),
     Setting(
         "durability",
@@ -255,6 +270,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(unset = unbounded).",
         0,
         optional=True,
+        example=4096,
     ),
     Setting(
         "execution_write_max_queue_depth",
@@ -264,6 +280,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(unset = unbounded).",
         0,
         optional=True,
+        example=4096,
     ),
     *(
         Setting(
@@ -284,14 +301,23 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "Server TLS certificate (PEM); TLS is on when set.",
         optional=True,
+        example="/etc/tenantkv/tls/server.crt",
     ),
-    Setting("tls_key_file", str, None, "Private key of tls_cert_file (PEM).", optional=True),
+    Setting(
+        "tls_key_file",
+        str,
+        None,
+        "Private key of tls_cert_file (PEM).",
+        optional=True,
+        example="/etc/tenantkv/tls/server.key",
+    ),
     Setting(
         "tls_ca_file",
         str,
         None,
         "CA bundle (PEM) to verify client certificates; when set, clients must present one.",
         optional=True,
+        example="/etc/tenantkv/tls/clients-ca.crt",
     ),
     Setting(
         "login_failure_limit",
@@ -312,7 +338,19 @@ SETTINGS: tuple[Setting, ...] = (
         "Allow test-only admin commands (configure_fail_point). Never in production.",
     ),
     Setting(
-        "log_level", str, "info", "Logging level.", choices=("debug", "info", "warning", "error")
+        "log_level",
+        str,
+        "info",
+        "Logging level (audit lines on tenantkv.audit are logged at every level).",
+        choices=("debug", "info", "warning", "error"),
+    ),
+    Setting(
+        "log_format",
+        str,
+        "text",
+        "Log lines on stderr: text (TIME LEVEL LOGGER: message) for people, or json "
+        "(one object per line: time, level, logger, message and extra fields) for machines.",
+        choices=("text", "json"),
     ),
 )
 
@@ -394,7 +432,7 @@ class Config:
     write_permit_adjustment_interval_ms: int = 10
     execution_read_max_queue_depth: int | None = None
     execution_write_max_queue_depth: int | None = None
-    throughput_probing_initial_concurrency: int = 0
+    throughput_probing_initial_concurrency: int = 256
     throughput_probing_min_concurrency: int = 4
     throughput_probing_max_concurrency: int = 128
     throughput_probing_read_write_ratio: float = 0.5
@@ -410,6 +448,7 @@ class Config:
     login_failure_window_secs: float = 60.0
     enable_test_commands: bool = False
     log_level: str = "info"
+    log_format: str = "text"
 
     def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:
         return replace(self, **{k: check(k, v, source) for k, v in values.items()})
@@ -471,8 +510,62 @@ def cross_check(cfg: Config) -> None:
         raise ConfigError(exc.errmsg) from None
 
 
-def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults, then the TOML file (top-level keys or a ``[server]`` table), then overrides."""
+def _type_words(s: Setting) -> str:
+    if s.type is bool:
+        return "true, false, 1 or 0"
+    if s.type is int:
+        return "an integer"
+    if s.type is float:
+        return "a number"
+    return "text"
+
+
+def parse_env_value(s: Setting, text: str) -> Any:
+    """A setting's value from the text of its environment variable, parsed per its
+    type (int, float, bool as true/false/1/0, str as is) and checked like a file's.
+    An empty value unsets an optional setting. ConfigError names the variable."""
+    where = f"environment variable {s.env_var}"
+    if text == "" and s.optional:
+        return None
+    try:
+        value: Any
+        if s.type is bool:
+            word = text.strip().lower()
+            if word not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            value = word in ("true", "1")
+        elif s.type is int:
+            value = int(text.strip())
+        elif s.type is float:
+            value = float(text.strip())
+            if not math.isfinite(value):
+                raise ValueError(text)
+        else:
+            value = text
+    except ValueError:
+        raise ConfigError(
+            f"{where}: setting {s.name!r} must be {_type_words(s)}, got {text!r}"
+        ) from None
+    return check(s.name, value, where)
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings given as ``TENANTKV_<NAME>`` variables in ``environ``. Other
+    ``TENANTKV_*`` variables (``TENANTKV_ADMIN_PASSWORD``, the admin CLI's
+    ``TENANTKV_PASSWORD``, …) are not settings and are left alone."""
+    return {
+        s.name: parse_env_value(s, environ[s.env_var]) for s in SETTINGS if s.env_var in environ
+    }
+
+
+def load(
+    path: str | Path | None,
+    overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Defaults, then the TOML file (top-level keys or a ``[server]`` table), then the
+    ``TENANTKV_<NAME>`` variables of ``environ`` (``tenantkv serve`` passes
+    ``os.environ``), then overrides (the command line; None values are not given)."""
     cfg = Config()
     if path is not None:
         try:
@@ -486,12 +579,65 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
             rest = {k: v for k, v in data.items() if k != "server"}
             data = {**rest, **data["server"]}
         cfg = cfg.with_values(data, source=str(path))
+    if environ is not None:
+        cfg = replace(cfg, **env_values(environ))  # checked as parsed
     if overrides:
         cfg = cfg.with_values(
             {k: v for k, v in overrides.items() if v is not None}, source="the command line"
         )
     cross_check(cfg)
     return cfg
+
+
+def toml_value(value: Any) -> str:
+    """A setting value as TOML (strings quoted with JSON's escapes, which TOML shares)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _range_words(s: Setting) -> str:
+    if s.choices:
+        return "one of " + ", ".join(s.choices)
+    parts = []
+    if s.min is not None:
+        parts.append(f">= {_num(s.min)}")
+    if s.max is not None:
+        parts.append(f"<= {_num(s.max)}")
+    return ", ".join(parts)
+
+
+def render_defaults() -> str:
+    """``tenantkv config defaults``: a TOML file setting every setting to its default,
+    each under its help as comments; optional settings that default to unset are
+    commented out (with an example value). ``tenantkv config check`` accepts it."""
+    lines = [
+        "# tenantkv configuration: every setting at its default.",
+        "# Generated by `tenantkv config defaults`; see docs/configuration.md.",
+        "# Precedence: command line > environment (TENANTKV_<NAME>) > this file > defaults.",
+        "# Settings marked runtime can also change while the server runs",
+        "# (tenantkv-admin param-set NAME VALUE).",
+    ]
+    for s in SETTINGS:
+        lines.append("")
+        lines.extend(textwrap.wrap(s.help, 86, initial_indent="# ", subsequent_indent="# "))
+        facts = [s.type.__name__]
+        if rng := _range_words(s):
+            facts.append(rng)
+        if s.optional:
+            facts.append("optional")
+        if s.runtime:
+            facts.append("runtime")
+        facts.append(f"env {s.env_var}")
+        lines.append(f"# ({'; '.join(facts)})")
+        if s.default is None:
+            example = "" if s.example is None else toml_value(s.example)
+            lines.append(f"# {s.name} = {example}".rstrip())
+        else:
+            lines.append(f"{s.name} = {toml_value(s.default)}")
+    return "\n".join(lines) + "\n"
 
 
 def _num(v: float) -> str:
@@ -507,8 +653,10 @@ def render_markdown() -> str:
         "docs/configuration.md`; edit the declaration, not this file. -->",
         "",
         "`tenantkv serve --config FILE` reads a TOML file. Keys may sit at the top level",
-        "or in a `[server]` table. Precedence: command-line flags > config file > defaults.",
-        "An unknown key or a bad value stops start-up with a message naming it.",
+        "or in a `[server]` table. An unknown key or a bad value stops start-up with a",
+        "message naming it. `tenantkv config defaults` prints a file with every setting at",
+        "its default, each under its help; `tenantkv config check FILE` validates a file",
+        "without starting anything.",
         "",
         "```toml",
         "# tenantkv.toml",
@@ -516,6 +664,17 @@ def render_markdown() -> str:
         "port = 7207",
         'durability = "fsync"',
         "```",
+        "",
+        "Every setting can also come from the environment as `TENANTKV_<NAME>` (the name",
+        "in upper case: `TENANTKV_PORT=7300`, `TENANTKV_LOG_FORMAT=json`), parsed per its",
+        "type: integers, numbers, booleans as `true`/`false`/`1`/`0`, text as is; an empty",
+        "value unsets an optional setting. A bad value stops start-up with a message naming",
+        "the variable. Other `TENANTKV_*` variables (`TENANTKV_ADMIN_PASSWORD`, and",
+        "`TENANTKV_PASSWORD` / `TENANTKV_USER` of `tenantkv-admin`) are not settings.",
+        "Beware that `tenantkv-admin` also reads `TENANTKV_HOST` and `TENANTKV_PORT` (the",
+        "server to talk to): exported in the server's environment they set where it listens.",
+        "",
+        "Precedence: command-line flags > environment > config file > defaults.",
         "",
         "Settings marked *runtime* can also be changed while the server runs, by an",
         "admin: `tenantkv-admin param-set NAME VALUE` (`param-get [NAME]` shows them).",

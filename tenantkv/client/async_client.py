@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from tenantkv import errors
-from tenantkv.client.base import BaseClient
+from tenantkv.client.base import BaseClient, tls_failure
 from tenantkv.client.core import Call, ClientCore
 from tenantkv.client.servers import Address
 from tenantkv.protocol import Response
@@ -142,9 +142,21 @@ class AsyncClient(BaseClient):
         host, port = address
         try:
             with trio.fail_after(self.connect_timeout):
-                return await trio.open_tcp_stream(host, port)
+                stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc!r}") from None
+        if self.ssl_context is None:
+            return stream
+        tls = trio.SSLStream(stream, self.ssl_context, server_hostname=host, https_compatible=True)
+        try:
+            with trio.fail_after(self.connect_timeout):
+                await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            await stream.aclose()
+            raise errors.ConnectionClosed(
+                f"TLS handshake with {host}:{port} failed: {tls_failure(exc.__cause__ or exc)}"
+            ) from None
+        return tls
 
     async def _open(self, index: int) -> _Connection:
         assert self._nursery is not None

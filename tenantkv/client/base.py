@@ -8,6 +8,7 @@ that follows the retry state machine's decisions (:mod:`tenantkv.client.retry`).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable, Sequence
 from itertools import count
 from typing import Any
@@ -59,6 +60,15 @@ class BaseClient(Commands):
     ``client_name``, ``nonblocking_throttle``
         Sent in ``hello``: the client's name, and whether the server should
         reject at once with ``Throttled`` instead of making requests wait.
+    ``tls``
+        False (default): plain TCP. True: TLS, verifying the server's
+        certificate against ``tls_ca_file`` (or the system's CAs) and its name
+        against the address connected to (a host name or an IP address). Or
+        an ``ssl.SSLContext`` of your own, used as is.
+    ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``
+        With ``tls=True``: the CA bundle (PEM) that signed the server's
+        certificate, and a client certificate and its key (PEM) for servers
+        that require one (``tls_ca_file`` set on the server).
     """
 
     def __init__(
@@ -82,6 +92,10 @@ class BaseClient(Commands):
         adaptive_retries: bool = False,
         retry_policy: RetryPolicy | None = None,
         event_listeners: Iterable[CommandListener] = (),
+        tls: bool | ssl.SSLContext = False,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ) -> None:
         #: every server this client may use, in order
         self.addresses: list[Address] = resolve_addresses(host, port, addresses)
@@ -110,6 +124,10 @@ class BaseClient(Commands):
         self._nonblocking_throttle = nonblocking_throttle
         #: the home server's hello result
         self.server_info: dict[str, Any] = {}
+        #: the TLS context connections use (None: plain TCP)
+        self.ssl_context: ssl.SSLContext | None = client_ssl_context(
+            tls, tls_ca_file, tls_cert_file, tls_key_file
+        )
 
     @property
     def event_listeners(self) -> tuple[CommandListener, ...]:
@@ -152,3 +170,47 @@ class BaseClient(Commands):
         changed = bucket != self._bucket
         self._bucket = bucket
         return changed
+
+
+def client_ssl_context(
+    tls: bool | ssl.SSLContext,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> ssl.SSLContext | None:
+    """The clients' TLS context: None for plain TCP; the context given; or a new one
+    that verifies the server (certificate and host name) and may carry a client
+    certificate. Raises ValueError for options that contradict each other or files
+    that cannot be loaded."""
+    files = {"tls_ca_file": ca_file, "tls_cert_file": cert_file, "tls_key_file": key_file}
+    given = [name for name, value in files.items() if value is not None]
+    if isinstance(tls, ssl.SSLContext):
+        if given:
+            raise ValueError(f"give an SSLContext or {', '.join(given)}, not both")
+        return tls
+    if not tls:
+        if given:
+            raise ValueError(f"{', '.join(given)} need tls=True")
+        return None
+    if key_file is not None and cert_file is None:
+        raise ValueError("tls_key_file needs tls_cert_file")
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load tls_ca_file {ca_file}: {exc}") from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load tls_cert_file {cert_file}: {exc}") from None
+    return ctx
+
+
+def tls_failure(exc: BaseException) -> str:
+    """A readable reason for a failed TLS handshake."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason).replace("_", " ").lower()
+    return str(exc) or repr(exc)

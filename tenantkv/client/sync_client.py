@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import inspect
 import socket
+import ssl
 import time
 from typing import Any
 
 from tenantkv import errors
-from tenantkv.client.base import BaseClient
+from tenantkv.client.base import BaseClient, tls_failure
 from tenantkv.client.core import Call, ClientCore, Commands
 from tenantkv.client.servers import Address
 from tenantkv.protocol import Response
@@ -34,7 +35,12 @@ class _Connection:
     __slots__ = ("_abandoned", "_ready", "_sock", "address", "closed", "core", "info")
 
     def __init__(
-        self, address: Address, hello: Call[Any], connect_timeout: float, timeout: float | None
+        self,
+        address: Address,
+        hello: Call[Any],
+        connect_timeout: float,
+        timeout: float | None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         self.core = ClientCore()
@@ -48,6 +54,14 @@ class _Connection:
         except OSError as exc:
             raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:  # the handshake runs here, within connect_timeout
+                self._sock = ssl_context.wrap_socket(self._sock, server_hostname=host)
+            except (OSError, ssl.SSLError) as exc:
+                self._sock.close()
+                raise errors.ConnectionClosed(
+                    f"TLS handshake with {host}:{port} failed: {tls_failure(exc)}"
+                ) from None
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             self.info: dict[str, Any] = self.roundtrip(hello, hello.params, deadline)
@@ -184,7 +198,11 @@ class Client(BaseClient):
     def _open(self, index: int) -> _Connection:
         """A new connection to server ``index``, past hello (tests override this)."""
         return _Connection(
-            self.addresses[index], self._hello_call(), self.connect_timeout, self.timeout
+            self.addresses[index],
+            self._hello_call(),
+            self.connect_timeout,
+            self.timeout,
+            self.ssl_context,
         )
 
     def _home(self) -> _Connection:

@@ -1,11 +1,22 @@
-"""``tenantkv`` command line: ``tenantkv serve`` runs the daemon."""
+"""``tenantkv`` command line: ``tenantkv serve`` runs the daemon.
+
+Also: ``tenantkv config check|docs|defaults`` (the settings, see
+:mod:`tenantkv.config`) and ``tenantkv restore`` (a backup into a data
+directory, offline; see :mod:`tenantkv.storage.backup`). Logging is set up
+here: text lines for people or, with ``log_format = "json"``, one JSON object
+per line for machines.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import IO, Any
 
 import trio
 
@@ -24,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the server",
         description="Run the tenantkv server in the foreground. SIGINT/SIGTERM stop it "
-        "gracefully. Flags override the config file, which overrides the defaults.",
+        "gracefully. Flags override TENANTKV_<SETTING> environment variables, which "
+        "override the config file, which overrides the defaults.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument(
@@ -52,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text lines for people (default) or one JSON object per line",
+    )
+    serve.add_argument(
         "--enable-test-commands",
         action="store_true",
         default=None,
@@ -62,12 +79,36 @@ def build_parser() -> argparse.ArgumentParser:
     check = cfg_sub.add_parser("check", help="validate a TOML config file (exit 0 if valid)")
     check.add_argument("file")
     cfg_sub.add_parser("docs", help="print docs/configuration.md (every setting)")
+    cfg_sub.add_parser(
+        "defaults",
+        help="print a TOML config file with every setting at its default, commented",
+    )
+    restore = sub.add_parser(
+        "restore",
+        help="restore a backup into a data directory (server stopped)",
+        description="Copy a backup made by `tenantkv-admin backup` into a data directory, "
+        "then start the server on it. The backup is checked first (it must open as "
+        "tenantkv's LMDB data); the data directory must not be in use by a server, and "
+        "must be empty or new unless --force.",
+    )
+    restore.add_argument("backup_dir", metavar="BACKUP_DIR", help="the backup's directory")
+    restore.add_argument(
+        "--data-dir", metavar="DIR", required=True, help="data directory to restore into"
+    )
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the data in a non-empty data directory (it is lost)",
+    )
     return parser
 
 
 def _config_command(args: argparse.Namespace) -> int:
     if args.config_command == "docs":
         print(config_mod.render_markdown(), end="")
+        return 0
+    if args.config_command == "defaults":
+        print(config_mod.render_defaults(), end="")
         return 0
     try:
         config_mod.load(args.file)
@@ -78,11 +119,77 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore_command(args: argparse.Namespace) -> int:
+    from tenantkv.storage import backup
+
+    try:
+        info = backup.restore(args.backup_dir, args.data_dir, force=args.force)
+    except backup.RestoreError as exc:
+        print(f"tenantkv: restore: {exc}", file=sys.stderr)
+        return 1
+    taken = (info.get("manifest") or {}).get("started_utc", "unknown time")
+    print(
+        f"restored {args.backup_dir} (taken {taken}) into {args.data_dir}: "
+        f"{info['bytes']} bytes, {len(info['buckets'])} buckets, {info['users']} users"
+    )
+    return 0
+
+
+#: Attributes every LogRecord has; anything else on a record is an extra field.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (UTC, RFC 3339, ms), ``level``, ``logger``,
+    ``message``, then any extra fields (``log.info(..., extra={...})``) and
+    ``exception`` / ``stack`` when present."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRS and not key.startswith("_") and key not in doc:
+                doc[key] = value
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, default=repr, ensure_ascii=False)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str, fmt: str = "text", stream: IO[str] | None = None) -> None:
+    """Log to ``stream`` (stderr) at ``level`` in ``fmt`` (text or json). Audit lines
+    (``tenantkv.audit``, INFO) are kept whatever the level."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    logging.getLogger("tenantkv.audit").setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "config":
         return _config_command(args)
+    if args.command == "restore":
+        return _restore_command(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -92,18 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "port": args.port,
         "metrics_port": args.metrics_port,
         "log_level": args.log_level,
+        "log_format": args.log_format,
         "enable_test_commands": args.enable_test_commands,
     }
     try:
-        cfg = config_mod.load(args.config, overrides)
+        cfg = config_mod.load(args.config, overrides, environ=os.environ)
     except config_mod.ConfigError as exc:
         print(f"tenantkv: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=cfg.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(cfg.log_level, cfg.log_format)
     from tenantkv.server.server import Server
 
     try:

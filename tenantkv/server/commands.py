@@ -24,6 +24,7 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
 from tenantkv.server.node import THROTTLE_NODE_KEY
+from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
     CounterOp,
@@ -565,6 +566,29 @@ async def set_bucket_queue(s: Session, p: dict[str, Any]) -> Any:
         "queue_tolerance": stats["queue_tolerance"],
     }
     log.info("audit: %s set_bucket_queue %s", s.who(), result)
+    return result
+
+
+@command("backup", "admin", "path")
+async def backup(s: Session, p: dict[str, Any]) -> Any:
+    """{path, bytes, duration_secs, started_utc}: a consistent, compacted copy of the
+    data directory written to path (absolute, on the server's machine; a new or empty
+    directory) while the server goes on serving. Restore it offline with
+    ``tenantkv restore``."""
+    path = p.get("path")
+    log.info("audit: %s backup to %r started", s.who(), path)
+    try:
+        result = await backup_mod.backup(s.node.engine, path)
+    except errors.TenantKVError as exc:
+        log.info("audit: %s backup to %r failed: %s", s.who(), path, exc.errmsg)
+        raise
+    log.info(
+        "audit: %s backup to %r done: %d bytes in %.3f s",
+        s.who(),
+        result["path"],
+        result["bytes"],
+        result["duration_secs"],
+    )
     return result
 
 

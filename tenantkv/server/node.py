@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tenantkv import config as config_mod
-from tenantkv import errors
+from tenantkv import errors, metrics
 from tenantkv._version import __version__
 from tenantkv.admission.bucket_queues import BucketQueueGate
 from tenantkv.admission.cidr import CidrMatcher
@@ -71,6 +72,10 @@ class Node:
         self.users: dict[str, auth.User] = {}
         #: credential digests verified since the user last changed
         self._verified: dict[bytes, str] = {}
+        #: credential digests being verified now -> (done, [succeeded: None until known])
+        self._verifying: dict[bytes, tuple[trio.Event, list[bool | None]]] = {}
+        #: failed logins per source address (docs/security.md)
+        self.login_limiter = auth.LoginLimiter(time.monotonic)
         self.sessions: set[Session] = set()
         self.no_sessions = trio.Event()
         self.connections_total = 0
@@ -84,6 +89,8 @@ class Node:
         self.throttle: TenantThrottle
         self.gate: TenantThrottleGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
+        #: op latency per (bucket, operation) and commit histograms (a writer observer)
+        self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
         # The ingress admission controller: a ticket per operation in the server.
         self.ingress_tickets = TicketHolder(config.ingress_admission_tickets, name="ingress")
@@ -365,6 +372,7 @@ class Node:
         handle.dropped = True
         self.engine.buckets.pop(handle.name, None)
         self.bucket_stats.pop(handle.name, None)
+        self.latency.forget(handle.name)
         # Waiting requests of the bucket fail with BucketNotFound.
         self.gate.bucket_removed(handle.name)
         self.queues.remove_bucket(handle.name)
@@ -372,24 +380,103 @@ class Node:
 
     # -- users -----------------------------------------------------------------
 
-    async def authenticate(self, name: Any, password: Any) -> auth.User:
-        if not isinstance(name, str) or not isinstance(password, str):
-            raise errors.AuthenticationFailed("user and password must be strings")
-        user = self.users.get(name)
-        key = auth.digest(name, password)
-        if user is not None and self._verified.get(key) == name:
-            return user
-        if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
-            # Same cost as a real check, so a probe cannot tell unknown users apart.
-            await trio.to_thread.run_sync(auth.hash_password, password[:1024], b"0" * 16)
+    async def authenticate(self, name: Any, password: Any, peer: str | None = None) -> auth.User:
+        """The user these credentials name, or AuthenticationFailed.
+
+        With ``peer`` (the client's address), failed logins are limited per
+        source (:class:`auth.LoginLimiter`): a source at
+        ``login_failure_limit`` failures in ``login_failure_window_secs`` gets
+        TooManyLoginFailures at once, before any scrypt is spent, and so does
+        one whose credentials being verified would reach the limit. Concurrent
+        logins with the same credentials share one verification.
+        """
+        source = auth.login_source(peer) if peer is not None else None
+        while True:
+            if source is not None:
+                self._check_login_rate(source)
+            if not isinstance(name, str) or not isinstance(password, str):
+                self._login_failed(source)
+                raise errors.AuthenticationFailed("user and password must be strings")
+            user = self.users.get(name)
+            key = auth.digest(name, password)
+            if user is not None and self._verified.get(key) == name:
+                return user
+            pending = self._verifying.get(key)
+            if pending is None:
+                break
+            # The same credentials are being verified: wait for that outcome.
+            done, box = pending
+            await done.wait()
+            if box[0] is False:
+                self._login_failed(source)
+                raise errors.AuthenticationFailed("unknown user or wrong password")
+            # True: the next round finds it verified; None: that check was cancelled.
+        done, box = trio.Event(), [None]
+        self._verifying[key] = (done, box)
+        if source is not None:
+            self.login_limiter.begin(source)
+        try:
+            ok = await self._verify(user, name, password)
+            box[0] = ok
+        finally:
+            del self._verifying[key]
+            done.set()
+            if source is not None:
+                self.login_limiter.end(source)
+        if not ok:
+            self._login_failed(source)
             raise errors.AuthenticationFailed("unknown user or wrong password")
-        ok = await trio.to_thread.run_sync(auth.verify, user, password)
-        if not ok or self.users.get(name) is not user:
-            raise errors.AuthenticationFailed("unknown user or wrong password")
+        assert user is not None
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[key] = name
         return user
+
+    async def _verify(self, user: auth.User | None, name: str, password: str) -> bool:
+        """The slow check (scrypt on a worker thread); the same cost for unknown users."""
+        if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
+            # Same cost as a real check, so a probe cannot tell unknown users apart.
+            await trio.to_thread.run_sync(auth.hash_password, password[:1024], b"0" * 16)
+            return False
+        ok = await trio.to_thread.run_sync(auth.verify, user, password)
+        return ok and self.users.get(name) is user
+
+    def _check_login_rate(self, source: str) -> None:
+        cfg = self.config
+        wait = self.login_limiter.retry_after(
+            source, cfg.login_failure_limit, cfg.login_failure_window_secs
+        )
+        if wait > 0:
+            self.login_limiter.refused()
+            raise errors.TooManyLoginFailures(
+                f"too many failed logins from this address; try again in {math.ceil(wait)} s",
+                retry_after_ms=math.ceil(wait * 1000),
+            )
+
+    def _login_failed(self, source: str | None) -> None:
+        if source is None:
+            return
+        cfg = self.config
+        if self.login_limiter.failed(
+            source, cfg.login_failure_limit, cfg.login_failure_window_secs
+        ):
+            log.warning(
+                "%d failed logins from %s within %gs (login_failure_limit): refusing its "
+                "logins until they age out",
+                cfg.login_failure_limit,
+                source,
+                cfg.login_failure_window_secs,
+            )
+
+    def login_statistics(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "login_failure_limit": cfg.login_failure_limit,
+            "login_failure_window_secs": cfg.login_failure_window_secs,
+            **self.login_limiter.statistics(
+                cfg.login_failure_limit, cfg.login_failure_window_secs
+            ).as_dict(),
+        }
 
     async def save_user(self, user: auth.User, *, expect: str | None) -> None:
         await self.write(
@@ -481,6 +568,8 @@ class Node:
             },
             "buckets": buckets,
             "users": len(self.users),
+            "latency": self.latency.status(),
+            "authentication": self.login_statistics(),
             "throttle": self._throttle_status(),
             "ingress": {
                 "request_rate_limiter": {

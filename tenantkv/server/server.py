@@ -1,17 +1,29 @@
 """The listener and the server's lifecycle: start, serve, shut down gracefully.
 
-Shutdown (SIGINT/SIGTERM or ``Server.shutdown``): stop accepting, tell every
-session to stop reading, give in-flight requests ``shutdown_grace_secs`` to
-finish, cancel what is left, let the writer commit everything queued, close
-LMDB. Anything acknowledged is on disk before the process exits.
+Shutdown (SIGINT/SIGTERM or ``Server.shutdown``): tell every session to stop
+taking requests — what it already read completes, and each request still
+arriving gets ``ShuttingDown`` (labelled ``RetryableError``: it did not run) —
+answer new connections with ``ShuttingDown``, give in-flight requests
+``shutdown_grace_secs`` to finish, then stop accepting, cancel what is left,
+let the writer commit everything queued and close LMDB. Anything acknowledged
+is on disk before the process exits.
+
+TLS (``tls_cert_file``/``tls_key_file``; ``tls_ca_file`` requires client
+certificates): each accepted stream is wrapped in a ``trio.SSLStream`` and
+handshakes, bounded by ``hello_timeout_secs``, in its own task — a failed or
+stalled handshake is logged and closes that connection only. A client that
+speaks plain MessagePack to a TLS port gets a plain ``ProtocolError`` saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
+import ssl
 from itertools import count
 from typing import Any
 
@@ -25,6 +37,44 @@ from tenantkv.server.session import Session
 from tenantkv.storage.engine import Engine
 
 log = logging.getLogger("tenantkv.server")
+
+#: First byte of a TLS record carrying a handshake message (ClientHello).
+TLS_HANDSHAKE_RECORD = 0x16
+
+
+class TLSConfigError(Exception):
+    """The TLS settings cannot be used; the message names the setting and the file."""
+
+
+def server_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The listener's TLS context from the settings, or None when TLS is off."""
+    cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_ca_file
+    if cert is None:
+        if key is not None or ca is not None:
+            raise TLSConfigError("TLS: tls_key_file or tls_ca_file is set but tls_cert_file is not")
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        what = f"tls_cert_file {cert}" + (f" / tls_key_file {key}" if key else "")
+        raise TLSConfigError(f"TLS: cannot load {what}: {_reason(exc)}") from None
+    if ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"TLS: cannot load tls_ca_file {ca}: {_reason(exc)}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def open_engine(config: Config) -> Engine:
@@ -40,8 +90,11 @@ def open_engine(config: Config) -> Engine:
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.ssl_context = server_ssl_context(config)  # before the data directory is locked
         self.engine = open_engine(config)
         self.node = Node(config, self.engine)
+        #: connections accepted and not yet a session (connection limiter, TLS handshake)
+        self.connections_pending = 0
         self._ids = count(1)
         self._stop = trio.Event()
         self.listeners: list[trio.SocketListener] = []
@@ -78,7 +131,12 @@ class Server:
                     accept_scope = trio.CancelScope()
                     for listener in self.listeners:
                         sessions.start_soon(self._accept_loop, listener, sessions, accept_scope)
-                    log.info("listening on %s:%d", node.host, node.port)
+                    log.info(
+                        "listening on %s:%d%s",
+                        node.host,
+                        node.port,
+                        " (TLS)" if self.ssl_context is not None else "",
+                    )
                     if ready_file:
                         _write_ready_file(ready_file, node.host, node.port, self.metrics_port)
                     task_status.started(self)
@@ -87,15 +145,17 @@ class Server:
                         "shutting down: no new connections, %d sessions finishing",
                         len(node.sessions),
                     )
+                    # From here new connections get ShuttingDown (_run_session),
+                    # and sessions answer requests still arriving with it.
                     node.shutting_down = True
+                    for s in list(node.sessions):
+                        s.begin_shutdown()
+                    with trio.move_on_after(node.config.shutdown_grace_secs):
+                        if node.sessions:
+                            await node.no_sessions.wait()
                     accept_scope.cancel()
                     for listener in self.listeners:
                         await listener.aclose()
-                    for s in list(node.sessions):
-                        s.begin_shutdown()
-                    with trio.move_on_after(self.config.shutdown_grace_secs):
-                        if node.sessions:
-                            await node.no_sessions.wait()
                     sessions.cancel_scope.cancel()
                 outer.cancel_scope.cancel()
         finally:
@@ -105,11 +165,17 @@ class Server:
             log.info("stopped; storage closed")
 
     async def _watch_signals(self) -> None:
+        # The receiver stays open until the process ends: a second SIGTERM (an
+        # impatient supervisor) must not kill the server with the default handler
+        # while it drains; SIGKILL is the way to stop at once.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info("received %s", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                if self._stop.is_set():
+                    log.info("received %s again; already shutting down", name)
+                    continue
+                log.info("received %s", name)
                 self.shutdown()
-                return
 
     async def _accept_loop(
         self, listener: trio.SocketListener, nursery: trio.Nursery, scope: trio.CancelScope
@@ -132,40 +198,88 @@ class Server:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
         except OSError:
             peer = "?"
-        if len(node.sessions) >= self.config.max_connections or node.shutting_down:
-            node.connections_rejected += 1
-            exc: errors.TenantKVError = (
+        conn: trio.abc.Stream = stream
+        if self.ssl_context is not None:
+            conn = trio.SSLStream(stream, self.ssl_context, server_side=True, https_compatible=True)
+        busy = len(node.sessions) + self.connections_pending >= node.config.max_connections
+        if busy or node.shutting_down:
+            await self._refuse(
+                conn,
                 errors.ShuttingDown("the server is stopping")
                 if node.shutting_down
                 else errors.TooManyConnections(
-                    f"max_connections={self.config.max_connections} reached"
-                )
+                    f"max_connections={node.config.max_connections} reached"
+                ),
             )
-            with trio.move_on_after(1):
-                try:
-                    await stream.send_all(protocol.encode_error(None, exc))
-                    await stream.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
             return
-        if node.config.ingress_connection_establishment_rate_limiter_enabled:
-            # Before the first read: a connection storm queues here (bounded),
-            # and what does not fit is refused, so established clients go on.
-            try:
-                await node.connection_limiter.acquire(
-                    exempt=node.connection_bypass.matches(peer.rsplit(":", 1)[0])
-                )
-            except errors.TenantKVError as refused:
-                node.connections_rejected += 1
-                with trio.move_on_after(1):
-                    try:
-                        await stream.send_all(protocol.encode_error(None, refused))
-                        await stream.aclose()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
+        self.connections_pending += 1
+        try:
+            if node.config.ingress_connection_establishment_rate_limiter_enabled:
+                # Before the first read: a connection storm queues here (bounded),
+                # and what does not fit is refused, so established clients go on.
+                try:
+                    await node.connection_limiter.acquire(
+                        exempt=node.connection_bypass.matches(peer.rsplit(":", 1)[0])
+                    )
+                except errors.TenantKVError as refused:
+                    await self._refuse(conn, refused)
+                    return
+            if isinstance(conn, trio.SSLStream) and not await self._tls_handshake(
+                stream, conn, peer
+            ):
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
                 return
+        finally:
+            self.connections_pending -= 1
+        if node.shutting_down:  # it began while this connection waited
+            await self._refuse(conn, errors.ShuttingDown("the server is stopping"))
+            return
         node.connections_total += 1
-        await Session(node, stream, peer, next(self._ids)).run()
+        try:
+            await Session(node, conn, peer, next(self._ids)).run()
+        except Exception:  # one connection's bug must never take the listener down
+            log.exception("connection from %s failed", peer)
+
+    async def _refuse(self, conn: trio.abc.Stream, exc: errors.TenantKVError) -> None:
+        """Send a connection-level error (msgid nil) and close; at most a second."""
+        self.node.connections_rejected += 1
+        gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+        with trio.move_on_after(1), contextlib.suppress(*gone):
+            await conn.send_all(protocol.encode_error(None, exc))
+        with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
+            await conn.aclose()
+
+    async def _tls_handshake(
+        self, raw: trio.SocketStream, tls: trio.SSLStream[trio.SocketStream], peer: str
+    ) -> bool:
+        """Complete the TLS handshake within ``hello_timeout_secs``; False (logged) if not.
+
+        A client that sends plain MessagePack instead of a ClientHello gets a
+        plain ProtocolError saying that TLS is required.
+        """
+        timeout = self.node.config.hello_timeout_secs
+        with trio.move_on_after(timeout):
+            try:
+                first = await raw.socket.recv(1, socket.MSG_PEEK)
+                if not first:
+                    return False
+                if first[0] != TLS_HANDSHAKE_RECORD:
+                    log.info("connection from %s: plain request on a TLS port; closing", peer)
+                    await raw.send_all(
+                        protocol.encode_error(
+                            None, errors.ProtocolError("this server requires TLS; connect with TLS")
+                        )
+                    )
+                    return False
+                await tls.do_handshake()
+                return True
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                cause = exc.__cause__ or exc
+                log.info("connection from %s: TLS handshake failed: %s", peer, _reason(cause))
+                return False
+        log.info("connection from %s: no TLS handshake within %gs; closing", peer, timeout)
+        return False
 
     async def _expiry_pager(self) -> None:
         """Reclaim expired records from disk; reads already hide them."""

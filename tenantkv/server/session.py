@@ -12,14 +12,16 @@ a read or admin command waits for the connection's earlier writes, so every
 connection reads its own writes and sees responses in request order.
 
 Back-pressure: when a connection has ``max_inflight_per_connection`` writes
-unanswered or more than ``OUT_HIGH_WATER`` bytes unsent, its reader stops
-reading until they drain — TCP then pushes back on the client.
+unanswered, more than ``PENDING_WRITE_HIGH_WATER`` bytes of them, or more than
+``OUT_HIGH_WATER`` bytes unsent, its reader stops reading until they drain —
+TCP then pushes back on the client.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from functools import partial
 from typing import Any
 
@@ -41,6 +43,12 @@ RECEIVE_BYTES = 256 * 1024
 FAIR_SHARE_REQUESTS = 256
 #: Unsent response bytes above which the reader pauses.
 OUT_HIGH_WATER = 4 * 1024 * 1024
+#: Bytes of unanswered writes (queued values) above which the reader pauses: with
+#: 20 MiB values the in-flight count alone would let one connection queue 20 GiB.
+PENDING_WRITE_HIGH_WATER = 64 * 1024 * 1024
+#: On shutdown, how long a connection must be quiet (its writes answered, nothing
+#: received) before it is closed; requests arriving until then get ShuttingDown.
+SHUTDOWN_QUIET_SECS = 0.25
 HELLO_PARAMS = frozenset(
     {"user", "password", "bucket", "client", "backpressure", "nonblocking_throttle", "timeout_ms"}
 )
@@ -61,6 +69,8 @@ class Session:
         #: per-record byte counts a read handler read (for metering)
         self.read_sizes: list[int] = []
         self.pending_writes = 0
+        #: bytes of those writes (their values and keys), for back-pressure
+        self.pending_write_bytes = 0
         self._max_inflight = node.config.max_inflight_per_connection
         self._out = bytearray()
         # Plain flags say whether anyone is parked: checking a bool per reply is
@@ -91,7 +101,9 @@ class Session:
                             await self._park_reader()
                     self._done = True
                     self._wake_sender()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The peer is gone (a reset, a broken TLS stream). The nursery wraps
+            # what its body raises in an ExceptionGroup, hence except*.
             pass
         finally:
             if self._watch_rx is not None:
@@ -102,7 +114,9 @@ class Session:
                 await self.stream.aclose()
 
     def begin_shutdown(self) -> None:
-        """Stop reading new requests; what was received still completes."""
+        """Stop taking new requests; what was received still completes. On server
+        shutdown (``node.shutting_down``) later requests get ShuttingDown until the
+        connection goes quiet; otherwise (a deleted user) the connection just closes."""
         self._reading = False
         if self._recv_scope is not None:
             self._recv_scope.cancel()
@@ -182,25 +196,28 @@ class Session:
         )
         hello_deadline = trio.current_time() + cfg.hello_timeout_secs
         idle = cfg.idle_timeout_secs or math.inf
-        while self._reading:
-            deadline = hello_deadline if self.user is None else trio.current_time() + idle
-            with trio.CancelScope(deadline=deadline) as scope:
-                self._recv_scope = scope
-                data = await self.stream.receive_some(RECEIVE_BYTES)
-            self._recv_scope = None
-            if scope.cancelled_caught:
-                if not self._reading:
+        try:
+            while self._reading:
+                deadline = hello_deadline if self.user is None else trio.current_time() + idle
+                with trio.CancelScope(deadline=deadline) as scope:
+                    self._recv_scope = scope
+                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                self._recv_scope = None
+                if scope.cancelled_caught:
+                    if not self._reading:
+                        break
+                    what = "hello" if self.user is None else "a request"
+                    self._reply_error(None, errors.IdleTimeout(f"no {what} within the time limit"))
                     return
-                what = "hello" if self.user is None else "a request"
-                self._reply_error(None, errors.IdleTimeout(f"no {what} within the time limit"))
-                return
-            if not data:
-                return
-            handled = 0
-            try:
+                if not data:
+                    return
                 decoder.feed(data)
-                for req in decoder:
-                    if self.user is not None and (
+                for handled, req in enumerate(decoder, 1):
+                    if not self._reading:
+                        if not node.shutting_down:
+                            return  # its user was deleted: nothing more of theirs runs
+                        self._refuse_shutting_down(req)
+                    elif self.user is not None and (
                         node.config.ingress_request_rate_limiter_enabled
                         and not self._rate_admitted(req)
                     ):
@@ -209,18 +226,48 @@ class Session:
                         pass
                     elif not await self._handle(req):
                         return
-                    if self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
+                    if (
+                        self.pending_writes >= self._max_inflight
+                        or len(self._out) > OUT_HIGH_WATER
+                        or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+                    ):
                         await self._wait_drained()
-                    handled += 1
                     if handled % FAIR_SHARE_REQUESTS == 0:
                         # A long pipelined chunk yields now and then, so one
                         # connection cannot hold the loop from the others.
                         await trio.lowlevel.checkpoint()
-            except (errors.ProtocolError, errors.FrameTooLarge) as exc:
-                log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
-                # The frame is unreadable, so the error is not addressed to a msgid.
-                self._reply_error(None, exc)
+            if node.shutting_down:
+                await self._refuse_until_quiet(decoder)
+        except (errors.ProtocolError, errors.FrameTooLarge) as exc:
+            log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
+            # The frame is unreadable, so the error is not addressed to a msgid.
+            self._reply_error(None, exc)
+
+    def _refuse_shutting_down(self, req: protocol.Request) -> None:
+        exc = errors.ShuttingDown("the server is stopping; the request did not run")
+        exc.command = req.method
+        self._count_error(exc)
+        self._reply_error(req.msgid, exc)
+
+    async def _refuse_until_quiet(self, decoder: protocol.RequestDecoder) -> None:
+        """Server shutdown: answer every request still arriving with ShuttingDown
+        (labelled RetryableError: it did not run) instead of leaving it unread, until
+        this connection's writes are answered and the client has sent nothing for
+        ``SHUTDOWN_QUIET_SECS``; the server's grace period bounds it all."""
+        while True:
+            with trio.move_on_after(SHUTDOWN_QUIET_SECS) as scope:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if scope.cancelled_caught:
+                if self.pending_writes or self._out:
+                    continue
                 return
+            if not data:
+                return
+            decoder.feed(data)
+            for req in decoder:
+                self._refuse_shutting_down(req)
+            if len(self._out) > OUT_HIGH_WATER:
+                await self._wait_drained()
 
     def _rate_admitted(self, req: protocol.Request) -> bool:
         """The ingress request rate limiter, before any other work on the request.
@@ -239,8 +286,15 @@ class Session:
         self._reply_error(req.msgid, exc)
         return False
 
+    def _backlogged(self) -> bool:
+        return (
+            self.pending_writes >= self._max_inflight
+            or len(self._out) > OUT_HIGH_WATER
+            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+        )
+
     async def _wait_drained(self) -> None:
-        while self.pending_writes >= self._max_inflight or len(self._out) > OUT_HIGH_WATER:
+        while self._backlogged():
             await self._park_reader()
 
     async def _wait_writes(self) -> None:
@@ -254,6 +308,7 @@ class Session:
         params: dict[str, Any],
         holds: Holds | None = None,
         failpoints_checked: bool = False,
+        t0: float | None = None,
     ) -> bool:
         """Handle a read or write without awaiting; False if it needs ``_handle``.
 
@@ -278,6 +333,8 @@ class Session:
         node = self.node
         if node.failpoints.active and not failpoints_checked:
             return False
+        if t0 is None:
+            t0 = time.perf_counter()
         user = self.user
         assert user is not None
         h = holds
@@ -298,6 +355,7 @@ class Session:
                 if self.read_sizes:
                     node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
+                node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
                 op = cmd.handler(self, b, params)
                 if (
@@ -306,7 +364,8 @@ class Session:
                 ):
                     return False
                 self.pending_writes += 1
-                node.submit(op, partial(self._write_done, msgid, method, b, op, h))
+                self.pending_write_bytes += op.size_hint
+                node.submit(op, partial(self._write_done, msgid, method, b, op, h, t0))
                 h = None  # the write's callback releases them once durable
         except errors.TenantKVError as exc:
             exc.command = method
@@ -324,6 +383,7 @@ class Session:
         msgid, method, params = req
         if self.user is None:
             return await self._hello(req)
+        t0 = time.perf_counter()
         cmd = COMMANDS.get(method)
         if self.pending_writes and (cmd is None or cmd.kind != "write"):
             # Reads and admin commands see this connection's earlier writes; a
@@ -331,7 +391,7 @@ class Session:
             await self._wait_writes()
         if self.node.failpoints.active and await self._failpoint(msgid, method):
             return True
-        if self._run_fast(msgid, method, params, failpoints_checked=True):
+        if self._run_fast(msgid, method, params, failpoints_checked=True, t0=t0):
             return True
         try:
             if cmd is None:
@@ -341,7 +401,7 @@ class Session:
             check_params(cmd, params)
             if cmd.kind in ("read", "write"):
                 holds = await self._admit(cmd, params)
-                self._run_fast(msgid, method, params, holds=holds, failpoints_checked=True)
+                self._run_fast(msgid, method, params, holds=holds, failpoints_checked=True, t0=t0)
             else:
                 await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
@@ -388,6 +448,14 @@ class Session:
         )
 
     def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
+        if isinstance(exc, RecursionError):
+            # A parameter nested ~1000 deep (MessagePack decodes up to ~1040) broke
+            # a repr in a handler's error message: the client's fault, not ours.
+            bad = errors.BadValue("a parameter is nested too deeply")
+            bad.command = method
+            self._count_error(bad)
+            self._reply_error(msgid, bad)
+            return
         log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
         self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
 
@@ -404,15 +472,18 @@ class Session:
         b: BucketHandle,
         op: WriteOp,
         holds: Holds,
+        t0: float,
         result: Any,
         error: BaseException | None,
     ) -> None:
         holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
         self.pending_writes -= 1
+        self.pending_write_bytes -= op.size_hint
         stats = self.node.bucket_stats.get(b.name)
         if error is None:
             if stats is not None:
                 stats.ops[method] += 1
+                self.node.latency.observe(b.name, method, time.perf_counter() - t0)
             user = self.user
             self.node.charge_write(b.name, op.nbytes, user is not None and user.unthrottled)
             self._reply(msgid, result)
@@ -456,7 +527,7 @@ class Session:
             for k in p:
                 if k not in HELLO_PARAMS:
                     raise errors.BadValue(f"unknown parameter {k!r} for hello")
-            user = await self.node.authenticate(p.get("user"), p.get("password"))
+            user = await self.node.authenticate(p.get("user"), p.get("password"), peer=self.peer_ip)
             bucket = p.get("bucket")
             if bucket is not None:
                 if not isinstance(bucket, str):

@@ -10,15 +10,26 @@ transactions.
 LMDB forbids ``set_mapsize`` while any transaction of the process is open, so
 inline readers and the writer's map growth share ``txn_lock``; holding an
 uncontended ``threading.Lock`` costs ~50 ns.
+
+Opening a data directory is checked, and each refusal is a
+:class:`DataDirError` with one line that names the problem: the directory is
+created if missing; it must be a readable, writable directory; only one
+process may use it at a time (an exclusive ``flock`` on ``tenantkv.lock``,
+released by the kernel however the process ends — LMDB itself would let two
+servers open one environment); and its format version, written into the
+system database at creation, must not be newer than this build reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +38,7 @@ from typing import Any
 import lmdb
 import msgpack
 
-from tenantkv import errors
+from tenantkv import errors, protocol
 from tenantkv.storage import records
 from tenantkv.storage.records import Record
 
@@ -40,8 +51,31 @@ CAS_KEY = b"meta:cas"
 #: the current block, so a commit writes it only once per CAS_BLOCK writes
 #: instead of dirtying the system database's pages in every batch.
 CAS_BLOCK = 100_000
+#: System record holding the on-disk format version (ASCII decimal).
+FORMAT_KEY = b"meta:format"
+#: The format this build writes and the newest it reads. Raise it, with a
+#: migration, whenever a record layout or a system key changes meaning.
+FORMAT_VERSION = 1
+#: The file whose exclusive ``flock`` marks a data directory in use (holds the pid).
+LOCK_FILE = "tenantkv.lock"
+#: Bound on the records one ``mget`` or ``scan`` returns, in bytes (keys, values
+#: and ~64 bytes each of framing): a response must fit the clients' frame bound,
+#: and 1000 keys of a 20 MiB value must not make the server build 20 GB.
+MAX_RESULT_BYTES = protocol.MAX_VALUE_BYTES + 16 * 1024
+RESULT_ENTRY_OVERHEAD = 64
+#: Free space below which a failed write is taken for a full disk (LMDB reports
+#: the short write a full disk causes as EIO).
+DISK_FULL_SLACK_BYTES = 1024 * 1024
 
 GiB = 1024**3
+
+#: Engines open in this process, so that :func:`is_disk_full` can look at the
+#: filesystems they live on.
+_open_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+class DataDirError(Exception):
+    """The data directory cannot be used; the message names the problem in one line."""
 
 
 def wall_ms() -> int:
@@ -80,30 +114,49 @@ class Engine:
         now_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.path = os.fspath(path)
-        os.makedirs(self.path, exist_ok=True)
         self.max_map_size = max_map_size
         self.now_ms = now_ms
         self.sync = sync
         self.txn_lock = threading.Lock()
-        self.env = lmdb.open(
-            self.path,
-            map_size=map_size,
-            max_dbs=max_buckets + 2,
-            sync=sync,
-            metasync=sync,
-            max_readers=256,
-            mode=0o700,
-        )
-        self.system = self.env.open_db(SYSTEM_DB)
-        self.expiry = self.env.open_db(EXPIRY_DB)
+        #: online copies running (copy_to); map growth waits for them to end
+        self._copies = 0
+        self._copies_done = threading.Condition()
         self.buckets: dict[str, BucketHandle] = {}
         self.cas_counter = 0
         #: highest CAS the disk allows without a new reservation
         self.cas_ceiling = 0
-        self._load()
+        #: the on-disk format version found (or written) at open
+        self.format_version = FORMAT_VERSION
+        self._lock_fd = _lock_data_dir(self.path)
+        self.env: Any = None
+        try:
+            try:
+                self.env = lmdb.open(
+                    self.path,
+                    map_size=map_size,
+                    max_dbs=max_buckets + 2,
+                    sync=sync,
+                    metasync=sync,
+                    max_readers=256,
+                    mode=0o700,
+                )
+                self.system = self.env.open_db(SYSTEM_DB)
+                self.expiry = self.env.open_db(EXPIRY_DB)
+            except lmdb.Error as exc:
+                raise DataDirError(f"LMDB cannot open it: {_one_line(exc)}") from None
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+        _open_engines.add(self)
 
     def _load(self) -> None:
         with self.env.begin(write=True) as txn:
+            stored = txn.get(FORMAT_KEY, db=self.system)
+            self.format_version = _check_format(stored)
+            if stored is None:
+                # A new directory (or one from before versioning, which is format 1).
+                txn.put(FORMAT_KEY, str(FORMAT_VERSION).encode(), db=self.system)
             raw = txn.get(CAS_KEY, db=self.system)
             # Start above everything the last run may have handed out.
             self.cas_counter = self.cas_ceiling = int(raw) if raw else 0
@@ -114,7 +167,13 @@ class Engine:
                     self.buckets[name] = BucketHandle(name, db, msgpack.unpackb(value))
 
     def close(self) -> None:
-        self.env.close()
+        _open_engines.discard(self)
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     # -- reads (inline) ---------------------------------------------------
 
@@ -145,14 +204,31 @@ class Engine:
         rec = records.decode(raw)
         return rec if rec.expiry_ms == 0 or rec.expiry_ms > self.now_ms() else None
 
-    def mget(self, h: BucketHandle, keys: list[bytes]) -> list[Record | None]:
+    def mget(
+        self, h: BucketHandle, keys: list[bytes], *, max_bytes: int = MAX_RESULT_BYTES
+    ) -> list[Record | None]:
+        """The live record of each key (None where there is none).
+
+        Raises BadValue, having built nothing big, when the records would
+        exceed ``max_bytes`` (values plus framing): one response must fit a frame.
+        """
         now = self.now_ms()
         out: list[Record | None] = []
+        total = 0
         with self.txn_lock, self.env.begin(db=h.db) as txn:
             for key in keys:
                 raw = txn.get(key)
                 rec = records.decode(raw) if raw is not None else None
-                out.append(rec if rec is not None and rec.live(now) else None)
+                if rec is not None and rec.live(now):
+                    total += len(rec.value) + RESULT_ENTRY_OVERHEAD
+                    if total > max_bytes:
+                        raise errors.BadValue(
+                            f"the values of these {len(keys)} keys exceed {max_bytes} bytes, "
+                            "more than one response may carry; ask for fewer keys"
+                        )
+                    out.append(rec)
+                else:
+                    out.append(None)
         return out
 
     def scan(
@@ -163,13 +239,17 @@ class Engine:
         end: bytes | None = None,
         after: bytes | None = None,
         limit: int = 100,
+        max_bytes: int = MAX_RESULT_BYTES,
     ) -> tuple[list[tuple[bytes, Record]], bool]:
         """Live records with start <= key < end (and key > after), in key order.
 
         Returns (items, more): ``more`` says a further call may return more.
+        A page also ends before its keys and values would exceed ``max_bytes``
+        (it always holds at least one record).
         """
         now = self.now_ms()
         items: list[tuple[bytes, Record]] = []
+        total = 0
         with self.txn_lock, self.env.begin(db=h.db) as txn:
             cur = txn.cursor()
             seek = start
@@ -186,6 +266,9 @@ class Engine:
                 if not rec.live(now):
                     continue
                 if len(items) == limit:
+                    return items, True
+                total += len(key) + len(rec.value) + RESULT_ENTRY_OVERHEAD
+                if items and total > max_bytes:
                     return items, True
                 items.append((key, rec))
         return items, False
@@ -217,6 +300,29 @@ class Engine:
         psize = self.env.stat()["psize"]
         return (info["last_pgno"] + 1) * psize, info["map_size"]
 
+    def copy_to(self, path: str) -> None:
+        """A consistent, compacted copy of the environment into ``path`` (an empty
+        directory): an online backup, run on a worker thread while reads and writes
+        go on. LMDB cannot remap the map under the copy's read transaction (py-lmdb
+        makes ``set_mapsize`` wait for the copy), so map growth waits for running
+        copies *before* it takes ``txn_lock``: inline readers never queue behind a copy.
+        """
+        with self._copies_done:
+            self._copies += 1
+        try:
+            self.env.copy(path, compact=True)
+        finally:
+            with self._copies_done:
+                self._copies -= 1
+                self._copies_done.notify_all()
+
+    def _set_mapsize(self, new: int) -> None:
+        with self._copies_done:
+            while self._copies:
+                self._copies_done.wait()
+            with self.txn_lock:
+                self.env.set_mapsize(new)
+
     def maybe_grow(self, extra: int = 0) -> bool:
         """Grow the map when it is 3/4 full (or cannot hold ``extra`` more bytes).
 
@@ -225,8 +331,8 @@ class Engine:
         """
         used, size = self.map_usage()
         want = used + 2 * extra
-        if want * 4 < size * 3:
-            return False
+        if want * 4 < size * 3 or self._copies:
+            return False  # (during a copy, only a full map grows: force_grow waits for it)
         new = max(size * 2, want * 2)
         if self.max_map_size:
             if size >= self.max_map_size:
@@ -236,8 +342,7 @@ class Engine:
                     )
                 return False
             new = min(new, self.max_map_size)
-        with self.txn_lock:
-            self.env.set_mapsize(new)
+        self._set_mapsize(new)
         return True
 
     def force_grow(self, extra: int) -> None:
@@ -248,12 +353,99 @@ class Engine:
             if size >= self.max_map_size:
                 raise errors.StorageFull(f"map is full at max_map_size={self.max_map_size} bytes")
             new = min(new, self.max_map_size)
-        with self.txn_lock:
-            self.env.set_mapsize(new)
+        self._set_mapsize(new)
+
+    # -- disk space ----------------------------------------------------------
+
+    def disk_free_bytes(self) -> int | None:
+        """Bytes this process may still write on the data directory's filesystem."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return None
+        blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail  # root may use the reserve
+        return blocks * st.f_frsize
 
 
 def is_disk_full(exc: BaseException) -> bool:
+    """Did this storage error come from a full disk (or quota)?
+
+    LMDB reports a short ``pwrite`` — what a full filesystem causes — as EIO
+    (``mdb_txn_commit: Input/output error``), the same as a real I/O error;
+    the two are told apart by the free space left where the data lives.
+    """
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(exc).lower()
-    return "no space left" in text or "disk quota" in text
+    if "no space left" in text or "disk quota" in text:
+        return True
+    if (isinstance(exc, OSError) and exc.errno == errno.EIO) or "input/output error" in text:
+        for engine in list(_open_engines):
+            free = engine.disk_free_bytes()
+            if free is not None and free < DISK_FULL_SLACK_BYTES:
+                return True
+    return False
+
+
+# -- opening a data directory -------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return " ".join(str(text).split())
+
+
+def _lock_data_dir(path: str) -> int:
+    """Create ``path`` if needed, check it, and take its exclusive lock; returns the fd."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise DataDirError("it exists and is not a directory") from None
+    except OSError as exc:
+        raise DataDirError(f"cannot create it: {_one_line(exc)}") from None
+    if not os.path.isdir(path):
+        raise DataDirError("it is not a directory")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise DataDirError("permission denied: the server needs to read and write it")
+    lock_path = os.path.join(path, LOCK_FILE)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise DataDirError(f"cannot open its lock file {LOCK_FILE}: {_one_line(exc)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = ""
+        with contextlib.suppress(OSError, ValueError):
+            holder = f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise DataDirError(
+                f"another process{holder} is using it: only one tenantkv server may "
+                "open a data directory at a time"
+            ) from None
+        raise DataDirError(f"cannot lock it: {_one_line(exc)}") from None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _check_format(raw: bytes | None) -> int:
+    """The format version stored in the system database (1 when absent: before versioning)."""
+    if raw is None:
+        return 1
+    try:
+        version = int(raw)
+    except ValueError:
+        raise DataDirError(
+            f"unrecognised format version {raw[:32]!r} in its system database"
+        ) from None
+    if version > FORMAT_VERSION:
+        raise DataDirError(
+            f"it holds data format version {version}, newer than this tenantkv reads "
+            f"(up to {FORMAT_VERSION}); run a newer tenantkv on it"
+        )
+    if version < 1:
+        raise DataDirError(f"unrecognised format version {version} in its system database")
+    return version

@@ -51,5 +51,5 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_configuration_doc_is_generated_from_the_declaration() -> None:
     doc = Path(__file__).parents[2] / "docs" / "configuration.md"
     assert doc.read_text() == config.render_markdown(), (
-        "run: python -m tenantkv.config > docs/configuration.md"
+        "run: tenantkv config docs > docs/configuration.md"
     )

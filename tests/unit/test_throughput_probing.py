@@ -311,18 +311,25 @@ def test_statistics_record() -> None:
 # --------------------------------------------------------------------------- initial concurrency
 
 
+def test_default_initial_is_the_maximum() -> None:
+    read, write = FakePool(), FakePool()
+    ThroughputProber(read, write, cpu_count=2)
+    assert (read.total_tickets, write.total_tickets) == (128, 128)
+
+
 def test_initial_zero_is_twice_the_cpus() -> None:
     read, write = FakePool(), FakePool()
-    ThroughputProber(read, write, cpu_count=8)
+    zero = {"throughput_probing_initial_concurrency": 0}
+    ThroughputProber(read, write, cpu_count=8, **zero)
     assert (read.total_tickets, write.total_tickets) == (8, 8)
-    ThroughputProber(read, write)  # the machine's own count, within bounds
+    ThroughputProber(read, write, **zero)  # the machine's own count, within bounds
     assert 4 <= read.total_tickets <= 128
 
 
 def test_initial_from_few_cpus_is_clamped_quietly(caplog: pytest.LogCaptureFixture) -> None:
     read, write = FakePool(), FakePool()
     with caplog.at_level(logging.WARNING, logger="tenantkv.admission"):
-        ThroughputProber(read, write, cpu_count=1)
+        ThroughputProber(read, write, cpu_count=1, throughput_probing_initial_concurrency=0)
     assert (read.total_tickets, write.total_tickets) == (4, 4)
     assert not caplog.records
 
