@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import retries, throttle, throughput
+from bench import retries, soak, throttle, throughput
 from bench.loadgen import BenchError
 
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     throughput.add_parser(sub)
     throttle.add_parser(sub)
     retries.add_parser(sub)
+    soak.add_parser(sub)
     return parser
 
 

@@ -111,6 +111,24 @@ class Server:
         handle_signals: bool = False,
     ) -> None:
         node = self.node
+        # The signal receiver stays open until storage is closed: a second SIGTERM
+        # (an impatient supervisor) must not kill the server with the default
+        # handler while it drains and commits; SIGKILL is the way to stop at once.
+        with contextlib.ExitStack() as stack:
+            signals = (
+                stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+                if handle_signals
+                else None
+            )
+            await self._serve(node, signals, task_status, ready_file)
+
+    async def _serve(
+        self,
+        node: Node,
+        signals: Any,
+        task_status: trio.TaskStatus[Server],
+        ready_file: str | None,
+    ) -> None:
         try:
             node.start()
             await node.bootstrap_admin()
@@ -122,8 +140,8 @@ class Server:
 
                 self.metrics_port = start_metrics_server(node, self.config.metrics_port)
             async with trio.open_nursery() as outer:
-                if handle_signals:
-                    outer.start_soon(self._watch_signals)
+                if signals is not None:
+                    outer.start_soon(self._watch_signals, signals)
                 outer.start_soon(self._expiry_pager)
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
@@ -164,18 +182,14 @@ class Server:
             self.engine.close()
             log.info("stopped; storage closed")
 
-    async def _watch_signals(self) -> None:
-        # The receiver stays open until the process ends: a second SIGTERM (an
-        # impatient supervisor) must not kill the server with the default handler
-        # while it drains; SIGKILL is the way to stop at once.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if self._stop.is_set():
-                    log.info("received %s again; already shutting down", name)
-                    continue
-                log.info("received %s", name)
-                self.shutdown()
+    async def _watch_signals(self, signals: Any) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                log.info("received %s again; already shutting down", name)
+                continue
+            log.info("received %s", name)
+            self.shutdown()
 
     async def _accept_loop(
         self, listener: trio.SocketListener, nursery: trio.Nursery, scope: trio.CancelScope

@@ -1,0 +1,468 @@
+"""Authentication and authorization.
+
+The permission matrix: every command in ``tenantkv.server.commands.COMMANDS``, by
+{admin, readwrite user, read user, user of another bucket, unthrottled user}, by
+{the tenants' bucket, another bucket}, each cell allowed or refused exactly as
+the table in ``docs/security.md`` says. The expectation comes from the small
+rule table below (:data:`ALLOWED`), which must equal the doc's table row by row;
+the doc must list every command.
+
+Then failed-login limiting (per source address, before any scrypt is spent),
+and a search of the log and the status document for every password used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+
+from tenantkv import config as config_mod
+from tenantkv import errors
+from tenantkv.server import auth
+from tenantkv.server.commands import COMMANDS
+from tenantkv.server.node import Node
+from tenantkv.storage.engine import Engine
+from tests.conftest import ADMIN_PASSWORD, Daemon
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+TIMEOUT = 20
+
+# -- the rule table (mirrors docs/security.md) ---------------------------------------
+
+#: What a user holds on the bucket a command acts on.
+COLUMNS = ("admin", "readwrite", "read", "no role")
+#: Who may run each class of command.
+ALLOWED: dict[str, set[str]] = {
+    "read": {"admin", "readwrite", "read"},
+    "write": {"admin", "readwrite"},
+    "session": {"admin", "readwrite", "read", "no role"},
+    "admin": {"admin"},
+}
+#: Commands whose rule differs from their class's.
+OVERRIDES: dict[str, set[str]] = {"select_bucket": {"admin", "readwrite", "read"}}
+
+
+def allowed(command: str, column: str) -> bool:
+    return column in OVERRIDES.get(command, ALLOWED[COMMANDS[command].kind])
+
+
+def doc_table() -> dict[str, tuple[str, dict[str, bool]]]:
+    """command -> (class, column -> allowed) from the table in docs/security.md."""
+    rows: dict[str, tuple[str, dict[str, bool]]] = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^\|\s*`([A-Za-z_]+)`\s*\|(.*)\|\s*$", line)
+        if not m:
+            continue
+        cells = [c.strip() for c in m.group(2).split("|")]
+        if len(cells) != 1 + len(COLUMNS) or cells[1] not in ("yes", "no"):
+            continue  # another table of the page
+        assert m.group(1) not in rows, f"{m.group(1)} listed twice"
+        rows[m.group(1)] = (
+            cells[0],
+            {c: v == "yes" for c, v in zip(COLUMNS, cells[1:], strict=True)},
+        )
+    return rows
+
+
+def test_the_doc_lists_every_command_with_the_rules_of_this_test() -> None:
+    table = doc_table()
+    assert set(table) == set(COMMANDS), (
+        f"missing from docs/security.md: {sorted(set(COMMANDS) - set(table))}; "
+        f"not commands: {sorted(set(table) - set(COMMANDS))}"
+    )
+    for name, (kind, cells) in table.items():
+        assert kind == COMMANDS[name].kind, name
+        assert cells == {c: allowed(name, c) for c in COLUMNS}, name
+
+
+# -- personas and buckets --------------------------------------------------------------
+
+OWN, OTHER = "mx-own", "mx-other"
+PERSONAS: dict[str, dict[str, Any]] = {
+    "admin": {"user": "admin", "password": ADMIN_PASSWORD, "admin": True, "roles": {}},
+    "readwrite user": {"user": "mx-rw", "password": "pw-rw", "roles": {OWN: "readwrite"}},
+    "read user": {"user": "mx-ro", "password": "pw-ro", "roles": {OWN: "read"}},
+    "user of another bucket": {
+        "user": "mx-else",
+        "password": "pw-else",
+        "roles": {OTHER: "readwrite"},
+    },
+    "unthrottled user": {
+        "user": "mx-unth",
+        "password": "pw-unth",
+        "roles": {OWN: "readwrite"},
+        "unthrottled": True,
+    },
+}
+TARGETS = {"own bucket": OWN, "other bucket": OTHER}
+
+
+def column(persona: dict[str, Any], bucket: str) -> str:
+    if persona.get("admin"):
+        return "admin"
+    return persona["roles"].get(bucket, "no role")
+
+
+@pytest.fixture(scope="module")
+def mx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(
+        tmp_path_factory.mktemp("matrix") / "data", extra_args=["--enable-test-commands"]
+    ).start()
+    with d.client() as c:
+        for b in (OWN, OTHER):
+            c.create_bucket(b)
+            c.select_bucket(b)
+            c.set("mx", b"seed")
+        for p in PERSONAS.values():
+            if not p.get("admin"):
+                c.create_user(
+                    p["user"],
+                    p["password"],
+                    roles=p["roles"],
+                    unthrottled=p.get("unthrottled", False),
+                )
+    yield d
+    d.kill()
+
+
+class Args:
+    """Valid arguments for each command, making throwaway buckets and users as needed,
+    so an allowed cell succeeds and a wrongly allowed one harms nothing shared."""
+
+    def __init__(self, d: Daemon, tmp: Path) -> None:
+        self.d = d
+        self.tmp = tmp
+        self.n = itertools.count()
+
+    def _throwaway_bucket(self) -> str:
+        name = f"mx-tmp-{next(self.n)}"
+        with self.d.client() as c:
+            c.create_bucket(name)
+        return name
+
+    def _throwaway_user(self) -> str:
+        name = f"mx-tmpu-{next(self.n)}"
+        with self.d.client() as c:
+            c.create_user(name, "pw")
+        return name
+
+    def __call__(self, command: str, bucket: str) -> dict[str, Any]:
+        table: dict[str, Callable[[], dict[str, Any]]] = {
+            "get": lambda: {"key": b"mx"},
+            "exists": lambda: {"key": b"mx"},
+            "mget": lambda: {"keys": [b"mx"]},
+            "scan": lambda: {"prefix": b"mx"},
+            "set": lambda: {"key": b"mx", "value": b"seed"},
+            "delete": lambda: {"key": b"mx-absent"},
+            "touch": lambda: {"key": b"mx", "ttl": 0},
+            "incr": lambda: {"key": b"mx-ctr", "initial": 0},
+            "decr": lambda: {"key": b"mx-ctr", "initial": 0},
+            "ping": dict,
+            "whoami": dict,
+            "select_bucket": lambda: {"bucket": bucket},
+            "create_bucket": lambda: {"name": f"mx-new-{next(self.n)}"},
+            "delete_bucket": lambda: {"name": self._throwaway_bucket()},
+            "list_buckets": dict,
+            "create_user": lambda: {"name": f"mx-newu-{next(self.n)}", "password": "pw"},
+            "delete_user": lambda: {"name": self._throwaway_user()},
+            "list_users": dict,
+            "server_status": dict,
+            "SetNodeThrottleProperties": lambda: {"json": "{}"},
+            "GetNodeThrottleProperties": dict,
+            "SetBucketThrottleProperties": lambda: {"bucket": bucket, "json": "{}"},
+            "GetBucketThrottleProperties": lambda: {"bucket": bucket},
+            "set_parameter": lambda: {"name": "log_level", "value": "info"},
+            "get_parameter": lambda: {"name": "log_level"},
+            "watch_events": lambda: {"bucket": bucket, "timeout_ms": 0},
+            "set_bucket_queue": lambda: {"bucket": bucket, "class": "read"},
+            "backup": lambda: {"path": str(self.tmp / f"backup-{next(self.n)}")},
+            "configure_fail_point": lambda: {"name": "failCommand", "mode": "off"},
+        }
+        assert command in table, f"add valid arguments for the new command {command!r} here"
+        return table[command]()
+
+
+def raw_call(d: Daemon, persona: dict[str, Any], command: str, args: dict[str, Any]) -> Any:
+    """One request on a connection of its own, without the client's deadline (which
+    would be ``timeout_ms``: watch_events waits exactly that long when idle)."""
+    hello = {"user": persona["user"], "password": persona["password"]}
+    if not persona.get("admin"):
+        hello["bucket"] = next(iter(persona["roles"]))
+    with socket.create_connection((d.host, d.port), timeout=TIMEOUT) as s:
+        s.sendall(msgpack.packb([0, 0, "hello", hello]) + msgpack.packb([0, 1, command, args]))
+        u = msgpack.Unpacker(raw=False)
+        while True:
+            data = s.recv(65536)
+            assert data, "connection closed"
+            u.feed(data)
+            responses = list(u)
+            if responses and responses[-1][1] == 1:
+                err = responses[-1][2]
+                if err is not None:
+                    raise errors.from_wire(err, command=command)
+                return responses[-1][3]
+
+
+def run_cell(
+    d: Daemon, c: Any, persona: dict[str, Any], command: str, args: dict[str, Any], selected: bool
+) -> str:
+    """'allowed' or 'refused' (Unauthorized); anything else fails the test."""
+    if COMMANDS[command].kind in ("read", "write") and not selected:
+        return "refused"  # the bucket could not be selected: the command cannot reach it
+    try:
+        if "timeout_ms" in args:
+            raw_call(d, persona, command, args)
+        else:
+            c.command(command, **args)
+    except errors.Unauthorized:
+        return "refused"
+    return "allowed"
+
+
+def test_permission_matrix(mx: Daemon, tmp_path: Path) -> None:
+    args = Args(mx, tmp_path)
+    wrong: list[str] = []
+    cells = 0
+    for (pname, persona), (tname, bucket) in itertools.product(PERSONAS.items(), TARGETS.items()):
+        col = column(persona, bucket)
+        hello_bucket = None if persona.get("admin") else next(iter(persona["roles"]))
+        with mx.client(
+            user=persona["user"],
+            password=persona["password"],
+            bucket=hello_bucket,
+            timeout=TIMEOUT,
+            max_overload_retries=0,
+        ) as c:
+            me = c.command("whoami")
+            assert me["unthrottled"] == bool(persona.get("unthrottled"))
+            try:
+                c.select_bucket(bucket)
+                selected = True
+            except errors.Unauthorized:
+                selected = False
+            # Selecting is the only way to a bucket, and hello is the same gate.
+            assert selected == (col != "no role"), (pname, tname)
+            if not selected:
+                with pytest.raises(errors.Unauthorized):
+                    mx.client(user=persona["user"], password=persona["password"], bucket=bucket)
+            for command in sorted(COMMANDS):
+                if command == "select_bucket":
+                    got = "allowed" if selected else "refused"
+                else:
+                    got = run_cell(mx, c, persona, command, args(command, bucket), selected)
+                cells += 1
+                want = "allowed" if allowed(command, col) else "refused"
+                if got != want:
+                    wrong.append(f"{pname} / {tname} / {command}: {got}, expected {want}")
+                if selected and COMMANDS[command].kind == "session":
+                    c.select_bucket(bucket)  # keep the target selected for the data commands
+    assert not wrong, "\n".join(wrong)
+    assert cells == len(COMMANDS) * len(PERSONAS) * len(TARGETS)
+
+
+def test_data_of_another_bucket_is_untouched(mx: Daemon) -> None:
+    """After the matrix (module order): the refused writes left OTHER as the admin made it."""
+    with mx.client(bucket=OTHER) as c:
+        assert c.get("mx") == b"seed"
+
+
+# -- failed-login limiting: the pure limiter ---------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_limiter_sliding_window() -> None:
+    clock = Clock()
+    lim = auth.LoginLimiter(clock)
+    src = "192.0.2.7"
+    for i in range(3):
+        assert lim.retry_after(src, 3, 60) == 0
+        assert lim.failed(src, 3, 60) is (i == 2)  # the failure that blocks says so, once
+        clock.t += 10
+    # failures at 1000, 1010, 1020; now 1030: blocked until 1000 + 60
+    assert lim.retry_after(src, 3, 60) == pytest.approx(30)
+    assert lim.retry_after("192.0.2.8", 3, 60) == 0  # other addresses are not affected
+    clock.t = 1060.5  # the oldest left the window
+    assert lim.retry_after(src, 3, 60) == 0
+    lim.failed(src, 3, 60)
+    assert lim.retry_after(src, 3, 60) == pytest.approx(1010 + 60 - 1060.5)
+    assert lim.retry_after(src, 0, 60) == 0  # limit 0: off
+    clock.t += 1000
+    assert lim.retry_after(src, 3, 60) == 0
+    st = lim.statistics(3, 60)
+    assert (st.failures, st.blocked_sources) == (4, 0)
+
+
+def test_limiter_counts_logins_being_verified_and_bounds_memory() -> None:
+    clock = Clock()
+    lim = auth.LoginLimiter(clock, max_tracked=100)
+    src = "192.0.2.9"
+    lim.failed(src, 3, 60)
+    lim.begin(src)
+    lim.begin(src)
+    assert lim.retry_after(src, 3, 60) == auth.VERIFYING_RETRY_SECS
+    lim.end(src)
+    assert lim.retry_after(src, 3, 60) == 0
+    lim.end(src)
+    for i in range(1000):
+        lim.failed(f"10.0.{i // 256}.{i % 256}", 3, 60)
+    assert lim.statistics(3, 60).tracked_sources <= 100
+    clock.t += 61
+    lim.failed("10.9.9.9", 3, 60)  # a failure sweeps the expired sources away
+    assert lim.statistics(3, 60).tracked_sources == 1
+
+
+def test_login_source_groups_ipv6_by_64() -> None:
+    assert auth.login_source("2001:db8:1:2:aaaa::1") == auth.login_source("2001:db8:1:2::ffff")
+    assert auth.login_source("2001:db8:1:3::1") != auth.login_source("2001:db8:1:2::1")
+    assert auth.login_source("::ffff:192.0.2.1") == "192.0.2.1"
+    assert auth.login_source("192.0.2.1") == "192.0.2.1"
+    assert auth.login_source("not-an-address") == "not-an-address"
+
+
+# -- failed-login limiting: Node.authenticate in process ----------------------------------
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node, list[str]]]:
+    """A Node over a real engine, without a writer thread (users are put in directly);
+    the list records every scrypt run."""
+    cfg = config_mod.Config().with_values(
+        {"data_dir": str(tmp_path), "login_failure_limit": 3, "login_failure_window_secs": 60.0}
+    )
+    engine = Engine(tmp_path)
+    n = Node(cfg, engine)
+    n.users["alice"] = auth.new_user("alice", "right")
+    hashed: list[str] = []
+    real = auth.hash_password
+
+    def counting(password: str, salt: bytes) -> bytes:
+        hashed.append(password)
+        return real(password, salt)
+
+    monkeypatch.setattr(auth, "hash_password", counting)
+    yield n, hashed
+    engine.close()
+
+
+async def test_refused_before_any_scrypt(node: tuple[Node, list[str]]) -> None:
+    n, hashed = node
+    for i in range(3):
+        with pytest.raises(errors.AuthenticationFailed):
+            await n.authenticate("alice", f"wrong{i}", peer="192.0.2.1")
+    with pytest.raises(errors.AuthenticationFailed):  # unknown users count too
+        await n.authenticate("mallory", "x", peer="192.0.2.2")
+    assert len(hashed) == 4
+    with pytest.raises(errors.TooManyLoginFailures) as exc_info:
+        await n.authenticate("alice", "right", peer="192.0.2.1")  # even the right one
+    assert 0 < (exc_info.value.retry_after_ms or 0) <= 60_000
+    with pytest.raises(errors.TooManyLoginFailures):
+        await n.authenticate(None, None, peer="192.0.2.1")
+    assert len(hashed) == 4  # no scrypt for refused logins
+    assert (await n.authenticate("alice", "right", peer="192.0.2.2")).name == "alice"
+    st = n.login_statistics()
+    assert (st["failures"], st["refused"], st["blocked_sources"]) == (4, 2, 1)
+
+
+async def test_concurrent_guesses_reach_scrypt_at_most_limit_times(
+    node: tuple[Node, list[str]],
+) -> None:
+    n, hashed = node
+    outcomes: list[str] = []
+
+    async def guess(i: int) -> None:
+        try:
+            await n.authenticate("alice", f"guess{i}", peer="192.0.2.3")
+        except errors.TenantKVError as exc:
+            outcomes.append(exc.code_name)
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(guess, i)
+    assert len(hashed) <= 3
+    assert outcomes.count("AuthenticationFailed") == len(hashed)
+    assert outcomes.count("TooManyLoginFailures") == 50 - len(hashed)
+
+
+async def test_concurrent_logins_with_one_credential_share_one_scrypt(
+    node: tuple[Node, list[str]],
+) -> None:
+    n, hashed = node
+    users: list[str] = []
+
+    async def login() -> None:
+        users.append((await n.authenticate("alice", "right", peer="192.0.2.4")).name)
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            for _ in range(40):
+                nursery.start_soon(login)
+    assert users == ["alice"] * 40 and len(hashed) == 1
+    assert n.login_statistics()["failures"] == 0
+
+
+# -- failed-login limiting and secrets on the real daemon --------------------------------
+
+
+@pytest.fixture
+def chatty(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon of its own (it gets blocked), logging at DEBUG."""
+    d = Daemon(tmp_path / "data", extra_args=["--log-level", "debug"]).start()
+    yield d
+    d.kill()
+
+
+def test_login_limit_on_the_daemon_and_no_secrets_anywhere(chatty: Daemon) -> None:
+    d = chatty
+    secrets = ["Sup3r-Secret-Pa55", "An0ther-Secret-Pa55", "Wr0ng-Guess-Pa55", ADMIN_PASSWORD]
+    with d.client() as c:
+        c.create_bucket("s")
+        c.create_user("sam", secrets[0], roles={"s": "readwrite"})
+        c.create_user("sue", secrets[1], roles={"s": "read"}, admin=False)
+        c.command("set_parameter", name="login_failure_limit", value=3)
+        c.command("set_parameter", name="login_failure_window_secs", value=2.0)
+    for _ in range(5):  # successful logins do not count
+        with d.client(user="sam", password=secrets[0], bucket="s") as u:
+            u.set("k", b"v")
+    for user in ("sam", "nobody", secrets[1]):  # a password typed as a user name, too
+        with pytest.raises(errors.AuthenticationFailed):
+            d.client(user=user, password=secrets[2], bucket="s")
+    t0 = time.monotonic()
+    with pytest.raises(errors.TooManyLoginFailures) as exc_info:
+        d.client(user="sam", password=secrets[0], bucket="s")
+    exc = exc_info.value
+    assert 0 < (exc.retry_after_ms or 0) <= 2000 and exc.code == 28
+    assert exc.labels == ()  # not retryable by the client's overload policy
+    time.sleep(max(0.0, (exc.retry_after_ms or 0) / 1000 - (time.monotonic() - t0)) + 0.1)
+    with d.client(user="sam", password=secrets[0], bucket="s") as u:  # the failures expired
+        assert u.get("k") == b"v"
+    with d.client() as c:
+        status = c.server_status()
+        users = c.list_users()
+        params = c.command("get_parameter")
+    auth_st = status["authentication"]
+    assert auth_st["failures"] == 3 and auth_st["refused"] >= 1
+    shown = json.dumps([status, users, params], default=repr)
+    log = d.log()
+    assert "failed logins from 127.0.0.1" in log  # the WARNING names the address
+    for secret in secrets:
+        assert secret not in shown, f"a password in the status or user list: {secret}"
+        assert secret not in log, f"a password in the log: {secret}"
+    assert "hash" not in json.dumps(users) and "salt" not in json.dumps(users)
