@@ -482,7 +482,7 @@ def _watch_args(p: argparse.ArgumentParser) -> None:
 
 def _watch(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     seen = 0
-    params: dict[str, Any] = {"timeout_ms": 1000}
+    params: dict[str, Any] = {"wait_ms": 1000}
     if a.bucket:
         params["bucket"] = a.bucket
     if not a.json:

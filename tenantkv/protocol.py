@@ -14,6 +14,7 @@ the server's memory without bound.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -132,6 +133,10 @@ def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:
     return msgpack.packb([REQUEST, msgid, method, params], use_bin_type=True)
 
 
+def _short(obj: Any) -> str:
+    return reprlib.repr(obj)[:100]
+
+
 class ResponseDecoder:
     """Client side: feed received bytes, iterate responses."""
 
@@ -153,5 +158,6 @@ class ResponseDecoder:
             except Exception as exc:
                 raise errors.ConnectionClosed(f"malformed response from server: {exc!r}") from None
             if type(obj) is not list or len(obj) != 4 or obj[0] != RESPONSE:
-                raise errors.ConnectionClosed(f"malformed response from server: {obj!r:.100}")
+                # reprlib: a deeply nested reply must not blow the stack while we describe it
+                raise errors.ConnectionClosed(f"malformed response from server: {_short(obj)}")
             yield Response(obj[1], obj[2], obj[3])

@@ -103,15 +103,20 @@ class _Connection:
             if not data:
                 self.close()
                 raise errors.ConnectionClosed("the server closed the connection")
+            closing: Response | None = None
             for resp in self.core.receive(data):
                 if resp.msgid is None and resp.error is not None:
-                    # A connection-level error (the server is closing this connection).
-                    self.close()
-                    raise errors.from_wire(resp.error)
-                if resp.msgid in self._abandoned:
+                    closing = resp  # the server is closing this connection
+                elif resp.msgid in self._abandoned:
                     self._abandoned.discard(resp.msgid)
                 else:
                     self._ready[resp.msgid] = resp
+            if closing is not None:
+                # Keep the answers that came with it: the request waited for may
+                # be among them (it ran), even though the connection is done.
+                self.close()
+                if msgid not in self._ready:
+                    raise errors.from_wire(closing.error)
         return self._ready.pop(msgid)
 
     def close(self) -> None:

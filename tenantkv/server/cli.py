@@ -208,10 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tenantkv: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, cfg.log_format)
-    from tenantkv.server.server import Server
+    from tenantkv.server.server import Server, TLSConfigError
 
     try:
         server = Server(cfg)
+    except TLSConfigError as exc:
+        logging.getLogger("tenantkv").error("%s", exc)
+        return 1
     except Exception as exc:  # e.g. unreadable data dir, lock held by another process
         logging.getLogger("tenantkv").error("cannot open data directory %s: %s", cfg.data_dir, exc)
         return 1

@@ -506,17 +506,20 @@ async def get_parameter(s: Session, p: dict[str, Any]) -> Any:
     return s.node.parameter(str_param(p, "name"))
 
 
-@command("watch_events", "admin", "bucket", "max_events")
+@command("watch_events", "admin", "bucket", "max_events", "wait_ms")
 async def watch_events(s: Session, p: dict[str, Any]) -> Any:
     """{events: [{event, time, bucket, class, operation, key_len, running, queued,
     outcome}, ...]}: bucket-queue events (request_throttled, request_handled) since the
-    last call on this connection, waiting up to timeout_ms (default 1000) for the first.
+    last call on this connection, waiting up to wait_ms (default 1000) for the first —
+    and answering before the request's own timeout_ms runs out.
     The first call subscribes this connection (for one bucket, or all)."""
     bucket = p.get("bucket")
     if bucket is not None:
         s.node.bucket(str_param(p, "bucket"))
     limit = int_param(p, "max_events", 1000, 1, 100_000)
-    timeout = int_param(p, "timeout_ms", 1000, 0, 600_000) / 1000
+    timeout = int_param(p, "wait_ms", 1000, 0, 600_000) / 1000
+    if p.get("timeout_ms") is not None:  # reply while the client still listens
+        timeout = min(timeout, 0.8 * p["timeout_ms"] / 1000)
     rx = s.watch(bucket)
     events = []
     with trio.move_on_after(timeout):
