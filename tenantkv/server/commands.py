@@ -456,21 +456,26 @@ async def set_bucket_throttle(s: Session, p: dict[str, Any]) -> Any:
     before = _bucket_props(node, name)
     merged = parse_bucket_props({**before, **{k: limit_to_wire(v) for k, v in given.items()}})
     after = {k: limit_to_wire(v) for k, v in merged.items()}
-    props = {**handle.props, "throttle": after}
-    await node.write(
-        PutSystemOp(
-            b"bucket:" + name.encode(),
-            props,
-            expect="present",
-            on_absent=errors.BucketNotFound,
-            what=f"bucket {name!r}",
-        )
-    )
-    handle.props = props
+    await _save_bucket_props(node, handle, "throttle", after)
     node.throttle.set_bucket(name, reserved=merged["reserved"], hard_limit=merged["hard_limit"])
     node.gate.wake(name)
     log.info("audit: %s SetBucketThrottleProperties %r %s -> %s", s.who(), name, before, after)
     return after
+
+
+async def _save_bucket_props(node: Node, handle: BucketHandle, key: str, value: Any) -> None:
+    """Persist one part of a bucket's record (its throttle or queue settings)."""
+    props = {**handle.props, key: value}
+    await node.write(
+        PutSystemOp(
+            b"bucket:" + handle.name.encode(),
+            props,
+            expect="present",
+            on_absent=errors.BucketNotFound,
+            what=f"bucket {handle.name!r}",
+        )
+    )
+    handle.props = props
 
 
 @command("GetBucketThrottleProperties", "admin", "bucket")
@@ -550,17 +555,7 @@ async def set_bucket_queue(s: Session, p: dict[str, Any]) -> Any:
     # Validate by applying to the live gate first (all or nothing), then persist.
     node.queues.set_bucket(name, cls, **current)
     queues[cls] = {k: v for k, v in current.items() if v is not None}
-    props = {**handle.props, "queues": queues}
-    await node.write(
-        PutSystemOp(
-            b"bucket:" + name.encode(),
-            props,
-            expect="present",
-            on_absent=errors.BucketNotFound,
-            what=f"bucket {name!r}",
-        )
-    )
-    handle.props = props
+    await _save_bucket_props(node, handle, "queues", queues)
     stats = node.queues.statistics().as_dict()["buckets"][name][cls]
     result = {
         "bucket": name,
