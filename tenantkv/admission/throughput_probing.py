@@ -345,6 +345,10 @@ class ThroughputProber:
         self._times_decreased = 0
         self._amount_increased = 0.0
         self._amount_decreased = 0.0
+        self._last_info = -math.inf
+        self._unlogged = 0
+        #: time of the current probe (the log rate limit runs on the prober's clock)
+        self._now = 0.0
         self._apply_mode("initial")
 
     # ------------------------------------------------------------------ reading
@@ -441,6 +445,7 @@ class ThroughputProber:
         ``finished_total`` is the operations finished in both pools so far
         (default: the pools' ``finished_processing``).
         """
+        self._now = now
         if self._state is ProbingState.FIXED:
             return self._state
         finished = finished_total if finished_total is not None else self._finished()
@@ -528,14 +533,21 @@ class ThroughputProber:
             self._read.resize(reads)
         if writes != old_w:
             self._write.resize(writes)
-        log.info(
-            "execution tickets: read %d→%d, write %d→%d (%s)",
-            old_r,
-            reads,
-            old_w,
-            writes,
-            reason,
-        )
+        # Under steady load probing moves the sizes every interval (a step, then
+        # back): INFO at most once a second so the log stays readable; the
+        # lines in between go to DEBUG and the next INFO line counts them.
+        args: tuple[object, ...] = (old_r, reads, old_w, writes, reason)
+        fmt = "execution tickets: read %d→%d, write %d→%d (%s)"
+        now = self._now
+        if now - self._last_info >= 1.0:
+            if self._unlogged:
+                log.info(fmt + "; %d more changes since the last line", *args, self._unlogged)
+            else:
+                log.info(fmt, *args)
+            self._last_info, self._unlogged = now, 0
+        else:
+            log.debug(fmt, *args)
+            self._unlogged += 1
 
 
 # --------------------------------------------------------------------------- Trio adapter
