@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import retries, soak, throttle, throughput
+from bench import overload, probing, retries, soak, throttle, throughput
 from bench.loadgen import BenchError
 
 
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     throttle.add_parser(sub)
     retries.add_parser(sub)
     soak.add_parser(sub)
+    probing.add_parser(sub)
+    overload.add_parser(sub)
     return parser
 
 

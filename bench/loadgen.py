@@ -21,6 +21,12 @@ Why it looks like this:
 - **Latency** is recorded per batch of replies (one clock read per ``recv``),
   into a log-linear histogram (8 significant bits, < 0.8 % bucket error) that
   is cheap to update and to send back to the parent.
+- **Mixed loads** (op ``mixed``): every connection interleaves GETs and SETs
+  in a fixed ratio, from the same precomputed ring; ``switch_after`` changes
+  the ratio mid-run on the same connections. **Poisson arrivals**
+  (``poisson``): open loop with exponential gaps, each connection's send
+  times drawn before the start. ``split_errors`` keeps error replies (e.g.
+  rejections) out of the latency histograms and counts them by code.
 - **Codecs** are the only protocol-specific part: they encode a request, do
   the blocking handshake, and make a reply parser. Requests carry no per-op
   state the loop must track: replies come back in request order on both
@@ -32,10 +38,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import random
 import select
 import socket
 import time
 import traceback
+from array import array
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +65,9 @@ HANDSHAKE_TIMEOUT = 15.0
 FINE_WAIT = 0.005
 
 OPS = ("get", "set")
+#: ``LoadSpec.op`` of a mixed load: each request is a GET or a SET in the fixed
+#: ratio ``LoadSpec.set_fraction`` (not offered on the throughput command line).
+MIXED = "mixed"
 
 
 class BenchError(RuntimeError):
@@ -99,6 +111,43 @@ class MsgpackRpcParser:
                 err += 1
                 if self.error_sample is None:
                     self.error_sample = repr(obj[2])[:300]
+        return ok, err
+
+
+class MsgpackRpcFlagParser(MsgpackRpcParser):
+    """Like :class:`MsgpackRpcParser`, and also says *which* replies failed.
+
+    After each :meth:`feed`, ``flags`` holds one byte per reply it completed
+    (1 = error), so the load loop can keep the latencies of errors (e.g.
+    rejections) apart from those of successes, and ``codes`` counts that
+    feed's errors by their numeric ``code``.
+    """
+
+    __slots__ = ("codes", "flags")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flags = bytearray()
+        self.codes: dict[int, int] = {}
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        up = self._unpacker
+        up.feed(data)
+        flags = self.flags = bytearray()
+        codes = self.codes = {}
+        ok = err = 0
+        for obj in up:
+            e = obj[2]
+            if e is None:
+                ok += 1
+                flags.append(0)
+                continue
+            err += 1
+            flags.append(1)
+            code = e.get(b"code", -1) if isinstance(e, dict) else -1
+            codes[code] = codes.get(code, 0) + 1
+            if self.error_sample is None:
+                self.error_sample = repr(e)[:300]
         return ok, err
 
 
@@ -300,6 +349,20 @@ class LoadSpec:
     #: CPUs the worker processes are pinned to (None = let the OS place them)
     cpus: frozenset[int] | None = None
     key_prefix: bytes = b"bench:"
+    #: op ``mixed``: the share of SETs (the rest are GETs), in a fixed pattern
+    set_fraction: float = 0.0
+    #: op ``mixed``: seconds after the load starts (warm-up included) at which
+    #: every connection switches to ``switch_set_fraction`` (a workload change)
+    switch_after: float | None = None
+    switch_set_fraction: float = 0.0
+    #: open loop: Poisson arrivals (exponential gaps, mean ``conns / rate``)
+    #: instead of fixed intervals; latency still counts from the scheduled time
+    poisson: bool = False
+    #: seed of the Poisson gaps (each connection adds its index)
+    seed: int = 1
+    #: keep error replies out of the latency histograms (they go to
+    #: ``LoadResult.hist_err``) and count them by error code (tenantkv only)
+    split_errors: bool = False
 
 
 def key_name(prefix: bytes, i: int) -> bytes:
@@ -324,6 +387,10 @@ class LoadResult:
     #: scheduled one (what the server and network added, without the
     #: generator's own lateness in sending)
     hist_sent: dict[int, int] = field(default_factory=dict)
+    #: ``split_errors`` only: latency histogram of the error replies, and
+    #: error replies by numeric code
+    hist_err: dict[int, int] = field(default_factory=dict)
+    error_codes: dict[int, int] = field(default_factory=dict)
 
     @property
     def ops_per_s(self) -> float:
@@ -361,6 +428,7 @@ class _Conn:
         "outstanding",
         "parser",
         "pos",
+        "sched",
         "scheduled",
         "sock",
         "start_ns",
@@ -379,14 +447,38 @@ class _Conn:
         self.wbuf = bytearray()  # bytes the kernel did not take yet
         self.start_ns = 0  # open loop: the first scheduled send
         self.scheduled = 0  # open loop: requests scheduled so far
+        #: Poisson open loop: scheduled send times (ns after start_ns), in order
+        self.sched: array[int] | None = None
 
 
-def build_ring(codec: Codec, spec: LoadSpec) -> tuple[bytes, list[int], int]:
-    """Encode ``R`` requests once; stored twice so any run of <= R is contiguous."""
-    sample = len(codec.encode(spec.op, key_name(spec.key_prefix, 0), spec.value, 0))
+def mixed_op(i: int, set_fraction: float) -> str:
+    """Request ``i`` of a mixed ring: SETs spread evenly, exactly ``set_fraction`` of them."""
+    return "set" if int((i + 1) * set_fraction) > int(i * set_fraction) else "get"
+
+
+def build_ring(
+    codec: Codec, spec: LoadSpec, set_fraction: float | None = None
+) -> tuple[bytes, list[int], int]:
+    """Encode ``R`` requests once; stored twice so any run of <= R is contiguous.
+
+    A ``mixed`` load interleaves SETs and GETs in the ratio ``set_fraction``
+    (default ``spec.set_fraction``).
+    """
+    mixed = spec.op == MIXED
+    frac = spec.set_fraction if set_fraction is None else set_fraction
+    sample = len(
+        codec.encode("set" if mixed else spec.op, key_name(spec.key_prefix, 0), spec.value, 0)
+    )
     ring = max(2 * spec.depth, min(spec.keys, max(64, RING_BYTES // sample)))
+    if mixed and frac not in (0.0, 1.0):
+        ring = max(ring, 100)  # so the ratio holds over the ring to within 1 %
     reqs = [
-        codec.encode(spec.op, key_name(spec.key_prefix, i % spec.keys), spec.value, i)
+        codec.encode(
+            mixed_op(i, frac) if mixed else spec.op,
+            key_name(spec.key_prefix, i % spec.keys),
+            spec.value,
+            i,
+        )
         for i in range(ring)
     ]
     offs = [0]
@@ -405,8 +497,17 @@ def _drive(
     t_go: int,
     t_measure: int,
     t_end: int,
+    switch: tuple[int, bytes, list[int], int] | None = None,
+    split: bool = False,
 ) -> dict[str, Any]:
-    """Run the load from ``t_go`` to ``t_end`` (monotonic ns); count [t_measure, t_end)."""
+    """Run the load from ``t_go`` to ``t_end`` (monotonic ns); count [t_measure, t_end).
+
+    ``switch`` = (instant, blob, offsets, ring): from that instant on, requests
+    come from another ring (a workload change). ``split``: error replies are
+    kept out of ``hist`` / ``hist_sent`` (they go to ``hist_err``); the
+    connections' parsers must be :class:`MsgpackRpcFlagParser`. A connection
+    with a ``sched`` runs Poisson open loop.
+    """
     ep = select.epoll()
     by_fd = {c.fd: c for c in conns}
     fds = list(by_fd)
@@ -415,9 +516,13 @@ def _drive(
     mv = memoryview(blob)
     hist: dict[int, int] = {}
     hist_sent: dict[int, int] = {}
+    hist_err: dict[int, int] = {}
+    codes: dict[int, int] = {}  # split: error replies in the window by code
     ok_n = err_n = 0
     lag_n = lag_sum = lag_max = 0
     open_loop = interval_ns > 0
+    poisson = open_loop and conns[0].sched is not None
+    switch_ns = switch[0] if switch else 0
     clock = time.monotonic_ns
     IN, OUT = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP, select.EPOLLOUT
 
@@ -442,6 +547,10 @@ def _drive(
             ep.modify(c.fd, select.EPOLLIN)
 
     def complete(c: _Conn, n: int, now: int, record: bool) -> None:
+        # An inflight entry is (time, count, step, actual send): closed loop
+        # step 0 (all sent at ``time``); open loop step > 0 (request j was due
+        # at time + j * step); Poisson step -1 (``time`` is the index of the
+        # first request in c.sched).
         q = c.inflight
         while n:
             t, k, step, sent = q[0]
@@ -449,7 +558,7 @@ def _drive(
                 q.popleft()
                 take = k
             else:
-                q[0] = (t + n * step, k - n, step, sent)
+                q[0] = (t + n * step if step >= 0 else t + n, k - n, step, sent)
                 take = n
             n -= take
             if not record:
@@ -460,12 +569,68 @@ def _drive(
                 if b > 8:
                     lat = (lat >> (b - 8)) << (b - 8)
                 hist_sent[lat] = hist_sent.get(lat, 0) + take
+            if step < 0:
+                base, sched = c.start_ns, c.sched
+                for j in range(t, t + take):
+                    lat = now - base - sched[j]  # type: ignore[index]
+                    b = lat.bit_length()
+                    if b > 8:
+                        lat = (lat >> (b - 8)) << (b - 8)
+                    hist[lat] = hist.get(lat, 0) + 1
+                continue
             for j in range(take if step else 1):
                 lat = now - t - j * step
                 b = lat.bit_length()
                 if b > 8:
                     lat = (lat >> (b - 8)) << (b - 8)
                 hist[lat] = hist.get(lat, 0) + (1 if step else take)
+
+    def complete_split(c: _Conn, n: int, now: int, record: bool) -> None:
+        # As complete(), with each reply's error flag from the parser.
+        flags = c.parser.flags  # type: ignore[attr-defined]
+        pos = 0
+        q = c.inflight
+        while n:
+            t, k, step, sent = q[0]
+            if k <= n:
+                q.popleft()
+                take = k
+            else:
+                q[0] = (t + n * step if step >= 0 else t + n, k - n, step, sent)
+                take = n
+            n -= take
+            if not record:
+                pos += take
+                continue
+            nerr = flags.count(1, pos, pos + take)
+            if not step:
+                lat = now - t
+                b = lat.bit_length()
+                if b > 8:
+                    lat = (lat >> (b - 8)) << (b - 8)
+                if take > nerr:
+                    hist[lat] = hist.get(lat, 0) + take - nerr
+                if nerr:
+                    hist_err[lat] = hist_err.get(lat, 0) + nerr
+                pos += take
+                continue
+            if take > nerr:
+                lat = now - sent
+                b = lat.bit_length()
+                if b > 8:
+                    lat = (lat >> (b - 8)) << (b - 8)
+                hist_sent[lat] = hist_sent.get(lat, 0) + take - nerr
+            base, sched = c.start_ns, c.sched
+            for j in range(take):
+                lat = now - base - sched[t + j] if step < 0 else now - t - j * step  # type: ignore[index]
+                b = lat.bit_length()
+                if b > 8:
+                    lat = (lat >> (b - 8)) << (b - 8)
+                h = hist_err if flags[pos + j] else hist
+                h[lat] = h.get(lat, 0) + 1
+            pos += take
+
+    finish = complete_split if split else complete
 
     def receive(c: _Conn, now: int) -> int:
         nonlocal ok_n, err_n
@@ -479,9 +644,12 @@ def _drive(
             if t_measure <= now < t_end:
                 ok_n += ok
                 err_n += err
-                complete(c, n, now, True)
+                finish(c, n, now, True)
+                if split and err:
+                    for code, m in c.parser.codes.items():  # type: ignore[attr-defined]
+                        codes[code] = codes.get(code, 0) + m
             else:
-                complete(c, n, now, False)
+                finish(c, n, now, False)
         return n
 
     while clock() < t_go:
@@ -500,11 +668,25 @@ def _drive(
             cpu_start = time.process_time()
         if now >= t_end:
             break
+        if switch_ns and now >= switch_ns:
+            assert switch is not None
+            _, blob2, offs, ring = switch  # send() sees the new ring from here on
+            mv = memoryview(blob2)
+            for c in conns:
+                c.pos %= ring
+            switch_ns = 0
         wake = t_end if cpu_start is not None else t_measure
+        if switch_ns:
+            wake = min(wake, switch_ns)
         if open_loop:
             for c in conns:
                 if c.outstanding < depth:
-                    wake = min(wake, c.start_ns + c.scheduled * interval_ns)
+                    if poisson:
+                        s = c.sched
+                        if c.scheduled < len(s):  # type: ignore[arg-type]
+                            wake = min(wake, c.start_ns + s[c.scheduled])  # type: ignore[index]
+                    else:
+                        wake = min(wake, c.start_ns + c.scheduled * interval_ns)
         timeout = max(0.0, (wake - now) / 1e9)
         if open_loop and 0 < timeout < FINE_WAIT:
             # epoll's timeout is whole milliseconds; select() waits to ~50 µs
@@ -523,11 +705,20 @@ def _drive(
                     send(c, n, now, 0, now)
         if open_loop:
             for c in conns:
-                due = (now - c.start_ns) // interval_ns + 1 - c.scheduled
-                k = min(due, depth - c.outstanding)
+                if poisson:
+                    s = c.sched
+                    i = c.scheduled
+                    k = min(bisect_right(s, now - c.start_ns, i) - i, depth - c.outstanding)  # type: ignore[arg-type]
+                    if k > 0:
+                        first = c.start_ns + s[i]  # type: ignore[index]
+                        send(c, k, i, -1, now)
+                else:
+                    due = (now - c.start_ns) // interval_ns + 1 - c.scheduled
+                    k = min(due, depth - c.outstanding)
+                    if k > 0:
+                        first = c.start_ns + c.scheduled * interval_ns
+                        send(c, k, first, interval_ns, now)
                 if k > 0:
-                    first = c.start_ns + c.scheduled * interval_ns
-                    send(c, k, first, interval_ns, now)
                     c.scheduled += k
                     if cpu_start is not None:  # how late the generator sent (diagnostic)
                         lag_n += 1
@@ -549,6 +740,8 @@ def _drive(
         "errors": err_n,
         "hist": hist,
         "hist_sent": hist_sent,
+        "hist_err": hist_err,
+        "codes": codes,
         "cpu_s": cpu_used,
         "error_sample": errors[0] if errors else None,
         "undrained": sum(c.outstanding for c in conns),
@@ -574,6 +767,20 @@ def _tight_timers() -> None:
         libc.prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
 
 
+def poisson_schedule(mean_gap_ns: int, seconds: float, seed: int) -> array[int]:
+    """Send times (ns from the start) of a Poisson process: exponential gaps with
+    mean ``mean_gap_ns``, covering ``seconds``."""
+    rng = random.Random(seed)
+    lam = 1.0 / mean_gap_ns
+    horizon = int(seconds * 1e9)
+    out = array("q")
+    t = 0.0
+    while t <= horizon:
+        t += rng.expovariate(lam)
+        out.append(int(t))
+    return out
+
+
 def _worker_main(
     pipe: Connection, target: Target, spec: LoadSpec, conn_ids: list[int], interval_ns: int
 ) -> None:
@@ -585,22 +792,48 @@ def _worker_main(
     try:
         codec = target.codec
         blob, offs, ring = build_ring(codec, spec)
+        second = None
+        if spec.switch_after is not None:
+            second = build_ring(codec, spec, spec.switch_set_fraction)
         conns = []
         for g in conn_ids:
             sock = _connect(target)
             socks.append(sock)
             codec.handshake(sock)
             sock.setblocking(False)
-            c = _Conn(sock, codec.parser(spec.op, spec.value), g * ring // spec.conns)
+            parser = (
+                MsgpackRpcFlagParser() if spec.split_errors else codec.parser(spec.op, spec.value)
+            )
+            c = _Conn(sock, parser, g * ring // spec.conns)
             # open loop: stagger connections evenly inside one interval
             c.start_ns = g * interval_ns // spec.conns
+            if spec.poisson and interval_ns:
+                c.sched = poisson_schedule(
+                    interval_ns, spec.warmup + spec.seconds + 1.0, spec.seed + g
+                )
             conns.append(c)
         pipe.send(("ready", None))
         msg = pipe.recv()
         if msg[0] != "go":
             return
         _, t_go, t_measure, t_end = msg
-        res = _drive(conns, blob, offs, ring, spec.depth, interval_ns, t_go, t_measure, t_end)
+        switch = None
+        if second is not None:
+            assert spec.switch_after is not None
+            switch = (t_go + int(spec.switch_after * 1e9), *second)
+        res = _drive(
+            conns,
+            blob,
+            offs,
+            ring,
+            spec.depth,
+            interval_ns,
+            t_go,
+            t_measure,
+            t_end,
+            switch,
+            spec.split_errors,
+        )
         pipe.send(("done", res))
     except BaseException as exc:
         detail = str(exc) if isinstance(exc, BenchError) else traceback.format_exc()
@@ -633,6 +866,7 @@ def run_loads(
     loads: Sequence[tuple[Target, LoadSpec]],
     probe: Callable[[], Any] | None = None,
     probe_every: float | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> tuple[list[LoadResult], list[tuple[int, Any]]]:
     """Run several loads at once over one shared window; one result per load.
 
@@ -641,13 +875,17 @@ def run_loads(
     ``warmup`` and ``seconds``. ``probe`` (e.g. a ``server_status`` snapshot) is
     called at the start of the window, every ``probe_every`` seconds inside it,
     and at its end; the samples come back as ``(monotonic ns, value)`` pairs.
+    ``on_ready`` is called once every worker has connected, just before the
+    start (e.g. to begin a disturbance the connections must not meet).
     """
     if not loads:
         raise ValueError("no loads")
     spec0 = loads[0][1]
-    for _, spec in loads:
-        if spec.op not in OPS:
-            raise ValueError(f"op must be one of {OPS}")
+    for target, spec in loads:
+        if spec.op not in (*OPS, MIXED):
+            raise ValueError(f"op must be one of {(*OPS, MIXED)}")
+        if spec.split_errors and not isinstance(target.codec, TenantKVCodec):
+            raise ValueError("split_errors needs the tenantkv codec")
         if (spec.warmup, spec.seconds) != (spec0.warmup, spec0.seconds):
             raise ValueError("loads run together must share warmup and seconds")
     ctx = mp.get_context("fork")
@@ -675,6 +913,8 @@ def run_loads(
         for procs in groups:
             for _, pipe in procs:
                 _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
+        if on_ready is not None:
+            on_ready()
         t_go = time.monotonic_ns() + 50_000_000
         t_measure = t_go + int(spec0.warmup * 1e9)
         t_end = t_measure + int(spec0.seconds * 1e9)
@@ -710,11 +950,17 @@ def run_loads(
     for results in per_load:
         hist: dict[int, int] = {}
         hist_sent: dict[int, int] = {}
+        hist_err: dict[int, int] = {}
+        codes: dict[int, int] = {}
         for r in results:
             for b, n in r["hist"].items():
                 hist[b] = hist.get(b, 0) + n
             for b, n in r["hist_sent"].items():
                 hist_sent[b] = hist_sent.get(b, 0) + n
+            for b, n in r["hist_err"].items():
+                hist_err[b] = hist_err.get(b, 0) + n
+            for code, n in r["codes"].items():
+                codes[code] = codes.get(code, 0) + n
         errs = [r["error_sample"] for r in results if r["error_sample"]]
         out.append(
             LoadResult(
@@ -728,6 +974,8 @@ def run_loads(
                 workers=len(results),
                 extra=_extra(results),
                 hist_sent=hist_sent,
+                hist_err=hist_err,
+                error_codes=codes,
             )
         )
     return out, samples

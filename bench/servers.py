@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bench.loadgen import BenchError, RedisCodec, RespParser, resp_command
@@ -102,13 +102,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def tenantkv_server(
-    data_dir: str | None = None, cpus: set[int] | None = None
+    data_dir: str | None = None,
+    cpus: set[int] | None = None,
+    launcher: Sequence[str] | None = None,
 ) -> Iterator[ServerHandle]:
     """Run ``tenantkv serve`` with default (durable) settings on a free port.
 
     The admin password is generated and passed in ``TENANTKV_ADMIN_PASSWORD``
     for the first start. ``data_dir`` None uses a temporary directory that is
     removed afterwards. ``cpus`` pins the server (all its threads) to those CPUs.
+    ``launcher`` replaces ``python -m tenantkv.server.cli`` in front of the
+    ``serve ...`` arguments (e.g. a ``python -c`` that patches the server for
+    an A/B measurement first).
     """
     from tenantkv import __version__
 
@@ -118,7 +123,8 @@ def tenantkv_server(
     log_path = os.path.join(tmp, "server.log")
     password = secrets.token_urlsafe(18)
     env = {**os.environ, "TENANTKV_ADMIN_PASSWORD": password}
-    cmd = [sys.executable, "-m", "tenantkv.server.cli", "serve", "--data-dir", data]
+    prefix = list(launcher) if launcher else [sys.executable, "-m", "tenantkv.server.cli"]
+    cmd = [*prefix, "serve", "--data-dir", data]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--ready-file", ready]
     proc: subprocess.Popen[bytes] | None = None
     try:
