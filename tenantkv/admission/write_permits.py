@@ -84,7 +84,8 @@ log = logging.getLogger("tenantkv.admission")
 DEFAULT_TARGET_LAG: Final = 1024
 DEFAULT_CRITICAL_LAG: Final = 8192
 DEFAULT_MIN_CAPACITY: Final = 4
-DEFAULT_MAX_CAPACITY: Final = 64
+# As many as a bucket queue's slots: permits only bind once the writer lags.
+DEFAULT_MAX_CAPACITY: Final = 512
 DEFAULT_ADJUSTMENT_INTERVAL_MS: Final = 10
 MAX_LAG: Final = 1_000_000_000
 MAX_CAPACITY: Final = 65_536
