@@ -31,9 +31,14 @@ ENV_PREFIX = "TENANTKV_"
 
 #: Where tenantkv's defaults differ from MongoDB's throughput probing: our write
 #: tickets are held until the group commit is durable, so the pool bounds the
-#: commit batch; write-heavy throughput still grew from 256 to 512 tickets
-#: (python -m bench probing), hence a larger maximum.
-SERVER_PROBING_DEFAULTS: dict[str, Any] = {"throughput_probing_max_concurrency": 512}
+#: commit batch. Write-heavy throughput still grew from 256 to 512 tickets
+#: (python -m bench probing), and starting at 2 x CPUs cut 16 x 64 pipelined
+#: durable SETs from ~70k to ~10k ops/s until probing caught up (~30 s).
+#: So: start at the maximum (512 per pool) and let probing come down.
+SERVER_PROBING_DEFAULTS: dict[str, Any] = {
+    "throughput_probing_initial_concurrency": 1024,
+    "throughput_probing_max_concurrency": 512,
+}
 
 
 class ConfigError(ValueError):
@@ -439,7 +444,7 @@ class Config:
     write_permit_adjustment_interval_ms: int = 10
     execution_read_max_queue_depth: int | None = None
     execution_write_max_queue_depth: int | None = None
-    throughput_probing_initial_concurrency: int = 256
+    throughput_probing_initial_concurrency: int = 1024
     throughput_probing_min_concurrency: int = 4
     throughput_probing_max_concurrency: int = 512
     throughput_probing_read_write_ratio: float = 0.5
