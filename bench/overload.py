@@ -103,21 +103,15 @@ CONN_BURST = "ingress_connection_establishment_burst_capacity_secs"
 CONN_QUEUE = "ingress_connection_establishment_max_queue_depth"
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+_log = report.log
 
 
 def _value(size: int) -> bytes:
-    seed = b"tenantkv-overload-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    return (seed * (size // len(seed) + 1))[:size]
+    return report.value_bytes(size, b"overload")
 
 
 def _part_list(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in PARTS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"parts are a comma-separated subset of {PARTS}")
-    return names
+    return report.name_list(text, PARTS, "parts")
 
 
 def _float_list(text: str) -> list[float]:
@@ -1142,23 +1136,9 @@ def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = _value(args.value_size)
     out = sys.stderr if args.json == "-" else sys.stdout
-    meta: dict[str, Any] = {
-        "machine": report.machine_info(),
-        "source": report.source_info(),
-        "settings": {
-            k: sorted(v) if isinstance(v, set | frozenset) else v
-            for k, v in vars(args).items()
-            if k != "func"
-        },
-    }
-    from tenantkv import __version__
-
-    src, m = meta["source"], meta["machine"]
-    version = f"tenantkv {__version__}"
-    if src["commit"]:
-        version += f" @ {src['commit']}" + (
-            " (+local changes)" if src["server_code_modified"] else ""
-        )
+    meta = report.run_meta(args)
+    m = meta["machine"]
+    version = report.version_line(meta)
     print(
         f"\noverload: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
         f"load generator\n{args.value_size} B values, {args.keys:,} keys per bucket, buckets "

@@ -88,21 +88,15 @@ O_CONNS, O_DEPTH = 4, 64
 BUCKET = "bench"
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+_log = report.log
 
 
 def _value(size: int) -> bytes:
-    seed = b"tenantkv-probing-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    return (seed * (size // len(seed) + 1))[:size]
+    return report.value_bytes(size, b"probing")
 
 
 def _part_list(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in PARTS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"parts are a comma-separated subset of {PARTS}")
-    return names
+    return report.name_list(text, PARTS, "parts")
 
 
 def _size_list(text: str) -> list[int]:
@@ -948,23 +942,9 @@ def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = _value(args.value_size)
     out = sys.stderr if args.json == "-" else sys.stdout
-    meta: dict[str, Any] = {
-        "machine": report.machine_info(),
-        "source": report.source_info(),
-        "settings": {
-            k: sorted(v) if isinstance(v, set | frozenset) else v
-            for k, v in vars(args).items()
-            if k != "func"
-        },
-    }
-    from tenantkv import __version__
-
-    src, m = meta["source"], meta["machine"]
-    version = f"tenantkv {__version__}"
-    if src["commit"]:
-        version += f" @ {src['commit']}" + (
-            " (+local changes)" if src["server_code_modified"] else ""
-        )
+    meta = report.run_meta(args)
+    m = meta["machine"]
+    version = report.version_line(meta)
     loads = [
         Workload("read-heavy", args.read_heavy_sets),
         Workload("write-heavy", args.write_heavy_sets),

@@ -218,3 +218,53 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
         return
     with open(path, "w") as f:
         f.write(text)
+
+
+# -- helpers every scenario module uses ---------------------------------------------------
+
+
+def log(msg: str) -> None:
+    """Progress lines go to stderr, so stdout holds only the report."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def value_bytes(size: int, tag: bytes) -> bytes:
+    """A value of ``size`` bytes that names the scenario that wrote it."""
+    seed = b"tenantkv-" + tag + b"-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def name_list(text: str, choices: Sequence[str], what: str) -> list[str]:
+    """Parse ``a,b`` as a non-empty subset of ``choices`` (an argparse type)."""
+    import argparse
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or [n for n in names if n not in choices]:
+        raise argparse.ArgumentTypeError(f"{what} are a comma-separated subset of {choices}")
+    return names
+
+
+def run_meta(args: Any) -> dict[str, Any]:
+    """Machine, source commit and the settings of a run, for --json and headers."""
+    return {
+        "machine": machine_info(),
+        "source": source_info(),
+        "settings": {
+            k: sorted(v) if isinstance(v, set | frozenset) else v
+            for k, v in vars(args).items()
+            if k != "func"
+        },
+    }
+
+
+def version_line(meta: dict[str, Any]) -> str:
+    """``tenantkv 0.1.0 @ abc1234 (+local changes)``."""
+    from tenantkv import __version__
+
+    src = meta["source"]
+    version = f"tenantkv {__version__}"
+    if src["commit"]:
+        version += f" @ {src['commit']}" + (
+            " (+local changes)" if src["server_code_modified"] else ""
+        )
+    return version

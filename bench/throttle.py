@@ -73,21 +73,15 @@ OTHER_CPU_WARN = 15.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+_log = report.log
 
 
 def _value(size: int) -> bytes:
-    seed = b"tenantkv-throttle-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    return (seed * (size // len(seed) + 1))[:size]
+    return report.value_bytes(size, b"throttle")
 
 
 def _scenario_list(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in SCENARIOS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"scenarios are a comma-separated subset of {SCENARIOS}")
-    return names
+    return report.name_list(text, SCENARIOS, "scenarios")
 
 
 # -- command line ------------------------------------------------------------------
@@ -1116,24 +1110,9 @@ def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = _value(args.value_size)
     out = sys.stderr if args.json == "-" else sys.stdout
-    meta: dict[str, Any] = {
-        "machine": report.machine_info(),
-        "source": report.source_info(),
-        "settings": {
-            k: sorted(v) if isinstance(v, set | frozenset) else v
-            for k, v in vars(args).items()
-            if k != "func"
-        },
-    }
-    from tenantkv import __version__
-
-    src = meta["source"]
+    meta = report.run_meta(args)
     m = meta["machine"]
-    version = f"tenantkv {__version__}"
-    if src["commit"]:
-        version += f" @ {src['commit']}" + (
-            " (+local changes)" if src["server_code_modified"] else ""
-        )
+    version = report.version_line(meta)
     g, s = unit_cost("get", args.value_size), unit_cost("set", args.value_size)
     print(
         f"\nthrottle: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
