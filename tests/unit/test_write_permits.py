@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from fractions import Fraction
 
 import pytest
 import trio
@@ -100,8 +102,10 @@ def test_capacity_is_monotone_and_bounded(
     # Exactly the documented formula, rounded down.
     for lag in lags:
         if target < lag < target + span:
-            exact = lo + extra * (1 - (lag - target) / span)
-            assert capacity_for_lag(lag, **p) in (int(exact), int(exact) - 1)
+            # Fraction: a float reference lands on the wrong side of a whole number
+            # (1 + 25 * (1 - 4/5) = 5.999...) where the code's integer arithmetic does not.
+            exact = lo + extra * (1 - Fraction(lag - target, span))
+            assert capacity_for_lag(lag, **p) == math.floor(exact)
 
 
 # --------------------------------------------------------------------------- validation
