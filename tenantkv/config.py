@@ -450,6 +450,7 @@ class Config:
     throughput_probing_read_write_ratio: float = 0.5
     throughput_probing_concurrency_moving_average_weight: float = 0.2
     throughput_probing_step_multiple: float = 0.1
+    throughput_probing_max_step_multiple: float = 1.0
     throughput_probing_concurrency_adjustment_interval_ms: int = 100
     storage_engine_concurrent_read_transactions: int = 0
     storage_engine_concurrent_write_transactions: int = 0

@@ -51,6 +51,7 @@ def test_fixed_pool_sizes_turn_probing_off(daemon: Daemon) -> None:
     "name, value",
     [
         ("throughput_probing_step_multiple", 0.9),
+        ("throughput_probing_max_step_multiple", 4.5),
         ("throughput_probing_concurrency_moving_average_weight", 0),
         ("throughput_probing_concurrency_adjustment_interval_ms", 5),
         ("throughput_probing_min_concurrency", 1000),  # above max: the cross-check refuses it
@@ -62,3 +63,15 @@ def test_probing_parameters_are_range_checked(daemon: Daemon, name: str, value: 
         with pytest.raises(errors.BadValue, match=name.split("_")[-1]):
             c.command("set_parameter", name=name, value=value)
         assert c.command("get_parameter", name=name)["value"] == before
+
+
+def test_probing_boost_is_a_runtime_parameter(daemon: Daemon) -> None:
+    name = "throughput_probing_max_step_multiple"
+    with daemon.client() as c:
+        assert c.command("get_parameter", name=name)["value"] == 1.0
+        c.command("set_parameter", name=name, value=0.1)  # boost off: MongoDB's probing
+        assert c.command("get_parameter", name=name)["value"] == 0.1
+        probing = c.server_status()["execution"]["probing"]
+        assert {"streak", "streak_direction", "last_step_multiple"} <= probing.keys()
+        c.command("set_parameter", name=name, value=None)
+        assert c.command("get_parameter", name=name)["value"] == 1.0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import random
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -22,6 +24,7 @@ from tenantkv.admission.throughput_probing import (
     FIXED_WRITES,
     INITIAL_CONCURRENCY,
     MAX_CONCURRENCY,
+    MAX_STEP_MULTIPLE,
     MIN_CONCURRENCY,
     MOVING_AVERAGE_WEIGHT,
     PROBING_PARAMETERS,
@@ -163,7 +166,8 @@ def test_at_min_with_low_use_nothing_changes(caplog: pytest.LogCaptureFixture) -
 
 def test_at_min_small_step_still_moves_by_one() -> None:
     # The MongoDB scenario: weight 0.3 takes two successful probes to gain a ticket.
-    rig = Rig(8, **{STEP_MULTIPLE: 0.1, MOVING_AVERAGE_WEIGHT: 0.3})
+    # Two successes in a row: without the boost (max step = step) for MongoDB's figures.
+    rig = Rig(8, **{STEP_MULTIPLE: 0.1, MOVING_AVERAGE_WEIGHT: 0.3, MAX_STEP_MULTIPLE: 0.1})
     assert round(4 * 1.1) == 4  # the step alone would not reach the next integer
     rig.read.peak = 4
     assert rig.run(1) is UP
@@ -239,6 +243,273 @@ def test_nudge_respects_max() -> None:
     assert rig.sizes == (18, 32)
 
 
+# --------------------------------------------------------------------------- probing boost
+
+
+class Load:
+    """Drives a :class:`Rig` a probe at a time: ``probe(ops)`` counts ``ops`` finished in
+    the interval up to the probe (its throughput x 0.1 s), with every pool run out of
+    tickets in it (``exhausted``: probing goes up) or one below its size (it goes down)."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.finished = 0
+
+    def probe(self, ops: int, *, exhausted: bool = True) -> ProbingState:
+        r, w = self.rig.sizes
+        self.rig.read.peak, self.rig.write.peak = (r, w) if exhausted else (r - 1, w - 1)
+        self.finished += ops
+        return self.rig.run(self.finished)
+
+    def cycle(self, *, better: bool, up: bool = True, ops: int = 1000) -> None:
+        """A stable probe (the baseline: ``ops``), then the probe's result."""
+        assert self.probe(ops, exhausted=up) is (UP if up else DOWN)
+        assert self.probe(ops + 1 if better else ops, exhausted=up) is STABLE
+        self.rig.read.peak = self.rig.write.peak = 0
+
+
+def test_boost_doubles_step_and_weight_while_probes_succeed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(64, **{MAX_CONCURRENCY: 512})  # step 0.1, weight 0.2, max step 1.0: defaults
+    load = Load(rig)
+    stable = 64.0
+    # (step, weight, probed sizes) of each successful probe up in a row
+    for step, weight, probed in [
+        (0.1, 0.2, 35),  # 64 x 1.1 = 70.4: MongoDB's step
+        (0.2, 0.4, 39),  # 65.2 x 1.2 = 78.24
+        (0.4, 0.8, 49),  # 70.32 x 1.4 = 98.4
+        (0.8, 1.0, 83),  # 92.46 x 1.8 = 166.4
+        (1.0, 1.0, 166),  # 166 x 2: the maximum step
+        (1.0, 1.0, 332),
+    ]:
+        with caplog.at_level(logging.DEBUG, logger="tenantkv.admission"):
+            assert load.probe(1000) is UP
+            assert rig.sizes == (probed, probed)
+            assert rig.prober.statistics().last_step_multiple == pytest.approx(step)
+            assert load.probe(1001) is STABLE
+        stable = weight * 2 * probed + (1 - weight) * stable
+        assert rig.prober.stable_concurrency == pytest.approx(stable)
+    assert stable == pytest.approx(664)
+    s = rig.stats()
+    assert (s["streak"], s["streak_direction"], s["times_increased"]) == (6, "up", 6)
+    assert "probing up, boost x10" in caplog.text
+
+
+def test_boost_resets_on_a_failed_probe() -> None:
+    rig = Rig(64)
+    load = Load(rig)
+    load.cycle(better=True)
+    load.cycle(better=True)
+    assert (rig.stats()["streak"], rig.stats()["last_step_multiple"]) == (2, 0.2)
+    load.cycle(better=False)  # a probe up by 0.4 that did not pay
+    assert (rig.stats()["streak"], rig.stats()["streak_direction"]) == (0, "none")
+    assert rig.stats()["last_step_multiple"] == 0.4
+    stable = rig.prober.stable_concurrency
+    assert load.probe(1000) is UP
+    assert rig.prober.statistics().last_step_multiple == 0.1  # MongoDB's step again
+    assert sum(rig.sizes) == round(stable * 1.1 / 2) * 2
+    load.probe(1001)
+    assert rig.stats()["streak"] == 1
+
+
+def test_boost_resets_on_a_change_of_direction() -> None:
+    rig = Rig(64)
+    load = Load(rig)
+    load.cycle(better=True)
+    load.cycle(better=True)
+    assert (rig.stats()["streak"], rig.stats()["streak_direction"]) == (2, "up")
+    stable = rig.prober.stable_concurrency  # 70.32
+    assert load.probe(1000, exhausted=False) is DOWN
+    assert rig.stats()["last_step_multiple"] == 0.1  # not 0.4: a new direction
+    assert rig.stats()["streak"] == 0
+    assert sum(rig.sizes) == 2 * round(stable * 0.9 / 2)
+    load.probe(1001, exhausted=False)  # the probe down paid: weight 0.2, not 0.8
+    assert rig.prober.stable_concurrency == pytest.approx(0.8 * stable + 0.2 * 64)
+    assert (rig.stats()["streak"], rig.stats()["streak_direction"]) == (1, "down")
+    load.cycle(better=True, up=False)
+    assert (rig.stats()["streak"], rig.stats()["last_step_multiple"]) == (2, 0.2)
+    load.cycle(better=True)  # up again: the down streak is over
+    assert (rig.stats()["streak"], rig.stats()["streak_direction"]) == (1, "up")
+    assert rig.stats()["last_step_multiple"] == 0.1
+
+
+def test_boost_resets_when_nothing_is_probed_or_the_sizes_are_reset() -> None:
+    rig = Rig(64)
+    load = Load(rig)
+    load.cycle(better=True)
+    rig.read.peak = rig.write.peak = 2  # no pool ran out, none used above the minimum
+    assert rig.run(load.finished) is STABLE
+    assert rig.stats()["streak"] == 0
+    load.cycle(better=True)
+    rig.prober.configure(**{READ_WRITE_RATIO: 0.6})  # a resize
+    assert rig.stats()["streak"] == 0
+
+
+def test_boost_down_steps_at_most_halve() -> None:
+    rig = Rig(1024, **{MAX_CONCURRENCY: 512, MAX_STEP_MULTIPLE: 4.0})
+    load = Load(rig)
+    steps = []
+    for _ in range(5):
+        load.cycle(better=True, up=False)
+        steps.append(rig.stats()["last_step_multiple"])
+    assert steps == [0.1, 0.2, 0.4, 0.5, 0.5]  # not 0.8 and 1.6: never below half
+    assert rig.prober.stable_concurrency == 158.0  # 1024 -> 1003.6 -> 923 -> 628 -> 314
+
+
+def test_boost_up_steps_up_to_the_maximum() -> None:
+    rig = Rig(8, **{MAX_CONCURRENCY: 100_000, MAX_STEP_MULTIPLE: 4.0})
+    load = Load(rig)
+    steps = []
+    for _ in range(8):
+        load.cycle(better=True)
+        steps.append(rig.stats()["last_step_multiple"])
+    assert steps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4.0, 4.0])
+
+
+@pytest.mark.parametrize("max_step", [0.01, 0.05, 0.1])
+def test_no_boost_when_max_step_is_not_above_the_step(max_step: float) -> None:
+    rig = Rig(64, **{MAX_STEP_MULTIPLE: max_step})
+    load = Load(rig)
+    stable = 64.0
+    for _ in range(6):
+        assert load.probe(1000) is UP
+        probed = sum(rig.sizes)
+        assert probed == 2 * round(stable * 1.1 / 2)  # MongoDB's step, never less
+        assert load.probe(1001) is STABLE
+        stable = 0.2 * probed + 0.8 * stable  # and MongoDB's weight
+        assert rig.prober.stable_concurrency == pytest.approx(stable)
+    assert rig.stats()["streak"] == 6  # counted all the same
+    assert rig.stats()["last_step_multiple"] == 0.1
+
+
+def test_max_step_applies_at_runtime() -> None:
+    rig = Rig(64)
+    load = Load(rig)
+    assert rig.prober.parameters()[MAX_STEP_MULTIPLE] == 1.0
+    load.cycle(better=True)
+    load.cycle(better=True)
+    rig.prober.configure(**{MAX_STEP_MULTIPLE: 0.1})  # boost off: no resize, next probe
+    assert rig.prober.parameters()[MAX_STEP_MULTIPLE] == 0.1
+    assert rig.prober.state is STABLE and rig.stats()["streak"] == 2
+    load.cycle(better=True)
+    assert rig.stats()["last_step_multiple"] == 0.1
+    rig.prober.configure(**{MAX_STEP_MULTIPLE: 0.25})  # back on, capped at 0.25
+    load.cycle(better=True)
+    assert rig.stats()["last_step_multiple"] == 0.25  # streak 3: 0.8, capped
+    with pytest.raises(BadValue) as ei:
+        rig.prober.configure(**{MAX_STEP_MULTIPLE: 4.5, STEP_MULTIPLE: 0.2})
+    assert MAX_STEP_MULTIPLE in ei.value.errmsg
+    assert rig.prober.parameters()[MAX_STEP_MULTIPLE] == 0.25
+    assert rig.prober.parameters()[STEP_MULTIPLE] == 0.1
+
+
+# A deterministic synthetic storage for whole runs: throughput k x min(c, optimum) for c
+# operations at once, then (``decline``) falling as (optimum / c) ** decline past the
+# optimum; every interval's count is off by up to ±3 % (pseudo-random, fixed seed).
+
+
+def storage(optimum: float, decline: float = 0.0, k: float = 100.0) -> Callable[[float], float]:
+    def rate(c: float) -> float:
+        return k * c if c <= optimum else k * optimum * (optimum / c) ** decline
+
+    return rate
+
+
+class Simulation:
+    """A prober on fake pools under a load; ``run`` advances by 100 ms probes.
+
+    ``demand`` operations per pool want tickets (peak use = min(size, demand): below
+    the size, probing probes down); ``rate`` gives the storage's throughput for the
+    operations running (both pools).
+    """
+
+    def __init__(self, seed: int = 7, **params: object) -> None:
+        self.read, self.write = FakePool(), FakePool()
+        self.prober = ThroughputProber(self.read, self.write, cpu_count=2, **params)
+        self.rng = random.Random(seed)
+        self.t = 0.0
+        self.finished = 0.0
+        self.prober.probe(self.t, 0)
+
+    def run(
+        self, seconds: float, rate: Callable[[float], float], demand: Callable[[int], int]
+    ) -> list[tuple[float, float]]:
+        """``seconds`` of probes; each probe's (time, stable concurrency)."""
+        out = []
+        for _ in range(round(seconds / 0.1)):
+            r, w = self.read.total_tickets, self.write.total_tickets
+            self.read.peak, self.write.peak = min(r, demand(r)), min(w, demand(w))
+            running = self.read.peak + self.write.peak
+            self.finished += rate(running) * 0.1 * self.rng.uniform(0.97, 1.03)
+            self.t += 0.1
+            self.prober.probe(self.t, int(self.finished))
+            out.append((self.t, self.prober.stable_concurrency))
+        return out
+
+
+def saturated(size: int) -> int:
+    """The bench's closed loop: more operations than tickets, always."""
+    return 10**6
+
+
+def _time_to(trace: list[tuple[float, float]], ok: Callable[[float], bool]) -> float | None:
+    """When the stable concurrency first met ``ok`` and kept to it to the end."""
+    first = None
+    for t, stable in trace:
+        if not ok(stable):
+            first = None
+        elif first is None:
+            first = t
+    return first
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_boost_reaches_the_optimum_from_the_minimum_within_10_s(seed: int) -> None:
+    # From 4 + 4 tickets, a storage best at 256 operations (and no worse past it).
+    rate = storage(256)
+    best = rate(256)
+    from_min = {INITIAL_CONCURRENCY: 8, MAX_CONCURRENCY: 512}
+    boosted = Simulation(seed, **from_min)
+    trace = boosted.run(10.0, rate, saturated)
+    reached = _time_to(trace, lambda c: rate(c) >= 0.95 * best)
+    assert reached is not None and reached <= 3.0  # 1.6 s: 8 successful probes up
+    # MongoDB's probing (no boost): ~2 % per successful probe, 8 -> 29 in 10 s (11 %
+    # of the best); it reaches 95 % after 31 s.
+    mongodb = Simulation(seed, **from_min, **{MAX_STEP_MULTIPLE: 0.1})
+    trace = mongodb.run(10.0, rate, saturated)
+    assert _time_to(trace, lambda c: rate(c) >= 0.95 * best) is None
+    assert rate(trace[-1][1]) < 0.15 * best
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_boost_shrinks_quickly_when_the_optimum_drops(seed: int) -> None:
+    # Settled at 256 on a storage best at 256; then the workload switches to one best
+    # at 16 that thrashes past it (throughput ~ 1 / sqrt(c)). The load never runs the
+    # pools out (peak use one below the size, as in MongoDB's tests), so probing probes
+    # down; up probes never happen here.
+    def below(size: int) -> int:
+        return size - 1
+
+    def run(**params: object) -> tuple[float | None, float]:
+        sim = Simulation(seed, **{INITIAL_CONCURRENCY: 256, MAX_CONCURRENCY: 512}, **params)
+        before = sim.run(5.0, storage(256), below)
+        assert 240 <= before[-1][1] <= 260  # probes down below 256 do not pay
+        rate = storage(16, decline=0.5)
+        trace = sim.run(20.0, rate, below)
+        # 95 % of the new best (c - 2 operations run: peak use is one below each size)
+        reached = _time_to(trace, lambda c: rate(c - 2) >= 0.95 * rate(16))
+        return (None if reached is None else reached - 5.0), trace[-1][1]
+
+    reached, final = run()
+    assert reached is not None and reached <= 2.0  # 1.6 s: 256 -> 20 in 6 probes down
+    assert 16 <= final <= 20
+    # MongoDB's probing: down ~2 % per successful probe, 256 -> ~40 in 20 s; it
+    # reaches 95 % after 28 s.
+    reached, final = run(**{MAX_STEP_MULTIPLE: 0.1})
+    assert reached is None and final > 32
+
+
 # --------------------------------------------------------------------------- measurement
 
 
@@ -305,6 +576,9 @@ def test_statistics_record() -> None:
         "times_decreased": 0,
         "total_amount_increased": 0.0,
         "total_amount_decreased": 0.0,
+        "streak": 0,
+        "streak_direction": "none",
+        "last_step_multiple": 0.0,
     }
     with pytest.raises(AttributeError):
         rig.prober.statistics().times_probed_up = 3  # type: ignore[misc]
@@ -358,6 +632,7 @@ GOOD_BAD: list[tuple[str, list[object], list[object]]] = [
     (READ_WRITE_RATIO, [0, 0.0, 0.67, 1, 1.0], [-0.01, 1.01, math.nan, math.inf, False, "0.5"]),
     (MOVING_AVERAGE_WEIGHT, [0.001, 0.2, 1], [0, 0.0, 1.5, -0.1]),
     (STEP_MULTIPLE, [0.01, 0.1, 0.5], [0.0099, 0.51, 0]),
+    (MAX_STEP_MULTIPLE, [0.01, 0.1, 1, 1.0, 4], [0.0099, 4.01, 0, -1.0, math.inf, True, "1"]),
     (ADJUSTMENT_INTERVAL_MS, [10, 100, 60_000], [9, 0, 10.5]),
     (FIXED_READS, [0, 7], [-1, 1.0]),
     (FIXED_WRITES, [0, 7], [-1, 1.0]),
@@ -380,6 +655,7 @@ def test_parameter_ranges(name: str, good: list[object], bad: list[object]) -> N
     ("name", "value", "message"),
     [
         (STEP_MULTIPLE, 0.6, f"{STEP_MULTIPLE} must be a number in [0.01, 0.5], got 0.6"),
+        (MAX_STEP_MULTIPLE, 5, f"{MAX_STEP_MULTIPLE} must be a number in [0.01, 4], got 5"),
         (MOVING_AVERAGE_WEIGHT, 0, f"{MOVING_AVERAGE_WEIGHT} must be a number in (0, 1], got 0"),
         (READ_WRITE_RATIO, 2, f"{READ_WRITE_RATIO} must be a number in [0, 1], got 2"),
         (MIN_CONCURRENCY, 0, f"{MIN_CONCURRENCY} must be an integer >= 1, got 0"),
