@@ -27,6 +27,9 @@ Why it looks like this:
   (``poisson``): open loop with exponential gaps, each connection's send
   times drawn before the start. ``split_errors`` keeps error replies (e.g.
   rejections) out of the latency histograms and counts them by code.
+- **YCSB workloads** (op ``workload``): the ring is a seeded plan from
+  :mod:`bench.workloads` — GETs, SETs and (tenantkv only) scans of zipfian,
+  uniform or latest keys, in the workload's exact mix.
 - **Codecs** are the only protocol-specific part: they encode a request, do
   the blocking handshake, and make a reply parser. Requests carry no per-op
   state the loop must track: replies come back in request order on both
@@ -53,6 +56,8 @@ from typing import Any, Protocol
 
 import msgpack
 
+from bench import workloads
+
 RECV_BYTES = 256 * 1024
 #: Cap on the bytes of one worker's request ring (matters only for big values).
 RING_BYTES = 32 * 1024 * 1024
@@ -68,6 +73,12 @@ OPS = ("get", "set")
 #: ``LoadSpec.op`` of a mixed load: each request is a GET or a SET in the fixed
 #: ratio ``LoadSpec.set_fraction`` (not offered on the throughput command line).
 MIXED = "mixed"
+#: ``LoadSpec.op`` of a YCSB workload (``LoadSpec.workload``, ``.distribution``):
+#: the ring holds a plan from :mod:`bench.workloads` (GETs, SETs, scans).
+WORKLOAD = "workload"
+#: Most requests in a workload ring (fewer if ``RING_BYTES`` is reached first):
+#: 13 per key over 10 000 records, so a zipfian ring holds the cold tail too.
+WORKLOAD_RING = 1 << 17
 
 
 class BenchError(RuntimeError):
@@ -261,7 +272,16 @@ class TenantKVCodec:
         params: dict[str, Any] = {"key": key} if op == "get" else {"key": key, "value": value}
         return msgpack.packb([0, seq & 0xFFFFFFFF, op, params], use_bin_type=True)
 
+    def encode_scan(self, start: bytes, end: bytes | None, limit: int, seq: int) -> bytes:
+        """``scan`` of up to ``limit`` records with ``start <= key < end`` (workload E)."""
+        params: dict[str, Any] = {"start": start, "limit": limit}
+        if end is not None:
+            params["end"] = end
+        return msgpack.packb([0, seq & 0xFFFFFFFF, "scan", params], use_bin_type=True)
+
     def parser(self, op: str, value: bytes) -> ReplyParser:
+        # Any op: only the error slot is read, so a GET miss (nil result) and
+        # a scan page both count as one ok reply.
         return MsgpackRpcParser()
 
     def handshake(self, sock: socket.socket) -> None:
@@ -308,6 +328,8 @@ class RedisCodec:
         return resp_command(b"SET", key, value)
 
     def parser(self, op: str, value: bytes) -> ReplyParser:
+        # ``mixed`` / ``workload``: the fast path expects GET hits; a +OK or a
+        # nil ($-1, a GET miss) drops to the general parser for a while.
         expected = b"+OK\r\n" if op == "set" else b"$%d\r\n%s\r\n" % (len(value), value)
         return RespParser(expected)
 
@@ -358,15 +380,31 @@ class LoadSpec:
     #: open loop: Poisson arrivals (exponential gaps, mean ``conns / rate``)
     #: instead of fixed intervals; latency still counts from the scheduled time
     poisson: bool = False
-    #: seed of the Poisson gaps (each connection adds its index)
+    #: seed of the Poisson gaps (each connection adds its index) and of a workload plan
     seed: int = 1
     #: keep error replies out of the latency histograms (they go to
     #: ``LoadResult.hist_err``) and count them by error code (tenantkv only)
     split_errors: bool = False
+    #: op ``workload``: a YCSB workload of :data:`bench.workloads.WORKLOADS`
+    #: ("A".."F"); ``keys`` are its preloaded records (indexes 0..keys-1)
+    workload: str | None = None
+    #: op ``workload``: key choice, one of :data:`bench.workloads.DISTRIBUTIONS`
+    distribution: str = "zipfian"
 
 
 def key_name(prefix: bytes, i: int) -> bytes:
     return b"%s%08d" % (prefix, i)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key above every key starting with ``prefix`` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
 
 
 @dataclass
@@ -462,8 +500,10 @@ def build_ring(
     """Encode ``R`` requests once; stored twice so any run of <= R is contiguous.
 
     A ``mixed`` load interleaves SETs and GETs in the ratio ``set_fraction``
-    (default ``spec.set_fraction``).
+    (default ``spec.set_fraction``); a ``workload`` load replays a plan.
     """
+    if spec.op == WORKLOAD:
+        return _workload_ring(codec, spec)
     mixed = spec.op == MIXED
     frac = spec.set_fraction if set_fraction is None else set_fraction
     sample = len(
@@ -481,10 +521,35 @@ def build_ring(
         )
         for i in range(ring)
     ]
+    return _ring(reqs)
+
+
+def _ring(reqs: list[bytes]) -> tuple[bytes, list[int], int]:
     offs = [0]
     for r in reqs + reqs:
         offs.append(offs[-1] + len(r))
-    return b"".join(reqs) * 2, offs, ring
+    return b"".join(reqs) * 2, offs, len(reqs)
+
+
+def _workload_ring(codec: Codec, spec: LoadSpec) -> tuple[bytes, list[int], int]:
+    """The ring of a YCSB workload: ``WORKLOAD_RING`` requests of its plan, or
+    as many as ``RING_BYTES`` holds. Scans stay inside the spec's key prefix."""
+    assert spec.workload is not None
+    sample = len(codec.encode("set", key_name(spec.key_prefix, spec.keys), spec.value, 0))
+    ring = max(2 * spec.depth, min(WORKLOAD_RING, max(64, RING_BYTES // sample)))
+    steps = workloads.plan(spec.workload, ring, spec.keys, spec.distribution, spec.seed)
+    end = prefix_end(spec.key_prefix)
+    encode_scan = getattr(codec, "encode_scan", None)
+    reqs = []
+    for i, s in enumerate(steps):
+        key = key_name(spec.key_prefix, s.key)
+        if s.op != "scan":
+            reqs.append(codec.encode(s.op, key, spec.value, i))
+        elif encode_scan is None:
+            raise BenchError(f"workload {spec.workload} scans; {codec.name} cannot")
+        else:
+            reqs.append(encode_scan(key, end, s.count, i))
+    return _ring(reqs)
 
 
 def _drive(
@@ -882,8 +947,12 @@ def run_loads(
         raise ValueError("no loads")
     spec0 = loads[0][1]
     for target, spec in loads:
-        if spec.op not in (*OPS, MIXED):
-            raise ValueError(f"op must be one of {(*OPS, MIXED)}")
+        if spec.op not in (*OPS, MIXED, WORKLOAD):
+            raise ValueError(f"op must be one of {(*OPS, MIXED, WORKLOAD)}")
+        if (spec.op == WORKLOAD) != (spec.workload is not None):
+            raise ValueError("a workload needs op WORKLOAD, and op WORKLOAD a workload")
+        if spec.op == WORKLOAD:
+            _check_workload(target, spec)
         if spec.split_errors and not isinstance(target.codec, TenantKVCodec):
             raise ValueError("split_errors needs the tenantkv codec")
         if (spec.warmup, spec.seconds) != (spec0.warmup, spec0.seconds):
@@ -979,6 +1048,18 @@ def run_loads(
             )
         )
     return out, samples
+
+
+def _check_workload(target: Target, spec: LoadSpec) -> None:
+    w = workloads.WORKLOADS.get(spec.workload or "")
+    if w is None:
+        raise ValueError(f"workload must be one of {tuple(workloads.WORKLOADS)}")
+    if spec.distribution not in workloads.DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {workloads.DISTRIBUTIONS}")
+    if spec.keys < 2:
+        raise ValueError("a workload needs keys >= 2")
+    if w.scans and not hasattr(target.codec, "encode_scan"):
+        raise ValueError(f"workload {w.name} scans; the {target.codec.name} codec cannot")
 
 
 def _extra(results: list[dict[str, Any]]) -> dict[str, Any]:

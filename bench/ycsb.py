@@ -1,0 +1,447 @@
+"""``python -m bench ycsb``: YCSB core workloads A-F, zipfian and uniform keys.
+
+Why: ``throughput`` measures one op over keys taken in turn — a best case for
+caches and for write batching alike. YCSB's core workloads are the common
+yardstick for skewed, mixed key-value traffic (hot keys under zipfian 0.99,
+read-mostly and update-heavy mixes, reads of the newest records, short range
+scans), so these numbers can be read next to published YCSB results, and next
+to redis-server on this machine with the same load loop.
+
+Every cell is one workload x one key distribution (``--distributions``,
+default zipfian and uniform; D always uses YCSB's ``latest``, the newest
+records being the hottest). A cell first preloads ``--records`` records under
+its own key prefix (so inserts and scans of one cell never see another's
+keys), then runs a warm-up and a measuring window. The load generator replays
+a seeded plan of the workload (:mod:`bench.workloads`, which also says where
+it differs from YCSB — e.g. inserts become overwrites once the ring wraps).
+
+The default load is YCSB's: closed loop, one outstanding op per connection
+(``--conns`` 16 ~ 16 YCSB client threads; ``--depth`` pipelines more), or
+``--rate`` for an open loop with Poisson arrivals (YCSB's ``-target`` paces
+evenly instead), latency then counted from each request's scheduled time.
+
+Values are ``--value-size`` 100 B by default, not YCSB's 1 KB record (10
+fields x 100 B): the same size as the other scenarios, so the ratios here can
+be set next to ``throughput``'s, and it keeps the measure on request handling
+and key skew rather than on copying bytes. ``--value-size 1000`` gives
+YCSB's record size.
+
+What is counted: ``ops/s`` are YCSB operations per second. A
+read-modify-write (F) is a GET then a SET of the same key — two requests, so
+F's ops/s = requests/s / 1.5 (both are in ``--json``). Latency percentiles
+are per *request* over all of a cell's ops (the load loop keeps one histogram;
+YCSB reports one per op type, and F's RMW latency as GET + SET). A GET of a
+key not inserted yet (D, rarely) is a nil reply and counts as a successful
+read; only error replies count as errors. SETs are durable on both sides
+(tenantkv's group commit; redis ``appendfsync always``).
+
+``--vs-redis`` runs each cell on redis-server too, right after tenantkv.
+Workload E is skipped there: its ordered short range scans have no plain
+GET/SET form in Redis (``SCAN`` walks the hash table in no key order, and
+YCSB's Redis binding emulates scans with a sorted-set index — a different
+data model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench import loadgen, report, servers, workloads
+from bench.loadgen import (
+    WORKLOAD,
+    BenchError,
+    LoadResult,
+    LoadSpec,
+    RedisCodec,
+    Target,
+    TenantKVCodec,
+)
+
+BUCKET = "bench"
+NAMES = tuple(workloads.WORKLOADS)
+E_ON_REDIS = (
+    "redis: workload E skipped — its ordered short range scans have no plain GET/SET "
+    "form in Redis (SCAN is unordered; YCSB's Redis binding keeps a sorted-set index, "
+    "a different data model)"
+)
+
+
+def _workload_list(text: str) -> list[str]:
+    return report.name_list(text.upper(), NAMES, "workloads")
+
+
+def _dist_list(text: str) -> list[str]:
+    return report.name_list(text.lower(), workloads.DISTRIBUTIONS, "distributions")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "ycsb",
+        help="YCSB core workloads A-F with zipfian / uniform / latest keys",
+        description="Run YCSB's core workloads (A update heavy, B read mostly, C read only, "
+        "D read latest, E short ranges, F read-modify-write) against a self-started "
+        "tenantkv daemon, optionally next to redis-server with appendfsync always "
+        "(--vs-redis). See the module docstring of bench/ycsb.py.",
+    )
+    p.add_argument(
+        "--workloads",
+        type=_workload_list,
+        default=list(NAMES),
+        metavar="W[,W]",
+        help="workloads to run [A,B,C,D,E,F]",
+    )
+    p.add_argument(
+        "--distributions",
+        type=_dist_list,
+        default=["zipfian", "uniform"],
+        metavar="D[,D]",
+        help="key distributions, of zipfian, uniform, latest (D always uses latest) "
+        "[zipfian,uniform]",
+    )
+    p.add_argument("--records", type=int, help="records preloaded per cell [10000; quick 1000]")
+    p.add_argument(
+        "--value-size",
+        type=int,
+        default=100,
+        help="value bytes [100, as the other scenarios; YCSB's record is 1000]",
+    )
+    p.add_argument("--conns", type=int, default=16, help="connections (YCSB threads) [16]")
+    p.add_argument("--depth", type=int, default=1, help="outstanding requests per connection [1]")
+    p.add_argument("--seconds", type=float, help="measuring window per cell [5; quick 1]")
+    p.add_argument("--warmup", type=float, help="warm-up per cell [1; quick 0.2]")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="open loop: total YCSB ops/s per cell, Poisson arrivals; latency counts from "
+        "the scheduled send [closed loop]",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="most load-generator processes per cell [CPU count]",
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the workload plans [1]")
+    p.add_argument(
+        "--pin",
+        choices=("none", "split"),
+        default="none",
+        help="CPU placement: none = the OS decides; split = servers on the first CPU, "
+        "load generator on the others [none]",
+    )
+    p.add_argument(
+        "--vs-redis",
+        action="store_true",
+        help="also run redis-server (appendfsync always): workloads A-D, F",
+    )
+    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    p.add_argument(
+        "--quick", action="store_true", help="a fast smoke run (every workload in < 40 s)"
+    )
+    p.set_defaults(func=run)
+
+
+def _finish_args(args: argparse.Namespace) -> None:
+    if args.records is None:
+        args.records = 1000 if args.quick else 10_000
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 5.0
+    if args.warmup is None:
+        args.warmup = 0.2 if args.quick else 1.0
+    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0:
+        raise BenchError("--seconds must be > 0, --warmup and --value-size >= 0")
+    if args.records < 2:
+        raise BenchError("--records must be >= 2")
+    if args.conns < 1 or args.depth < 1 or args.workers < 1:
+        raise BenchError("--conns, --depth and --workers must be >= 1")
+    if args.rate is not None and args.rate <= 0:
+        raise BenchError("--rate must be > 0")
+
+
+def cell_plan(names: list[str], dists: list[str]) -> list[tuple[str, str]]:
+    """(workload, distribution) of every cell, in order; D only with ``latest``."""
+    out: list[tuple[str, str]] = []
+    for w in names:
+        for d in ["latest"] if w == "D" else dists:
+            if (w, d) not in out:
+                out.append((w, d))
+    return out
+
+
+@dataclass
+class Cell:
+    """One workload x distribution measured on one server."""
+
+    server: str
+    spec: LoadSpec
+    result: LoadResult
+
+    @property
+    def key(self) -> tuple[str, str]:
+        assert self.spec.workload is not None
+        return (self.spec.workload, self.spec.distribution)
+
+    @property
+    def requests_per_op(self) -> float:
+        return workloads.WORKLOADS[self.key[0]].requests_per_op
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.result.ops_per_s / self.requests_per_op
+
+    def to_json(self) -> dict[str, Any]:
+        r, s = self.result, self.spec
+        return {
+            "server": self.server,
+            "workload": s.workload,
+            "distribution": s.distribution,
+            "conns": s.conns,
+            "depth": s.depth,
+            "records": s.keys,
+            "value_size": len(s.value),
+            "mode": "open" if s.rate else "closed",
+            "target_ops_per_s": s.rate / self.requests_per_op if s.rate else None,
+            "target_requests_per_s": s.rate,
+            "seconds": r.window_s,
+            "requests": r.ok,
+            "requests_per_s": round(r.ops_per_s, 1),
+            "requests_per_op": round(self.requests_per_op, 3),
+            "ops": round(r.ok / self.requests_per_op),
+            "ops_per_s": round(self.ops_per_s, 1),
+            "errors": r.errors,
+            "p50_us": _round(r.percentile_us(0.50)),
+            "p99_us": _round(r.percentile_us(0.99)),
+            "p999_us": _round(r.percentile_us(0.999)),
+            "max_us": _round(max(r.hist) / 1000 if r.hist else None),
+            "client_cpu_pct": _pct(r.client_cpu_s, r.window_s),
+            "server_cpu_pct": _pct(r.server_cpu_s, r.window_s),
+            "workers": r.workers,
+            "error_sample": r.error_sample,
+            **r.extra,
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def _pct(cpu_s: float | None, window_s: float) -> float | None:
+    return None if cpu_s is None or window_s <= 0 else round(100 * cpu_s / window_s, 1)
+
+
+def ratio(cells: list[Cell], key: tuple[str, str], a: str, b: str) -> float | None:
+    """YCSB ops/s of server ``a`` over server ``b`` for one cell, None if either is missing."""
+    by = {c.server: c.ops_per_s for c in cells if c.key == key}
+    if by.get(a) and by.get(b):
+        return by[a] / by[b]
+    return None
+
+
+def format_table(cells: list[Cell], names: list[str]) -> str:
+    """One line per workload x distribution, servers side by side."""
+    keys: list[tuple[str, str]] = []
+    for c in cells:
+        if c.key not in keys:
+            keys.append(c.key)
+    by = {(c.server, c.key): c for c in cells}
+    per = ["ops/s", "p50 µs", "p99 µs", "p99.9 µs", "err"]
+    widths = [9, 7, 7, 8, 4]
+    block = sum(widths) + len(widths)
+    head1 = f"{'':<2} {'':<8}"
+    head2 = f"{'wl':<2} {'dist':<8}"
+    for s in names:
+        head1 += " |" + s.center(block)
+        head2 += " |" + "".join(f" {h:>{w}}" for h, w in zip(per, widths, strict=True))
+    show_ratio = "tenantkv" in names and "redis" in names
+    if show_ratio:
+        head1 += " |" + " ratio".ljust(10)
+        head2 += " | tkv/redis"
+    lines = [head1, head2, "-" * len(head2)]
+    for key in keys:
+        line = f"{key[0]:<2} {key[1]:<8}"
+        for s in names:
+            cell = by.get((s, key))
+            if cell is None:
+                skipped = "skipped (no scan)" if s == "redis" and key[0] == "E" else ""
+                line += " |" + f"{skipped:^{block}}"
+                continue
+            j = cell.to_json()
+            vals = [
+                f"{cell.ops_per_s:,.0f}",
+                report._fmt_us(j["p50_us"]),
+                report._fmt_us(j["p99_us"]),
+                report._fmt_us(j["p999_us"]),
+                str(j["errors"]),
+            ]
+            line += " |" + "".join(f" {v:>{w}}" for v, w in zip(vals, widths, strict=True))
+        if show_ratio:
+            r = ratio(cells, key, "tenantkv", "redis")
+            line += " | " + (f"{r:>8.2f}x" if r is not None else f"{'-':>9}")
+        lines.append(line)
+    errs = [c for c in cells if c.result.errors]
+    if errs:
+        lines.append("")
+        lines.append("errors (not counted in ops/s):")
+        for c in errs:
+            lines.append(
+                f"  {c.server} {c.key[0]} {c.key[1]}: {c.result.errors} errors, "
+                f"e.g. {c.result.error_sample}"
+            )
+    return "\n".join(lines)
+
+
+def _prefix(workload: str, distribution: str) -> bytes:
+    """Each cell's own key space (scans and inserts never meet another cell's keys)."""
+    return f"ycsb:{workload}:{distribution}:".encode()
+
+
+def run(args: argparse.Namespace) -> int:
+    _finish_args(args)
+    value = report.value_bytes(args.value_size, b"ycsb")
+    server_cpus: set[int] | None = None
+    client_cpus: frozenset[int] | None = None
+    if args.pin == "split":
+        srv, cli = servers.split_cpus()
+        server_cpus, client_cpus = srv, frozenset(cli)
+    meta = report.run_meta(args)
+    meta["settings"]["server_cpus"] = sorted(server_cpus) if server_cpus else None
+    meta["settings"]["client_cpus"] = sorted(client_cpus) if client_cpus else None
+    meta["servers"] = {}
+    notes: list[str] = []
+    out = sys.stderr if args.json == "-" else sys.stdout
+    plan = cell_plan(args.workloads, args.distributions)
+    t0 = time.monotonic()
+    cells: list[Cell] = []
+    with contextlib.ExitStack() as stack:
+        report.log("starting tenantkv ...")
+        tkv = stack.enter_context(servers.tenantkv_server(None, server_cpus))
+        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
+        targets: list[tuple[str, servers.ServerHandle, Target]] = [
+            ("tenantkv", tkv, Target(tkv.host, tkv.port, TenantKVCodec(user, password, BUCKET)))
+        ]
+        meta["servers"]["tenantkv"] = {
+            "version": tkv.version,
+            "address": f"{tkv.host}:{tkv.port}",
+            "settings": tkv.settings,
+        }
+        if args.vs_redis:
+            if servers.find_redis() is None:
+                notes.append(
+                    "--vs-redis: redis-server is not on PATH; comparison skipped "
+                    "(Debian: apt-get install redis-server)"
+                )
+            else:
+                report.log("starting redis-server (appendonly yes, appendfsync always) ...")
+                rd = stack.enter_context(servers.redis_server("always", server_cpus))
+                targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
+                meta["servers"]["redis"] = {
+                    "version": rd.version,
+                    "address": f"{rd.host}:{rd.port}",
+                    "settings": rd.settings,
+                    "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
+                }
+                if "E" in args.workloads:
+                    notes.append(E_ON_REDIS)
+        for wname, dist in plan:
+            w = workloads.WORKLOADS[wname]
+            spec = LoadSpec(
+                op=WORKLOAD,
+                conns=args.conns,
+                depth=args.depth,
+                value=value,
+                keys=args.records,
+                seconds=args.seconds,
+                warmup=args.warmup,
+                rate=args.rate * w.requests_per_op if args.rate else None,
+                workers=args.workers,
+                cpus=client_cpus,
+                key_prefix=_prefix(wname, dist),
+                poisson=bool(args.rate),
+                seed=args.seed,
+                workload=wname,
+                distribution=dist,
+            )
+            for name, handle, target in targets:
+                if w.scans and not hasattr(target.codec, "encode_scan"):
+                    continue
+                loadgen.preload(target, args.records, value, spec.key_prefix)
+                res = loadgen.run_load(target, spec, handle.cpu_seconds)
+                cell = Cell(name, spec, res)
+                cells.append(cell)
+                j = cell.to_json()
+                report.log(
+                    f"  {name:<8} {wname} {dist:<7} {cell.ops_per_s:>9,.0f} ops/s  "
+                    f"p50 {j['p50_us']} µs  p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  "
+                    f"errors {res.errors}"
+                )
+    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+    names = [n for n, _, _ in targets]
+    m = meta["machine"]
+    versions = report.version_line(meta)
+    if "redis" in meta["servers"]:
+        versions += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
+    mode = (
+        f"open loop, Poisson arrivals at {args.rate:,.0f} ops/s per cell "
+        "(latency from the scheduled send)"
+        if args.rate
+        else f"closed loop, {args.conns} conns x {args.depth} outstanding"
+    )
+    pin = (
+        f"; pinned: servers on CPU {sorted(server_cpus)}, load on {sorted(client_cpus)}"
+        if server_cpus and client_cpus
+        else ""
+    )
+    print(
+        f"\nycsb: {args.records:,} records of {args.value_size} B preloaded per cell, "
+        f"{args.seconds:g} s per cell after {args.warmup:g} s warm-up, {mode}; "
+        f"SETs durable{' on both sides' if len(names) > 1 else ''}\n{versions}\n"
+        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by server and load "
+        f"generator{pin}\n",
+        file=out,
+    )
+    print(format_table(cells, names), file=out)
+    notes += [
+        "ops/s = YCSB operations/s; F's read-modify-write is a GET + a SET of one key "
+        "(2 requests: F's requests/s = 1.5 x its ops/s). Latencies are per request, "
+        "all ops of a cell together.",
+        "D uses YCSB's 'latest' distribution (newest records hottest) whatever "
+        "--distributions says; inserts (D, E) become overwrites once the request ring "
+        "wraps (bench/workloads.py).",
+    ]
+    print("\nnotes:", file=out)
+    for n in notes:
+        print(f"- {n}", file=out)
+    print(f"\n({meta['elapsed_s']:g} s)", file=out)
+    if args.json:
+        ratios = []
+        if "tenantkv" in names and "redis" in names:
+            for c in cells:
+                if c.server != "tenantkv":
+                    continue
+                r = ratio(cells, c.key, "tenantkv", "redis")
+                if r is None:
+                    continue  # E: not run on redis
+                ratios.append(
+                    {
+                        "workload": c.key[0],
+                        "distribution": c.key[1],
+                        "tenantkv_over_redis": round(r, 3),
+                    }
+                )
+        meta["notes"] = notes
+        report.write_json(
+            args.json,
+            {
+                "benchmark": "ycsb",
+                "meta": meta,
+                "cells": [c.to_json() for c in cells],
+                "ratios": ratios,
+            },
+        )
+    return 1 if any(c.result.errors for c in cells) else 0
