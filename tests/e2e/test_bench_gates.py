@@ -1,0 +1,113 @@
+"""``python -m bench gates`` end to end: a short GET run, its JSON checked.
+
+Runs as a subprocess the way CI runs a benchmark, with a timeout and an
+environment without the caller's ``TENANTKV_*`` variables. Beyond "both modes
+served requests without errors", the server's own counters must show that the
+on runs really went through every gate (throttle enabled and charging, the
+request limiter admitting every operation, the connection limiter every
+connection, probing on) and that the off runs bypassed the switchable ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 60.0
+CONNS = 16  # the benchmark's default --conns
+
+
+def test_bench_gates_quick_get(tmp_path: Path) -> None:
+    out = tmp_path / "gates.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENANTKV_")}
+    cmd = [sys.executable, "-m", "bench", "gates", "--quick", "--seconds", "0.5"]
+    proc = subprocess.run(
+        [*cmd, "--warmup", "0.1", "--ops", "get", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO,
+        timeout=RUN_TIMEOUT,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "on/off" in proc.stdout
+    assert "verified: yes" in proc.stdout
+    assert "NO OFF SWITCH" in proc.stdout
+
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "gates"
+    assert doc["meta"]["settings"]["reps"] == 1
+    assert set(doc["gates"]) == {
+        "tenant_throttle",
+        "ingress_request_rate_limiter",
+        "ingress_connection_establishment_limiter",
+        "execution_tickets",
+        "ingress_admission_tickets",
+        "bucket_queues",
+        "write_permits",
+    }
+    assert set(doc["no_off_switch"]) <= set(doc["gates"])
+
+    # one off and one on run per cell (16 x 16 and 16 x 1), all clean
+    cells = doc["cells"]
+    assert sorted((c["depth"], c["mode"]) for c in cells) == [
+        (1, "off"),
+        (1, "on"),
+        (16, "off"),
+        (16, "on"),
+    ]
+    for c in cells:
+        assert c["op"] == "get"
+        assert c["ops_per_s"] > 0, c
+        assert c["errors"] == 0, c
+        assert c["verified"], c["problems"]
+        ev = c["evidence"]
+        ops = ev["server"]["ops"]
+        assert ops >= c["ops"] > 0
+        assert ev["server_errors"] == 0
+        on = c["mode"] == "on"
+        assert ev["tenant_throttle"]["enabled"] == [on, on]
+        assert ev["tenant_throttle"]["units_charged"] >= ops  # metering runs either way
+        assert ev["tenant_throttle"]["throttled"] == 0
+        assert ev["tenant_throttle"]["rejected"] == 0
+        req = ev["ingress_request_rate_limiter"]
+        conn = ev["ingress_connection_establishment_limiter"]
+        assert req["enabled"] == [on, on]
+        assert conn["enabled"] == [on, on]
+        assert req["rejected"] == conn["rejected"] == 0
+        if on:
+            assert req["admitted"] == ops
+            assert conn["admitted"] >= CONNS
+            assert ev["execution_tickets"]["probing"] != "fixed"
+        else:
+            assert req["attempted"] == conn["attempted"] == 0
+            assert ev["execution_tickets"]["probing"] == "fixed"
+        # the gates without an off switch see every operation in both modes, never a wait
+        for gate in ("execution_tickets", "ingress_admission_tickets", "bucket_queues"):
+            assert ev[gate]["admitted"] >= ops, gate
+            assert ev[gate]["queued"] == 0, gate
+
+    (s,) = [x for x in doc["summary"] if x["depth"] == 16]
+    assert s["op"] == "get"
+    assert s["conns"] == CONNS
+    assert s["ops_per_s_off"] > 0
+    assert s["ops_per_s_on"] > 0
+    assert s["errors_off"] == s["errors_on"] == 0
+    assert s["ratio_on_over_off"] > 0
+    assert s["server_cpu_us_per_op_on"] > 0
+    assert s["verified"]
+
+    ver = doc["verification"]
+    assert ver["verified"], ver["problems"]
+    assert ver["problems"] == []
+    assert ver["on"]["tenant_throttle"]["enabled"] == [True]
+    assert ver["off"]["tenant_throttle"]["enabled"] == [False]
+    assert ver["on"]["execution_tickets"]["probing"] == ["stable"]
+    assert ver["off"]["execution_tickets"]["probing"] == ["fixed"]
+    assert ver["on"]["ingress_request_rate_limiter"]["admitted"] == ver["on"]["server"]["ops"]
+    assert doc["machine"]["runs"] == len(cells)
