@@ -45,6 +45,20 @@ class ServerHandle:
     password: str | None = None
     settings: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
+    #: the server process, if we started it (for :meth:`kill`)
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def kill(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGKILL the server we started — a crash, no shutdown — and reap it.
+
+        Returns its exit status (``-SIGKILL``, or what it exited with if it had
+        already died). The context manager that started it then finds it gone.
+        """
+        if self.proc is None:
+            raise BenchError(f"{self.kind} at {self.host}:{self.port} was not started here")
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait(timeout)
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU seconds of the server process (all threads), if local."""
@@ -151,6 +165,7 @@ def tenantkv_server(
             password=password,
             settings={"durability": "fsync (default)", "data_dir": data},
             log_path=log_path,
+            proc=proc,
         )
     finally:
         if proc is not None:
@@ -227,6 +242,7 @@ def redis_server(
             pid=proc.pid,
             settings=settings,
             log_path=log_path,
+            proc=proc,
         )
         _wait_redis(handle, proc)
         yield handle
