@@ -1,4 +1,4 @@
-"""tenantkv benchmarks: ``python -m bench SUBCOMMAND`` (see docs/benchmarks.md).
+"""tenantkv benchmarks: ``python -m bench SUBCOMMAND`` (see docs/benchmarking.md).
 
 - :mod:`bench.loadgen` — the protocol-agnostic load loop, run in worker processes,
   and one codec per wire protocol (tenantkv MessagePack-RPC, Redis RESP).

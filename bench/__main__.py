@@ -1,8 +1,11 @@
 """``python -m bench SUBCOMMAND``: the benchmark command line.
 
-Each scenario is a module with ``add_parser(subparsers)`` that registers its
-subcommand and sets ``func``; adding one (``throttle``, ...) is one import and
-one line below.
+Two layers: the harness (``list``, ``run``, ``all``, ``smoke``, ``report``;
+bench/harness.py, bench/publish.py) runs named scenarios with the settings the
+published figures use; the measuring subcommands (``throughput``,
+``throttle``, ...) are modules with ``add_parser(subparsers)`` that register
+their subcommand with all its flags and set ``func``. Adding one is one import
+and one line below, plus a Scenario in bench/harness.py to publish it.
 """
 
 from __future__ import annotations
@@ -11,21 +14,42 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import overload, probing, retries, soak, throttle, throughput
+from bench import (
+    crash,
+    gates,
+    harness,
+    overload,
+    probing,
+    publish,
+    retries,
+    soak,
+    throttle,
+    throughput,
+    ycsb,
+)
 from bench.loadgen import BenchError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description="tenantkv benchmarks (see docs/benchmarks.md)."
+        prog="python -m bench",
+        description="tenantkv benchmarks: `list` names the scenarios, `run`/`all` run "
+        "them, `report` writes docs/benchmarks.md (see docs/benchmarking.md).",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    # the harness: scenarios (presets of the subcommands below) and the report
+    harness.add_parsers(sub, build_parser)
+    publish.add_parser(sub)
+    # the measuring subcommands, each with every flag of its own
     throughput.add_parser(sub)
     throttle.add_parser(sub)
     retries.add_parser(sub)
     soak.add_parser(sub)
     probing.add_parser(sub)
     overload.add_parser(sub)
+    gates.add_parser(sub)
+    crash.add_parser(sub)
+    ycsb.add_parser(sub)
     return parser
 
 

@@ -86,7 +86,7 @@ REFUSED_CODE = 27  # TooManyConnections
 #: A storm connection waits this long for its hello reply before it gives up.
 #: Long on purpose: a client that closes while the server still owes it a
 #: reply makes the server's next write meet a reset, and before commit 08d78df
-#: one connection reset killed the whole daemon (see docs/benchmarks.md, overload).
+#: one connection reset killed the whole daemon (see docs/benchmarking.md, overload).
 STORM_TIMEOUT = 10.0
 #: After the storm, how long its processes wait for replies still due.
 STORM_DRAIN = 5.0
@@ -136,7 +136,7 @@ def add_parser(sub: Any) -> None:
         "the ingress request rate limiter admits, and measure goodput, rejections, admitted "
         "latency and the server CPU a rejection costs; then a connection storm against "
         "established clients with the connection-establishment limiter on. Starts its own "
-        "tenantkv daemon. See docs/benchmarks.md.",
+        "tenantkv daemon. See docs/benchmarking.md.",
     )
     p.add_argument(
         "--part",

@@ -119,7 +119,7 @@ def add_parser(sub: Any) -> None:
         description="Sweep fixed execution-ticket pool sizes under a read-heavy and a "
         "write-heavy workload, then measure how fast and how well throughput probing "
         "finds the best size (also after a workload switch), and what ticket accounting "
-        "costs. Starts its own tenantkv daemons. See docs/benchmarks.md.",
+        "costs. Starts its own tenantkv daemons. See docs/benchmarking.md.",
     )
     p.add_argument(
         "--part",

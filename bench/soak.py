@@ -61,7 +61,7 @@ def add_parser(sub: Any) -> None:
         description="Run a self-started tenantkv for --minutes under steady tenants, a "
         "bursting noisy tenant, connection churn and admin changes; report resident memory "
         "and latency over time against the targets (RssAnon growth < 10 %%, p99 drift "
-        "< 20 %%). Not for CI. See docs/benchmarks.md.",
+        "< 20 %%). Not for CI. See docs/benchmarking.md.",
     )
     p.add_argument("--minutes", type=float, default=10.0, help="how long to run [10]")
     p.add_argument("--warmup", type=float, help="seconds not measured at the start [min(60, 20%%)]")

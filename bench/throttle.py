@@ -94,7 +94,7 @@ def add_parser(sub: Any) -> None:
         description="Measure the tenant throttle (docs/throttling.md) against its targets: "
         "hard-limit accuracy, a reservation under a noisy neighbour, fairness between a "
         "1-connection and a 64-connection bucket, and the cost of the admission fast "
-        "path. Each scenario starts its own tenantkv daemon. See docs/benchmarks.md.",
+        "path. Each scenario starts its own tenantkv daemon. See docs/benchmarking.md.",
     )
     p.add_argument(
         "--scenario",

@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
         help="GET / durable SET ops/s, pipelined and not, 1 and many connections",
         description="Measure GET and durable SET throughput and latency against a "
         "self-started tenantkv daemon (or --host/--port), optionally next to "
-        "redis-server with appendfsync always (--vs-redis). See docs/benchmarks.md.",
+        "redis-server with appendfsync always (--vs-redis). See docs/benchmarking.md.",
     )
     p.add_argument("--seconds", type=float, default=3.0, help="measuring window per cell [3]")
     p.add_argument("--warmup", type=float, help="warm-up per cell [0.5; quick 0.1]")
