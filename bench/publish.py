@@ -179,7 +179,7 @@ def _targets(envs: dict[str, Env]) -> list[str]:
         env = envs.get(g.scenario)
         if env is None or g.measure is None:
             rows.append(
-                [g.issues, anchor + g.text, "not run", "-", f"[{g.scenario}](#{g.scenario})"]
+                [g.issues, anchor + g.text, "not run", "-", _link(g.scenario)]
             )
             continue
         figure, met = g.measure(env["result"])
