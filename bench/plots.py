@@ -135,7 +135,7 @@ def probing(env: Env, out: Path) -> list[Path]:
     ax.set_ylabel("ops/s")
     ax2.set_ylabel("tickets, read + write (dotted)")
     ax.set_title("Throughput probing from the minimum pool size")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     return [_save(fig, out / "probing.png")]
 
 
