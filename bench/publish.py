@@ -178,9 +178,7 @@ def _targets(envs: dict[str, Env]) -> list[str]:
             continue
         env = envs.get(g.scenario)
         if env is None or g.measure is None:
-            rows.append(
-                [g.issues, anchor + g.text, "not run", "-", _link(g.scenario)]
-            )
+            rows.append([g.issues, anchor + g.text, "not run", "-", _link(g.scenario)])
             continue
         figure, met = g.measure(env["result"])
         if env["mode"] != "full":
@@ -301,7 +299,10 @@ def _gates(result: dict[str, Any], plots: str) -> list[str]:
     rows = []
     for s in result.get("summary", []):
         rows.append([*(s.get(k) for k in ("op", "conns", "depth")), *_gate_figures(s)])
-    lines = table(["op", "conns", "depth", "off ops/s", "on ops/s", "on / off"], rows)
+    lines = table(
+        ["op", "conns", "depth", "off ops/s", "on ops/s", "on / off", "server µs/op off → on"],
+        rows,
+    )
     gates = result.get("gates") or {}
     if gates:
         lines += ["Gates compared:", ""]
@@ -310,10 +311,11 @@ def _gates(result: dict[str, Any], plots: str) -> list[str]:
 
 
 def _gate_figures(s: dict[str, Any]) -> list[str]:
-    off = s.get("off_ops_per_s")
-    on = s.get("on_ops_per_s")
+    off = s.get("ops_per_s_off")
+    on = s.get("ops_per_s_on")
     ratio = s.get("ratio_on_over_off")
-    return [n(off), n(on), f"{ratio:.3f}" if isinstance(ratio, int | float) else "-"]
+    cpu = f"{n(s.get('server_cpu_us_per_op_off'), 1)} → {n(s.get('server_cpu_us_per_op_on'), 1)}"
+    return [n(off), n(on), f"{ratio:.3f}" if isinstance(ratio, int | float) else "-", cpu]
 
 
 def _overload(result: dict[str, Any], plots: str) -> list[str]:
