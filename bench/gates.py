@@ -448,17 +448,11 @@ class Run:
             "ops": r.ok,
             "errors": r.errors,
             "ops_per_s": round(r.ops_per_s, 1),
-            "p50_us": _r1(r.percentile_us(0.50)),
-            "p99_us": _r1(r.percentile_us(0.99)),
-            "p999_us": _r1(r.percentile_us(0.999)),
+            **report.load_figures(r),
             "server_cpu_s": None if r.server_cpu_s is None else round(r.server_cpu_s, 3),
             "server_cpu_us_per_op": _r1(self.cpu_us_per_op),
-            "client_cpu_pct": _pct(r.client_cpu_s, r.window_s),
-            "server_cpu_pct": _pct(r.server_cpu_s, r.window_s),
             "other_cpu_pct": round(self.other_cpu_pct, 1),
             "steal_pct": round(self.steal_pct, 1),
-            "workers": r.workers,
-            "error_sample": r.error_sample,
             "evidence": self.evidence,
             "verified": not self.problems,
             "problems": self.problems,
@@ -467,10 +461,6 @@ class Run:
 
 def _r1(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
-
-
-def _pct(cpu_s: float | None, window_s: float) -> float | None:
-    return None if cpu_s is None or window_s <= 0 else round(100 * cpu_s / window_s, 1)
 
 
 def _med(xs: Sequence[float | None]) -> float | None:

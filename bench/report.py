@@ -46,16 +46,23 @@ class Cell:
             "ops": r.ok,
             "errors": r.errors,
             "ops_per_s": round(r.ops_per_s, 1),
-            "p50_us": _round(r.percentile_us(0.50)),
-            "p99_us": _round(r.percentile_us(0.99)),
-            "p999_us": _round(r.percentile_us(0.999)),
-            "max_us": _round(max(r.hist) / 1000 if r.hist else None),
-            "client_cpu_pct": _pct(r.client_cpu_s, r.window_s),
-            "server_cpu_pct": _pct(r.server_cpu_s, r.window_s),
-            "workers": r.workers,
-            "error_sample": r.error_sample,
-            **r.extra,
+            **load_figures(r),
         }
+
+
+def load_figures(r: LoadResult) -> dict[str, Any]:
+    """Latency percentiles, CPU shares and diagnostics of one load, as every cell reports them."""
+    return {
+        "p50_us": _round(r.percentile_us(0.50)),
+        "p99_us": _round(r.percentile_us(0.99)),
+        "p999_us": _round(r.percentile_us(0.999)),
+        "max_us": _round(max(r.hist) / 1000 if r.hist else None),
+        "client_cpu_pct": _pct(r.client_cpu_s, r.window_s),
+        "server_cpu_pct": _pct(r.server_cpu_s, r.window_s),
+        "workers": r.workers,
+        "error_sample": r.error_sample,
+        **r.extra,
+    }
 
 
 def _round(x: float | None) -> float | None:

@@ -215,24 +215,8 @@ class Cell:
             "ops": round(r.ok / self.requests_per_op),
             "ops_per_s": round(self.ops_per_s, 1),
             "errors": r.errors,
-            "p50_us": _round(r.percentile_us(0.50)),
-            "p99_us": _round(r.percentile_us(0.99)),
-            "p999_us": _round(r.percentile_us(0.999)),
-            "max_us": _round(max(r.hist) / 1000 if r.hist else None),
-            "client_cpu_pct": _pct(r.client_cpu_s, r.window_s),
-            "server_cpu_pct": _pct(r.server_cpu_s, r.window_s),
-            "workers": r.workers,
-            "error_sample": r.error_sample,
-            **r.extra,
+            **report.load_figures(r),
         }
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 1)
-
-
-def _pct(cpu_s: float | None, window_s: float) -> float | None:
-    return None if cpu_s is None or window_s <= 0 else round(100 * cpu_s / window_s, 1)
 
 
 def ratio(cells: list[Cell], key: tuple[str, str], a: str, b: str) -> float | None:
