@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _relpath(path: Path, start: Path) -> str:
-    import os
-
     return os.path.relpath(path.resolve(), start.resolve())
 
 
