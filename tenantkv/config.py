@@ -104,6 +104,29 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("max_connections", int, 10000, "Most open client connections.", 1),
     Setting(
+        "max_connections_per_address",
+        int,
+        1000,
+        "Most open connections from one client address (beyond it, the oldest connection "
+        "that has not said hello gives way, or the new one is refused).",
+        1,
+    ),
+    Setting(
+        "admin_reserved_connections",
+        int,
+        3,
+        "Connection slots only admins may use (at most max_connections - 1 apply).",
+        0,
+    ),
+    Setting(
+        "max_receive_buffer_bytes",
+        int,
+        256 * 1024 * 1024,
+        "Most bytes received and not yet decoded, over all connections together; "
+        "a connection that would pass it waits (TCP back-pressure).",
+        1024 * 1024,
+    ),
+    Setting(
         "max_inflight_per_connection",
         int,
         1024,
@@ -112,6 +135,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("hello_timeout_secs", float, 10.0, "Time a new connection has to send hello.", 0.1),
     Setting("idle_timeout_secs", float, 3600.0, "Close connections idle this long (0 = never).", 0),
+    Setting(
+        "frame_timeout_secs",
+        float,
+        60.0,
+        "Time a request frame has to arrive in full once its first byte came "
+        "(a slow sender cannot hold a connection and its buffer).",
+        0.1,
+    ),
     Setting(
         "shutdown_grace_secs",
         float,
@@ -372,9 +403,12 @@ SETTINGS: tuple[Setting, ...] = (
 RUNTIME = frozenset(
     {
         "max_connections",
+        "max_connections_per_address",
+        "admin_reserved_connections",
         "max_inflight_per_connection",
         "hello_timeout_secs",
         "idle_timeout_secs",
+        "frame_timeout_secs",
         "shutdown_grace_secs",
         "expiry_pager_interval_secs",
         "throttle_max_wait_ms",
@@ -415,9 +449,13 @@ class Config:
     max_buckets: int = 1000
     max_value_bytes: int = protocol.MAX_VALUE_BYTES
     max_connections: int = 10000
+    max_connections_per_address: int = 1000
+    admin_reserved_connections: int = 3
+    max_receive_buffer_bytes: int = 256 * 1024 * 1024
     max_inflight_per_connection: int = 1024
     hello_timeout_secs: float = 10.0
     idle_timeout_secs: float = 3600.0
+    frame_timeout_secs: float = 60.0
     shutdown_grace_secs: float = 10.0
     expiry_pager_interval_secs: float = 5.0
     read_unit_size: int = 4096

@@ -51,7 +51,7 @@ class Response:
     result: Any
 
 
-def _unpacker(max_frame_bytes: int) -> msgpack.Unpacker:
+def _unpacker(max_frame_bytes: int, **hooks: Any) -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=False,
         strict_map_key=True,
@@ -61,40 +61,164 @@ def _unpacker(max_frame_bytes: int) -> msgpack.Unpacker:
         max_array_len=MAX_CONTAINER_LEN,
         max_map_len=MAX_CONTAINER_LEN,
         max_ext_len=0,
+        **hooks,
     )
+
+
+class _ShapeExceeded(Exception):
+    """Raised from the unpacker's hooks; turned into a ProtocolError by the decoder."""
+
+
+#: Largest frame accepted before ``hello``: its credentials and client info fit
+#: many times over, and an unauthenticated client can make the server hold no more.
+MAX_HELLO_FRAME_BYTES = 4096
+#: Most arrays and maps in one request frame (nesting included). A request is an
+#: array holding a params map with at most a list (mget keys) or map (roles) in it.
+MAX_FRAME_CONTAINERS = 64
+#: Most elements (array items plus map pairs) in one request frame: one maximal
+#: container and change. With MAX_FRAME_CONTAINERS this bounds the Python objects
+#: one frame decodes to, whatever its shape (``[[], [], ...]`` costs 64 bytes of
+#: memory per byte on the wire if unbounded).
+MAX_FRAME_ELEMENTS = MAX_CONTAINER_LEN + 1024
+#: How many leading bytes of a frame :func:`check_frame_head` looks at.
+FRAME_HEAD_BYTES = 256
+
+#: ``[0, ...]``: a fixarray of 4 starting with the request type.
+_REQUEST_START = bytes([0x94, REQUEST])
 
 
 class RequestDecoder:
     """Server side: feed received bytes, iterate complete, well-formed requests.
+
+    Bounded in every dimension an attacker controls, as the bytes arrive:
+
+    * a frame's first bytes must be a request (``[0, ...]``), and the lengths its
+      head declares must fit the frame bound (:func:`check_frame_head`), so a
+      header announcing 4 GiB is refused before its body is buffered;
+    * a frame may not exceed :attr:`frame_limit` bytes (lowered to
+      :data:`MAX_HELLO_FRAME_BYTES` until ``hello`` succeeds);
+    * decoding a frame builds at most :data:`MAX_FRAME_CONTAINERS` containers and
+      :data:`MAX_FRAME_ELEMENTS` elements, checked by the unpacker's hooks as it goes;
+    * when everything received has been decoded the unpacker (~40 KiB, mostly its
+      parse stack) is dropped, so an idle connection holds no decoder memory.
 
     Raises :class:`~tenantkv.errors.ProtocolError` or
     :class:`~tenantkv.errors.FrameTooLarge`; after either the decoder is dead
     and the connection must close.
     """
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._max = max_frame_bytes
-        self._unpacker = _unpacker(max_frame_bytes)
+    def __init__(
+        self, max_frame_bytes: int = MAX_FRAME_BYTES, *, chunk_bytes: int = 256 * 1024
+    ) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        #: the bound on one frame now (the caller lowers it before hello)
+        self.frame_limit = max_frame_bytes
+        # Room for a partial frame plus one received chunk of whole frames.
+        self._buffer_bytes = max_frame_bytes + chunk_bytes
+        self._unpacker: msgpack.Unpacker | None = None
+        self._fed = 0  # bytes fed to the current unpacker
+        self._frame_start = 0  # its offset where the frame being decoded starts
+        self._last = b""  # the last chunk fed, until it has been decoded
+        self._head = b""  # the first bytes of a partial frame, until its head is checked
+        self._head_checked = False
+        self._containers = 0
+        self._elements = 0
+        #: requests decoded so far
+        self.frames = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded into requests (what this connection holds)."""
+        return self._fed - self._frame_start
+
+    @property
+    def in_frame(self) -> bool:
+        """A frame has started and is not complete (its deadline is running)."""
+        return self._fed > self._frame_start
 
     def feed(self, data: bytes) -> None:
-        try:
-            self._unpacker.feed(data)
-        except msgpack.BufferFull:
-            raise errors.FrameTooLarge(f"request frame larger than {self._max} bytes") from None
+        """Take received bytes; iterate the decoder after each feed."""
+        u = self._unpacker
+        if u is None:
+            u = self._unpacker = _unpacker(
+                self._buffer_bytes, list_hook=self._on_list, object_hook=self._on_map
+            )
+            self._fed = self._frame_start = 0
+        if self._fed - self._frame_start + len(data) > self._buffer_bytes:
+            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+        u.feed(data)
+        self._fed += len(data)
+        self._last = data
+        if self._head:  # a partial frame whose head is still undecided
+            self._head += data[: FRAME_HEAD_BYTES - len(self._head)]
+            self._decide_head()
+
+    def _decide_head(self) -> None:
+        if check_frame_head(self._head, self.frame_limit) or len(self._head) >= FRAME_HEAD_BYTES:
+            self._head = b""
+            self._head_checked = True
+
+    def _on_list(self, value: list[Any]) -> list[Any]:
+        self._count(len(value))
+        return value
+
+    def _on_map(self, value: dict[str, Any]) -> dict[str, Any]:
+        self._count(len(value))
+        return value
+
+    def _count(self, n: int) -> None:
+        self._containers += 1
+        self._elements += n
+        if self._containers > MAX_FRAME_CONTAINERS or self._elements > MAX_FRAME_ELEMENTS:
+            raise _ShapeExceeded
 
     def __iter__(self) -> Iterator[Request]:
+        u = self._unpacker
+        if u is None:
+            return
         while True:
             try:
-                obj = next(self._unpacker)
+                obj = next(u)
             except StopIteration:
+                self._frame_done_or_pending()
                 return
+            except _ShapeExceeded:
+                raise errors.ProtocolError(
+                    f"a request frame may hold at most {MAX_FRAME_CONTAINERS} arrays and maps "
+                    f"and {MAX_FRAME_ELEMENTS} elements"
+                ) from None
             except msgpack.BufferFull:
-                raise errors.FrameTooLarge(f"request frame larger than {self._max} bytes") from None
+                raise errors.FrameTooLarge(
+                    f"request frame larger than {self.frame_limit} bytes"
+                ) from None
             except ValueError as exc:  # ExtraData, FormatError, StackError, limits, bad UTF-8
                 raise errors.ProtocolError(f"malformed MessagePack: {exc}") from None
             except Exception as exc:  # msgpack raises a few other types on hostile input
                 raise errors.ProtocolError(f"malformed MessagePack: {exc!r}") from None
+            end = u.tell()
+            if end - self._frame_start > self.frame_limit:
+                raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+            self._frame_start = end
+            self.frames += 1
+            self._containers = self._elements = 0
+            self._head_checked = False
+            self._head = b""
             yield self._validate(obj)
+
+    def _frame_done_or_pending(self) -> None:
+        pending = self._fed - self._frame_start
+        last, self._last = self._last, b""  # hold no received chunk while idle
+        if pending == 0:
+            self._unpacker = None  # idle: hold no parse stack either
+            self._head_checked = False
+        elif pending > self.frame_limit:
+            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+        elif not self._head_checked and not self._head:
+            # A frame began in the last chunk: check its head before buffering more.
+            start = len(last) - pending
+            self._head = last[start : start + FRAME_HEAD_BYTES] if start >= 0 else b""
+            if self._head:
+                self._decide_head()
 
     def _validate(self, obj: Any) -> Request:
         if type(obj) is not list or len(obj) != 4:
@@ -111,6 +235,103 @@ class RequestDecoder:
         elif type(params) is not dict:
             raise errors.ProtocolError("params must be a map")
         return Request(msgid, method, params)
+
+
+def check_frame_head(head: bytes, frame_limit: int) -> bool:
+    """Walk the MessagePack headers in a frame's first bytes; True once decided.
+
+    Raises ProtocolError unless the frame starts as a request (``[0, ...]``) and
+    FrameTooLarge when a declared length (bin/str/ext body, array or map count)
+    cannot fit ``frame_limit``. Returns False when ``head`` ends before the walk
+    reached a body it can skip past the end of (feed more bytes and call again).
+    Looks at a few dozen headers at most: a cheap test before buffering.
+    """
+    if len(head) < 2:
+        if head and head[0] != 0x94:
+            raise errors.ProtocolError("a request must be the array [0, msgid, method, params]")
+        return False
+    if head[:2] != _REQUEST_START:
+        if head[0] != 0x94:
+            raise errors.ProtocolError("a request must be the array [0, msgid, method, params]")
+        raise errors.ProtocolError("a request must start with type 0")
+    pos, n = 2, len(head)
+    for _ in range(64):
+        if pos >= n:
+            return False
+        b = head[pos]
+        size, length_bytes, kind = _HEADERS.get(b, (0, 0, "")) if b >= 0xC0 else _fix(b)
+        if kind == "bad":
+            raise errors.ProtocolError(f"malformed MessagePack: byte 0x{b:02x}")
+        if length_bytes:
+            if pos + 1 + length_bytes > n:
+                return False
+            size = int.from_bytes(head[pos + 1 : pos + 1 + length_bytes], "big")
+        pos += 1 + length_bytes
+        if kind == "body":
+            if size > frame_limit or pos + size > frame_limit:
+                raise errors.FrameTooLarge(
+                    f"request frame declares {size} bytes; the bound is {frame_limit}"
+                )
+            pos += size
+            if pos > n:
+                return True  # the rest is a body the unpacker bounds
+        elif kind == "container" and size > MAX_CONTAINER_LEN:
+            raise errors.ProtocolError(
+                f"a request array or map may hold at most {MAX_CONTAINER_LEN} elements"
+            )
+        elif kind == "ext":
+            raise errors.ProtocolError("MessagePack extension types are not accepted")
+    return True
+
+
+def _fix(b: int) -> tuple[int, int, str]:
+    """(size, length bytes, kind) of a one-byte MessagePack header below 0xc0."""
+    if b <= 0x7F:
+        return 0, 0, "scalar"
+    if b <= 0x8F:
+        return b & 0x0F, 0, "container"
+    if b <= 0x9F:
+        return b & 0x0F, 0, "container"
+    return b & 0x1F, 0, "body"  # fixstr
+
+
+#: Headers from 0xc0 on: (fixed body size, length-field bytes, kind).
+_HEADERS: dict[int, tuple[int, int, str]] = {
+    0xC0: (0, 0, "scalar"),  # nil
+    0xC1: (0, 0, "bad"),
+    0xC2: (0, 0, "scalar"),
+    0xC3: (0, 0, "scalar"),
+    0xC4: (0, 1, "body"),  # bin 8/16/32
+    0xC5: (0, 2, "body"),
+    0xC6: (0, 4, "body"),
+    0xC7: (0, 1, "ext"),
+    0xC8: (0, 2, "ext"),
+    0xC9: (0, 4, "ext"),
+    0xCA: (4, 0, "body"),  # float 32/64
+    0xCB: (8, 0, "body"),
+    0xCC: (1, 0, "body"),  # uint 8..64
+    0xCD: (2, 0, "body"),
+    0xCE: (4, 0, "body"),
+    0xCF: (8, 0, "body"),
+    0xD0: (1, 0, "body"),  # int 8..64
+    0xD1: (2, 0, "body"),
+    0xD2: (4, 0, "body"),
+    0xD3: (8, 0, "body"),
+    0xD4: (0, 0, "ext"),  # fixext 1..16
+    0xD5: (0, 0, "ext"),
+    0xD6: (0, 0, "ext"),
+    0xD7: (0, 0, "ext"),
+    0xD8: (0, 0, "ext"),
+    0xD9: (0, 1, "body"),  # str 8/16/32
+    0xDA: (0, 2, "body"),
+    0xDB: (0, 4, "body"),
+    0xDC: (0, 2, "container"),  # array 16/32
+    0xDD: (0, 4, "container"),
+    0xDE: (0, 2, "container"),  # map 16/32
+    0xDF: (0, 4, "container"),
+}
+for _b in range(0xE0, 0x100):
+    _HEADERS[_b] = (0, 0, "scalar")  # negative fixint
 
 
 _packer = msgpack.Packer(use_bin_type=True)

@@ -30,7 +30,6 @@ from tenantkv.storage.ops import (
     CounterOp,
     CreateBucketOp,
     DeleteOp,
-    DropBucketOp,
     PutSystemOp,
     SetOp,
     TouchOp,
@@ -297,9 +296,9 @@ async def select_bucket(s: Session, p: dict[str, Any]) -> Any:
     """{bucket}; later data commands act on it."""
     name = str_param(p, "bucket")
     s.node.bucket(name)
-    assert s.user is not None
-    if not s.user.can_read(name):
-        raise errors.Unauthorized(f"user {s.user.name!r} has no role on bucket {name!r}")
+    user = s.current_user()
+    if not user.can_read(name):
+        raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {name!r}")
     s.select(name)
     return {"bucket": name}
 
@@ -333,19 +332,9 @@ async def create_bucket(s: Session, p: dict[str, Any]) -> Any:
 
 @command("delete_bucket", "admin", "name")
 async def delete_bucket(s: Session, p: dict[str, Any]) -> Any:
-    """true. Drops the bucket and all its data."""
+    """true. Drops the bucket, all its data and every user's role on it."""
     name = str_param(p, "name")
-    handle = s.node.bucket(name)
-    s.node.bucket_removed(handle)  # new requests see BucketNotFound at once
-    try:
-        await s.node.write(DropBucketOp(handle))
-    except BaseException:
-        handle.dropped = False  # the drop did not commit: the bucket is still there
-        s.node.bucket_added(handle)
-        raise
-    for other in list(s.node.sessions):
-        if other.bucket == name:
-            other.select(None)
+    await s.node.drop_bucket(s.node.bucket(name))
     log.info("audit: %s deleted bucket %r", s.who(), name)
     return True
 

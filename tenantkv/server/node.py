@@ -8,6 +8,7 @@ through ``TrioToken.run_sync_soon`` so every callback runs on the loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -23,9 +24,11 @@ from tenantkv import errors, metrics
 from tenantkv._version import __version__
 from tenantkv.admission.bucket_queues import BucketQueueGate
 from tenantkv.admission.cidr import CidrMatcher
+from tenantkv.admission.connection_table import ConnectionTable
 from tenantkv.admission.execution_tickets import Priority, TicketHolder
 from tenantkv.admission.pipeline import Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
+from tenantkv.admission.receive_buffers import ReceiveBuffers
 from tenantkv.admission.tenant_throttle import (
     TenantThrottle,
     TenantThrottleGate,
@@ -40,7 +43,7 @@ from tenantkv.server import auth
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
-from tenantkv.storage.ops import PutSystemOp, WriteOp
+from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
 
 if TYPE_CHECKING:
     from tenantkv.server.session import Session
@@ -68,8 +71,14 @@ class Node:
         self.base_config = config
         self.engine = engine
         self.config = self._with_saved_params(config)
-        self.started = time.time()
+        # Uptime from the monotonic clock: a wall-clock step must not make it negative.
+        self.started_monotonic = time.monotonic()
         self.users: dict[str, auth.User] = {}
+        #: bumped whenever a user or a bucket changes: sessions re-check their user
+        #: (deleted? roles?) before the next command runs, at the cost of an int compare
+        self.auth_epoch = 0
+        self.connection_table = ConnectionTable()
+        self.receive_buffers = ReceiveBuffers(config.max_receive_buffer_bytes)
         #: credential digests verified since the user last changed
         self._verified: dict[bytes, str] = {}
         #: credential digests being verified now -> (done, [succeeded: None until known])
@@ -80,6 +89,8 @@ class Node:
         self.no_sessions = trio.Event()
         self.connections_total = 0
         self.connections_rejected = 0
+        #: connections without hello closed to make room (connection table)
+        self.connections_evicted = 0
         self.bucket_stats: dict[str, BucketStats] = {}
         self.shutting_down = False
         self.host = config.host
@@ -370,6 +381,7 @@ class Node:
 
     def bucket_removed(self, handle: BucketHandle) -> None:
         handle.dropped = True
+        self.auth_epoch += 1
         self.engine.buckets.pop(handle.name, None)
         self.bucket_stats.pop(handle.name, None)
         self.latency.forget(handle.name)
@@ -377,6 +389,51 @@ class Node:
         self.gate.bucket_removed(handle.name)
         self.queues.remove_bucket(handle.name)
         self.permits.remove_bucket(handle.name)
+
+    async def drop_bucket(self, handle: BucketHandle) -> None:
+        """Delete a bucket, its data and every grant on it, in one transaction.
+
+        New requests see BucketNotFound at once; requests already admitted or
+        waiting fail when they run (the handle is dropped); sessions that had it
+        selected lose it. Revoking the roles with the drop means a bucket created
+        later under the same name is a new tenant: no old user can reach it.
+        """
+        name = handle.name
+        self.bucket_removed(handle)
+        revoked = {
+            u.name: dataclasses.replace(
+                u, roles={b: r for b, r in u.roles.items() if b != name}
+            )
+            for u in self.users.values()
+            if name in u.roles
+        }
+        puts = {b"user:" + u.name.encode(): u.to_record() for u in revoked.values()}
+        try:
+            await self.write(DropBucketOp(handle, puts))
+        except BaseException:
+            handle.dropped = False  # the drop did not commit: the bucket is still there
+            self.bucket_added(handle)
+            raise
+        self.users.update(revoked)
+        self.auth_epoch += 1
+        for s in list(self.sessions):
+            if s.bucket == name:
+                s.select(None)
+
+    async def drop_dangling_roles(self) -> None:
+        """At start: remove roles on buckets that no longer exist (left by a version
+        that kept them on bucket deletion), so a re-created bucket cannot revive them."""
+        for user in list(self.users.values()):
+            dangling = [b for b in user.roles if b not in self.engine.buckets]
+            if not dangling:
+                continue
+            fixed = dataclasses.replace(
+                user, roles={b: r for b, r in user.roles.items() if b not in dangling}
+            )
+            log.warning(
+                "user %r had roles on deleted buckets %s; removing them", user.name, dangling
+            )
+            await self.save_user(fixed, expect="present")
 
     # -- users -----------------------------------------------------------------
 
@@ -491,6 +548,7 @@ class Node:
         )
         self.users[user.name] = user
         self._forget(user.name)
+        self.auth_epoch += 1
 
     async def drop_user(self, name: str) -> None:
         await self.write(
@@ -504,6 +562,7 @@ class Node:
         )
         self.users.pop(name, None)
         self._forget(name)
+        self.auth_epoch += 1
         for s in list(self.sessions):
             if s.user is not None and s.user.name == name:
                 s.begin_shutdown()  # a deleted user's connections close
@@ -549,7 +608,7 @@ class Node:
         return {
             "version": __version__,
             "pid": os.getpid(),
-            "uptime_secs": round(time.time() - self.started, 3),
+            "uptime_secs": round(time.monotonic() - self.started_monotonic, 3),
             "listening": f"{self.host}:{self.port}",
             "shutting_down": self.shutting_down,
             "connections": {
@@ -558,6 +617,10 @@ class Node:
                 "rejected": self.connections_rejected,
                 "backpressure": sum(1 for s in self.sessions if s.backpressure),
                 "max": self.config.max_connections,
+                "max_per_address": self.config.max_connections_per_address,
+                "admin_reserved": self.config.admin_reserved_connections,
+                "table": self.connection_table.statistics().as_dict(),
+                "receive_buffers": self.receive_buffers.statistics().as_dict(),
             },
             "storage": {
                 "path": self.engine.path,

@@ -96,6 +96,8 @@ class Server:
         #: connections accepted and not yet a session (connection limiter, TLS handshake)
         self.connections_pending = 0
         self._ids = count(1)
+        #: cancel scope of each connection's task, to evict it (connection table)
+        self._scopes: dict[int, trio.CancelScope] = {}
         self._stop = trio.Event()
         self.listeners: list[trio.SocketListener] = []
         self.metrics_port: int | None = None
@@ -132,6 +134,7 @@ class Server:
         try:
             node.start()
             await node.bootstrap_admin()
+            await node.drop_dangling_roles()
             self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
             sockname = self.listeners[0].socket.getsockname()
             node.host, node.port = sockname[0], sockname[1]
@@ -215,17 +218,44 @@ class Server:
         conn: trio.abc.Stream = stream
         if self.ssl_context is not None:
             conn = trio.SSLStream(stream, self.ssl_context, server_side=True, https_compatible=True)
-        busy = len(node.sessions) + self.connections_pending >= node.config.max_connections
-        if busy or node.shutting_down:
-            await self._refuse(
-                conn,
-                errors.ShuttingDown("the server is stopping")
-                if node.shutting_down
-                else errors.TooManyConnections(
-                    f"max_connections={node.config.max_connections} reached"
-                ),
-            )
+        if node.shutting_down:
+            await self._refuse(conn, errors.ShuttingDown("the server is stopping"))
             return
+        conn_id = next(self._ids)
+        cfg = node.config
+        table = node.connection_table
+        admitted = table.admit(
+            conn_id,
+            peer.rsplit(":", 1)[0],
+            trio.current_time(),
+            max_connections=cfg.max_connections,
+            per_address=cfg.max_connections_per_address,
+        )
+        if not admitted.ok:
+            await self._refuse(conn, errors.TooManyConnections(admitted.reason))
+            return
+        if admitted.evict is not None:
+            self._evict(admitted.evict)
+        with trio.CancelScope() as scope:
+            self._scopes[conn_id] = scope
+            try:
+                await self._serve_connection(stream, conn, peer, conn_id)
+            finally:
+                del self._scopes[conn_id]
+                table.closed(conn_id)
+
+    def _evict(self, conn_id: int) -> None:
+        """Close a connection that has not said hello, to make room for a new one."""
+        scope = self._scopes.get(conn_id)
+        if scope is not None:
+            log.info("connection %d closed without hello to make room for another", conn_id)
+            self.node.connections_evicted += 1
+            scope.cancel()
+
+    async def _serve_connection(
+        self, stream: trio.SocketStream, conn: trio.abc.Stream, peer: str, conn_id: int
+    ) -> None:
+        node = self.node
         self.connections_pending += 1
         try:
             if node.config.ingress_connection_establishment_rate_limiter_enabled:
@@ -251,7 +281,7 @@ class Server:
             return
         node.connections_total += 1
         try:
-            await Session(node, conn, peer, next(self._ids)).run()
+            await Session(node, conn, peer, conn_id).run()
         except Exception:  # one connection's bug must never take the listener down
             log.exception("connection from %s failed", peer)
 

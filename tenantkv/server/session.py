@@ -81,6 +81,11 @@ class Session:
         self._reader_parked = False
         self._reading = True
         self._recv_scope: trio.CancelScope | None = None
+        self._decoder: protocol.RequestDecoder | None = None
+        #: bytes this connection's decoder holds, as last told to node.receive_buffers
+        self._held = 0
+        #: node.auth_epoch when ``user`` was last looked up (see current_user)
+        self._auth_epoch = node.auth_epoch
         self._done = False
         #: bucket-queue event subscription of a watch_events connection
         self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
@@ -189,29 +194,49 @@ class Session:
     # -- input ---------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        """Read, decode and handle requests until the peer leaves or a limit ends it.
+
+        Deadlines: ``hello_timeout_secs`` from accept for hello (fixed: a
+        byte-at-a-time sender cannot extend it), ``frame_timeout_secs`` for a frame
+        from its first byte, ``idle_timeout_secs`` between frames. Before hello a
+        frame may be :data:`protocol.MAX_HELLO_FRAME_BYTES` at most, and every read
+        first asks the node-wide receive-buffer cap for room.
+        """
         node = self.node
         cfg = node.config
-        decoder = protocol.RequestDecoder(
-            min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024)
+        decoder = self._decoder = protocol.RequestDecoder(
+            min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+            chunk_bytes=RECEIVE_BYTES,
         )
+        decoder.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
         hello_deadline = trio.current_time() + cfg.hello_timeout_secs
         idle = cfg.idle_timeout_secs or math.inf
+        frame_deadline = math.inf
+        buffers = node.receive_buffers
         try:
             while self._reading:
-                deadline = hello_deadline if self.user is None else trio.current_time() + idle
+                if self.user is None:
+                    deadline, want = hello_deadline, protocol.MAX_HELLO_FRAME_BYTES
+                else:
+                    deadline, want = trio.current_time() + idle, RECEIVE_BYTES
+                    if decoder.in_frame:
+                        deadline = frame_deadline
                 with trio.CancelScope(deadline=deadline) as scope:
                     self._recv_scope = scope
-                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                    if not (n := buffers.try_reserve(self._held, want)):
+                        n = await buffers.reserve(self._held, want)
+                    data = await self.stream.receive_some(n)
                 self._recv_scope = None
                 if scope.cancelled_caught:
                     if not self._reading:
                         break
-                    what = "hello" if self.user is None else "a request"
-                    self._reply_error(None, errors.IdleTimeout(f"no {what} within the time limit"))
+                    self._reply_error(None, self._timed_out(decoder))
                     return
                 if not data:
                     return
+                frames = decoder.frames
                 decoder.feed(data)
+                self._track_held(decoder)
                 for handled, req in enumerate(decoder, 1):
                     if not self._reading:
                         if not node.shutting_down:
@@ -236,12 +261,37 @@ class Session:
                         # A long pipelined chunk yields now and then, so one
                         # connection cannot hold the loop from the others.
                         await trio.lowlevel.checkpoint()
+                self._track_held(decoder)
+                if decoder.in_frame and (frames != decoder.frames or frame_deadline == math.inf):
+                    frame_deadline = trio.current_time() + cfg.frame_timeout_secs
+                elif not decoder.in_frame:
+                    frame_deadline = math.inf
             if node.shutting_down:
                 await self._refuse_until_quiet(decoder)
         except (errors.ProtocolError, errors.FrameTooLarge) as exc:
             log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
             # The frame is unreadable, so the error is not addressed to a msgid.
             self._reply_error(None, exc)
+        finally:
+            node.receive_buffers.update(self._held, 0)
+            self._held = 0
+
+    def _track_held(self, decoder: protocol.RequestDecoder) -> None:
+        """Tell the node-wide receive-buffer cap what this connection holds now."""
+        held = decoder.buffered
+        if held != self._held:
+            self.node.receive_buffers.update(self._held, held)
+            self._held = held
+
+    def _timed_out(self, decoder: protocol.RequestDecoder) -> errors.TenantKVError:
+        if self.user is None:
+            what = "no hello within hello_timeout_secs"
+        elif decoder.in_frame:
+            what = "a request frame did not arrive in full within frame_timeout_secs"
+        else:
+            what = "no request within idle_timeout_secs"
+        log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, what)
+        return errors.IdleTimeout(what)
 
     def _refuse_shutting_down(self, req: protocol.Request) -> None:
         exc = errors.ShuttingDown("the server is stopping; the request did not run")
@@ -335,12 +385,12 @@ class Session:
             return False
         if t0 is None:
             t0 = time.perf_counter()
-        user = self.user
-        assert user is not None
         h = holds
         try:
             check_params(cmd, params)
             b = self._data_bucket(write=kind == "write")
+            user = self.user
+            assert user is not None
             if kind == "read":
                 if (
                     h is None
@@ -460,8 +510,7 @@ class Session:
         self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
 
     async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
-        assert self.user is not None
-        if cmd.kind == "admin" and not self.user.admin:
+        if cmd.kind == "admin" and not self.current_user().admin:
             raise errors.Unauthorized(f"{cmd.name} needs an admin user")
         self._reply(msgid, await cmd.handler(self, params))
 
@@ -503,13 +552,28 @@ class Session:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
             stats.errors[exc.code_name] += 1
 
+    def current_user(self) -> auth.User:
+        """This connection's user as the registry has it now. Checked before every
+        command runs, after any wait: the requests of a user deleted meanwhile fail
+        (and the connection closes), changed roles and privileges apply at once."""
+        user = self.user
+        assert user is not None
+        node = self.node
+        if self._auth_epoch != node.auth_epoch:
+            fresh = node.users.get(user.name)
+            if fresh is None:
+                self.begin_shutdown()
+                raise errors.Unauthorized(f"user {user.name!r} was deleted")
+            self.user = user = fresh
+            self._auth_epoch = node.auth_epoch
+        return user
+
     def _data_bucket(self, *, write: bool) -> BucketHandle:
         name = self.bucket
         if name is None:
             raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
         b = self.node.bucket(name)
-        user = self.user
-        assert user is not None
+        user = self.current_user()
         if not (user.can_write(name) if write else user.can_read(name)):
             need = "readwrite" if write else "read"
             raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")
@@ -528,6 +592,15 @@ class Session:
                 if k not in HELLO_PARAMS:
                     raise errors.BadValue(f"unknown parameter {k!r} for hello")
             user = await self.node.authenticate(p.get("user"), p.get("password"), peer=self.peer_ip)
+            cfg = self.node.config
+            refused = self.node.connection_table.authenticated(
+                self.conn_id,
+                admin=user.admin,
+                max_connections=cfg.max_connections,
+                reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
+            )
+            if refused is not None:
+                raise errors.TooManyConnections(refused)
             bucket = p.get("bucket")
             if bucket is not None:
                 if not isinstance(bucket, str):
@@ -551,6 +624,9 @@ class Session:
             self._reply_error(req.msgid, exc)
             return False  # a failed hello always closes the connection
         self.user = user
+        self._auth_epoch = self.node.auth_epoch
+        if self._decoder is not None:  # authenticated: frames up to the full bound
+            self._decoder.frame_limit = self._decoder.max_frame_bytes
         self.select(bucket)
         log.debug(
             "connection %d from %s: user %r bucket %r client %r",

@@ -236,14 +236,21 @@ class CreateBucketOp(WriteOp):
 @dataclass(slots=True, eq=False)
 class DropBucketOp(WriteOp):
     """Drops the bucket's database; its expiry-index entries are left for the
-    pager, which discards entries of buckets that no longer exist."""
+    pager, which discards entries of buckets that no longer exist.
+
+    ``system_puts`` are system records rewritten in the same transaction: the
+    user records whose roles on the bucket are revoked, so a bucket re-created
+    under the same name never inherits an old grant, even across a crash."""
 
     handle: BucketHandle
+    system_puts: dict[bytes, Any] = field(default_factory=dict)
     exempt: bool = True
 
     def apply(self, w: WriteContext) -> Any:
         w.txn.drop(self.handle.db, delete=True)
         w.txn.delete(b"bucket:" + self.handle.name.encode(), db=w.engine.system)
+        for key, value in self.system_puts.items():
+            w.txn.put(key, msgpack.packb(value), db=w.engine.system)
         return True
 
 

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenantkv import config as config_mod
-from tenantkv import errors
+from tenantkv import errors, protocol
 from tenantkv.server.commands import COMMANDS
 from tests.conftest import ADMIN_PASSWORD, Daemon
 
@@ -266,9 +266,9 @@ def test_deep_nesting(fz: Daemon, healthy: Any, depth: int, kind: str) -> None:
 
 
 def test_deeply_nested_value_for_every_parameter(fz: Daemon, healthy: Any) -> None:
-    """~1000 levels: MessagePack still decodes it, Python can no longer repr it."""
+    """As deep as a frame may nest: every command answers with an error of its own."""
     nested: Any = 0
-    for _ in range(1010):
+    for _ in range(protocol.MAX_FRAME_CONTAINERS - 2):
         nested = [nested]
     for hello in (USER_HELLO, {**ADMIN_HELLO, "bucket": BUCKET}):
         requests = [
@@ -283,6 +283,19 @@ def test_deeply_nested_value_for_every_parameter(fz: Daemon, healthy: Any) -> No
         responses = check(exchange(fz, payload, hello), hello=True)
         assert len(responses) == len(requests)
         assert all(r[2] is not None for r in responses)
+    still_fine(fz, healthy)
+
+
+def test_nesting_past_the_frame_bound_closes_only_that_connection(
+    fz: Daemon, healthy: Any
+) -> None:
+    """~1000 levels used to be decoded in full; now the decoder stops at the bound."""
+    nested: Any = 0
+    for _ in range(1010):
+        nested = [nested]
+    payload = msgpack.packb([0, 1, "get", {"key": nested}])
+    responses = check(exchange(fz, payload, USER_HELLO), hello=True)
+    assert [r[2]["codeName"] for r in responses] == ["ProtocolError"]
     still_fine(fz, healthy)
 
 

@@ -114,17 +114,73 @@ def test_garbage_bytes_are_a_protocol_error() -> None:
 
 def test_oversized_frame_is_rejected_without_buffering_it() -> None:
     dec = protocol.RequestDecoder(max_frame_bytes=1024)
-    # A bin header declaring 1 MiB: the decoder waits for the body but never
-    # buffers more than its bound.
+    # A bin header declaring 1 MiB is refused from the header, before its body.
     dec.feed(msgpack.packb([0, 1, "set", {}])[:-1] + b"\x81\xa5value\xc6\x00\x10\x00\x00")
-    assert list(dec) == []
+    with pytest.raises(errors.FrameTooLarge, match="declares 1048576 bytes"):
+        list(dec)
+    # A frame that grows past the bound without declaring it (many small values).
+    dec2 = protocol.RequestDecoder(max_frame_bytes=1024)
+    dec2.feed(b"\x94\x00\x01\xa3set\xde\x03\xe8")  # params: a map of 1000 pairs
+    assert list(dec2) == []
     with pytest.raises(errors.FrameTooLarge):
         for _ in range(10):
-            dec.feed(b"\x00" * 512)
-            list(dec)
-    dec2 = protocol.RequestDecoder(max_frame_bytes=1024)
+            dec2.feed(b"\xa0\x00" * 256)
+            list(dec2)
+
+
+def test_a_4gib_bin32_header_is_refused_at_once() -> None:
+    dec = protocol.RequestDecoder()
+    dec.feed(b"\x94\x00\x01\xa3set\x81\xa5value\xc6\xff\xff\xff\xff" + b"x" * 100)
     with pytest.raises(errors.FrameTooLarge):
-        dec2.feed(b"\x00" * 2048)
+        list(dec)
+
+
+def test_a_frame_that_is_not_a_request_is_refused_from_its_first_byte() -> None:
+    dec = protocol.RequestDecoder()
+    dec.feed(b"\xdd\x00\x01\x86\xa0")  # array32 of 100,000: a frame of nested arrays
+    with pytest.raises(errors.ProtocolError, match="array"):
+        list(dec)
+
+
+def test_hello_frame_limit_applies_before_hello() -> None:
+    dec = protocol.RequestDecoder()
+    dec.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
+    dec.feed(protocol.encode_request(1, "hello", {"user": "u", "password": "x" * 8000})[:6000])
+    with pytest.raises(errors.FrameTooLarge):
+        list(dec)
+
+
+@pytest.mark.parametrize("inner", [b"\x90", b"\x80", b"\x91\x90"])
+def test_decoding_work_is_bounded_whatever_the_shape(inner: bytes) -> None:
+    """A frame of many tiny containers (64 bytes of Python objects per wire byte
+    if decoded in full) is refused after MAX_FRAME_CONTAINERS of them."""
+    n = 50_000
+    frame = b"\x94\x00\x01\xa3get" + b"\xdd" + n.to_bytes(4, "big") + inner * n
+    dec = protocol.RequestDecoder()
+    dec.feed(frame)
+    with pytest.raises(errors.ProtocolError, match="at most"):
+        list(dec)
+
+
+def test_many_scalars_count_against_the_element_bound() -> None:
+    arr = b"\xdc\xff\xff" + b"\xcd\x01\x00" * 0xFFFF  # 65,535 uint16 per array
+    frame = b"\x94\x00\x01\xa3get\x92" + arr + arr
+    dec = protocol.RequestDecoder()
+    dec.feed(frame)
+    with pytest.raises(errors.ProtocolError, match="elements"):
+        list(dec)
+
+
+def test_an_idle_decoder_holds_no_buffer() -> None:
+    wire = protocol.encode_request(1, "get", {"key": b"k"})
+    dec = protocol.RequestDecoder()
+    dec.feed(wire + wire[:3])
+    assert [r.method for r in dec] == ["get"]
+    assert dec.buffered == 3 and dec.in_frame
+    dec.feed(wire[3:])
+    assert [r.method for r in dec] == ["get"]
+    assert dec.buffered == 0 and not dec.in_frame
+    assert dec._unpacker is None and dec._last == b""
 
 
 def test_deep_nesting_is_refused_not_a_crash() -> None:
