@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from bench import (
+    attack,
     crash,
     gates,
     harness,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     overload.add_parser(sub)
     gates.add_parser(sub)
     crash.add_parser(sub)
+    attack.add_parser(sub)
     ycsb.add_parser(sub)
     return parser
 

@@ -334,4 +334,56 @@ GOALS: tuple[Goal, ...] = (
     Goal(
         "t-soak-p99", "8", "10-minute soak: p99 drift < 20 %", "soak", _soak("p99_drift_pct", 20.0)
     ),
+    Goal(
+        "t-preauth-rss",
+        "14",
+        "Pre-auth flood: server RssAnon growth ≤ 64 MiB",
+        "attack",
+        lambda r: (
+            f"{r['flood']['rss_growth_mib']} MiB",
+            r["flood"]["rss_growth_mib"] <= 64,
+        ),
+    ),
+    Goal(
+        "t-preauth-healthy",
+        "14",
+        "Pre-auth flood: a healthy client keeps ≥ 80 % of its calm rate",
+        "attack",
+        lambda r: (
+            _pct(r["flood"]["healthy_ratio"]),
+            (r["flood"]["healthy_ratio"] or 0) >= 0.8,
+        ),
+    ),
+    Goal(
+        "t-idle-conn",
+        "14",
+        "RSS per idle connection at 10,000 connections ≤ 16 KiB",
+        "attack",
+        lambda r: (
+            f"{r['idle']['unauthenticated_kib_per_connection']} KiB without hello, "
+            f"{r['idle']['authenticated_kib_per_connection']} KiB after",
+            max(
+                r["idle"]["unauthenticated_kib_per_connection"],
+                r["idle"]["authenticated_kib_per_connection"],
+            )
+            <= 16,
+        ),
+    ),
+    Goal(
+        "t-admin-login",
+        "14",
+        "Admin login while the connection table is full < 1 s",
+        "attack",
+        lambda r: (
+            f"{r['idle']['admin_login_secs_table_full']} s",
+            r["idle"]["admin_login_secs_table_full"] < 1,
+        ),
+    ),
+    Goal(
+        "t-churn",
+        "14",
+        "RSS after 100,000 connect/close cycles within 10 % of after 10,000",
+        "attack",
+        lambda r: (f"{r['churn']['growth_pct']:+} %", r["churn"]["growth_pct"] <= 10),
+    ),
 )

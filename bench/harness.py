@@ -195,6 +195,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         quick=("--minutes", "0.5", "--interval", "5"),
         issues=(8,),
     ),
+    Scenario(
+        "attack",
+        "Pre-auth flood, idle connections, churn",
+        "raw-socket attacks before hello and on the connection table while a healthy "
+        "client runs: memory, the healthy client's rate, the admin's way in",
+        ("attack",),
+        2.0,
+        0.5,
+        issues=(14,),
+    ),
 )
 
 BY_NAME = {s.name: s for s in SCENARIOS}

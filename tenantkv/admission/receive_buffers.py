@@ -69,6 +69,4 @@ class ReceiveBuffers:
             self._lot.unpark_all()
 
     def statistics(self) -> ReceiveBufferStatistics:
-        return ReceiveBufferStatistics(
-            self.capacity, self.buffered, len(self._lot), self._waits
-        )
+        return ReceiveBufferStatistics(self.capacity, self.buffered, len(self._lot), self._waits)
