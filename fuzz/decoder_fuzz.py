@@ -45,6 +45,20 @@ FRAME_BOUND = 4096
 MAX_SAVED_PER_FAILURE = 5
 
 
+def _containers(obj: object) -> int:
+    """Arrays and maps in a decoded value (iteratively: it may nest deeply)."""
+    n, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, list):
+            n += 1
+            stack.extend(o)
+        elif isinstance(o, dict):
+            n += 1
+            stack.extend(o.values())
+    return n
+
+
 def check_one(data: bytes) -> None:
     """The target: raises AssertionError (or anything unexpected) on a bug."""
     if not data:
@@ -54,18 +68,22 @@ def check_one(data: bytes) -> None:
     body = data[1:]
     chunks = [body[i : i + step] for i in range(0, len(body), step)] or [b""]
 
+    # The second byte picks the server's state: before hello (the small bound) or after.
     dec = protocol.RequestDecoder(FRAME_BOUND)
-    fed = 0
+    if data[0] & 0x80:
+        dec.frame_limit = protocol.MAX_HELLO_FRAME_BYTES // 4
     try:
         for chunk in chunks:
             dec.feed(chunk)
-            fed += len(chunk)
             for req in dec:
                 assert isinstance(req, protocol.Request)
                 assert type(req.msgid) is int and 0 <= req.msgid < 2**32
                 assert type(req.method) is str and type(req.params) is dict
-            unconsumed = fed - dec._unpacker.tell()  # bytes of an incomplete frame
-            assert 0 <= unconsumed <= FRAME_BOUND, unconsumed
+                assert _containers(req.params) < protocol.MAX_FRAME_CONTAINERS
+            # bytes of an incomplete frame: never more than the bound in force
+            assert 0 <= dec.buffered <= dec.frame_limit, dec.buffered
+            if not dec.buffered:
+                assert dec._unpacker is None  # idle: no parse stack held
     except (errors.ProtocolError, errors.FrameTooLarge):
         pass
 
