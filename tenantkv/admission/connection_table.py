@@ -112,6 +112,7 @@ class ConnectionTable:
             others = len(self._addr) - len(self._unauthenticated) - len(self._admins)
             if others >= max_connections - reserved_for_admins:
                 self._refused_reserved += 1
+                self.closed(conn_id)  # its slot is free before the refusal is sent
                 return (
                     f"max_connections={max_connections} reached for users who are not admins "
                     f"(admin_reserved_connections={reserved_for_admins})"

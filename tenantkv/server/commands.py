@@ -12,6 +12,7 @@ for ``ttl``) loses data later.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -362,6 +363,39 @@ async def create_user(s: Session, p: dict[str, Any]) -> Any:
     )
     await s.node.save_user(user, expect="absent")
     log.info("audit: %s created user %s", s.who(), user.public())
+    return user.public()
+
+
+@command("update_user", "admin", "name", "password", "roles", "admin", "unthrottled")
+async def update_user(s: Session, p: dict[str, Any]) -> Any:
+    """{name, admin, unthrottled, roles}: the user after the change. Only what is
+    given changes; ``roles`` replaces every role. Applies at once, on open
+    connections too: their requests that have not run yet are checked again."""
+    name = str_param(p, "name")
+    old = s.node.users.get(name)
+    if old is None:
+        raise errors.UserNotFound(f"user {name!r} does not exist")
+    changes: dict[str, Any] = {}
+    if p.get("roles") is not None:
+        roles = auth.validate_roles(p["roles"])
+        for bucket in roles:
+            s.node.bucket(bucket)
+        changes["roles"] = roles
+    for flag in ("admin", "unthrottled"):
+        if p.get(flag) is not None:
+            changes[flag] = bool_param(p, flag)
+    if p.get("password") is not None:
+        password = auth.validate_password(p["password"])
+        fresh = await trio.to_thread.run_sync(lambda: auth.new_user(name, password))
+        changes["salt"], changes["hash"] = fresh.salt, fresh.hash
+    if not changes:
+        raise errors.BadValue("give at least one of password, roles, admin, unthrottled")
+    if name == s.current_user().name and changes.get("admin") is False:
+        raise errors.BadValue("an admin cannot take away its own admin privilege")
+    user = dataclasses.replace(old, **changes)
+    await s.node.save_user(user, expect="present")
+    what = sorted(changes.keys() - {"salt", "hash"}) + (["password"] if "hash" in changes else [])
+    log.info("audit: %s updated user %r (%s): %s", s.who(), name, ", ".join(what), user.public())
     return user.public()
 
 

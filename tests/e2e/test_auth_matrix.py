@@ -175,6 +175,7 @@ class Args:
             "list_buckets": dict,
             "create_user": lambda: {"name": f"mx-newu-{next(self.n)}", "password": "pw"},
             "delete_user": lambda: {"name": self._throwaway_user()},
+            "update_user": lambda: {"name": self._throwaway_user(), "unthrottled": False},
             "list_users": dict,
             "server_status": dict,
             "SetNodeThrottleProperties": lambda: {"json": "{}"},

@@ -143,6 +143,35 @@ def test_write_parked_when_its_user_is_deleted_is_not_acknowledged(sec: Daemon) 
         admin.delete_bucket("parked")
 
 
+def test_a_privilege_change_applies_to_open_connections_at_once(sec: Daemon) -> None:
+    with sec.client() as admin:
+        admin.create_bucket("priv")
+        admin.create_user("shifty", "pw", roles={"priv": "readwrite"})
+        with sec.client(user="shifty", password="pw", bucket="priv") as c:
+            c.set("k", b"v")
+            got = admin.command("update_user", name="shifty", roles={"priv": "read"})
+            assert got["roles"] == {"priv": "read"}
+            with pytest.raises(errors.Unauthorized, match="readwrite"):
+                c.set("k", b"w")
+            assert c.get("k") == b"v"
+            admin.command("update_user", name="shifty", roles={})
+            with pytest.raises(errors.Unauthorized):
+                c.get("k")
+        with pytest.raises(errors.BadValue, match="at least one"):
+            admin.command("update_user", name="shifty")
+        with pytest.raises(errors.UserNotFound):
+            admin.command("update_user", name="nobody", admin=True)
+        with pytest.raises(errors.BadValue, match="its own admin"):
+            admin.command("update_user", name="admin", admin=False)
+        admin.command("update_user", name="shifty", password="new-pw", roles={"priv": "read"})
+        with pytest.raises(errors.AuthenticationFailed):
+            sec.client(user="shifty", password="pw", bucket="priv")
+        with sec.client(user="shifty", password="new-pw", bucket="priv") as c:
+            assert c.get("k") == b"v"
+        admin.delete_user("shifty")
+        admin.delete_bucket("priv")
+
+
 # -- 2. nothing big before hello ------------------------------------------------------------
 
 
