@@ -175,17 +175,33 @@ def test_a_privilege_change_applies_to_open_connections_at_once(sec: Daemon) -> 
 # -- 2. nothing big before hello ------------------------------------------------------------
 
 
-def test_nested_frame_before_hello_is_refused_from_its_first_bytes(sec: Daemon) -> None:
+#: 20 MiB of nested empty arrays: 100,000 arrays of 200 empty arrays each, 20 million
+#: Python lists (~1.5 GB) if decoded in full.
+NESTED = b"\xdd" + (100_000).to_bytes(4, "big") + (b"\xdc\x00\xc8" + b"\x90" * 200) * 100_000
+
+
+@pytest.mark.parametrize(
+    "when, frame",
+    [
+        ("before hello, as the frame", NESTED),
+        ("before hello, in hello", b"\x94\x00\x00\xa5hello" + NESTED),
+        ("after hello, as a parameter", b"\x94\x00\x01\xa3get\x81\xa3key" + NESTED),
+    ],
+)
+def test_a_frame_of_nested_arrays_is_refused_without_decoding_it(
+    sec: Daemon, when: str, frame: bytes
+) -> None:
     pid = sec.proc.pid  # type: ignore[union-attr]
     before = rss_anon_mb(pid)
-    n = 20 * 1024 * 1024
-    frame = b"\xdd" + (100_000).to_bytes(4, "big") + b"\x90" * n  # 20 MiB of nested arrays
     with connect(sec) as s:
+        if when.startswith("after"):
+            s.sendall(hello())
+            assert read_response(s)[2] is None  # type: ignore[index]
         start = time.monotonic()
         with contextlib.suppress(OSError):
             s.sendall(frame)  # the server closes long before it has read all this
         responses = closed_by_server(s)
-        assert [r[2]["codeName"] for r in responses] == ["ProtocolError"]
+        assert [r[2]["codeName"] for r in responses][-1:] in (["ProtocolError"], ["FrameTooLarge"])
         assert time.monotonic() - start < 5
     assert rss_anon_mb(pid) - before < 64
 
@@ -293,3 +309,21 @@ def test_slow_sender_after_hello_hits_the_frame_deadline(sec: Daemon) -> None:
                 assert time.monotonic() - start < 3
         finally:
             admin.command("set_parameter", name="frame_timeout_secs", value=None)
+
+
+def test_a_byte_at_a_time_hello_cannot_extend_the_hello_deadline(sec: Daemon) -> None:
+    with sec.client() as admin:
+        admin.command("set_parameter", name="hello_timeout_secs", value=0.5)
+        try:
+            with connect(sec) as s:
+                start = time.monotonic()
+                for byte in hello():
+                    if select.select([s], [], [], 0.1)[0]:
+                        break
+                    s.sendall(bytes([byte]))
+                responses = closed_by_server(s)
+                assert [r[2]["codeName"] for r in responses] == ["IdleTimeout"]
+                assert "hello_timeout_secs" in responses[0][2]["errmsg"]
+                assert time.monotonic() - start < 3
+        finally:
+            admin.command("set_parameter", name="hello_timeout_secs", value=None)
