@@ -72,14 +72,15 @@ class _ShapeExceeded(Exception):
 #: Largest frame accepted before ``hello``: its credentials and client info fit
 #: many times over, and an unauthenticated client can make the server hold no more.
 MAX_HELLO_FRAME_BYTES = 4096
-#: Most arrays and maps in one request frame (nesting included). A request is an
-#: array holding a params map with at most a list (mget keys) or map (roles) in it.
-MAX_FRAME_CONTAINERS = 64
-#: Most elements (array items plus map pairs) in one request frame: one maximal
-#: container and change. With MAX_FRAME_CONTAINERS this bounds the Python objects
-#: one frame decodes to, whatever its shape (``[[], [], ...]`` costs 64 bytes of
-#: memory per byte on the wire if unbounded).
-MAX_FRAME_ELEMENTS = MAX_CONTAINER_LEN + 1024
+#: What decoding one request frame may build, whatever its shape: each element
+#: (array item or map pair) costs 1 and each array or map CONTAINER_COST more.
+#: Unbounded, ``[[], [], ...]`` turns each wire byte into ~64 bytes of Python
+#: objects; a real request is an array holding a params map with at most one big
+#: list (mget keys) or map (roles) in it, well inside the budget.
+FRAME_DECODE_BUDGET = 2 * MAX_CONTAINER_LEN
+CONTAINER_COST = 1024
+#: So at most this many arrays and maps in one frame (nesting included).
+MAX_FRAME_CONTAINERS = FRAME_DECODE_BUDGET // (CONTAINER_COST + 1)
 #: How many leading bytes of a frame :func:`check_frame_head` looks at.
 FRAME_HEAD_BYTES = 256
 
@@ -97,8 +98,9 @@ class RequestDecoder:
       header announcing 4 GiB is refused before its body is buffered;
     * a frame may not exceed :attr:`frame_limit` bytes (lowered to
       :data:`MAX_HELLO_FRAME_BYTES` until ``hello`` succeeds);
-    * decoding a frame builds at most :data:`MAX_FRAME_CONTAINERS` containers and
-      :data:`MAX_FRAME_ELEMENTS` elements, checked by the unpacker's hooks as it goes;
+    * decoding a frame builds at most :data:`FRAME_DECODE_BUDGET` elements and
+      :data:`MAX_FRAME_CONTAINERS` containers, checked by the unpacker's hooks as
+      it goes;
     * when everything received has been decoded the unpacker (~40 KiB, mostly its
       parse stack) is dropped, so an idle connection holds no decoder memory.
 
@@ -119,10 +121,9 @@ class RequestDecoder:
         self._fed = 0  # bytes fed to the current unpacker
         self._frame_start = 0  # its offset where the frame being decoded starts
         self._last = b""  # the last chunk fed, until it has been decoded
-        self._head = b""  # the first bytes of a partial frame, until its head is checked
-        self._head_checked = False
-        self._containers = 0
-        self._elements = 0
+        self._head = b""  # the first bytes of a partial frame, until its head is decided
+        self._head_decided = -1  # the frame (count) whose head was decided
+        self._budget = FRAME_DECODE_BUDGET  # what the frame being decoded may still build
         #: requests decoded so far
         self.frames = 0
 
@@ -141,7 +142,7 @@ class RequestDecoder:
         u = self._unpacker
         if u is None:
             u = self._unpacker = _unpacker(
-                self._buffer_bytes, list_hook=self._on_list, object_hook=self._on_map
+                self._buffer_bytes, list_hook=self._count, object_hook=self._count
             )
             self._fed = self._frame_start = 0
         if self._fed - self._frame_start + len(data) > self._buffer_bytes:
@@ -156,21 +157,15 @@ class RequestDecoder:
     def _decide_head(self) -> None:
         if check_frame_head(self._head, self.frame_limit) or len(self._head) >= FRAME_HEAD_BYTES:
             self._head = b""
-            self._head_checked = True
+            self._head_decided = self.frames
 
-    def _on_list(self, value: list[Any]) -> list[Any]:
-        self._count(len(value))
-        return value
-
-    def _on_map(self, value: dict[str, Any]) -> dict[str, Any]:
-        self._count(len(value))
-        return value
-
-    def _count(self, n: int) -> None:
-        self._containers += 1
-        self._elements += n
-        if self._containers > MAX_FRAME_CONTAINERS or self._elements > MAX_FRAME_ELEMENTS:
+    def _count(self, value: Any) -> Any:
+        """The unpacker's hook for every array and map it completes (hot: one
+        subtraction per container)."""
+        self._budget -= CONTAINER_COST + len(value)
+        if self._budget < 0:
             raise _ShapeExceeded
+        return value
 
     def __iter__(self) -> Iterator[Request]:
         u = self._unpacker
@@ -184,8 +179,8 @@ class RequestDecoder:
                 return
             except _ShapeExceeded:
                 raise errors.ProtocolError(
-                    f"a request frame may hold at most {MAX_FRAME_CONTAINERS} arrays and maps "
-                    f"and {MAX_FRAME_ELEMENTS} elements"
+                    f"a request frame decodes to too much: at most {FRAME_DECODE_BUDGET} "
+                    f"elements, each array or map counting {CONTAINER_COST} more"
                 ) from None
             except msgpack.BufferFull:
                 raise errors.FrameTooLarge(
@@ -200,9 +195,7 @@ class RequestDecoder:
                 raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
             self._frame_start = end
             self.frames += 1
-            self._containers = self._elements = 0
-            self._head_checked = False
-            self._head = b""
+            self._budget = FRAME_DECODE_BUDGET
             yield self._validate(obj)
 
     def _frame_done_or_pending(self) -> None:
@@ -210,10 +203,9 @@ class RequestDecoder:
         last, self._last = self._last, b""  # hold no received chunk while idle
         if pending == 0:
             self._unpacker = None  # idle: hold no parse stack either
-            self._head_checked = False
         elif pending > self.frame_limit:
             raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
-        elif not self._head_checked and not self._head:
+        elif self._head_decided != self.frames and not self._head:
             # A frame began in the last chunk: check its head before buffering more.
             start = len(last) - pending
             self._head = last[start : start + FRAME_HEAD_BYTES] if start >= 0 else b""

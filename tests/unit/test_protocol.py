@@ -154,21 +154,30 @@ def test_hello_frame_limit_applies_before_hello() -> None:
 def test_decoding_work_is_bounded_whatever_the_shape(inner: bytes) -> None:
     """A frame of many tiny containers (64 bytes of Python objects per wire byte
     if decoded in full) is refused after MAX_FRAME_CONTAINERS of them."""
+    assert 100 < protocol.MAX_FRAME_CONTAINERS < 1000
     n = 50_000
     frame = b"\x94\x00\x01\xa3get" + b"\xdd" + n.to_bytes(4, "big") + inner * n
     dec = protocol.RequestDecoder()
     dec.feed(frame)
-    with pytest.raises(errors.ProtocolError, match="at most"):
+    with pytest.raises(errors.ProtocolError, match="decodes to too much"):
         list(dec)
 
 
 def test_many_scalars_count_against_the_element_bound() -> None:
     arr = b"\xdc\xff\xff" + b"\xcd\x01\x00" * 0xFFFF  # 65,535 uint16 per array
-    frame = b"\x94\x00\x01\xa3get\x92" + arr + arr
+    frame = b"\x94\x00\x01\xa3get\x94" + arr * 4
     dec = protocol.RequestDecoder()
     dec.feed(frame)
-    with pytest.raises(errors.ProtocolError, match="elements"):
+    with pytest.raises(errors.ProtocolError, match="decodes to too much"):
         list(dec)
+
+
+def test_a_maximal_mget_fits_the_decode_budget() -> None:
+    keys = [b"k%d" % i for i in range(protocol.MAX_CONTAINER_LEN)]
+    dec = protocol.RequestDecoder()
+    dec.feed(protocol.encode_request(1, "mget", {"keys": keys}))
+    (req,) = list(dec)
+    assert len(req.params["keys"]) == protocol.MAX_CONTAINER_LEN
 
 
 def test_an_idle_decoder_holds_no_buffer() -> None:
