@@ -264,6 +264,7 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
     ).start()
     try:
         secret = "New-User-Pw-9931"
+        secret2 = "Changed-User-Pw-4417"
         done: set[str] = set()
         with d.client() as c:
             c.create_bucket("aud")
@@ -274,6 +275,8 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
                 d.client(user="auditee", password="Wrong-Guess-123", bucket="aud").ping()
             with d.client(user="auditee", password=secret, bucket="aud") as u:
                 u.ping()
+            c.command("update_user", name="auditee", roles={"aud": "readwrite"}, password=secret2)
+            done.add("update_user")
             c.set_node_throttle({"capacity": 50000})
             done.add("SetNodeThrottleProperties")
             c.set_bucket_throttle("aud", {"reserved": 10})
@@ -296,7 +299,7 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
     assert changing == done, f"audit (and test) these admin commands: {changing - done}"
 
     text = d.log()
-    for word in (secret, "Wrong-Guess-123", ADMIN_PASSWORD):
+    for word in (secret, secret2, "Wrong-Guess-123", ADMIN_PASSWORD):
         assert word not in text
     records = [json.loads(line) for line in text.splitlines()]  # every line is JSON
     assert {"time", "level", "logger", "message"} <= set(records[0])
@@ -312,6 +315,7 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
         "set_bucket_queue": "set_bucket_queue {'bucket': 'aud'",
         "configure_fail_point": "configure_fail_point",
         "backup": "backup to ",
+        "update_user": "updated user 'auditee' (roles, password)",
         "delete_user": "deleted user 'auditee'",
         "delete_bucket": "deleted bucket 'aud'",
     }
