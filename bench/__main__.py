@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from bench import (
     attack,
+    cpu,
     crash,
     gates,
     harness,
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     gates.add_parser(sub)
     crash.add_parser(sub)
     attack.add_parser(sub)
+    cpu.add_parser(sub)
     ycsb.add_parser(sub)
     return parser
 

@@ -65,6 +65,37 @@ def _checks(
 # -- measures -----------------------------------------------------------------------
 
 
+def _cpu_cells(result: Result, op: str, shapes: tuple[tuple[int, int], ...]) -> list[Any]:
+    return [
+        c for c in result.get("cells", []) if c["op"] == op and (c["conns"], c["depth"]) in shapes
+    ]
+
+
+def _cpu_ratio(
+    op: str, shapes: tuple[tuple[int, int], ...], limit: float
+) -> Callable[[Result], Verdict]:
+    def measure(result: Result) -> Verdict:
+        cells = [c for c in _cpu_cells(result, op, shapes) if c.get("cpu_over_floor")]
+        if not cells:
+            return "not measured", None
+        text = ", ".join(
+            f"{c['conns']}x{c['depth']} {c['size']} B: {c['cpu_over_floor']:.2f}x" for c in cells
+        )
+        return text, all(c["cpu_over_floor"] <= limit for c in cells)
+
+    return measure
+
+
+def _cpu_commit(result: Result) -> Verdict:
+    cells = [
+        c for c in _cpu_cells(result, "set", ((16, 64),)) if c["tenantkv"].get("writes_per_commit")
+    ]
+    if not cells:
+        return "not measured", None
+    text = ", ".join(f"{c['size']} B: {c['tenantkv']['writes_per_commit']:.0f}" for c in cells)
+    return text, all(c["tenantkv"]["writes_per_commit"] >= 500 for c in cells)
+
+
 def redis_ratios(op: str, threshold: float, pipelined_only: bool) -> Callable[[Result], Verdict]:
     def measure(result: Result) -> Verdict:
         rows = [
@@ -333,6 +364,34 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal(
         "t-soak-p99", "8", "10-minute soak: p99 drift < 20 %", "soak", _soak("p99_drift_pct", 20.0)
+    ),
+    Goal(
+        "t-cpu-get-pipelined",
+        "17",
+        "GET 16x64 and 1x64: tenantkv server CPU ≤ 1.5x the floor's",
+        "cpu",
+        _cpu_ratio("get", ((16, 64), (1, 64)), 1.5),
+    ),
+    Goal(
+        "t-cpu-get-single",
+        "17",
+        "GET 1x1 and 16x1: tenantkv server CPU ≤ 1.3x the floor's",
+        "cpu",
+        _cpu_ratio("get", ((1, 1), (16, 1)), 1.3),
+    ),
+    Goal(
+        "t-cpu-set",
+        "17",
+        "Durable SET 16x64: ≤ 2x the floor's µs/op",
+        "cpu",
+        _cpu_ratio("set", ((16, 64),), 2.0),
+    ),
+    Goal(
+        "t-cpu-set-commit",
+        "17",
+        "Durable SET 16x64: ≥ 500 writes per commit",
+        "cpu",
+        lambda r: _cpu_commit(r),
     ),
     Goal(
         "t-preauth-rss",

@@ -196,6 +196,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         issues=(8,),
     ),
     Scenario(
+        "cpu",
+        "Server CPU per operation: tenantkv, the floor, redis-server",
+        "GET and durable SET, 1x1, 16x1, 1x64, 16x64, 64 B and 4 KiB, median of 3 rounds; "
+        "the floor is our stack with no gates (bench/floor.py)",
+        ("cpu",),
+        5.0,
+        0.3,
+        redis=False,
+        issues=(17,),
+    ),
+    Scenario(
         "attack",
         "Pre-auth flood, idle connections, churn",
         "raw-socket attacks before hello and on the connection table while a healthy "

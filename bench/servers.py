@@ -173,6 +173,15 @@ def tenantkv_server(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def floor_server(cpus: set[int] | None = None) -> Iterator[ServerHandle]:
+    """Run the floor (bench/floor.py: our stack with no gates) like a tenantkv daemon."""
+    with tenantkv_server(cpus=cpus, launcher=[sys.executable, "-m", "bench.floor"]) as h:
+        h.kind, h.user, h.password = "floor", None, None
+        h.settings = {"durability": "fsync (group commit, like tenantkv)"}
+        yield h
+
+
 def prepare_tenantkv(server: ServerHandle, bucket: str, *, dedicated_user: bool) -> tuple[str, str]:
     """Create ``bucket`` (if absent) and return the credentials the load should use.
 
