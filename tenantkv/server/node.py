@@ -573,6 +573,13 @@ class Node:
     async def bootstrap_admin(self) -> None:
         """First start: create ``admin`` (password from the environment or generated)."""
         if self.users:
+            if os.environ.get(ADMIN_PASSWORD_ENV):
+                log.warning(
+                    "%s is set but ignored: the data directory already has users (it only "
+                    "sets the admin password on the first start; change a password with "
+                    "tenantkv-admin user-update)",
+                    ADMIN_PASSWORD_ENV,
+                )
             return
         password = os.environ.get(ADMIN_PASSWORD_ENV)
         if password:

@@ -103,7 +103,10 @@ def test_revoked_roles_stay_revoked_across_a_restart(tmp_path: Path) -> None:
             admin.create_user("u", "pw", roles={"b": "read"})
             admin.delete_bucket("b")
         d.stop()
+        assert "is set but ignored" not in d.log()
         d.start()
+        # The environment's admin password only applies on the first start: say so.
+        assert "TENANTKV_ADMIN_PASSWORD is set but ignored" in d.log()
         with d.client() as admin:
             admin.create_bucket("b")
             (row,) = [u for u in admin.list_users() if u["name"] == "u"]
