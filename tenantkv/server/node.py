@@ -91,6 +91,8 @@ class Node:
         self.connections_rejected = 0
         #: connections without hello closed to make room (connection table)
         self.connections_evicted = 0
+        #: clients that closed while queued in the connection-establishment limiter
+        self.connections_left_in_queue = 0
         self.bucket_stats: dict[str, BucketStats] = {}
         self.shutting_down = False
         self.host = config.host
@@ -649,6 +651,7 @@ class Node:
                 "connection_establishment": {
                     "enabled": self.config.ingress_connection_establishment_rate_limiter_enabled,
                     **self.connection_limiter.statistics().as_dict(),
+                    "interrupted_due_to_client_disconnect": self.connections_left_in_queue,
                 },
                 "admission": self.ingress_tickets.statistics().as_dict(),
             },

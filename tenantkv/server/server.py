@@ -262,9 +262,10 @@ class Server:
                 # Before the first read: a connection storm queues here (bounded),
                 # and what does not fit is refused, so established clients go on.
                 try:
-                    await node.connection_limiter.acquire(
-                        exempt=node.connection_bypass.matches(peer.rsplit(":", 1)[0])
-                    )
+                    if not await self._establishment_admitted(stream, peer):
+                        with trio.CancelScope(shield=True), trio.move_on_after(1):
+                            await stream.aclose()
+                        return
                 except errors.TenantKVError as refused:
                     await self._refuse(conn, refused)
                     return
@@ -284,6 +285,32 @@ class Server:
             await Session(node, conn, peer, conn_id).run()
         except Exception:  # one connection's bug must never take the listener down
             log.exception("connection from %s failed", peer)
+
+    async def _establishment_admitted(self, stream: trio.SocketStream, peer: str) -> bool:
+        """Wait in the connection-establishment limiter's queue; False when the client
+        left meanwhile (MongoDB's ``interruptedDueToClientDisconnect``): a dead
+        connection must not keep its place in the queue and then take a token."""
+        node = self.node
+        exempt = node.connection_bypass.matches(peer.rsplit(":", 1)[0])
+        left = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal left
+                await trio.lowlevel.wait_readable(stream.socket)
+                with contextlib.suppress(OSError):
+                    if await stream.socket.recv(1, socket.MSG_PEEK) != b"":
+                        return  # it sent its hello early: keep waiting for a token
+                left = True
+                nursery.cancel_scope.cancel()  # gives the queued token back
+
+            nursery.start_soon(watch)
+            await node.connection_limiter.acquire(exempt=exempt)
+            nursery.cancel_scope.cancel()
+        if left:
+            node.connections_left_in_queue += 1
+            log.info("connection from %s: left while queued for establishment", peer)
+        return not left
 
     async def _refuse(self, conn: trio.abc.Stream, exc: errors.TenantKVError) -> None:
         """Send a connection-level error (msgid nil) and close; at most a second."""

@@ -330,3 +330,33 @@ def test_a_byte_at_a_time_hello_cannot_extend_the_hello_deadline(sec: Daemon) ->
                 assert time.monotonic() - start < 3
         finally:
             admin.command("set_parameter", name="hello_timeout_secs", value=None)
+
+
+def test_a_client_that_leaves_the_establishment_queue_gives_its_place_back(sec: Daemon) -> None:
+    settings = {
+        "ingress_connection_establishment_rate_limiter_enabled": True,
+        "ingress_connection_establishment_rate_per_sec": 0.2,
+        "ingress_connection_establishment_burst_capacity_secs": 5.0,
+        "ingress_connection_establishment_max_queue_depth": 10,
+    }
+    with sec.client() as admin:
+        for name, value in settings.items():
+            admin.command("set_parameter", name=name, value=value)
+        try:
+            first = connect(sec)  # takes the one token the burst holds
+            queued = [connect(sec) for _ in range(3)]
+            deadline = time.monotonic() + TIMEOUT
+            status = lambda: admin.server_status()["ingress"]["connection_establishment"]  # noqa: E731
+            while status()["queued"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for s in queued:
+                s.close()
+            while status()["interrupted_due_to_client_disconnect"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert status()["queued"] == 0
+            first.close()
+        finally:
+            for name in settings:
+                admin.command("set_parameter", name=name, value=None)
