@@ -1,0 +1,301 @@
+"""The Redis protocol (RESP2 and RESP3) for tenantkv's second front door — bytes in,
+commands out, replies in, bytes out; no I/O.
+
+Clients send a command as an array of bulk strings (``*2\\r\\n$3\\r\\nGET\\r\\n$1\\r\\nk\\r\\n``)
+or, typed by hand (redis-cli, telnet), as an inline line (``GET k\\r\\n``). The
+decoder is bounded like :class:`tenantkv.protocol.RequestDecoder`, as the
+bytes arrive: a declared bulk length above ``max_bulk_bytes``, an argument
+count above :data:`MAX_ARGS`, an inline line longer than
+:data:`MAX_INLINE_BYTES`, a nested array or a frame above ``max_frame_bytes`` is
+a :class:`~tenantkv.errors.ProtocolError` (or FrameTooLarge) before the bytes
+are buffered, and the connection closes after the error reply, as Redis does.
+Arguments are bytes; the command name is compared case-insensitively by the
+caller.
+
+Replies are built by :class:`Encoder` for the connection's protocol version:
+RESP3 types (null, map, double, boolean) fall back to their RESP2 forms on a
+version-2 connection, exactly as Redis does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from tenantkv import errors
+
+#: Most arguments in one command (Redis allows 1024 * 1024; 100,000 keys of MSET is plenty).
+MAX_ARGS = 100_000
+#: Longest inline command line (Redis's PROTO_INLINE_MAX_SIZE).
+MAX_INLINE_BYTES = 64 * 1024
+#: Longest line of a multibulk header (``*N`` or ``$N``).
+_MAX_HEADER = 32
+#: Each argument counts this many bytes against the frame bound on top of its own
+#: (a Python bytes object costs ~33 bytes: a frame of empty arguments cannot grow
+#: many times its size in memory).
+ARG_OVERHEAD = 16
+_CRLF = b"\r\n"
+
+
+class RequestDecoder:
+    """Server side: feed received bytes, iterate complete commands (lists of bytes).
+
+    ``frame_limit`` bounds one command's bytes (lowered until the client
+    authenticates, as the MessagePack door does before ``hello``).
+    """
+
+    def __init__(self, max_bulk_bytes: int, max_frame_bytes: int) -> None:
+        self.max_bulk_bytes = max_bulk_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self.frame_limit = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0  # where the command being decoded starts in _buf
+        # A multibulk command being decoded, resumed where the last chunk ended (so
+        # a 20 MiB MSET arriving in many chunks is parsed once, not once per chunk):
+        self._args: list[bytes] = []
+        self._left = 0  # arguments still to come
+        self._cursor = 0  # where the next argument's header starts in _buf
+        self._cost = 0  # bytes counted against frame_limit so far
+        #: commands decoded so far
+        self.frames = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded into commands."""
+        return len(self._buf) - self._pos
+
+    @property
+    def in_frame(self) -> bool:
+        return len(self._buf) > self._pos
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._cursor -= self._pos
+            self._pos = 0
+        self._buf += data
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        while self._pos < len(self._buf):
+            got = self._parse(self._pos)
+            if got is None:
+                if len(self._buf) - self._pos > self.frame_limit + _MAX_HEADER:
+                    raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+                return
+            args, end = got
+            if end - self._pos > self.frame_limit:
+                raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+            self._pos = self._cursor = end
+            self.frames += 1
+            if args:  # an empty inline line is skipped, as Redis does
+                yield args
+        self._buf = bytearray()  # idle: hold no buffer
+        self._pos = self._cursor = 0
+
+    def _parse(self, pos: int) -> tuple[list[bytes], int] | None:
+        """One command from ``pos``: (arguments, end) or None if incomplete."""
+        buf = self._buf
+        if self._cursor <= pos:  # a new command
+            if buf[pos] != 0x2A:  # '*'
+                return self._inline(pos)
+            got = self._header(pos, "*")
+            if got is None:
+                return None
+            n, self._cursor = got
+            if n > MAX_ARGS:
+                raise errors.ProtocolError(f"invalid multibulk length (more than {MAX_ARGS})")
+            self._args, self._left, self._cost = [], max(n, 0), 0
+        cur = self._cursor
+        while self._left:
+            if cur >= len(buf):
+                return None
+            if buf[cur] != 0x24:  # '$'
+                raise errors.ProtocolError(f"expected '$', got {chr(buf[cur])!r}")
+            got = self._header(cur, "$")
+            if got is None:
+                return None
+            size, start = got
+            if size < 0 or size > self.max_bulk_bytes:
+                raise errors.ProtocolError("invalid bulk length")
+            if self._cost + size + ARG_OVERHEAD > self.frame_limit:
+                raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+            end = start + size
+            if end + 2 > len(buf):
+                return None  # the header is read again next time: cheap
+            if buf[end : end + 2] != _CRLF:
+                raise errors.ProtocolError("a bulk string must end with CRLF")
+            self._args.append(bytes(buf[start:end]))
+            self._cost += size + ARG_OVERHEAD
+            self._left -= 1
+            cur = self._cursor = end + 2
+        args, self._args = self._args, []
+        return args, cur
+
+    def _header(self, pos: int, kind: str) -> tuple[int, int] | None:
+        """``*N\\r\\n`` / ``$N\\r\\n`` at ``pos``: (N, position after it) or None."""
+        buf = self._buf
+        what = "multibulk" if kind == "*" else "bulk"
+        eol = buf.find(_CRLF, pos + 1, pos + _MAX_HEADER)
+        if eol < 0:
+            if len(buf) - pos >= _MAX_HEADER:
+                raise errors.ProtocolError(
+                    f"invalid {'multibulk' if kind == '*' else 'bulk'} length"
+                )
+            return None
+        text = bytes(buf[pos + 1 : eol])
+        if not text or not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):
+            raise errors.ProtocolError(f"invalid {what} length")
+        return int(text), eol + 2
+
+    def _inline(self, pos: int) -> tuple[list[bytes], int] | None:
+        buf = self._buf
+        eol = buf.find(b"\n", pos, pos + MAX_INLINE_BYTES + 2)
+        if eol < 0:
+            if len(buf) - pos > MAX_INLINE_BYTES:
+                raise errors.ProtocolError("too big inline request")
+            return None
+        line = bytes(buf[pos:eol]).rstrip(b"\r")
+        return split_inline(line), eol + 1
+
+
+def split_inline(line: bytes) -> list[bytes]:
+    """Split an inline command line like redis-cli: spaces separate arguments, double
+    quotes group them (with ``\\n``, ``\\r``, ``\\t``, ``\\\\``, ``\\"`` and ``\\xHH``
+    escapes), single quotes group them literally."""
+    args: list[bytes] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in b" \t":
+            i += 1
+        if i >= n:
+            return args
+        cur = bytearray()
+        quote = 0
+        while i < n:
+            c = line[i]
+            if quote == 0x22:  # "
+                if c == 0x5C and i + 1 < n:  # backslash
+                    nxt = line[i + 1]
+                    if nxt == 0x78 and i + 3 < n:  # \xHH
+                        try:
+                            cur.append(int(line[i + 2 : i + 4], 16))
+                            i += 4
+                            continue
+                        except ValueError:
+                            pass
+                    cur.append({0x6E: 10, 0x72: 13, 0x74: 9, 0x62: 8, 0x61: 7}.get(nxt, nxt))
+                    i += 2
+                    continue
+                if c == 0x22:
+                    quote = 0
+                    i += 1
+                    if i < n and line[i] not in b" \t":
+                        raise errors.ProtocolError("unbalanced quotes in request")
+                    break
+                cur.append(c)
+            elif quote == 0x27:  # '
+                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
+                    cur.append(0x27)
+                    i += 2
+                    continue
+                if c == 0x27:
+                    quote = 0
+                    i += 1
+                    if i < n and line[i] not in b" \t":
+                        raise errors.ProtocolError("unbalanced quotes in request")
+                    break
+                cur.append(c)
+            elif c in b" \t":
+                break
+            elif c in (0x22, 0x27) and not cur:
+                quote = c
+            else:
+                cur.append(c)
+            i += 1
+        if quote:
+            raise errors.ProtocolError("unbalanced quotes in request")
+        args.append(bytes(cur))
+
+
+# -- replies ------------------------------------------------------------------------------
+
+
+class Verbatim(str):
+    """A RESP3 verbatim string (``=``; INFO's reply), a bulk string on RESP2."""
+
+
+class Encoder:
+    """Replies for one connection; ``version`` 2 or 3 (``HELLO`` may switch it)."""
+
+    def __init__(self, version: int = 2) -> None:
+        self.version = version
+
+    def simple(self, text: str) -> bytes:
+        return b"+" + text.encode() + _CRLF
+
+    def error(self, text: str) -> bytes:
+        """``-PREFIX message``; CR and LF in the message become spaces."""
+        return b"-" + text.replace("\r", " ").replace("\n", " ").encode() + _CRLF
+
+    def integer(self, n: int) -> bytes:
+        return b":%d\r\n" % n
+
+    def bulk(self, data: bytes | str) -> bytes:
+        if isinstance(data, str):
+            data = data.encode()
+        return b"$%d\r\n%b\r\n" % (len(data), data)
+
+    def null(self) -> bytes:
+        return b"_\r\n" if self.version >= 3 else b"$-1\r\n"
+
+    def null_array(self) -> bytes:
+        return b"_\r\n" if self.version >= 3 else b"*-1\r\n"
+
+    def boolean(self, b: bool) -> bytes:
+        if self.version >= 3:
+            return b"#t\r\n" if b else b"#f\r\n"
+        return b":1\r\n" if b else b":0\r\n"
+
+    def double(self, x: float) -> bytes:
+        text = repr(x).encode()
+        return b",%b\r\n" % text if self.version >= 3 else self.bulk(text)
+
+    def array(self, items: Sequence[Any]) -> bytes:
+        return b"*%d\r\n" % len(items) + b"".join(self.value(i) for i in items)
+
+    def set(self, items: Sequence[Any]) -> bytes:
+        """A RESP3 set (``~``), an array on RESP2."""
+        head = b"~%d\r\n" if self.version >= 3 else b"*%d\r\n"
+        return head % len(items) + b"".join(self.value(i) for i in items)
+
+    def map(self, items: Mapping[Any, Any]) -> bytes:
+        """A RESP3 map (``%``), a flat key-value array on RESP2."""
+        n = len(items)
+        head = b"%%%d\r\n" % n if self.version >= 3 else b"*%d\r\n" % (2 * n)
+        return head + b"".join(self.value(k) + self.value(v) for k, v in items.items())
+
+    def verbatim(self, text: str) -> bytes:
+        if self.version >= 3:
+            data = b"txt:" + text.encode()
+            return b"=%d\r\n%b\r\n" % (len(data), data)
+        return self.bulk(text)
+
+    def value(self, v: Any) -> bytes:
+        """Any Python value as the natural RESP type."""
+        if v is None:
+            return self.null()
+        if isinstance(v, bool):
+            return self.boolean(v)
+        if isinstance(v, int):
+            return self.integer(v)
+        if isinstance(v, float):
+            return self.double(v)
+        if isinstance(v, Verbatim):
+            return self.verbatim(v)
+        if isinstance(v, (bytes, str)):
+            return self.bulk(v)
+        if isinstance(v, Mapping):
+            return self.map(v)
+        if isinstance(v, (list, tuple)):
+            return self.array(v)
+        raise TypeError(f"no RESP form for {type(v).__name__}")

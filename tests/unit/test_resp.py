@@ -1,0 +1,115 @@
+"""The RESP codec without sockets: commands in any chunking, inline commands,
+every bound refused before buffering, and replies in RESP2 and RESP3."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tenantkv import errors, resp
+
+MAX = 1024 * 1024
+
+
+def encode(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+
+
+def decoder(frame: int = 2 * MAX) -> resp.RequestDecoder:
+    return resp.RequestDecoder(MAX, frame)
+
+
+@given(
+    st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=6), max_size=10),
+    st.integers(1, 30),
+)
+def test_commands_round_trip_in_any_chunking(cmds: list[list[bytes]], chunk: int) -> None:
+    wire = b"".join(encode(*c) for c in cmds)
+    dec = decoder()
+    got: list[list[bytes]] = []
+    for i in range(0, len(wire), chunk):
+        dec.feed(wire[i : i + chunk])
+        got.extend(dec)
+    assert got == cmds
+    assert dec.buffered == 0 and not dec.in_frame
+
+
+def test_inline_commands_split_like_redis_cli() -> None:
+    dec = decoder()
+    dec.feed(b'SET k "a b\\n\\x41" \'it\\\'s\'\r\nPING\n\r\n  get   k  \r\n')
+    assert list(dec) == [[b"SET", b"k", b"a b\nA", b"it's"], [b"PING"], [b"get", b"k"]]
+
+
+@pytest.mark.parametrize("line", [b'SET k "abc\r\n', b"SET k 'x\r\n", b'GET "k"x\r\n'])
+def test_unbalanced_quotes_are_a_protocol_error(line: bytes) -> None:
+    dec = decoder()
+    dec.feed(line)
+    with pytest.raises(errors.ProtocolError, match="unbalanced quotes"):
+        list(dec)
+
+
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        (b"*1\r\n$" + str(MAX + 1).encode() + b"\r\n", "invalid bulk length"),
+        (b"*1\r\n$-5\r\n", "invalid bulk length"),
+        (b"*1\r\n$abc\r\n", "invalid bulk length"),
+        (b"*200001\r\n", "invalid multibulk length"),
+        (b"*x\r\n", "invalid multibulk length"),
+        (b"*2\r\n*1\r\n$1\r\na\r\n", "expected '\\$'"),  # nested arrays are not commands
+        (b"*1\r\n$1\r\nab\r\n", "CRLF"),
+        (b"*1\r\n$" + b"9" * 40, "invalid bulk length"),  # a header that never ends
+    ],
+)
+def test_bounds_are_checked_from_the_headers(wire: bytes, message: str) -> None:
+    dec = decoder()
+    dec.feed(wire)
+    with pytest.raises(errors.ProtocolError, match=message):
+        list(dec)
+
+
+def test_a_huge_declared_bulk_is_refused_before_its_body() -> None:
+    dec = decoder()
+    dec.feed(b"*2\r\n$3\r\nSET\r\n$4294967295\r\n")
+    with pytest.raises(errors.ProtocolError, match="invalid bulk length"):
+        list(dec)
+
+
+def test_inline_line_is_bounded() -> None:
+    dec = decoder()
+    dec.feed(b"A" * (resp.MAX_INLINE_BYTES + 10))
+    with pytest.raises(errors.ProtocolError, match="too big inline"):
+        list(dec)
+
+
+def test_frame_limit_counts_each_argument() -> None:
+    dec = decoder(frame=4096)
+    dec.feed(b"*1000\r\n" + b"$0\r\n\r\n" * 1000)  # 6 KiB of empty arguments
+    with pytest.raises(errors.FrameTooLarge):
+        list(dec)
+
+
+def test_a_big_command_in_many_chunks_is_parsed_once() -> None:
+    """The decoder resumes a partial command where it stopped (no quadratic re-parse)."""
+    args = [b"MSET"] + [b"k%d" % i for i in range(20_000)]
+    wire = encode(*args)
+    dec = decoder()
+    for i in range(0, len(wire), 1000):
+        dec.feed(wire[i : i + 1000])
+        got = list(dec)
+    assert got == [args]
+    assert dec._buf == bytearray()
+
+
+def test_encoder_resp2_and_resp3() -> None:
+    r2, r3 = resp.Encoder(2), resp.Encoder(3)
+    assert r2.value(None) == b"$-1\r\n" and r3.value(None) == b"_\r\n"
+    assert r2.value(True) == b":1\r\n" and r3.value(True) == b"#t\r\n"
+    assert r2.map({"a": 1}) == b"*2\r\n$1\r\na\r\n:1\r\n"
+    assert r3.map({"a": 1}) == b"%1\r\n$1\r\na\r\n:1\r\n"
+    assert r3.double(1.5) == b",1.5\r\n" and r2.double(1.5) == b"$3\r\n1.5\r\n"
+    assert r2.array([b"x", None, 3]) == b"*3\r\n$1\r\nx\r\n$-1\r\n:3\r\n"
+    assert r2.error("ERR bad\r\nthing") == b"-ERR bad  thing\r\n"
+    assert r3.verbatim("hi") == b"=6\r\ntxt:hi\r\n" and r2.verbatim("hi") == b"$2\r\nhi\r\n"
+    assert r2.null_array() == b"*-1\r\n"
