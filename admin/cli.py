@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import tenantkv
-from admin import format as fmt
-from admin import top as top_mod
 from tenantkv import errors
 from tenantkv.config import DEFAULT_PORT
+
+from . import format as fmt
+from . import top as top_mod
 
 PROG = "tenantkv-admin"
 DEFAULT_HOST = "127.0.0.1"

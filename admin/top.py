@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from admin import format as fmt
 from tenantkv.metrics import OVERLOAD_CODE_NAMES, quantile
+
+from . import format as fmt
 
 #: Columns of the table: (header, frame key).
 COLUMNS = (
