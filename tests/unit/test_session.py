@@ -1,0 +1,143 @@
+"""Framing and dispatch of one session over Trio memory streams (the Hypercorn habit):
+a real Node on real LMDB files in a temp dir, no sockets.
+
+Checks what a socket test cannot pin down cheaply: the order of pipelined
+answers, that hello is the only thing read before authentication, the frame
+bound switching after hello, and the node-wide receive-buffer accounting
+returning to zero when a connection ends mid-frame.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tenantkv import protocol
+from tenantkv.config import Config
+from tenantkv.server import auth
+from tenantkv.server.node import Node
+from tenantkv.server.server import open_engine
+from tenantkv.server.session import Session
+from tenantkv.storage.ops import CreateBucketOp
+
+TIMEOUT = 10
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    config = Config(data_dir=str(tmp_path / "data"), durability="nosync")
+    engine = open_engine(config)
+    n = Node(config, engine)
+    n.start()
+    user = await trio.to_thread.run_sync(lambda: auth.new_user("u", "pw", roles={"b": "readwrite"}))
+    n.bucket_added(await n.write(CreateBucketOp("b", {})))
+    await n.save_user(user, expect="absent")
+    try:
+        yield n
+    finally:
+        with trio.CancelScope(shield=True):
+            await n.stop_writer()
+        engine.close()
+
+
+class Peer:
+    """The client end of a memory stream pair, speaking raw MessagePack-RPC."""
+
+    def __init__(self, stream: trio.testing.MemorySendStream | Any) -> None:
+        self.stream = stream
+        self.decoder = protocol.ResponseDecoder()
+        self.got: list[protocol.Response] = []
+
+    async def send(self, *reqs: tuple[int, str, dict[str, Any]]) -> None:
+        await self.stream.send_all(b"".join(protocol.encode_request(*r) for r in reqs))
+
+    async def responses(self, n: int) -> list[protocol.Response]:
+        with trio.fail_after(TIMEOUT):
+            while len(self.got) < n:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    break
+                self.decoder.feed(data)
+                self.got.extend(self.decoder)
+        out, self.got = self.got[:n], self.got[n:]
+        return out
+
+
+_ids = itertools.count(1)
+
+
+async def run_session(node: Node, nursery: trio.Nursery) -> Peer:
+    """A session on one end of a memory stream pair, admitted as the server would."""
+    client, server = trio.testing.memory_stream_pair()
+    conn_id = next(_ids)
+    node.connection_table.admit(
+        conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
+    )
+    nursery.start_soon(Session(node, server, "127.0.0.1:5555", conn_id).run)
+    return Peer(client)
+
+
+async def test_pipelined_requests_are_answered_in_order(node: Node) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send(
+            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            (1, "set", {"key": b"k", "value": b"v1"}),
+            (2, "get", {"key": b"k"}),
+            (3, "set", {"key": b"k", "value": b"v2"}),
+            (4, "get", {"key": b"k"}),
+            (5, "nope", {}),
+            (6, "get", {"key": b"missing"}),
+        )
+        got = await peer.responses(7)
+        assert [r.msgid for r in got] == list(range(7))
+        assert got[2].result["value"] == b"v1" and got[4].result["value"] == b"v2"
+        assert got[5].error["codeName"] == "UnknownCommand" and got[6].result is None
+        await peer.stream.aclose()
+    assert node.receive_buffers.buffered == 0
+
+
+async def test_nothing_but_hello_runs_before_authentication(node: Node) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((1, "get", {"key": b"k"}), (2, "hello", {"user": "u", "password": "pw"}))
+        (resp,) = await peer.responses(2)
+        assert resp.msgid == 1 and resp.error["codeName"] == "HelloRequired"
+        assert await peer.stream.receive_some(10) == b""  # closed; the hello never ran
+
+
+async def test_frames_are_small_until_hello_and_full_size_after(node: Node) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        big = {"user": "u", "password": "pw", "bucket": "b", "client": {"name": "x" * 5000}}
+        await peer.send((0, "hello", big))
+        (resp,) = await peer.responses(1)
+        assert resp.error["codeName"] == "FrameTooLarge"
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send(
+            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            (1, "set", {"key": b"big", "value": b"x" * 100_000}),
+        )
+        got = await peer.responses(2)
+        assert got[0].error is None and got[1].error is None
+        await peer.stream.aclose()
+
+
+async def test_a_connection_that_ends_mid_frame_releases_its_buffer(node: Node) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        frame = protocol.encode_request(1, "set", {"key": b"k", "value": b"y" * 50_000})
+        await peer.stream.send_all(frame[:30_000])
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered == 30_000
+        await peer.stream.aclose()
+    assert node.receive_buffers.buffered == 0
