@@ -467,6 +467,7 @@ COUNTER_KEYS = frozenset(
         "rejected",
         "exempted",
         "interrupted_in_queue",
+        "interrupted_due_to_client_disconnect",
         "admitted",
         "queued_total",
         "rejected_overflow",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -38,6 +39,10 @@ from tenantkv.storage.engine import Engine
 
 log = logging.getLogger("tenantkv.server")
 
+#: The deadline sweep runs every shortest-timeout / 8, within these bounds: a
+#: session outlives its deadline by at most that much.
+SWEEP_MIN_SECS = 0.02
+SWEEP_MAX_SECS = 0.5
 #: First byte of a TLS record carrying a handshake message (ClientHello).
 TLS_HANDSHAKE_RECORD = 0x16
 
@@ -146,6 +151,7 @@ class Server:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
                 outer.start_soon(self._expiry_pager)
+                outer.start_soon(self._sweep)
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
                 async with trio.open_nursery() as sessions:
@@ -240,6 +246,8 @@ class Server:
             self._scopes[conn_id] = scope
             try:
                 await self._serve_connection(stream, conn, peer, conn_id)
+            except Exception:  # one connection's bug must never take the listener down
+                log.exception("connection from %s failed", peer)
             finally:
                 del self._scopes[conn_id]
                 table.closed(conn_id)
@@ -293,6 +301,7 @@ class Server:
         node = self.node
         exempt = node.connection_bypass.matches(peer.rsplit(":", 1)[0])
         left = False
+        refused: errors.TenantKVError | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -305,8 +314,13 @@ class Server:
                 nursery.cancel_scope.cancel()  # gives the queued token back
 
             nursery.start_soon(watch)
-            await node.connection_limiter.acquire(exempt=exempt)
+            try:
+                await node.connection_limiter.acquire(exempt=exempt)
+            except errors.TenantKVError as exc:
+                refused = exc  # raised outside the nursery, not as an exception group
             nursery.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
         if left:
             node.connections_left_in_queue += 1
             log.info("connection from %s: left while queued for establishment", peer)
@@ -351,6 +365,20 @@ class Server:
                 return False
         log.info("connection from %s: no TLS handshake within %gs; closing", peer, timeout)
         return False
+
+    async def _sweep(self) -> None:
+        """Enforce the hello, frame and idle deadlines of every session, a few times
+        per shortest timeout: sessions never pay for a cancel scope per read."""
+        node = self.node
+        while True:
+            cfg = node.config
+            shortest = min(
+                cfg.hello_timeout_secs, cfg.frame_timeout_secs, cfg.idle_timeout_secs or math.inf
+            )
+            await trio.sleep(min(max(shortest / 8, SWEEP_MIN_SECS), SWEEP_MAX_SECS))
+            now = trio.current_time()
+            for s in list(node.sessions):
+                s.expire_if_due(now)
 
     async def _expiry_pager(self) -> None:
         """Reclaim expired records from disk; reads already hide them."""

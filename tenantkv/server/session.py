@@ -1,24 +1,34 @@
 """One client connection: hello, then pipelined requests answered in order.
 
-Two tasks per connection. The reader decodes every complete request in each
-received chunk and handles it: a read runs inline and its response is
-appended to the output buffer; a write is queued on the group-commit writer
-and answered from the writer's callback once durable, so the reader goes on
-to the next request at once and pipelined writes share one commit. The sender
-flushes the output buffer whenever it has bytes.
+One task per connection. It reads a chunk, decodes every complete request in
+it and handles each: a read runs inline and its response is appended to the
+output buffer; a write is queued on the group-commit writer and answered from
+the writer's callback once durable, so pipelined writes share one commit. When
+the chunk ends on a frame boundary the task waits for the chunk's writes to be
+durable and sends every reply in one ``send_all``, then reads again; when it
+ends inside a frame (a large value, a pipeline cut by TCP) it reads on at once,
+so those writes join the same commits. Work that must wait
+(admission queues, admin commands) is awaited inline: the connection is not
+read meanwhile, and TCP pushes back on its client.
+
+Deadlines cost nothing per read: no cancel scope is entered per receive. The
+task notes when its current wait expires (hello, frame or idle deadline) and
+the server's sweep (:meth:`Session.expire_if_due`, a few times a second)
+cancels a session found waiting past it; only a session waiting to receive —
+with nothing half done — is ever cancelled this way.
 
 Order: a connection's writes commit in the order sent (one writer, FIFO), and
 a read or admin command waits for the connection's earlier writes, so every
 connection reads its own writes and sees responses in request order.
 
 Back-pressure: when a connection has ``max_inflight_per_connection`` writes
-unanswered, more than ``PENDING_WRITE_HIGH_WATER`` bytes of them, or more than
-``OUT_HIGH_WATER`` bytes unsent, its reader stops reading until they drain —
-TCP then pushes back on the client.
+unanswered or more than ``PENDING_WRITE_HIGH_WATER`` bytes of them, it waits
+for them; more than ``OUT_HIGH_WATER`` bytes of replies are sent at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -73,20 +83,23 @@ class Session:
         self.pending_write_bytes = 0
         self._max_inflight = node.config.max_inflight_per_connection
         self._out = bytearray()
-        # Plain flags say whether anyone is parked: checking a bool per reply is
-        # much cheaper than asking the ParkingLot.
-        self._out_lot = trio.lowlevel.ParkingLot()
-        self._sender_parked = False
+        # A plain flag says whether the task is parked waiting for writes: checking
+        # a bool per write callback is much cheaper than asking the ParkingLot.
         self._drain_lot = trio.lowlevel.ParkingLot()
         self._reader_parked = False
         self._reading = True
-        self._recv_scope: trio.CancelScope | None = None
+        #: the scope of the whole session; cancelled only while ``_receiving``
+        self._scope = trio.CancelScope()
+        self._receiving = False
+        #: when the current receive wait expires (trio time), and why
+        self._deadline = math.inf
+        self._deadline_what = ""
+        self._expired = False
         self._decoder: protocol.RequestDecoder | None = None
         #: bytes this connection's decoder holds, as last told to node.receive_buffers
         self._held = 0
         #: node.auth_epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.auth_epoch
-        self._done = False
         #: bucket-queue event subscription of a watch_events connection
         self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
 
@@ -95,22 +108,18 @@ class Session:
     async def run(self) -> None:
         self.node.session_opened(self)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop, nursery.cancel_scope)
-                try:
-                    await self._read_loop()
-                finally:
-                    with trio.move_on_after(self.node.config.shutdown_grace_secs) as cs:
-                        cs.shield = True
-                        while self.pending_writes:
-                            await self._park_reader()
-                    self._done = True
-                    self._wake_sender()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The peer is gone (a reset, a broken TLS stream). The nursery wraps
-            # what its body raises in an ExceptionGroup, hence except*.
-            pass
+            with self._scope:
+                await self._serve()
+            if self._scope.cancelled_caught:
+                await self._after_cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer is gone (a reset, a broken TLS stream)
         finally:
+            if self._held:
+                self.node.receive_buffers.update(self._held, 0)
+                self._held = 0
+            with trio.CancelScope(shield=True):
+                await self._finish_writes()
             if self._watch_rx is not None:
                 self.node.queues.unsubscribe(self._watch_rx)
             self.select(None)
@@ -118,13 +127,39 @@ class Session:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.stream.aclose()
 
+    async def _finish_writes(self) -> None:
+        """Before closing: writes already queued commit; answer them if the peer is
+        still there (bounded by ``shutdown_grace_secs``)."""
+        with trio.move_on_after(self.node.config.shutdown_grace_secs):
+            while self.pending_writes:
+                await self._park_reader()
+            if self._out:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._send_out()
+
+    async def _after_cancel(self) -> None:
+        """The sweep found this session waiting past its deadline, or the server is
+        shutting down, or its user was deleted: answer accordingly."""
+        if self._expired:
+            exc = errors.IdleTimeout(self._deadline_what)
+            log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc.errmsg)
+            self._reply_error(None, exc)
+        elif self.node.shutting_down and self._decoder is not None:
+            await self._refuse_until_quiet(self._decoder)
+
     def begin_shutdown(self) -> None:
         """Stop taking new requests; what was received still completes. On server
         shutdown (``node.shutting_down``) later requests get ShuttingDown until the
         connection goes quiet; otherwise (a deleted user) the connection just closes."""
         self._reading = False
-        if self._recv_scope is not None:
-            self._recv_scope.cancel()
+        if self._receiving:
+            self._scope.cancel()
+
+    def expire_if_due(self, now: float) -> None:
+        """Called by the server's sweep: close a session waiting past its deadline."""
+        if self._receiving and now >= self._deadline and not self._expired:
+            self._expired = True
+            self._scope.cancel()
 
     def select(self, bucket: str | None) -> None:
         """Change the selected bucket; the throttle counts connections per bucket
@@ -150,20 +185,16 @@ class Session:
 
     def _reply(self, msgid: int, result: Any) -> None:
         self._out += protocol.encode_result(msgid, result)
-        if self._sender_parked:
-            self._wake_sender()
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)
-        if self._sender_parked:
-            self._wake_sender()
 
-    def _wake_sender(self) -> None:
-        self._sender_parked = False
-        self._out_lot.unpark_all()
+    async def _send_out(self) -> None:
+        data, self._out = self._out, bytearray()
+        await self.stream.send_all(data)
 
     async def _park_reader(self) -> None:
-        """Wait until a write completes or the output buffer drains."""
+        """Wait until a write of this connection completes."""
         self._reader_parked = True
         try:
             await self._drain_lot.park()
@@ -175,32 +206,17 @@ class Session:
             self._reader_parked = False
             self._drain_lot.unpark_all()
 
-    async def _send_loop(self, scope: trio.CancelScope) -> None:
-        try:
-            while True:
-                if not self._out:
-                    if self._done:
-                        return
-                    self._sender_parked = True
-                    await self._out_lot.park()
-                    continue
-                data, self._out = self._out, bytearray()
-                await self.stream.send_all(data)
-                self._wake_reader()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._done = True
-            scope.cancel()  # peer is gone: stop reading too
-
     # -- input ---------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    async def _serve(self) -> None:
         """Read, decode and handle requests until the peer leaves or a limit ends it.
 
         Deadlines: ``hello_timeout_secs`` from accept for hello (fixed: a
         byte-at-a-time sender cannot extend it), ``frame_timeout_secs`` for a frame
-        from its first byte, ``idle_timeout_secs`` between frames. Before hello a
-        frame may be :data:`protocol.MAX_HELLO_FRAME_BYTES` at most, and every read
-        first asks the node-wide receive-buffer cap for room.
+        from its first byte, ``idle_timeout_secs`` between frames; the server's
+        sweep enforces them. Before hello a frame may be
+        :data:`protocol.MAX_HELLO_FRAME_BYTES` at most, and every read first asks
+        the node-wide receive-buffer cap for room.
         """
         node = self.node
         cfg = node.config
@@ -216,65 +232,72 @@ class Session:
         try:
             while self._reading:
                 if self.user is None:
-                    deadline, want = hello_deadline, protocol.MAX_HELLO_FRAME_BYTES
+                    self._deadline, want = hello_deadline, protocol.MAX_HELLO_FRAME_BYTES
+                    self._deadline_what = "no hello within hello_timeout_secs"
+                elif decoder.in_frame:
+                    self._deadline, want = frame_deadline, RECEIVE_BYTES
+                    self._deadline_what = (
+                        "a request frame did not arrive in full within frame_timeout_secs"
+                    )
                 else:
-                    deadline, want = trio.current_time() + idle, RECEIVE_BYTES
-                    if decoder.in_frame:
-                        deadline = frame_deadline
-                with trio.CancelScope(deadline=deadline) as scope:
-                    self._recv_scope = scope
-                    if not (n := buffers.try_reserve(self._held, want)):
-                        n = await buffers.reserve(self._held, want)
-                    data = await self.stream.receive_some(n)
-                self._recv_scope = None
-                if scope.cancelled_caught:
-                    if not self._reading:
-                        break
-                    self._reply_error(None, self._timed_out(decoder))
-                    return
+                    self._deadline, want = trio.current_time() + idle, RECEIVE_BYTES
+                    self._deadline_what = "no request within idle_timeout_secs"
+                self._receiving = True
+                if not (n := buffers.try_reserve(self._held, want)):
+                    n = await buffers.reserve(self._held, want)
+                data = await self.stream.receive_some(n)
+                self._receiving = False
                 if not data:
                     return
                 frames = decoder.frames
                 decoder.feed(data)
                 self._track_held(decoder)
-                for handled, req in enumerate(decoder, 1):
-                    if not self._reading:
-                        if not node.shutting_down:
-                            return  # its user was deleted: nothing more of theirs runs
-                        self._refuse_shutting_down(req)
-                    elif self.user is not None and (
-                        node.config.ingress_request_rate_limiter_enabled
-                        and not self._rate_admitted(req)
-                    ):
-                        pass  # answered with 462
-                    elif self.user is not None and self._run_fast(*req):
-                        pass
-                    elif not await self._handle(req):
-                        return
-                    if (
-                        self.pending_writes >= self._max_inflight
-                        or len(self._out) > OUT_HIGH_WATER
-                        or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
-                    ):
-                        await self._wait_drained()
-                    if handled % FAIR_SHARE_REQUESTS == 0:
-                        # A long pipelined chunk yields now and then, so one
-                        # connection cannot hold the loop from the others.
-                        await trio.lowlevel.checkpoint()
+                if not await self._handle_chunk(decoder):
+                    return
                 self._track_held(decoder)
                 if decoder.in_frame and (frames != decoder.frames or frame_deadline == math.inf):
                     frame_deadline = trio.current_time() + cfg.frame_timeout_secs
                 elif not decoder.in_frame:
                     frame_deadline = math.inf
+                if decoder.in_frame:
+                    # More of a frame is on its way (a large value, or a pipeline cut
+                    # by TCP): read on, so its writes join the same commits.
+                    continue
+                # The chunk's replies go out together, once its writes are durable.
+                while self.pending_writes:
+                    await self._park_reader()
+                if self._out:
+                    await self._send_out()
             if node.shutting_down:
                 await self._refuse_until_quiet(decoder)
         except (errors.ProtocolError, errors.FrameTooLarge) as exc:
             log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
             # The frame is unreadable, so the error is not addressed to a msgid.
             self._reply_error(None, exc)
-        finally:
-            node.receive_buffers.update(self._held, 0)
-            self._held = 0
+
+    async def _handle_chunk(self, decoder: protocol.RequestDecoder) -> bool:
+        """Handle every complete request received; False when the connection must close."""
+        node = self.node
+        for handled, req in enumerate(decoder, 1):
+            if not self._reading:
+                if not node.shutting_down:
+                    return False  # its user was deleted: nothing more of theirs runs
+                self._refuse_shutting_down(req)
+            elif self.user is not None and (
+                node.config.ingress_request_rate_limiter_enabled and not self._rate_admitted(req)
+            ):
+                pass  # answered with 462
+            elif self.user is not None and self._run_fast(*req):
+                pass
+            elif not await self._handle(req):
+                return False
+            if self._backlogged():
+                await self._wait_drained()
+            if handled % FAIR_SHARE_REQUESTS == 0:
+                # A long pipelined chunk yields now and then, so one
+                # connection cannot hold the loop from the others.
+                await trio.lowlevel.checkpoint()
+        return True
 
     def _track_held(self, decoder: protocol.RequestDecoder) -> None:
         """Tell the node-wide receive-buffer cap what this connection holds now."""
@@ -282,16 +305,6 @@ class Session:
         if held != self._held:
             self.node.receive_buffers.update(self._held, held)
             self._held = held
-
-    def _timed_out(self, decoder: protocol.RequestDecoder) -> errors.TenantKVError:
-        if self.user is None:
-            what = "no hello within hello_timeout_secs"
-        elif decoder.in_frame:
-            what = "a request frame did not arrive in full within frame_timeout_secs"
-        else:
-            what = "no request within idle_timeout_secs"
-        log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, what)
-        return errors.IdleTimeout(what)
 
     def _refuse_shutting_down(self, req: protocol.Request) -> None:
         exc = errors.ShuttingDown("the server is stopping; the request did not run")
@@ -316,8 +329,8 @@ class Session:
             decoder.feed(data)
             for req in decoder:
                 self._refuse_shutting_down(req)
-            if len(self._out) > OUT_HIGH_WATER:
-                await self._wait_drained()
+            if self._out:
+                await self._send_out()
 
     def _rate_admitted(self, req: protocol.Request) -> bool:
         """The ingress request rate limiter, before any other work on the request.
@@ -344,7 +357,13 @@ class Session:
         )
 
     async def _wait_drained(self) -> None:
-        while self._backlogged():
+        """Too much unsent or unanswered: send what is ready, wait for the writes."""
+        if len(self._out) > OUT_HIGH_WATER:
+            await self._send_out()
+        while (
+            self.pending_writes >= self._max_inflight
+            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+        ):
             await self._park_reader()
 
     async def _wait_writes(self) -> None:
