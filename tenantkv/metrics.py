@@ -103,6 +103,15 @@ class OpLatency:
         h[bisect_left(_LATENCY_BOUNDS_S, seconds)] += 1
         h[-1] += seconds
 
+    def observe_many(self, bucket: str, op: str, seconds: float, n: int) -> None:
+        """``n`` operations that took ``seconds`` each (a received chunk's reads,
+        timed together: one clock read and one update per chunk)."""
+        h = self._hist.get((bucket, op))
+        if h is None:
+            h = self._hist[(bucket, op)] = [0] * (len(LATENCY_BOUNDS_US) + 1) + [0.0]
+        h[bisect_left(_LATENCY_BOUNDS_S, seconds)] += n
+        h[-1] += seconds * n
+
     def forget(self, bucket: str) -> None:
         """Drop a deleted bucket's histograms."""
         for key in [k for k in self._hist if k[0] == bucket]:
@@ -160,7 +169,7 @@ class Latency:
     """What the node keeps for latency: :class:`OpLatency` (``op``) and
     :class:`CommitHistograms` (``commit``, registered with the writer here)."""
 
-    __slots__ = ("commit", "observe", "op")
+    __slots__ = ("commit", "observe", "observe_many", "op")
 
     def __init__(self, writer: GroupCommitWriter | None = None) -> None:
         self.op = OpLatency()
@@ -168,6 +177,7 @@ class Latency:
         #: ``observe(bucket, op, seconds)``: :meth:`OpLatency.observe`, bound once
         #: so the session's call costs no extra frame.
         self.observe = self.op.observe
+        self.observe_many = self.op.observe_many
         if writer is not None:
             writer.observers.append(self.commit.observe)
 

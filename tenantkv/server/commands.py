@@ -153,7 +153,7 @@ def record_out(rec: Record) -> dict[str, Any]:
 def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """{value, cas, flags, expiry_ms} or nil when the key does not exist."""
     key = key_param(p)
-    rec = s.node.engine.get(b, key)
+    rec = s.node.engine.get_in(s.read_txn(), b, key)
     if rec is None:
         return None
     s.read_sizes.append(len(key) + rec.stored_bytes)
@@ -164,7 +164,7 @@ def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 def exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """true or false."""
     key = key_param(p)
-    rec = s.node.engine.get(b, key)
+    rec = s.node.engine.get_in(s.read_txn(), b, key)
     if rec is None:
         return False
     s.read_sizes.append(len(key) + rec.stored_bytes)

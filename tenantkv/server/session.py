@@ -96,6 +96,12 @@ class Session:
         self._deadline_what = ""
         self._expired = False
         self._decoder: protocol.RequestDecoder | None = None
+        #: the read transaction shared by the reads of the chunk being handled
+        self._rtxn: Any = None
+        #: when the chunk being handled was received (perf_counter), and its fast-path
+        #: reads per (bucket, operation): counted and timed once per chunk
+        self._chunk_t0 = 0.0
+        self._chunk_reads: dict[tuple[str, str], int] = {}
         #: bytes this connection's decoder holds, as last told to node.receive_buffers
         self._held = 0
         #: node.auth_epoch when ``user`` was last looked up (see current_user)
@@ -110,7 +116,7 @@ class Session:
         try:
             with self._scope:
                 await self._serve()
-            if self._scope.cancelled_caught:
+            if self._scope.cancel_called:
                 await self._after_cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer is gone (a reset, a broken TLS stream)
@@ -247,9 +253,15 @@ class Session:
                     n = await buffers.reserve(self._held, want)
                 data = await self.stream.receive_some(n)
                 self._receiving = False
+                if self._scope.cancel_called:
+                    # The cancel came as the data did (the task was already woken):
+                    # keep the bytes for _after_cancel, handle nothing here.
+                    decoder.feed(data)
+                    return
                 if not data:
                     return
                 frames = decoder.frames
+                self._chunk_t0 = time.perf_counter()
                 decoder.feed(data)
                 self._track_held(decoder)
                 if not await self._handle_chunk(decoder):
@@ -276,28 +288,68 @@ class Session:
             self._reply_error(None, exc)
 
     async def _handle_chunk(self, decoder: protocol.RequestDecoder) -> bool:
-        """Handle every complete request received; False when the connection must close."""
+        """Handle every complete request received; False when the connection must close.
+
+        The chunk's fast-path reads share one read transaction (closed before
+        anything here awaits: it holds the engine's lock) and are counted and
+        timed once, when the chunk is done or the task yields.
+        """
         node = self.node
-        for handled, req in enumerate(decoder, 1):
-            if not self._reading:
-                if not node.shutting_down:
-                    return False  # its user was deleted: nothing more of theirs runs
-                self._refuse_shutting_down(req)
-            elif self.user is not None and (
-                node.config.ingress_request_rate_limiter_enabled and not self._rate_admitted(req)
-            ):
-                pass  # answered with 462
-            elif self.user is not None and self._run_fast(*req):
-                pass
-            elif not await self._handle(req):
-                return False
-            if self._backlogged():
-                await self._wait_drained()
-            if handled % FAIR_SHARE_REQUESTS == 0:
-                # A long pipelined chunk yields now and then, so one
-                # connection cannot hold the loop from the others.
-                await trio.lowlevel.checkpoint()
+        max_inflight = self._max_inflight
+        try:
+            for handled, req in enumerate(decoder, 1):
+                if not self._reading:
+                    if not node.shutting_down:
+                        return False  # its user was deleted: nothing more of theirs runs
+                    self._refuse_shutting_down(req)
+                elif self.user is not None and (
+                    node.config.ingress_request_rate_limiter_enabled
+                    and not self._rate_admitted(req)
+                ):
+                    pass  # answered with 462
+                elif self.user is not None and self._run_fast(*req):
+                    pass
+                else:
+                    self._end_chunk_reads()
+                    if not await self._handle(req):
+                        return False
+                if (
+                    self.pending_writes >= max_inflight
+                    or len(self._out) > OUT_HIGH_WATER
+                    or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+                ):
+                    self._end_chunk_reads()
+                    await self._wait_drained()
+                if handled % FAIR_SHARE_REQUESTS == 0:
+                    # A long pipelined chunk yields now and then, so one
+                    # connection cannot hold the loop from the others.
+                    self._end_chunk_reads()
+                    await trio.lowlevel.checkpoint()
+        finally:
+            self._end_chunk_reads()
         return True
+
+    def read_txn(self) -> Any:
+        """The read transaction of the chunk being handled (opened on first use)."""
+        txn = self._rtxn
+        if txn is None:
+            txn = self._rtxn = self.node.engine.begin_read()
+        return txn
+
+    def _end_chunk_reads(self) -> None:
+        """Close the chunk's read transaction and record its reads' counts and latency."""
+        if self._rtxn is not None:
+            self.node.engine.end_read(self._rtxn)
+            self._rtxn = None
+        if self._chunk_reads:
+            node = self.node
+            seconds = time.perf_counter() - self._chunk_t0
+            for (bucket, method), n in self._chunk_reads.items():
+                stats = node.bucket_stats.get(bucket)
+                if stats is not None:  # not deleted meanwhile
+                    stats.ops[method] += n
+                    node.latency.observe_many(bucket, method, seconds, n)
+            self._chunk_reads = {}
 
     def _track_held(self, decoder: protocol.RequestDecoder) -> None:
         """Tell the node-wide receive-buffer cap what this connection holds now."""
@@ -317,7 +369,11 @@ class Session:
         (labelled RetryableError: it did not run) instead of leaving it unread, until
         this connection's writes are answered and the client has sent nothing for
         ``SHUTDOWN_QUIET_SECS``; the server's grace period bounds it all."""
+        for req in decoder:  # received already, not handled
+            self._refuse_shutting_down(req)
         while True:
+            if self._out:  # answers of writes that became durable meanwhile, refusals
+                await self._send_out()
             with trio.move_on_after(SHUTDOWN_QUIET_SECS) as scope:
                 data = await self.stream.receive_some(RECEIVE_BYTES)
             if scope.cancelled_caught:
@@ -329,8 +385,6 @@ class Session:
             decoder.feed(data)
             for req in decoder:
                 self._refuse_shutting_down(req)
-            if self._out:
-                await self._send_out()
 
     def _rate_admitted(self, req: protocol.Request) -> bool:
         """The ingress request rate limiter, before any other work on the request.
@@ -348,13 +402,6 @@ class Session:
         self._count_error(exc)
         self._reply_error(req.msgid, exc)
         return False
-
-    def _backlogged(self) -> bool:
-        return (
-            self.pending_writes >= self._max_inflight
-            or len(self._out) > OUT_HIGH_WATER
-            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
-        )
 
     async def _wait_drained(self) -> None:
         """Too much unsent or unanswered: send what is ready, wait for the writes."""
@@ -402,8 +449,6 @@ class Session:
         node = self.node
         if node.failpoints.active and not failpoints_checked:
             return False
-        if t0 is None:
-            t0 = time.perf_counter()
         h = holds
         try:
             check_params(cmd, params)
@@ -420,11 +465,15 @@ class Session:
                 result = cmd.handler(self, b, params)
                 h.release(method)
                 h = None
-                node.bucket_stats[b.name].ops[method] += 1
                 if self.read_sizes:
                     node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
-                node.latency.observe(b.name, method, time.perf_counter() - t0)
+                if t0 is None:  # the fast path: counted and timed with its chunk
+                    key = (b.name, method)
+                    self._chunk_reads[key] = self._chunk_reads.get(key, 0) + 1
+                else:  # it waited in _handle: timed from when it was read
+                    node.bucket_stats[b.name].ops[method] += 1
+                    node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
                 op = cmd.handler(self, b, params)
                 if (
@@ -434,6 +483,8 @@ class Session:
                     return False
                 self.pending_writes += 1
                 self.pending_write_bytes += op.size_hint
+                if t0 is None:
+                    t0 = self._chunk_t0  # timed from when its chunk arrived
                 node.submit(op, partial(self._write_done, msgid, method, b, op, h, t0))
                 h = None  # the write's callback releases them once durable
         except errors.TenantKVError as exc:

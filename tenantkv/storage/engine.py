@@ -9,7 +9,9 @@ transactions.
 
 LMDB forbids ``set_mapsize`` while any transaction of the process is open, so
 inline readers and the writer's map growth share ``txn_lock``; holding an
-uncontended ``threading.Lock`` costs ~50 ns.
+uncontended lock costs ~50 ns. It is re-entrant: a session holds one read
+transaction (and the lock) across the reads of a received chunk
+(:meth:`Engine.begin_read`), and an ``mget`` in that chunk takes it again.
 
 Opening a data directory is checked, and each refusal is a
 :class:`DataDirError` with one line that names the problem: the directory is
@@ -117,7 +119,7 @@ class Engine:
         self.max_map_size = max_map_size
         self.now_ms = now_ms
         self.sync = sync
-        self.txn_lock = threading.Lock()
+        self.txn_lock = threading.RLock()
         #: online copies running (copy_to); map growth waits for them to end
         self._copies = 0
         self._copies_done = threading.Condition()
@@ -189,16 +191,32 @@ class Engine:
         return h
 
     def get(self, h: BucketHandle, key: bytes) -> Record | None:
-        # The hottest read: explicit calls instead of two context managers
-        # save ~0.3 µs per get (measured).
-        lock = self.txn_lock
-        lock.acquire()
+        """One read in a transaction of its own."""
+        txn = self.begin_read()
         try:
-            txn = self.env.begin(db=h.db)
-            raw = txn.get(key)
-            txn.abort()
+            return self.get_in(txn, h, key)
         finally:
-            lock.release()
+            self.end_read(txn)
+
+    def begin_read(self) -> lmdb.Transaction:
+        """A read transaction for several reads on the event loop (a received chunk's):
+        one transaction and one lock round trip instead of one per read. It holds
+        ``txn_lock`` until :meth:`end_read`, so it must never be held across an
+        await (the writer's map growth would wait for it)."""
+        self.txn_lock.acquire()
+        try:
+            return self.env.begin()
+        except BaseException:
+            self.txn_lock.release()
+            raise
+
+    def end_read(self, txn: lmdb.Transaction) -> None:
+        txn.abort()
+        self.txn_lock.release()
+
+    def get_in(self, txn: lmdb.Transaction, h: BucketHandle, key: bytes) -> Record | None:
+        """The live record of ``key`` read in ``txn`` (see :meth:`begin_read`)."""
+        raw = txn.get(key, db=h.db)
         if raw is None:
             return None
         rec = records.decode(raw)
