@@ -23,8 +23,7 @@ from typing import Any
 from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, validate_probing_param
 
-#: Default TCP port: unassigned by IANA and clear of common database ports.
-DEFAULT_PORT = 7207
+DEFAULT_PORT = protocol.DEFAULT_PORT
 #: A setting ``name`` may also come from the environment variable ``ENV_PREFIX + NAME``.
 ENV_PREFIX = "TENANTKV_"
 

@@ -28,7 +28,7 @@ the list against a live scrape).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -39,8 +39,11 @@ from prometheus_client.registry import Collector
 from tenantkv import errors
 
 if TYPE_CHECKING:
-    from tenantkv.server.node import Node
     from tenantkv.storage.group_commit import GroupCommitWriter
+
+#: Where the collector reads from: the node's status document (``Node.status``).
+#: A callable, not the node, so metrics depend on a document, not on the server.
+StatusSource = Callable[[], dict[str, Any]]
 
 #: Upper bounds (µs) of the operation and commit latency histograms: 10 µs (an
 #: inline read) to 5 s (a write stuck behind a slow disk), 1-2.5-5 steps.
@@ -195,13 +198,13 @@ class Latency:
 
 
 class NodeCollector(Collector):
-    def __init__(self, node: Node, token: trio.lowlevel.TrioToken) -> None:
-        self.node = node
+    def __init__(self, status: StatusSource, token: trio.lowlevel.TrioToken) -> None:
+        self.status = status
         self.token = token
 
     def _snapshot(self) -> dict[str, Any]:
         try:
-            return trio.from_thread.run_sync(self.node.status, trio_token=self.token)
+            return trio.from_thread.run_sync(self.status, trio_token=self.token)
         except trio.RunFinishedError:
             return {}
 
@@ -570,9 +573,10 @@ def _leaves(
             yield (*path, str(k)), labels, v, d
 
 
-def start_metrics_server(node: Node, port: int, addr: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` on ``addr:port`` (0 = any free port); returns the port."""
+def start_metrics_server(status: StatusSource, port: int, addr: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` on ``addr:port`` (0 = any free port) from ``status``, the
+    node's status document, read on the Trio thread; returns the port."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node, trio.lowlevel.current_trio_token()))
+    registry.register(NodeCollector(status, trio.lowlevel.current_trio_token()))
     httpd, _thread = start_http_server(port, addr=addr, registry=registry)
     return int(httpd.server_port)

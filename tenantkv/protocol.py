@@ -26,6 +26,10 @@ from tenantkv import errors
 REQUEST = 0
 RESPONSE = 1
 
+#: The server's default TCP port: unassigned by IANA and clear of common database
+#: ports. Here, not in the server's config, so a client needs no server module.
+DEFAULT_PORT = 7207
+
 #: Longest key accepted, in bytes (memcached's limit; LMDB allows 511).
 MAX_KEY_BYTES = 250
 #: Longest value accepted, in bytes.

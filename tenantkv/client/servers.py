@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from tenantkv.config import DEFAULT_PORT
+from tenantkv.protocol import DEFAULT_PORT
 
 Address = tuple[str, int]
 

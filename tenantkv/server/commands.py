@@ -17,14 +17,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import trio
 
 from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
-from tenantkv.server.node import THROTTLE_NODE_KEY
+from tenantkv.server.node import THROTTLE_NODE_KEY, Node
 from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
@@ -38,11 +38,30 @@ from tenantkv.storage.ops import (
 )
 from tenantkv.storage.records import Record
 
-if TYPE_CHECKING:
-    from tenantkv.server.node import Node
-    from tenantkv.server.session import Session
-
 log = logging.getLogger("tenantkv.audit")
+
+
+class Session(Protocol):
+    """What a command handler may use of the connection it runs on: a narrow
+    interface, so commands do not import the session (the session imports them)."""
+
+    node: Node
+    conn_id: int
+    user: auth.User | None
+    bucket: str | None
+    #: per-record byte counts a read handler read (for metering)
+    read_sizes: list[int]
+
+    def read_txn(self) -> Any: ...
+
+    def current_user(self) -> auth.User: ...
+
+    def select(self, bucket: str | None) -> None: ...
+
+    def watch(self, bucket: str | None) -> Any: ...
+
+    def who(self) -> str: ...
+
 
 Kind = Literal["read", "write", "admin", "session"]
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -45,10 +45,21 @@ from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
 
-if TYPE_CHECKING:
-    from tenantkv.server.session import Session
-
 log = logging.getLogger("tenantkv.server")
+
+
+class Session(Protocol):
+    """What the node needs of a client session (``server/session.py`` implements it;
+    the node does not import it, so data flows one way: sessions use the node)."""
+
+    bucket: str | None
+    user: auth.User | None
+    backpressure: bool
+
+    def begin_shutdown(self) -> None: ...
+
+    def select(self, bucket: str | None) -> None: ...
+
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
@@ -403,9 +414,7 @@ class Node:
         name = handle.name
         self.bucket_removed(handle)
         revoked = {
-            u.name: dataclasses.replace(
-                u, roles={b: r for b, r in u.roles.items() if b != name}
-            )
+            u.name: dataclasses.replace(u, roles={b: r for b, r in u.roles.items() if b != name})
             for u in self.users.values()
             if name in u.roles
         }

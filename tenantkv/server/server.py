@@ -146,7 +146,7 @@ class Server:
             if self.config.metrics_port is not None:
                 from tenantkv.metrics import start_metrics_server
 
-                self.metrics_port = start_metrics_server(node, self.config.metrics_port)
+                self.metrics_port = start_metrics_server(node.status, self.config.metrics_port)
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)

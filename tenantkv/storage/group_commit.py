@@ -27,7 +27,7 @@ import lmdb
 
 from tenantkv import errors
 from tenantkv.storage.engine import CAS_BLOCK, CAS_KEY, Engine, is_disk_full
-from tenantkv.storage.ops import WriteOp
+from tenantkv.storage.ops import WriteContext, WriteOp
 
 log = logging.getLogger("tenantkv.storage")
 
@@ -45,21 +45,6 @@ class Pending:
     callback: Callback
     result: Any = None
     error: BaseException | None = None
-
-
-class WriteContext:
-    """What an op sees while the writer applies it."""
-
-    __slots__ = ("engine", "now_ms", "txn")
-
-    def __init__(self, engine: Engine, txn: lmdb.Transaction, now_ms: int) -> None:
-        self.engine = engine
-        self.txn = txn
-        self.now_ms = now_ms
-
-    def next_cas(self) -> int:
-        self.engine.cas_counter += 1
-        return self.engine.cas_counter
 
 
 _STOP = object()

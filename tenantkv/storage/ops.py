@@ -8,20 +8,32 @@ shared batch transaction untouched; its error goes to its own caller only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import lmdb
 import msgpack
 
 from tenantkv import errors
 from tenantkv.storage import records
-from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle
+from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle, Engine
 from tenantkv.storage.records import Record
 
-if TYPE_CHECKING:
-    from tenantkv.storage.group_commit import WriteContext
-
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class WriteContext:
+    """What an op sees while the writer applies it."""
+
+    __slots__ = ("engine", "now_ms", "txn")
+
+    def __init__(self, engine: Engine, txn: lmdb.Transaction, now_ms: int) -> None:
+        self.engine = engine
+        self.txn = txn
+        self.now_ms = now_ms
+
+    def next_cas(self) -> int:
+        self.engine.cas_counter += 1
+        return self.engine.cas_counter
 
 
 class WriteOp:
