@@ -60,6 +60,8 @@ class Session(Protocol):
 
     def select(self, bucket: str | None) -> None: ...
 
+    def expire_if_due(self, now: float) -> None: ...
+
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
