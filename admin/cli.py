@@ -298,7 +298,14 @@ def _user_create_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the user's requests are charged throttle units but never delayed",
     )
-    p.add_argument("--password", nargs="?", action=_MisplacedPassword, help=argparse.SUPPRESS)
+    # default=SUPPRESS: a subparser default would overwrite the global --password.
+    p.add_argument(
+        "--password",
+        nargs="?",
+        action=_MisplacedPassword,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
 
 
 def _user_create_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
@@ -338,6 +345,83 @@ def _user_create(c: tenantkv.Client, a: argparse.Namespace) -> Output:
         f"roles: {fmt.cell(u.get('roles', a.roles))})"
     )
     return Output(result, text)
+
+
+# user-update
+
+
+def _user_update_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="user to change")
+    p.add_argument(
+        "--role",
+        dest="roles",
+        type=role,
+        action="append",
+        default=None,
+        metavar="BUCKET=read|readwrite",
+        help="the user's roles become exactly these; repeat for more buckets",
+    )
+    p.add_argument("--no-roles", action="store_true", help="take every role away (with no --role)")
+    for flag, what in (
+        ("admin", "an admin (all buckets)"),
+        ("unthrottled", "charged throttle units but never delayed"),
+    ):
+        g = p.add_mutually_exclusive_group()
+        g.add_argument(
+            f"--{flag}", dest=flag, action="store_true", default=None, help=f"make it {what}"
+        )
+        g.add_argument(f"--no-{flag}", dest=flag, action="store_false", help=f"make it not {what}")
+    p.add_argument(
+        "--user-password",
+        metavar="PW",
+        help=f"a new password for the user (prefer ${ENV_NEW_USER_PASSWORD})",
+    )
+    p.add_argument(
+        "--password",
+        nargs="?",
+        action=_MisplacedPassword,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+
+
+def _user_update_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    changes: dict[str, Any] = {}
+    if a.roles is not None and a.no_roles:
+        raise UsageError("give --role or --no-roles, not both", p)
+    if a.roles is not None:
+        roles: dict[str, str] = {}
+        for bucket, r in a.roles:
+            if roles.get(bucket, r) != r:
+                raise UsageError(f"bucket {bucket!r} is given two roles", p)
+            roles[bucket] = r
+        changes["roles"] = roles
+    elif a.no_roles:
+        changes["roles"] = {}
+    for flag in ("admin", "unthrottled"):
+        if getattr(a, flag) is not None:
+            changes[flag] = getattr(a, flag)
+    password = a.user_password or os.environ.get(ENV_NEW_USER_PASSWORD)
+    if password is not None:
+        if not password:
+            raise UsageError("the new password is empty", p)
+        changes["password"] = password
+    if not changes:
+        raise UsageError(
+            "nothing to change: give --role/--no-roles, --admin/--no-admin, "
+            "--unthrottled/--no-unthrottled or a new password",
+            p,
+        )
+    a.changes = changes
+
+
+def _user_update(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    u = c.command("update_user", name=a.name, **a.changes)
+    text = (
+        f"updated user {fmt.cell(a.name)!r} (admin: {fmt.cell(u.get('admin'))}, "
+        f"unthrottled: {fmt.cell(u.get('unthrottled'))}, roles: {fmt.cell(u.get('roles'))})"
+    )
+    return Output(u, text)
 
 
 # user-list / user-delete
@@ -705,10 +789,27 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         _user_list,
     ),
     Subcommand(
+        "user-update",
+        "change a user's roles, privileges or password",
+        "Change a user in place: --role (repeatable) replaces all its roles, --no-roles "
+        "takes them away, --admin/--no-admin and --unthrottled/--no-unthrottled set the "
+        f"flags, --user-password (or ${ENV_NEW_USER_PASSWORD}) sets a new password. "
+        "What is not given stays. Its open connections see the change before their next "
+        "command.",
+        (
+            "tenantkv-admin user-update app --role orders=read",
+            "tenantkv-admin user-update ops --no-unthrottled",
+            f"{ENV_NEW_USER_PASSWORD}=n3w tenantkv-admin user-update app",
+        ),
+        _user_update_args,
+        _user_update,
+        _user_update_prepare,
+    ),
+    Subcommand(
         "user-delete",
         "delete a user",
-        "Delete a user. Its open connections stay open; new logins fail. A user cannot "
-        "delete itself.",
+        "Delete a user. Its open connections close, and its requests that have not run "
+        "yet fail; new logins fail. A user cannot delete itself.",
         ("tenantkv-admin user-delete app",),
         _user_delete_args,
         _user_delete,

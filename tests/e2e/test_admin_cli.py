@@ -304,3 +304,27 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"usage: tenantkv-admin {spec.name}" in text
         assert spec.description.split()[0] in text
         assert "examples:\n  tenantkv-admin" in text
+
+
+def test_global_password_reaches_user_create_and_user_update(daemon: Daemon) -> None:
+    """The global --password used to be overwritten by user-create's hidden option."""
+    pw = ["--password", ADMIN_PASSWORD]
+    ok(admin(daemon, *pw, "bucket-create", "gp", password=None))
+    ok(
+        admin(
+            daemon,
+            *pw,
+            "user-create",
+            "gp-user",
+            "--role",
+            "gp=read",
+            "--user-password",
+            "x1",
+            password=None,
+        )
+    )
+    ok(admin(daemon, *pw, "user-update", "gp-user", "--role", "gp=readwrite", password=None))
+    with daemon.client(user="gp-user", password="x1", bucket="gp") as c:
+        c.set("k", b"v")  # the new role applies
+    ok(admin(daemon, *pw, "user-delete", "gp-user", password=None))
+    ok(admin(daemon, *pw, "bucket-delete", "gp", "--yes", password=None))
