@@ -26,7 +26,8 @@ from typing import Any
 
 from tenantkv import errors
 
-USER_NAME_RE = re.compile(r"^[A-Za-z0-9_.@\-]{1,128}$")
+#: Matched with fullmatch: ``$`` alone would also accept a trailing newline.
+USER_NAME_RE = re.compile(r"[A-Za-z0-9_.@\-]{1,128}")
 ROLES = ("read", "readwrite")
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 MAX_PASSWORD_BYTES = 1024
@@ -110,7 +111,7 @@ def generate_password() -> str:
 
 
 def validate_user_name(name: Any) -> str:
-    if not isinstance(name, str) or not USER_NAME_RE.match(name):
+    if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
         raise errors.BadValue(
             "user name must be 1-128 characters of letters, digits, '_', '.', '@', '-'"
         )

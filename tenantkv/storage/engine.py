@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import threading
@@ -44,7 +45,10 @@ from tenantkv import errors, protocol
 from tenantkv.storage import records
 from tenantkv.storage.records import Record
 
-BUCKET_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+log = logging.getLogger("tenantkv.storage")
+
+#: Matched with fullmatch: ``$`` alone would also accept a trailing newline.
+BUCKET_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 SYSTEM_DB = b"__system__"
 EXPIRY_DB = b"__expiry__"
 BUCKET_DB_PREFIX = b"b:"
@@ -97,7 +101,7 @@ class BucketHandle:
 
 
 def validate_bucket_name(name: Any) -> str:
-    if not isinstance(name, str) or not BUCKET_NAME_RE.match(name):
+    if not isinstance(name, str) or not BUCKET_NAME_RE.fullmatch(name):
         raise errors.BadValue(
             "bucket name must be 1-100 characters of letters, digits, '_', '.', '-'"
         )
@@ -425,6 +429,17 @@ def _lock_data_dir(path: str) -> int:
         raise DataDirError("it is not a directory")
     if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
         raise DataDirError("permission denied: the server needs to read and write it")
+    mode = os.stat(path).st_mode & 0o777
+    if mode != 0o700:
+        # Users' password hashes and every tenant's data live here: the server's
+        # user only, as a new directory is made (an existing one may be 0755).
+        try:
+            os.chmod(path, 0o700)
+        except OSError as exc:
+            raise DataDirError(
+                f"it is mode {mode:o} and cannot be made 0700: {_one_line(exc)}"
+            ) from None
+        log.warning("data directory %s was mode %o; made it 0700", path, mode)
     lock_path = os.path.join(path, LOCK_FILE)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -7,6 +7,7 @@ shared batch transaction untouched; its error goes to its own caller only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,18 @@ from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle, Engine
 from tenantkv.storage.records import Record
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: A stored integer as Redis reads one (string2ll): 0, or an optional minus and
+#: ASCII digits without a leading zero; no plus sign, spaces or underscores
+#: (Python's int() accepts all three).
+_INT64_RE = re.compile(rb"0|-?[1-9][0-9]{0,18}")
+
+
+def parse_int64(data: bytes) -> int | None:
+    """The signed 64-bit integer ``data`` spells exactly, or None."""
+    if not _INT64_RE.fullmatch(data):
+        return None
+    value = int(data)
+    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 class WriteContext:
@@ -210,10 +223,9 @@ class CounterOp(WriteOp):
             value = self.initial
             expiry, flags = expiry_from_ttl(w.now_ms, self.ttl), 0
         else:
-            try:
-                current = int(live.value.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
-                raise errors.NotANumber("value is not a decimal integer") from None
+            current = parse_int64(live.value)
+            if current is None:
+                raise errors.NotANumber("value is not a decimal integer")
             value = current + self.delta
             expiry, flags = live.expiry_ms, live.flags
         if not INT64_MIN <= value <= INT64_MAX:

@@ -360,3 +360,55 @@ def test_a_client_that_leaves_the_establishment_queue_gives_its_place_back(sec: 
         finally:
             for name in settings:
                 admin.command("set_parameter", name=name, value=None)
+
+
+# -- 9. input that must be exact is exact ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["b\n", "b\r", "b\tc", "", "ü", "a b", "x" * 101])
+def test_bucket_and_user_names_are_exact(sec: Daemon, name: str) -> None:
+    with sec.client() as admin:
+        with pytest.raises(errors.BadValue, match="bucket name"):
+            admin.create_bucket(name)
+        with pytest.raises(errors.BadValue, match="user name"):
+            admin.create_user("x" * 129 if len(name) > 100 else name, "pw")
+
+
+@pytest.mark.parametrize(
+    "stored, ok",
+    [
+        (b" 7 ", None),
+        (b"1_000", None),
+        (b"+5", None),
+        (b"007", None),
+        (b"-0", None),
+        (b"9223372036854775808", None),
+        (b"0", 1),
+        (b"-12", -11),
+        (b"9223372036854775806", 9223372036854775807),
+    ],
+)
+def test_incr_parses_integers_like_redis(sec: Daemon, stored: bytes, ok: int | None) -> None:
+    with sec.client() as admin:
+        if "nums" not in {b["name"] for b in admin.list_buckets()}:
+            admin.create_bucket("nums")
+        admin.select_bucket("nums")
+        admin.set("n", stored)
+        if ok is None:
+            with pytest.raises(errors.NotANumber):
+                admin.incr("n")
+            assert admin.get("n") == stored
+        else:
+            assert admin.incr("n") == ok
+
+
+def test_an_existing_data_directory_is_made_private(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    d = Daemon(data).start()
+    try:
+        assert data.stat().st_mode & 0o777 == 0o700
+        assert "was mode 755; made it 0700" in d.log()
+    finally:
+        d.kill()
