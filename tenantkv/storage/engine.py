@@ -88,6 +88,32 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class NonDecreasingClock:
+    """Wall-clock milliseconds that never go back.
+
+    Expiry is absolute wall-clock time, as in Redis (a TTL becomes a deadline;
+    EXPIREAT-style deadlines are wall-clock by nature). When the system clock
+    steps back, this clock holds its highest reading until the wall clock catches
+    up, so a key already reported missing, or removed by the pager, never comes
+    back. Called from the event loop and the writer thread: a race can at worst
+    return a reading a few ms older than another thread's, never one from before
+    a step.
+    """
+
+    __slots__ = ("_high", "_wall")
+
+    def __init__(self, wall: Callable[[], int] = wall_ms) -> None:
+        self._wall = wall
+        self._high = wall()
+
+    def __call__(self) -> int:
+        t = self._wall()
+        if t > self._high:
+            self._high = t
+            return t
+        return self._high
+
+
 @dataclass(eq=False)
 class BucketHandle:
     """An open bucket. ``dropped`` is set before its drop is queued, so a
@@ -121,7 +147,7 @@ class Engine:
     ) -> None:
         self.path = os.fspath(path)
         self.max_map_size = max_map_size
-        self.now_ms = now_ms
+        self.now_ms = NonDecreasingClock(now_ms)
         self.sync = sync
         self.txn_lock = threading.RLock()
         #: online copies running (copy_to); map growth waits for them to end

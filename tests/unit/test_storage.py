@@ -285,3 +285,21 @@ def test_overwriting_clears_or_moves_the_expiry(store: Store) -> None:
     store.clock.ms += 100_000
     assert store.ok(ExpireDueOp())["removed"] == 1
     assert store.get(b"m") is None and store.get(b"k") is not None
+
+
+def test_a_backward_clock_step_resurrects_no_expired_key(store: Store) -> None:
+    """Expiry is absolute wall-clock time (as in Redis); when the clock steps back,
+    a key already reported missing, or already reclaimed, stays gone."""
+    b = store.bucket()
+    store.ok(SetOp(b, b"seen", b"v", ttl=10))
+    store.ok(SetOp(b, b"paged", b"v", ttl=10))
+    store.clock.ms += 11_000
+    assert store.get(b"seen") is None  # reported missing
+    assert store.ok(ExpireDueOp())["removed"] >= 1  # reclaimed by the pager
+    store.clock.ms -= 3_600_000  # the system clock steps an hour back
+    assert store.get(b"seen") is None
+    assert store.get(b"paged") is None
+    # A TTL set meanwhile counts from the clock's highest reading, not the stepped one.
+    store.ok(SetOp(b, b"new", b"v", ttl=10))
+    store.clock.ms += 3_600_000 + 11_000
+    assert store.get(b"new") is None
