@@ -371,6 +371,16 @@ SETTINGS: tuple[Setting, ...] = (
         1_000_000,
     ),
     Setting(
+        "login_failure_user_limit",
+        int,
+        30,
+        "Failed logins allowed per user name per login_failure_window_secs, from all "
+        "addresses together; more are refused from addresses where the user has not "
+        "logged in successfully (0 = no limit).",
+        0,
+        1_000_000,
+    ),
+    Setting(
         "login_failure_window_secs", float, 60.0, "Window of login_failure_limit.", 1.0, 86400.0
     ),
     Setting(
@@ -413,6 +423,7 @@ RUNTIME = frozenset(
         "throttle_max_wait_ms",
         "log_level",
         "login_failure_limit",
+        "login_failure_user_limit",
         "login_failure_window_secs",
         "execution_read_max_queue_depth",
         "execution_write_max_queue_depth",
@@ -495,6 +506,7 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     login_failure_limit: int = 10
+    login_failure_user_limit: int = 30
     login_failure_window_secs: float = 60.0
     enable_test_commands: bool = False
     log_level: str = "info"

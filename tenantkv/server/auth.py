@@ -141,12 +141,18 @@ def validate_roles(roles: Any) -> dict[str, str]:
 
 # -- failed-login limiting ----------------------------------------------------------
 
-#: Most source addresses the login limiter remembers; beyond it the one whose
-#: last failure is oldest is forgotten (a scan from many addresses cannot grow memory).
+#: Most sources, users and (user, source) pairs the login limiter remembers, each;
+#: beyond it the one whose last failure is oldest is forgotten (a scan from many
+#: addresses, or guesses at many user names, cannot grow memory).
 MAX_TRACKED_SOURCES = 65_536
-#: retryAfterMs hint when an address is at its limit only because of logins
-#: still being verified (they may yet succeed).
+#: retryAfterMs hint when a key is at its limit only because of logins still
+#: being verified (they may yet succeed).
 VERIFYING_RETRY_SECS = 0.5
+#: How long a successful login makes its (user, source) pair known-good: logins of
+#: that user from that source pass the source's and the user's limits (not the
+#: pair's own), so an attacker failing for a user cannot lock it out from an
+#: address it uses.
+KNOWN_GOOD_SECS = 7 * 86400.0
 
 
 def login_source(peer_ip: str) -> str:
@@ -165,12 +171,12 @@ def login_source(peer_ip: str) -> str:
 
 
 @dataclass(slots=True)
-class _Source:
-    #: times of recent failures, oldest first (at most ``limit`` kept)
+class _Window:
+    #: times of recent failures, oldest first (at most the limit kept)
     failures: deque[float] = field(default_factory=deque)
-    #: distinct credentials of this source being verified right now
+    #: logins of this key being verified right now
     verifying: int = 0
-    #: a block was logged (cleared when the source drops under its limit)
+    #: a block was logged (cleared when the key drops under its limit)
     blocked: bool = False
 
 
@@ -178,6 +184,9 @@ class _Source:
 class LoginLimiterStatistics:
     tracked_sources: int
     blocked_sources: int
+    tracked_users: int
+    blocked_users: int
+    known_good_pairs: int
     failures: int
     refused: int
 
@@ -185,20 +194,101 @@ class LoginLimiterStatistics:
         return {
             "tracked_sources": self.tracked_sources,
             "blocked_sources": self.blocked_sources,
+            "tracked_users": self.tracked_users,
+            "blocked_users": self.blocked_users,
+            "known_good_pairs": self.known_good_pairs,
             "failures": self.failures,
             "refused": self.refused,
         }
 
 
-class LoginLimiter:
-    """Failed logins per source in a sliding window; no I/O, time from ``clock``.
+class _Windows:
+    """Sliding windows of failures per key, LRU-bounded."""
 
-    Use: :meth:`retry_after` before a login (0 = go ahead; else refuse it
-    and call :meth:`refused`); :meth:`begin` / :meth:`end` around the slow
-    verification (a credential being verified counts against the limit, so
-    a burst of concurrent guesses cannot all reach scrypt); :meth:`failed`
-    for every failed login. ``limit`` and ``window`` are passed per call
-    because they are runtime parameters. Successful logins never count.
+    def __init__(self, max_tracked: int) -> None:
+        self.max = max_tracked
+        self.items: OrderedDict[Any, _Window] = OrderedDict()
+
+    def wait(self, key: Any, limit: int, window: float, now: float) -> float:
+        """Seconds until ``key`` is under ``limit`` again; 0.0 when it is now."""
+        w = self.items.get(key)
+        if w is None or limit <= 0:
+            return 0.0
+        _expire(w, now, window)
+        if len(w.failures) + w.verifying < limit:
+            w.blocked = False
+            return 0.0
+        if len(w.failures) >= limit:
+            return max(w.failures[-limit] + window - now, 0.001)
+        return VERIFYING_RETRY_SECS
+
+    def get(self, key: Any) -> _Window:
+        w = self.items.get(key)
+        if w is None:
+            w = self.items[key] = _Window()
+            while len(self.items) > self.max:
+                self.items.popitem(last=False)
+        return w
+
+    def failed(self, key: Any, limit: int, window: float, now: float) -> bool:
+        """Count a failure; True when it put ``key`` at its limit (log that once)."""
+        w = self.get(key)
+        self.items.move_to_end(key)
+        w.failures.append(now)
+        while len(w.failures) > max(limit, 1):
+            w.failures.popleft()
+        _expire(w, now, window)
+        self.sweep(now, window)
+        if limit > 0 and len(w.failures) >= limit and not w.blocked:
+            w.blocked = True
+            return True
+        return False
+
+    def end(self, key: Any) -> None:
+        w = self.items.get(key)
+        if w is None:
+            return
+        w.verifying = max(w.verifying - 1, 0)
+        if not w.verifying and not w.failures:
+            del self.items[key]
+
+    def sweep(self, now: float, window: float) -> None:
+        """Forget keys whose failures all left the window (oldest first; amortised O(1))."""
+        while self.items:
+            key, w = next(iter(self.items.items()))
+            if w.verifying or (w.failures and w.failures[-1] > now - window):
+                return
+            del self.items[key]
+
+    def blocked(self, limit: int, window: float, now: float) -> int:
+        if limit <= 0:
+            return 0
+        n = 0
+        for w in self.items.values():
+            _expire(w, now, window)
+            n += len(w.failures) >= limit
+        return n
+
+
+class LoginLimiter:
+    """Failed logins per source, per user and per (user, source), in sliding
+    windows; no I/O, time from ``clock``.
+
+    The rule (docs/security.md): a login for ``user`` from ``source`` is refused,
+    before any scrypt is spent, when the pair has ``limit`` failures in the window;
+    else it passes if the pair is *known-good* (a successful login within
+    :data:`KNOWN_GOOD_SECS`); else it is refused when the source has ``limit``
+    failures (one address guessing at anything) or the user has ``user_limit``
+    failures from all sources together (many addresses guessing at one user).
+    So guessing from rotating addresses is bounded per user, and an attacker
+    failing for a user does not lock that user out of the addresses it uses.
+
+    Use: :meth:`retry_after` before a login (0 = go ahead; else refuse it and call
+    :meth:`refused`); :meth:`begin` / :meth:`end` around the slow verification (a
+    credential being verified counts, so a burst of concurrent guesses cannot all
+    reach scrypt); :meth:`failed` for every failed login, :meth:`succeeded` for a
+    successful one. Limits are passed per call: they are runtime parameters.
+    ``user`` None (not a string) is counted per source only.
     """
 
     def __init__(
@@ -206,92 +296,97 @@ class LoginLimiter:
     ) -> None:
         self._clock = clock
         self._max_tracked = max_tracked
-        self._sources: OrderedDict[str, _Source] = OrderedDict()
+        self._sources = _Windows(max_tracked)
+        self._users = _Windows(max_tracked)
+        self._pairs = _Windows(max_tracked)
+        #: (user, source) -> time of its last successful login
+        self._good: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._failures_total = 0
         self._refused_total = 0
 
-    def retry_after(self, source: str, limit: int, window: float) -> float:
-        """Seconds until ``source`` may try to log in; 0.0 when it may now."""
-        if limit <= 0:
-            return 0.0
-        s = self._sources.get(source)
-        if s is None:
-            return 0.0
+    def retry_after(
+        self,
+        source: str,
+        limit: int,
+        window: float,
+        user: str | None = None,
+        user_limit: int = 0,
+    ) -> float:
+        """Seconds until ``user`` may try to log in from ``source``; 0.0 when it may now."""
         now = self._clock()
-        _expire(s, now, window)
-        if len(s.failures) + s.verifying < limit:
-            s.blocked = False
-            return 0.0
-        if len(s.failures) >= limit:
-            return max(s.failures[-limit] + window - now, 0.001)
-        return VERIFYING_RETRY_SECS
+        if user is not None:
+            pair = (user, source)
+            wait = self._pairs.wait(pair, limit, window, now)
+            if wait:
+                return wait
+            since = self._good.get(pair)
+            if since is not None and now - since < KNOWN_GOOD_SECS:
+                return 0.0
+        wait = self._sources.wait(source, limit, window, now)
+        if wait or user is None:
+            return wait
+        return self._users.wait(user, user_limit, window, now)
 
     def refused(self) -> None:
         self._refused_total += 1
 
-    def begin(self, source: str) -> None:
-        """A credential of ``source`` goes to the slow verification."""
-        s = self._sources.get(source)
-        if s is None:
-            s = self._sources[source] = _Source()
-            self._bound()
-        s.verifying += 1
+    def begin(self, source: str, user: str | None = None) -> None:
+        """A credential of ``source`` (for ``user``) goes to the slow verification."""
+        self._sources.get(source).verifying += 1
+        if user is not None:
+            self._users.get(user).verifying += 1
+            self._pairs.get((user, source)).verifying += 1
 
-    def end(self, source: str) -> None:
+    def end(self, source: str, user: str | None = None) -> None:
         """That verification finished (call :meth:`failed` too if it failed)."""
-        s = self._sources.get(source)
-        if s is None:
-            return
-        s.verifying = max(s.verifying - 1, 0)
-        if not s.verifying and not s.failures:
-            del self._sources[source]
+        self._sources.end(source)
+        if user is not None:
+            self._users.end(user)
+            self._pairs.end((user, source))
 
-    def failed(self, source: str, limit: int, window: float) -> bool:
-        """Count a failed login; True when this failure put ``source`` at its limit
-        (the caller logs that once)."""
+    def failed(
+        self,
+        source: str,
+        limit: int,
+        window: float,
+        user: str | None = None,
+        user_limit: int = 0,
+    ) -> str | None:
+        """Count a failed login. Returns what this failure put at its limit —
+        ``"source"`` or ``"user"`` — once, for the caller to log; else None."""
         self._failures_total += 1
         now = self._clock()
-        s = self._sources.get(source)
-        if s is None:
-            s = self._sources[source] = _Source()
-        else:
-            self._sources.move_to_end(source)
-        s.failures.append(now)
-        while len(s.failures) > max(limit, 1):
-            s.failures.popleft()
-        _expire(s, now, window)
-        self._sweep(now, window)
-        self._bound()
-        if limit > 0 and len(s.failures) >= limit and not s.blocked:
-            s.blocked = True
-            return True
-        return False
+        hit = "source" if self._sources.failed(source, limit, window, now) else None
+        if user is not None:
+            self._pairs.failed((user, source), limit, window, now)
+            if self._users.failed(user, user_limit, window, now) and hit is None:
+                hit = "user"
+        return hit
 
-    def statistics(self, limit: int, window: float) -> LoginLimiterStatistics:
+    def succeeded(self, source: str, user: str) -> None:
+        """A successful login: the pair becomes known-good."""
+        pair = (user, source)
+        self._good[pair] = self._clock()
+        self._good.move_to_end(pair)
+        while len(self._good) > self._max_tracked:
+            self._good.popitem(last=False)
+
+    def statistics(
+        self, limit: int, window: float, user_limit: int = 0
+    ) -> LoginLimiterStatistics:
         now = self._clock()
-        blocked = 0
-        if limit > 0:
-            for s in self._sources.values():
-                _expire(s, now, window)
-                blocked += len(s.failures) >= limit
         return LoginLimiterStatistics(
-            len(self._sources), blocked, self._failures_total, self._refused_total
+            tracked_sources=len(self._sources.items),
+            blocked_sources=self._sources.blocked(limit, window, now),
+            tracked_users=len(self._users.items),
+            blocked_users=self._users.blocked(user_limit, window, now),
+            known_good_pairs=len(self._good),
+            failures=self._failures_total,
+            refused=self._refused_total,
         )
 
-    def _sweep(self, now: float, window: float) -> None:
-        """Forget sources whose failures all left the window (oldest first; amortised O(1))."""
-        while self._sources:
-            source, s = next(iter(self._sources.items()))
-            if s.verifying or (s.failures and s.failures[-1] > now - window):
-                return
-            del self._sources[source]
 
-    def _bound(self) -> None:
-        while len(self._sources) > self._max_tracked:
-            self._sources.popitem(last=False)
-
-
-def _expire(s: _Source, now: float, window: float) -> None:
+def _expire(w: _Window, now: float, window: float) -> None:
     cutoff = now - window
-    while s.failures and s.failures[0] <= cutoff:
-        s.failures.popleft()
+    while w.failures and w.failures[0] <= cutoff:
+        w.failures.popleft()

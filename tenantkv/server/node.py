@@ -454,22 +454,25 @@ class Node:
         """The user these credentials name, or AuthenticationFailed.
 
         With ``peer`` (the client's address), failed logins are limited per
-        source (:class:`auth.LoginLimiter`): a source at
-        ``login_failure_limit`` failures in ``login_failure_window_secs`` gets
-        TooManyLoginFailures at once, before any scrypt is spent, and so does
-        one whose credentials being verified would reach the limit. Concurrent
-        logins with the same credentials share one verification.
+        source, per user and per (user, source) (:class:`auth.LoginLimiter`; the
+        rule is in docs/security.md): a login over a limit gets
+        TooManyLoginFailures at once, before any scrypt is spent, and so does one
+        whose credentials being verified would reach it. Concurrent logins with
+        the same credentials share one verification.
         """
         source = auth.login_source(peer) if peer is not None else None
+        who = name if isinstance(name, str) else None
         while True:
             if source is not None:
-                self._check_login_rate(source)
+                self._check_login_rate(source, who)
             if not isinstance(name, str) or not isinstance(password, str):
-                self._login_failed(source)
+                self._login_failed(source, who)
                 raise errors.AuthenticationFailed("user and password must be strings")
             user = self.users.get(name)
             key = auth.digest(name, password)
             if user is not None and self._verified.get(key) == name:
+                if source is not None:
+                    self.login_limiter.succeeded(source, name)
                 return user
             pending = self._verifying.get(key)
             if pending is None:
@@ -478,13 +481,13 @@ class Node:
             done, box = pending
             await done.wait()
             if box[0] is False:
-                self._login_failed(source)
+                self._login_failed(source, who)
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
         done, box = trio.Event(), [None]
         self._verifying[key] = (done, box)
         if source is not None:
-            self.login_limiter.begin(source)
+            self.login_limiter.begin(source, name)
         try:
             ok = await self._verify(user, name, password)
             box[0] = ok
@@ -492,11 +495,13 @@ class Node:
             del self._verifying[key]
             done.set()
             if source is not None:
-                self.login_limiter.end(source)
+                self.login_limiter.end(source, name)
         if not ok:
-            self._login_failed(source)
+            self._login_failed(source, who)
             raise errors.AuthenticationFailed("unknown user or wrong password")
         assert user is not None
+        if source is not None:
+            self.login_limiter.succeeded(source, name)
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[key] = name
@@ -511,25 +516,35 @@ class Node:
         ok = await trio.to_thread.run_sync(auth.verify, user, password)
         return ok and self.users.get(name) is user
 
-    def _check_login_rate(self, source: str) -> None:
+    def _check_login_rate(self, source: str, name: str | None) -> None:
         cfg = self.config
         wait = self.login_limiter.retry_after(
-            source, cfg.login_failure_limit, cfg.login_failure_window_secs
+            source,
+            cfg.login_failure_limit,
+            cfg.login_failure_window_secs,
+            name,
+            cfg.login_failure_user_limit,
         )
         if wait > 0:
             self.login_limiter.refused()
             raise errors.TooManyLoginFailures(
-                f"too many failed logins from this address; try again in {math.ceil(wait)} s",
+                "too many failed logins from this address or for this user; try again in "
+                f"{math.ceil(wait)} s",
                 retry_after_ms=math.ceil(wait * 1000),
             )
 
-    def _login_failed(self, source: str | None) -> None:
+    def _login_failed(self, source: str | None, name: str | None) -> None:
         if source is None:
             return
         cfg = self.config
-        if self.login_limiter.failed(
-            source, cfg.login_failure_limit, cfg.login_failure_window_secs
-        ):
+        hit = self.login_limiter.failed(
+            source,
+            cfg.login_failure_limit,
+            cfg.login_failure_window_secs,
+            name,
+            cfg.login_failure_user_limit,
+        )
+        if hit == "source":
             log.warning(
                 "%d failed logins from %s within %gs (login_failure_limit): refusing its "
                 "logins until they age out",
@@ -537,14 +552,29 @@ class Node:
                 source,
                 cfg.login_failure_window_secs,
             )
+        elif hit == "user":
+            # An existing user's name only: an unknown "user name" is often a password
+            # typed in the wrong field, and passwords are never logged.
+            who = repr(name) if name in self.users else "an unknown user name"
+            log.warning(
+                "%d failed logins for %s within %gs from all addresses "
+                "(login_failure_user_limit): refusing its logins from addresses where it "
+                "has not logged in until they age out",
+                cfg.login_failure_user_limit,
+                who,
+                cfg.login_failure_window_secs,
+            )
 
     def login_statistics(self) -> dict[str, Any]:
         cfg = self.config
         return {
             "login_failure_limit": cfg.login_failure_limit,
+            "login_failure_user_limit": cfg.login_failure_user_limit,
             "login_failure_window_secs": cfg.login_failure_window_secs,
             **self.login_limiter.statistics(
-                cfg.login_failure_limit, cfg.login_failure_window_secs
+                cfg.login_failure_limit,
+                cfg.login_failure_window_secs,
+                cfg.login_failure_user_limit,
             ).as_dict(),
         }
 

@@ -294,7 +294,8 @@ def test_limiter_sliding_window() -> None:
     src = "192.0.2.7"
     for i in range(3):
         assert lim.retry_after(src, 3, 60) == 0
-        assert lim.failed(src, 3, 60) is (i == 2)  # the failure that blocks says so, once
+        # the failure that blocks says so, once
+        assert (lim.failed(src, 3, 60) == "source") is (i == 2)
         clock.t += 10
     # failures at 1000, 1010, 1020; now 1030: blocked until 1000 + 60
     assert lim.retry_after(src, 3, 60) == pytest.approx(30)
@@ -445,14 +446,19 @@ def test_login_limit_on_the_daemon_and_no_secrets_anywhere(chatty: Daemon) -> No
     for user in ("sam", "nobody", secrets[1]):  # a password typed as a user name, too
         with pytest.raises(errors.AuthenticationFailed):
             d.client(user=user, password=secrets[2], bucket="s")
+    # The address is at its limit: a user who never logged in from it is refused,
+    # before any scrypt, even with the right password...
     t0 = time.monotonic()
     with pytest.raises(errors.TooManyLoginFailures) as exc_info:
-        d.client(user="sam", password=secrets[0], bucket="s")
+        d.client(user="sue", password=secrets[1], bucket="s")
     exc = exc_info.value
     assert 0 < (exc.retry_after_ms or 0) <= 2000 and exc.code == 28
     assert exc.labels == ()  # not retryable by the client's overload policy
+    # ...but the guesses do not lock sam out of the address it logged in from.
+    with d.client(user="sam", password=secrets[0], bucket="s") as u:
+        assert u.get("k") == b"v"
     time.sleep(max(0.0, (exc.retry_after_ms or 0) / 1000 - (time.monotonic() - t0)) + 0.1)
-    with d.client(user="sam", password=secrets[0], bucket="s") as u:  # the failures expired
+    with d.client(user="sue", password=secrets[1], bucket="s") as u:  # the failures expired
         assert u.get("k") == b"v"
     with d.client() as c:
         status = c.server_status()

@@ -412,3 +412,81 @@ def test_an_existing_data_directory_is_made_private(tmp_path: Path) -> None:
         assert "was mode 755; made it 0700" in d.log()
     finally:
         d.kill()
+
+
+# -- 5. login throttling that neither leaks nor locks out -------------------------------------
+
+
+def test_login_limiter_rules_without_a_socket() -> None:
+    """Per pair, per source, per user; a known-good pair passes the wider limits."""
+    from tenantkv.server import auth
+
+    now = [1000.0]
+    lim = auth.LoginLimiter(lambda: now[0])
+    kw = {"limit": 3, "window": 60.0, "user_limit": 6}
+
+    def wait(src: str, user: str) -> float:
+        return lim.retry_after(src, kw["limit"], kw["window"], user, kw["user_limit"])
+
+    lim.succeeded("10.0.0.1", "admin")  # the admin's usual address
+    # An attacker rotating addresses: 2 guesses each, never at a source's limit...
+    guesses = 0
+    for i in range(2, 40):
+        src = f"10.0.1.{i}"
+        for _ in range(2):
+            if wait(src, "admin") == 0:
+                lim.failed(src, kw["limit"], kw["window"], "admin", kw["user_limit"])
+                guesses += 1
+    assert guesses == 6  # ...is held to the user's limit in all
+    assert wait("10.0.9.9", "admin") > 0  # a new address for the admin: refused
+    assert wait("10.0.0.1", "admin") == 0  # its known-good address: not locked out
+    assert wait("10.0.9.9", "bob") == 0  # other users are not affected
+    # One address failing for the admin locks that pair only.
+    for _ in range(3):
+        lim.failed("10.0.0.1", kw["limit"], kw["window"], "admin", kw["user_limit"])
+    assert wait("10.0.0.1", "admin") > 0
+    now[0] += 61
+    assert wait("10.0.0.1", "admin") == wait("10.0.9.9", "admin") == 0
+    st = lim.statistics(kw["limit"], kw["window"], kw["user_limit"])
+    assert st.failures == 9 and st.known_good_pairs == 1
+
+
+def test_login_limiter_state_is_bounded() -> None:
+    from tenantkv.server import auth
+
+    lim = auth.LoginLimiter(lambda: 1.0, max_tracked=50)
+    for i in range(5000):
+        lim.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", 3, 60.0, f"user{i}", 10)
+        lim.succeeded(f"10.9.{i // 256 % 256}.{i % 256}", f"user{i}")
+    st = lim.statistics(3, 60.0, 10)
+    assert st.tracked_sources <= 50 and st.tracked_users <= 50 and st.known_good_pairs <= 50
+
+
+def test_guesses_from_many_addresses_are_held_per_user_on_the_daemon(tmp_path: Path) -> None:
+    cfg = tmp_path / "t.toml"
+    cfg.write_text("[server]\nlogin_failure_limit = 3\nlogin_failure_user_limit = 5\n")
+    d = Daemon(tmp_path / "data", extra_args=["--config", str(cfg)]).start()
+    try:
+        with d.client() as admin:  # from 127.0.0.1: a known-good address for admin
+            assert admin.ping() == "pong"
+        refused = failed = 0
+        for i in range(2, 12):  # ten addresses, two guesses each
+            for _ in range(2):
+                with connect(d, f"127.0.0.{i}") as s:
+                    s.sendall(hello(password="guess"))
+                    code = read_response(s)[2]["codeName"]  # type: ignore[index]
+                    failed += code == "AuthenticationFailed"
+                    refused += code == "TooManyLoginFailures"
+        assert failed == 5 and refused == 15
+        start = time.monotonic()
+        with d.client() as admin:  # the admin is not locked out of its address
+            assert admin.ping() == "pong"
+            st = admin.server_status()["authentication"]
+        assert time.monotonic() - start < 1.0
+        assert st["blocked_users"] == 1 and st["blocked_sources"] == 0
+        with connect(d, "127.0.0.40") as s:  # a new address for admin: refused
+            s.sendall(hello())
+            assert read_response(s)[2]["codeName"] == "TooManyLoginFailures"  # type: ignore[index]
+        assert "failed logins for 'admin'" in d.log()
+    finally:
+        d.kill()
