@@ -371,6 +371,16 @@ SETTINGS: tuple[Setting, ...] = (
         1_000_000,
     ),
     Setting(
+        "throttle_max_request_secs",
+        float,
+        5.0,
+        "A request may cost at most this many seconds of its bucket's hard limit: a "
+        "costlier write is refused up front (RequestTooCostly), and no bucket's debt "
+        "exceeds it (one request cannot block a tenant for minutes).",
+        0.1,
+        3600.0,
+    ),
+    Setting(
         "login_failure_user_limit",
         int,
         30,
@@ -421,6 +431,7 @@ RUNTIME = frozenset(
         "shutdown_grace_secs",
         "expiry_pager_interval_secs",
         "throttle_max_wait_ms",
+        "throttle_max_request_secs",
         "log_level",
         "login_failure_limit",
         "login_failure_user_limit",
@@ -505,6 +516,7 @@ class Config:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
+    throttle_max_request_secs: float = 5.0
     login_failure_limit: int = 10
     login_failure_user_limit: int = 30
     login_failure_window_secs: float = 60.0

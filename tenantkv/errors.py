@@ -183,6 +183,12 @@ TooManyLoginFailures = _define(
     "Too many failed logins from this address; wait retryAfterMs before trying again.",
     fatal=True,
 )
+RequestTooCostly = _define(
+    29,
+    "RequestTooCostly",
+    "One request would cost more units than its bucket may spend in "
+    "throttle_max_request_secs of its hard limit; it was refused before it ran.",
+)
 IngressRequestRateLimitExceeded = _define(
     462,
     "IngressRequestRateLimitExceeded",

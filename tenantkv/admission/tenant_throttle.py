@@ -155,6 +155,9 @@ DEFAULT_UNIT_SIZE: Final = 4096
 DEFAULT_WRITE_WEIGHT: Final = 2
 DEFAULT_SLICE_SECS: Final = 0.1
 DEFAULT_MAX_WAIT_SECS: Final = 5.0
+#: Most debt a bucket may carry, in seconds of its rate (``throttle_max_request_secs``);
+#: also the most one request may cost, in seconds of the bucket's hard limit.
+DEFAULT_MAX_DEBT_SECS: Final = 5.0
 #: Share of its reservation a bucket keeps while it has no open connection.
 SLOW_START_FRACTION: Final = 0.1
 #: A non-hungry bucket's demand is this times its recent usage (room to grow
@@ -464,6 +467,7 @@ class TenantThrottle:
         write_weight: int = DEFAULT_WRITE_WEIGHT,
         slice_secs: float = DEFAULT_SLICE_SECS,
         max_wait_secs: float = DEFAULT_MAX_WAIT_SECS,
+        max_debt_secs: float = DEFAULT_MAX_DEBT_SECS,
     ) -> None:
         if not 0.0 < slice_secs <= 0.1:
             raise ValueError(f"slice_secs must be in (0, 0.1], got {slice_secs}")
@@ -480,6 +484,8 @@ class TenantThrottle:
         self._hold = HUNGRY_HOLD_SLICES * slice_secs
         #: Longest a request may wait for its turn (server ``throttle_max_wait_ms``).
         self.max_wait_secs = max_wait_secs
+        #: Debt bound and largest request, in seconds of a bucket's rate / hard limit.
+        self.max_debt_secs = max_debt_secs
         self._buckets: dict[str, _Bucket] = {}
         now = clock()
         self._window = math.floor(now)
@@ -660,6 +666,15 @@ class TenantThrottle:
             return 0.0
         return self._throttled(b, now)
 
+    def max_request_units(self, bucket: str) -> float:
+        """The most one request on ``bucket`` may cost: ``max_debt_secs`` of its hard
+        limit (``inf`` when the hard limit is unlimited or 0: a 0 limit throttles
+        everything anyway)."""
+        b = self._buckets.get(bucket)
+        if b is None or b.hard_rate == _INF or b.hard_rate <= 0.0:
+            return _INF
+        return max(b.hard_rate * self.max_debt_secs, 1.0)
+
     def charge(self, bucket: str, ru: int, wu: int, *, unthrottled: bool = False) -> None:
         """Account an operation that ran: ``ru`` read and ``wu`` write units.
 
@@ -696,8 +711,18 @@ class TenantThrottle:
                 take = spare
             self._spare = spare - take
             c += take
-        b.credit = c - cost
-        b.hard -= cost
+        c -= cost
+        h = b.hard - cost
+        # Debt is bounded: a burst of large requests admitted together (or a read
+        # whose size was known only after it ran) leaves a bucket at most
+        # max_debt_secs of its rate to repay, never minutes of lockout.
+        secs = self.max_debt_secs
+        if h < 0.0 and h < -b.hard_rate * secs:
+            h = -b.hard_rate * secs
+        if c < 0.0 and c < -b.rate * secs:
+            c = -b.rate * secs
+        b.credit = c
+        b.hard = h
 
     # ------------------------------------------------------------------ waits & stats
 

@@ -221,6 +221,8 @@ class Node:
             self.write_tickets.max_queue_depth = value
         elif name == "throttle_max_wait_ms":
             self.throttle.max_wait_secs = value / 1000
+        elif name == "throttle_max_request_secs":
+            self.throttle.max_debt_secs = value
         elif name == "log_level":
             logging.getLogger().setLevel(value.upper())
 
@@ -300,6 +302,7 @@ class Node:
             ),
             write_weight=self.config.write_weight,
             max_wait_secs=self.config.throttle_max_wait_ms / 1000,
+            max_debt_secs=self.config.throttle_max_request_secs,
         )
         self.gate = TenantThrottleGate(self.throttle)
         for handle in self.engine.buckets.values():
@@ -328,6 +331,22 @@ class Node:
         unit = self.config.read_unit_size
         ru = -(-sizes[0] // unit) if len(sizes) == 1 else sum(read_units(n, unit) for n in sizes)
         self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled)
+
+    def check_write_cost(self, bucket: str, op: WriteOp) -> None:
+        """Refuse, before it runs, a write costing more than its bucket may spend in
+        ``throttle_max_request_secs`` of its hard limit (an 8 MiB write on a bucket
+        limited to 10 units/s would otherwise block it for 13 minutes)."""
+        most = self.throttle.max_request_units(bucket)
+        if most == math.inf:
+            return
+        cost = write_units(op.size_hint, self.config.write_unit_size) * self.config.write_weight
+        if cost > most:
+            raise errors.RequestTooCostly(
+                f"this write costs {cost} units; bucket {bucket!r} may spend at most "
+                f"{most:.0f} in one request (throttle_max_request_secs="
+                f"{self.config.throttle_max_request_secs:g} s of its hard_limit "
+                f"{self.throttle.bucket_limits(bucket)[1]} units/s)"
+            )
 
     def charge_write(self, bucket: str, nbytes: int, unthrottled: bool) -> None:
         if nbytes and bucket in self.throttle:

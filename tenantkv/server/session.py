@@ -476,6 +476,7 @@ class Session:
                     node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
                 op = cmd.handler(self, b, params)
+                node.check_write_cost(b.name, op)
                 if (
                     h is None
                     and (h := node.pipeline.try_admit(b.name, True, user.unthrottled)) is None
