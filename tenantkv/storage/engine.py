@@ -160,6 +160,11 @@ class Engine:
         #: the on-disk format version found (or written) at open
         self.format_version = FORMAT_VERSION
         self._lock_fd = _lock_data_dir(self.path)
+        try:
+            _reserve_space(self.path)
+        except DataDirError:
+            os.close(self._lock_fd)
+            raise
         self.env: Any = None
         try:
             try:
@@ -488,6 +493,49 @@ def _lock_data_dir(path: str) -> int:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+#: Free space the server needs to open its files: LMDB's lock file (its reader
+#: table, mapped into memory) and the first pages of the data file. Small on
+#: purpose: a server on a nearly full disk must still start (reads, deletes).
+MIN_FREE_BYTES = 256 * 1024
+#: LMDB's lock file for 256 readers is ~16 KiB; reserved a little larger.
+LOCK_FILE_RESERVE = 64 * 1024
+
+
+def _reserve_space(path: str) -> None:
+    """Check free space and allocate LMDB's lock file before LMDB maps it.
+
+    LMDB maps ``lock.mdb`` into memory and writes through the mapping: on a full
+    filesystem the first touch of an unbacked page is a SIGBUS that kills the
+    server without a word. Allocating the file's blocks first (posix_fallocate)
+    turns that into ENOSPC here, where it becomes one clear error line.
+    """
+    try:
+        st = os.statvfs(path)
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    except OSError:
+        free = None
+    if free is not None and free < MIN_FREE_BYTES:
+        raise DataDirError(
+            f"its filesystem has only {free // 1024} KiB free; the server needs at least "
+            f"{MIN_FREE_BYTES // 1024} KiB to open its files (disk full?)"
+        )
+    lock = os.path.join(path, "lock.mdb")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise DataDirError(f"cannot create lock.mdb: {_one_line(exc)}") from None
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_RESERVE)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DataDirError(
+                f"no space to allocate lock.mdb: {_one_line(exc)} (disk full?)"
+            ) from None
+        # EOPNOTSUPP and friends: the filesystem cannot preallocate; go on.
+    finally:
+        os.close(fd)
 
 
 def _check_format(raw: bytes | None) -> int:

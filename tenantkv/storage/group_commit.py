@@ -15,6 +15,7 @@ schedules result delivery on the Trio loop (``TrioToken.run_sync_soon``).
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import threading
@@ -219,7 +220,16 @@ class GroupCommitWriter:
 
     @staticmethod
     def _storage_error(exc: BaseException) -> errors.TenantKVError:
+        """A full disk (ENOSPC, a quota, or LMDB's EIO for a short write with no
+        space left) is StorageFull; any other I/O error says so, and is not
+        reported as a full disk."""
         if is_disk_full(exc):
             return errors.StorageFull(f"disk full: {exc}")
+        text = str(exc)
+        if (isinstance(exc, OSError) and exc.errno == errno.EIO) or (
+            "input/output error" in text.lower()
+        ):
+            log.error("storage I/O error (EIO) with free space left, not a full disk: %s", text)
+            return errors.InternalError(f"storage I/O error (not a full disk): {text}")
         log.exception("storage failure", exc_info=exc)
-        return errors.InternalError(f"storage failure: {exc}")
+        return errors.InternalError(f"storage failure: {text}")

@@ -19,6 +19,7 @@ cannot be used.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -363,3 +364,28 @@ def test_newer_data_format_is_refused(tmp_path: Path) -> None:
     finally:
         env.close()
     assert_refused(serve(tmp_path / "data"), "format version 99", "newer")
+
+
+def test_a_fresh_server_on_a_full_disk_exits_with_a_clear_line(tiny_fs: Path) -> None:
+    """LMDB maps its lock file: on a full filesystem its first touch was a SIGBUS
+    with no log line. Now: exit status 1 and one ERROR line saying why."""
+    filler = tiny_fs / "filler"
+    with open(filler, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * (1 << 20))
+    r = serve(tiny_fs / "data")
+    assert_refused(r, "free", "disk full")
+
+
+def test_eio_with_space_left_is_not_reported_as_disk_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenantkv.storage.group_commit import GroupCommitWriter
+
+    eng = Engine(tmp_path / "db")
+    monkeypatch.setattr(Engine, "disk_free_bytes", lambda self: 10 << 30)
+    err = GroupCommitWriter._storage_error(lmdb.Error("mdb_txn_commit: Input/output error"))
+    assert isinstance(err, errors.InternalError) and "not a full disk" in err.errmsg
+    full = GroupCommitWriter._storage_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert isinstance(full, errors.StorageFull)
+    eng.close()
