@@ -174,6 +174,16 @@ SETTINGS: tuple[Setting, ...] = (
         "write_weight", int, 2, "Throttling cost of one WU in RU (a write also persists).", 0, 1000
     ),
     Setting(
+        "min_op_units",
+        int,
+        1,
+        "Least throttle cost of any executed operation, in RU (a write costs at least "
+        "min_op_units x write_weight): misses and failed writes are throttled like hits. "
+        "Metering (ru_total/wu_total) is unchanged.",
+        0,
+        1000,
+    ),
+    Setting(
         "throttle_max_wait_ms",
         int,
         5000,
@@ -482,6 +492,7 @@ class Config:
     read_unit_size: int = 4096
     write_unit_size: int = 4096
     write_weight: int = 2
+    min_op_units: int = 1
     throttle_max_wait_ms: int = 5000
     ingress_request_rate_limiter_enabled: bool = False
     ingress_request_admission_rate_per_sec: float = 100000.0

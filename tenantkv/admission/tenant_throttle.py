@@ -675,13 +675,21 @@ class TenantThrottle:
             return _INF
         return max(b.hard_rate * self.max_debt_secs, 1.0)
 
-    def charge(self, bucket: str, ru: int, wu: int, *, unthrottled: bool = False) -> None:
+    def charge(
+        self, bucket: str, ru: int, wu: int, *, unthrottled: bool = False, min_cost: int = 0
+    ) -> None:
         """Account an operation that ran: ``ru`` read and ``wu`` write units.
 
-        Pass ``unthrottled=True`` for operations admitted with the privilege, so
-        their usage is set aside from the free pool before it is shared.
+        ``ru``/``wu`` are metered as given (what a bill counts: a miss reads
+        nothing); the throttle cost is at least ``min_cost`` units, so an operation
+        that ran always spends something (``min_op_units``: misses and failed
+        writes are held to the limits like hits). Pass ``unthrottled=True`` for
+        operations admitted with the privilege, so their usage is set aside from
+        the free pool before it is shared.
         """
         cost = ru + self._write_weight * wu
+        if cost < min_cost:
+            cost = min_cost
         self._ru_total += ru
         self._wu_total += wu
         now = self._clock()

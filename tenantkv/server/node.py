@@ -327,10 +327,18 @@ class Node:
         return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
     def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool) -> None:
-        """Meter a read after it ran: RU per record returned (a miss costs nothing)."""
+        """Charge a read after it ran: RU per record returned are metered (a miss
+        reads none); the throttle cost is at least ``min_op_units``."""
         unit = self.config.read_unit_size
-        ru = -(-sizes[0] // unit) if len(sizes) == 1 else sum(read_units(n, unit) for n in sizes)
-        self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled)
+        if not sizes:
+            ru = 0
+        elif len(sizes) == 1:
+            ru = -(-sizes[0] // unit)
+        else:
+            ru = sum(read_units(n, unit) for n in sizes)
+        self.throttle.charge(
+            bucket, ru, 0, unthrottled=unthrottled, min_cost=self.config.min_op_units
+        )
 
     def check_write_cost(self, bucket: str, op: WriteOp) -> None:
         """Refuse, before it runs, a write costing more than its bucket may spend in
@@ -349,10 +357,14 @@ class Node:
             )
 
     def charge_write(self, bucket: str, nbytes: int, unthrottled: bool) -> None:
-        if nbytes and bucket in self.throttle:
-            self.throttle.charge(
-                bucket, 0, write_units(nbytes, self.config.write_unit_size), unthrottled=unthrottled
-            )
+        """Charge a write that ran, succeeded or not (a CAS mismatch, ``add`` on an
+        existing key, a miss still cost a commit): WU metered for what it wrote,
+        throttle cost at least ``min_op_units x write_weight``."""
+        if bucket in self.throttle:
+            cfg = self.config
+            wu = write_units(nbytes, cfg.write_unit_size) if nbytes else 0
+            floor = cfg.min_op_units * cfg.write_weight
+            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=floor)
 
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
         assert self._token is not None

@@ -465,8 +465,7 @@ class Session:
                 result = cmd.handler(self, b, params)
                 h.release(method)
                 h = None
-                if self.read_sizes:
-                    node.charge_read(b.name, self.read_sizes, user.unthrottled)
+                node.charge_read(b.name, self.read_sizes, user.unthrottled)
                 self._reply(msgid, result)
                 if t0 is None:  # the fast path: counted and timed with its chunk
                     key = (b.name, method)
@@ -616,6 +615,10 @@ class Session:
             exc.command = method
             self._count_error(exc)
             self._reply_error(msgid, exc)
+            if isinstance(error, errors.ServerError) and not exc.labels:
+                # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
+                user = self.user
+                self.node.charge_write(b.name, 0, user is not None and user.unthrottled)
         if self._reader_parked:
             self._wake_reader()
 

@@ -287,3 +287,32 @@ def test_metrics_endpoint_shows_throttle_and_node_metrics(tmp_path: Path) -> Non
         'tenantkv_throttle_wait_seconds_bucket{bucket="m",le="+Inf"} ',
     ):
         assert line in text, line
+
+
+@pytest.mark.parametrize("kind", ["get miss", "exists miss", "failed add", "cas mismatch"])
+def test_every_executed_operation_costs_at_least_min_op_units(daemon: Daemon, kind: str) -> None:
+    """Misses and failed writes used to cost 0 units and escape every limit."""
+    bucket = "miss-" + kind.replace(" ", "-")
+    with daemon.client() as c:
+        c.create_bucket(bucket, reserved=0, hard_limit=20)
+    with daemon.client(bucket=bucket, nonblocking_throttle=True, max_overload_retries=0) as c:
+        if kind in ("failed add", "cas mismatch"):
+            c.set("there", b"v")
+        throttled = 0
+        for _ in range(300):
+            try:
+                if kind == "get miss":
+                    assert c.get("absent") is None
+                elif kind == "exists miss":
+                    assert c.exists("absent") is False
+                elif kind == "failed add":
+                    with pytest.raises(errors.KeyExists):
+                        c.set("there", b"w", mode="add")
+                else:
+                    with pytest.raises(errors.CasMismatch):
+                        c.set("there", b"w", cas=12345)
+            except errors.Throttled:
+                throttled += 1
+        assert throttled > 150, throttled  # held to ~20 units/s, like hits
+    st = _throttle(daemon, bucket)
+    assert st["reject_count_total"] >= 150
