@@ -17,8 +17,9 @@ Properties (all in units per second; ``None`` means "unlimited")
         Guaranteed to the bucket. The **free pool** is ``capacity - sum(reserved)``.
         A reservation a bucket leaves unused is *not* lent to others (the
         Couchbase guarantee: it is there the moment the tenant wants it).
-        ``reserved=None`` exempts the bucket from node capacity altogether
-        (it needs ``hard_limit=None`` too: reserved can't exceed hard limit).
+        ``reserved=None`` would exempt the bucket from node capacity; the admin
+        commands refuse it (throttle_props: a reservation is finite), so only
+        data saved by an older version can carry it.
     bucket ``hard_limit``
         Never exceeded over time, whatever the free pool holds. ``0`` throttles
         the bucket completely.

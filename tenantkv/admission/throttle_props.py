@@ -133,9 +133,23 @@ def _load(body: str | bytes | Mapping[str, Any], what: str) -> Mapping[str, Any]
     return obj
 
 
+#: Keys that hold a reservation: finite by rule (Couchbase's schema has numbers
+#: there). An "unlimited" reservation would exempt a bucket from node capacity
+#: (one served 17,045 units/s on a capacity-1000 node), so capacity must bound
+#: every throttled tenant.
+RESERVATION_KEYS: Final = ("reserved", "default_throttle_reserved_units")
+
+
 def _parse_keys(obj: Mapping[str, Any], keys: tuple[str, ...], what: str) -> dict[str, Limit]:
     for key in obj:
         if key not in keys:
             allowed = ", ".join(keys)
             raise BadValue(f"{what}: unknown key {key!r} (allowed: {allowed})")
-    return {key: parse_limit(key, obj[key]) for key in keys if key in obj}
+    out = {key: parse_limit(key, obj[key]) for key in keys if key in obj}
+    for key in RESERVATION_KEYS:
+        if key in out and out[key] is None:
+            raise BadValue(
+                f'{key} must be a non-negative integer: a reservation is finite, "unlimited" '
+                "is only for capacity and hard limits (node capacity bounds every tenant)"
+            )
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -82,8 +83,23 @@ def test_reserved_over_hard_limit() -> None:
     with pytest.raises(BadValue) as info:
         parse_bucket_props('{"reserved": 9000, "hard_limit": 8000}')
     assert "reserved can't exceed hard limit" in info.value.errmsg
-    with pytest.raises(BadValue, match="reserved can't exceed hard limit"):
+    with pytest.raises(BadValue, match="a reservation is finite"):
         parse_bucket_props({"reserved": "unlimited", "hard_limit": 8000})
+
+
+@pytest.mark.parametrize(
+    "parse, body",
+    [
+        (parse_bucket_props, {"reserved": "unlimited"}),
+        (parse_bucket_props, '{"reserved": "unlimited", "hard_limit": "unlimited"}'),
+        (parse_node_props, {"default_throttle_reserved_units": "unlimited"}),
+    ],
+)
+def test_reservations_are_finite(parse: Any, body: Any) -> None:
+    """An unlimited reservation exempted a bucket from node capacity (17,045 units/s
+    on a capacity-1000 node)."""
+    with pytest.raises(BadValue, match="a reservation is finite"):
+        parse(body)
 
 
 def test_node_defaults_hard_at_least_reserved() -> None:
