@@ -16,6 +16,7 @@ campaigns on the decoder alone: ``fuzz/decoder_fuzz.py``).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -122,8 +123,12 @@ def exchange(d: Daemon, payload: bytes, hello: dict[str, Any] | None = None) -> 
                 s.sendall(msgpack.packb([0, 0, "hello", hello]))
             s.sendall(payload)
             s.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server already closed: a fatal error before we were done
+        except OSError as exc:
+            # The server already closed (a fatal error before we were done): EPIPE,
+            # ECONNRESET, or ENOTCONN from shutdown() once the peer reset. What
+            # matters is what it answered before closing, read below.
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise
         u = msgpack.Unpacker(raw=False, strict_map_key=False)
         while True:
             try:
