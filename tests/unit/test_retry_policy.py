@@ -482,3 +482,26 @@ def test_a_policy_object_excludes_the_separate_settings() -> None:
     assert built.max_overload_retries == 3
     with pytest.raises(ValueError, match="max_backoff"):
         policy_from_settings(policy, **{**defaults, "max_backoff": 1.0})
+
+
+def test_the_event_log_is_a_bounded_ring_of_light_records() -> None:
+    """~10^5 kept exceptions (with their tracebacks) paused a client for seconds in GC."""
+    from tenantkv.client.monitoring import CommandFailedEvent
+
+    log = CommandEventLog(max_events=100)
+    for i in range(10_000):
+        try:
+            raise errors.Throttled(f"slow down {i}", retry_after_ms=5)
+        except errors.Throttled as exc:
+            err = exc
+        log.failed(
+            CommandFailedEvent(
+                "get", i, 1, ("h", 1), 0.001, err, 25, "Throttled", err.labels, 5, False
+            )
+        )
+        assert err.__traceback__ is not None  # the caller's exception is left whole
+    kept = log.events
+    assert len(kept) == 100 and kept[-1].operation_id == 9999
+    last = kept[-1].error
+    assert isinstance(last, errors.Throttled) and last.retry_after_ms == 5
+    assert last.__traceback__ is None and last.__context__ is None
