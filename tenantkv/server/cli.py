@@ -36,37 +36,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the server",
         description="Run the tenantkv server in the foreground. SIGINT/SIGTERM stop it "
         "gracefully. Flags override TENANTKV_<SETTING> environment variables, which "
-        "override the config file, which overrides the defaults.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "override the config file, which overrides the defaults (each named once "
+        "below; every other setting: docs/configuration.md).",
     )
+
+    def default(name: str) -> object:
+        return config_mod.setting(name).default
+
     serve.add_argument(
         "--config", metavar="FILE", help="TOML config file (see docs/configuration.md)"
     )
     serve.add_argument(
-        "--data-dir", metavar="DIR", help="data directory (default from config: ./tenantkv-data)"
+        "--data-dir", metavar="DIR", help=f"data directory (default {default('data_dir')})"
     )
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--host", help=f"address to listen on (default {default('host')})")
     serve.add_argument(
         "--port",
         type=int,
-        help=f"TCP port, 0 for any free port (default {config_mod.DEFAULT_PORT})",
+        help=f"TCP port, 0 for any free port (default {default('port')})",
     )
     serve.add_argument(
         "--metrics-port",
         type=int,
         metavar="N",
-        help="serve Prometheus metrics on this loopback port (0 = any free port)",
+        help="serve Prometheus metrics on this loopback port (0 = any free port; default: off)",
     )
     serve.add_argument(
         "--ready-file",
         metavar="PATH",
         help='once listening, write {"host","port","metrics_port","pid"} as JSON here',
     )
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help=f"least severe level logged (default {default('log_level')})",
+    )
     serve.add_argument(
         "--log-format",
         choices=("text", "json"),
-        help="text lines for people (default) or one JSON object per line",
+        help=f"text lines for people or one JSON object per line (default {default('log_format')})",
     )
     serve.add_argument(
         "--enable-test-commands",

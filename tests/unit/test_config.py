@@ -53,3 +53,18 @@ def test_configuration_doc_is_generated_from_the_declaration() -> None:
     assert doc.read_text() == config.render_markdown(), (
         "run: tenantkv config docs > docs/configuration.md"
     )
+
+
+def test_serve_help_names_each_default_once() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tenantkv.server.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "(default: None)" not in out
+    for default in ("./tenantkv-data", "127.0.0.1", "7207"):
+        assert out.count(default) == 1, default
