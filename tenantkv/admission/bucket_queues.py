@@ -33,13 +33,14 @@ Slots
 
 Defaults (server parameters ``bucket_queue_concurrency``,
 ``bucket_queue_tolerance``, ``bucket_queue_pending_timeout_ms``)
-    * ``concurrency = 64``. Reads run inline on the event loop, so their slots
-      are held for microseconds and 64 never binds them; writes hold theirs
-      until their batch is durable (~0.1-3 ms), so 64 per bucket admits more
-      than one group-commit batch from a bucket (tens of thousands of writes/s)
-      while keeping any one tenant from filling the writer's queue alone. It is
-      a per-tenant fairness bound, not the node's capacity (execution tickets
-      and write permits size that).
+    * ``concurrency = 512`` (was 64; raised with the group-commit sizing: 64
+      capped the writes in flight, and so the commit batch, per bucket). Reads
+      run inline on the event loop, so their slots are held for microseconds and
+      never bind; writes hold theirs until their batch is durable (~0.1-3 ms),
+      so 512 per bucket admits a whole group-commit batch from a bucket while
+      keeping any one tenant from filling the writer's queue alone. It is a
+      per-tenant fairness bound, not the node's capacity (execution tickets and
+      write permits size that).
     * ``queue_tolerance = 1024``. A waiting request is a parked connection (a
       session waits for its request's admission), i.e. cheap; 1024 is 16
       slot-turns of 64, about 16 batches or ~50 ms of write latency at the
