@@ -189,6 +189,12 @@ RequestTooCostly = _define(
     "One request would cost more units than its bucket may spend in "
     "throttle_max_request_secs of its hard limit; it was refused before it ran.",
 )
+HardLimitZero = _define(
+    30,
+    "HardLimitZero",
+    "The bucket's hard limit is 0: nothing runs on it until an admin raises the limit; "
+    "not retryable.",
+)
 IngressRequestRateLimitExceeded = _define(
     462,
     "IngressRequestRateLimitExceeded",

@@ -85,6 +85,7 @@ Server integration
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -546,7 +547,7 @@ class BucketQueues:
             raise AdmissionQueueOverflow(
                 f"bucket {bucket!r} {cls} queue is full ({q.running} running, "
                 f"{len(q.waiters)} waiting, queue_tolerance {q.queue_tolerance})",
-                retry_after_ms=self.retry_after_ms(q, now),
+                retry_after_ms=self._spread(self.retry_after_ms(q, now)),
             )
         if not q.waiters and now - q.rate_t0 > RATE_STALE_SECS:
             # A queue forms after a quiet spell: measure the release rate afresh.
@@ -573,8 +574,14 @@ class BucketQueues:
         return AdmissionQueueOverflow(
             f"bucket {q.bucket!r} {q.cls} request waited {waited_ms} ms for a slot "
             f"(bucket_queue_pending_timeout_ms {self._timeout_ms})",
-            retry_after_ms=self.retry_after_ms(q, now),
+            retry_after_ms=self._spread(self.retry_after_ms(q, now)),
         )
+
+    @staticmethod
+    def _spread(ms: int) -> int:
+        """The rejection hint, spread over up to one more drain time: never sooner
+        than the queue should drain, and not the same instant for every client."""
+        return min(MAX_RETRY_AFTER_MS, ms + int(random.random() * ms))
 
     def abandon(self, q: BucketQueue, waiter: Waiter) -> None:
         """``waiter`` went away before it got a slot (cancelled)."""

@@ -70,6 +70,7 @@ Server integration
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +92,13 @@ MAX_QUEUE_DEPTH: Final = 1_000_000
 MAX_RETRY_AFTER_MS: Final = 10_000
 #: A balance this close below one token counts as one (refills are floats).
 _ONE: Final = 1.0 - 1e-9
+
+
+def spread_hint_ms(wait: float, step: float) -> int:
+    """The ``retryAfterMs`` a rejected caller is told: the real wait plus a random
+    share of up to one more wait (at least ``step``, one token's interval), so the
+    rejected callers of one instant do not all retry at the same one."""
+    return retry_after_ms(wait + random.random() * max(wait, step))
 
 
 def retry_after_ms(wait: float) -> int:
@@ -320,7 +328,7 @@ class TokenBucket:
             f"{self.name}: rate exceeded ({self._prefix}rate_per_sec {self._rate:g}, "
             f"burst {self._burst:g})"
         )
-        return self._error(msg, retry_after_ms=retry_after_ms(wait))
+        return self._error(msg, retry_after_ms=spread_hint_ms(wait, 1.0 / self._rate))
 
     # ------------------------------------------------------------------ configuration
 

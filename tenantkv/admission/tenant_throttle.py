@@ -142,6 +142,7 @@ from tenantkv.errors import (
     BucketExists,
     BucketNotFound,
     DeadlineExceeded,
+    HardLimitZero,
     ServerError,
     Throttled,
 )
@@ -1053,10 +1054,16 @@ def _spread(wait: float, slice_secs: float) -> float:
     return wait + random.random() * max(slice_secs, wait)
 
 
-def _retry_after_ms(wait: float, cap_ms: int) -> int:
-    """``retryAfterMs`` for a predicted wait: at least 1, at most ``cap_ms``."""
-    if not wait * 1000.0 < cap_ms:  # also inf
-        return cap_ms
+#: The hint for a wait with no end in sight (a zero rate that only a property
+#: change, or another bucket leaving capacity unused, can end).
+UNKNOWN_WAIT_RETRY_MS: Final = 10_000
+
+
+def _retry_after_ms(wait: float) -> int:
+    """``retryAfterMs`` for a predicted wait: never shorter than the wait itself
+    (a hint that is too short only brings a retry that fails again), at least 1."""
+    if wait == _INF:
+        return UNKNOWN_WAIT_RETRY_MS
     return max(1, math.ceil((wait - WAKE_GUARD_SECS) * 1000.0))
 
 
@@ -1104,13 +1111,18 @@ class TenantThrottleGate:
             wait = throttle.try_admit(bucket)
             if wait == 0.0:
                 return
+        if wait == _INF and throttle.bucket_limits(bucket)[1] == 0:
+            # Not "retry later": nothing will ever pass until an operator acts.
+            throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+            raise HardLimitZero(
+                f"bucket {bucket!r} has hard_limit 0: nothing runs on it until an admin "
+                "raises it (set-bucket-throttle)"
+            )
         if nonblocking:
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
             raise Throttled(
                 f"bucket {bucket!r} is over its unit allowance",
-                retry_after_ms=_retry_after_ms(
-                    _spread(wait, throttle.slice_secs), NONBLOCKING_MAX_RETRY_MS
-                ),
+                retry_after_ms=_retry_after_ms(_spread(wait, throttle.slice_secs)),
             )
         start = trio.current_time()
         if deadline is not None and deadline <= start:
@@ -1122,7 +1134,7 @@ class TenantThrottleGate:
         if start + wait > limit:
             # Sleeping just to fail would hold the client for nothing.
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
-            raise self._throttled(bucket, wait)
+            raise self._throttled(bucket, wait, deadline is not None and deadline < limit + 1e-9)
         if queue is None:
             queue = self._queues[bucket] = deque()
         waiter = _Waiter()
@@ -1152,7 +1164,7 @@ class TenantThrottleGate:
                     return
                 now = trio.current_time()
                 if now + wait > limit:
-                    raise self._throttled(bucket, wait)
+                    raise self._throttled(bucket, wait, False)
                 wake_at = now + wait
             else:
                 wake_at = limit
@@ -1161,14 +1173,22 @@ class TenantThrottleGate:
             timed_out = scope.cancelled_caught and not head and not waiter.removed
             if timed_out and queue[0] is not waiter:
                 # Out of time while others were still ahead.
-                raise self._throttled(bucket, throttle.estimate_wait(bucket))
+                raise self._throttled(bucket, throttle.estimate_wait(bucket), False)
 
-    def _throttled(self, bucket: str, wait: float) -> ServerError:
-        """A :class:`Throttled` error with a ``retryAfterMs`` for ``wait`` seconds."""
-        cap = max(NONBLOCKING_MAX_RETRY_MS, round(self.throttle.max_wait_secs * 1000))
+    def _throttled(self, bucket: str, wait: float, by_deadline: bool) -> ServerError:
+        """A :class:`Throttled` error whose ``retryAfterMs`` is the real wait, spread
+        (never a blanket cap), and whose message says which bound the wait passed."""
+        throttle = self.throttle
+        bound = (
+            "the request's deadline"
+            if by_deadline
+            else f"throttle_max_wait_ms ({round(throttle.max_wait_secs * 1000)} ms)"
+        )
+        hint = _retry_after_ms(_spread(wait, throttle.slice_secs))
+        what = "an unknown time" if wait == _INF else f"{math.ceil(wait * 1000)} ms"
         return Throttled(
-            f"bucket {bucket!r} is over its unit allowance (throttled past the wait bound)",
-            retry_after_ms=_retry_after_ms(wait, cap),
+            f"bucket {bucket!r} is over its unit allowance: the wait ({what}) exceeds {bound}",
+            retry_after_ms=hint,
         )
 
     def _leave(self, bucket: str, queue: deque[_Waiter], waiter: _Waiter) -> None:

@@ -145,10 +145,10 @@ def test_deadline_against_a_bucket_with_hard_limit_zero(testing: Daemon) -> None
         c.create_bucket("zero", reserved=0, hard_limit=0)
     with testing.client(bucket="zero", event_listeners=[log]) as c:
         start = time.monotonic()
-        with pytest.raises(errors.Throttled):
+        with pytest.raises(errors.HardLimitZero):
             c.with_timeout(0.3).get("k")
         assert time.monotonic() - start < 1.0
-    assert attempts(log, "get") == [(1, "Throttled")]  # retryAfterMs is past the deadline
+    assert attempts(log, "get") == [(1, "HardLimitZero")]  # not retryable: one attempt
 
 
 @pytest.fixture

@@ -93,13 +93,27 @@ def test_c_nonblocking_mode_rejects_at_once_with_a_hint(daemon: Daemon) -> None:
 
 def test_blocking_wait_is_bounded_by_the_request_deadline(daemon: Daemon) -> None:
     with daemon.client() as c:
-        c.create_bucket("zero", reserved=0, hard_limit=0)
-    with daemon.client(bucket="zero") as c:
+        c.create_bucket("slow", reserved=0, hard_limit=2)
+    with daemon.client(bucket="slow", max_overload_retries=0) as c:
+        c.set("k", b"v" * 10_000)  # 3 WU x 2 = 6 units: three seconds of the hard limit
         start = time.monotonic()
         with pytest.raises(errors.Throttled) as info:
             c.command("get", key=b"k", timeout_ms=300)
         assert time.monotonic() - start < 5
-        assert info.value.retry_after_ms is not None
+        assert "exceeds the request's deadline" in info.value.errmsg
+        assert (info.value.retry_after_ms or 0) >= 1000  # the real wait, not the deadline
+
+
+def test_hard_limit_zero_is_not_retry_later(daemon: Daemon) -> None:
+    """It answered Throttled/RetryableError with 5000 ms, and the client spent ~25 s of
+    its 30 s deadline retrying something no retry could pass."""
+    with daemon.client() as c:
+        c.create_bucket("zero", reserved=0, hard_limit=0)
+    with daemon.client(bucket="zero") as c:
+        start = time.monotonic()
+        with pytest.raises(errors.HardLimitZero, match="hard_limit 0") as info:
+            c.get("k")
+        assert time.monotonic() - start < 1.0 and info.value.labels == ()
 
 
 def test_d_deleting_a_bucket_frees_its_throttled_requests(daemon: Daemon) -> None:

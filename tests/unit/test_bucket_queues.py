@@ -214,7 +214,8 @@ def test_retry_hint_follows_the_observed_release_rate() -> None:
         qs.enqueue("a", WRITE)
     with pytest.raises(AdmissionQueueOverflow) as exc:
         qs.enqueue("a", WRITE)
-    assert exc.value.retry_after_ms == 90  # (8 queued + 1) / 100 per second
+    # (8 queued + 1) / 100 per second = 90 ms, spread over up to one more drain time
+    assert 90 <= (exc.value.retry_after_ms or 0) <= 180
     assert stats(qs).release_rate == pytest.approx(100.0)
 
 
