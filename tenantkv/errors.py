@@ -4,7 +4,11 @@ What to catch::
 
     TenantKVError                      every error tenantkv raises
     ├── ClientError                    raised on the client side, never sent by a server
-    │   ├── ConnectionClosed           the socket closed or could not be opened
+    │   ├── ConnectionClosed           the socket closed or could not be opened:
+    │   │   ├── ConnectFailed          no connection could be made (nothing sent)
+    │   │   ├── RequestNotSent         it broke before the request went out (did not run)
+    │   │   ├── PeerClosed             the server closed after the request went out
+    │   │   └── MalformedReply         the reply could not be decoded
     │   └── ClientTimeout              the per-operation timeout passed
     └── ServerError                    an error map the server sent (one subclass per code)
         ├── BadValue, UnknownCommand, ProtocolError, FrameTooLarge, HelloRequired
@@ -82,7 +86,34 @@ class ClientError(TenantKVError):
 
 
 class ConnectionClosed(ClientError):
+    """The connection is gone or could not be made; the subclasses say how."""
+
     code_name = "ConnectionClosed"
+
+
+class ConnectFailed(ConnectionClosed):
+    """No connection could be opened (refused, unreachable, TLS failed): nothing was sent."""
+
+    code_name = "ConnectFailed"
+
+
+class RequestNotSent(ConnectionClosed):
+    """The connection broke before the request was sent: it provably did not run."""
+
+    code_name = "RequestNotSent"
+
+
+class PeerClosed(ConnectionClosed):
+    """The server closed the connection after the request was sent: whether it ran is
+    unknown (a read is retried; a write is not, and this error says so)."""
+
+    code_name = "PeerClosed"
+
+
+class MalformedReply(ConnectionClosed):
+    """The server's reply could not be decoded; the connection is dropped."""
+
+    code_name = "MalformedReply"
 
 
 class ClientTimeout(ClientError):

@@ -364,7 +364,7 @@ class ResponseDecoder:
         try:
             self._unpacker.feed(data)
         except msgpack.BufferFull:
-            raise errors.ConnectionClosed("response frame exceeds the frame bound") from None
+            raise errors.MalformedReply("response frame exceeds the frame bound") from None
 
     def __iter__(self) -> Iterator[Response]:
         while True:
@@ -373,8 +373,8 @@ class ResponseDecoder:
             except StopIteration:
                 return
             except Exception as exc:
-                raise errors.ConnectionClosed(f"malformed response from server: {exc!r}") from None
+                raise errors.MalformedReply(f"malformed response from server: {exc!r}") from None
             if type(obj) is not list or len(obj) != 4 or obj[0] != RESPONSE:
                 # reprlib: a deeply nested reply must not blow the stack while we describe it
-                raise errors.ConnectionClosed(f"malformed response from server: {_short(obj)}")
+                raise errors.MalformedReply(f"malformed response from server: {_short(obj)}")
             yield Response(obj[1], obj[2], obj[3])

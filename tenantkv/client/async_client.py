@@ -64,7 +64,7 @@ class _Connection:
             while True:
                 data = await stream.receive_some(RECV_BYTES)
                 if not data:
-                    self.fail(errors.ConnectionClosed("the server closed the connection"))
+                    self.fail(errors.PeerClosed("the server closed the connection"))
                     return
                 for resp in self.core.receive(data):
                     if resp.msgid is None and resp.error is not None:
@@ -75,7 +75,7 @@ class _Connection:
                         slot.response = resp
                         slot.event.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.fail(errors.ConnectionClosed(f"connection lost: {exc!r}"))
+            self.fail(errors.PeerClosed(f"connection lost: {exc!r}"))
         except errors.TenantKVError as exc:
             self.fail(exc)
 
@@ -83,11 +83,11 @@ class _Connection:
         self, call: Call[Any], params: dict[str, Any], deadline: float | None
     ) -> Any:
         """Send one request and wait for its result until ``deadline`` (trio time)."""
-        if self.failure is not None:
-            raise self.failure
+        if self.failure is not None:  # it broke before this request went out
+            raise errors.RequestNotSent(f"the connection is gone: {self.failure.errmsg}")
         stream = self.stream
         if stream is None:
-            raise errors.ConnectionClosed("the client is not connected")
+            raise errors.RequestNotSent("the client is not connected")
         msgid, data = self.core.request(call.method, params)
         slot = _Slot()
         self.waiting[msgid] = slot
@@ -97,7 +97,7 @@ class _Connection:
                     await stream.send_all(data)
                 await slot.event.wait()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise errors.ConnectionClosed(f"send failed: {exc!r}") from None
+            raise errors.RequestNotSent(f"send failed: {exc!r}") from None
         finally:
             self.waiting.pop(msgid, None)
         if scope.cancelled_caught:
@@ -144,7 +144,7 @@ class AsyncClient(BaseClient):
             with trio.fail_after(self.connect_timeout):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
-            raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc!r}") from None
+            raise errors.ConnectFailed(f"cannot connect to {host}:{port}: {exc!r}") from None
         if self.ssl_context is None:
             return stream
         tls = trio.SSLStream(stream, self.ssl_context, server_hostname=host, https_compatible=True)
@@ -153,7 +153,7 @@ class AsyncClient(BaseClient):
                 await tls.do_handshake()
         except (trio.BrokenResourceError, trio.TooSlowError) as exc:
             await stream.aclose()
-            raise errors.ConnectionClosed(
+            raise errors.ConnectFailed(
                 f"TLS handshake with {host}:{port} failed: {tls_failure(exc.__cause__ or exc)}"
             ) from None
         return tls
@@ -208,14 +208,11 @@ class AsyncClient(BaseClient):
             await cm.__aexit__(None, None, None)
 
     async def _connection(self, index: int) -> _Connection:
+        """The connection to server ``index``, reconnected (a new ``hello``, with the
+        selected bucket) when the server closed it — after a restart, say."""
         conn = self._conns[index]
         if conn is not None and conn.failure is None:
             return conn
-        if index == self._servers.home:
-            if conn is None:
-                raise errors.ConnectionClosed("the client is not connected")
-            assert conn.failure is not None
-            raise conn.failure  # the home connection is the client's own: it does not come back
         if self._nursery is None:
             raise errors.ConnectionClosed("the client is not connected")
         async with self._opening[index]:

@@ -343,7 +343,11 @@ class RetryState:
         """
         servers = self._servers
         if attempt.server == servers.home:
-            return None
+            # The client's own server, restarting maybe: try it again with backoff,
+            # within the deadline (nothing was sent, so any command may retry).
+            if not isinstance(exc, errors.TenantKVError):
+                return None
+            return self._retry_after_loss(exc, now)
         servers.mark_down(attempt.server, now)
         server = servers.pick_retry(attempt.server, self._avoid, now)
         log.debug(
@@ -363,6 +367,11 @@ class RetryState:
         bucket = policy.token_bucket
         if not isinstance(exc, errors.TenantKVError):
             return None  # cancellation, interrupts, bugs: never retried
+        if _did_not_run(exc) or (isinstance(exc, errors.PeerClosed) and self.call.is_read):
+            # A server restart: the request provably did not run (refused while
+            # stopping, or the connection broke before it was sent), or it was a
+            # read, which may run twice. The next attempt reconnects.
+            return self._retry_after_loss(exc, now)
         labels = exc.labels
         if errors.SYSTEM_OVERLOADED not in labels:
             if bucket is not None and self.attempt > 1:
@@ -401,6 +410,28 @@ class RetryState:
         )
         return Attempt(self.attempt + 1, server, delay)
 
+    def _retry_after_loss(self, exc: errors.TenantKVError, now: float) -> Attempt | None:
+        """Retry on the same server after a lost connection or a stopping server,
+        with backoff, within the deadline and the retry budget (as redis-py and
+        PyMongo users expect a client to ride out a restart)."""
+        policy = self._policy
+        if self.retries >= policy.max_overload_retries:
+            return self._give_up(exc, f"{self.retries} retries made, the most allowed")
+        retry = self.retries + 1
+        delay = policy.backoff(retry, exc.retry_after_ms)
+        if self.deadline is not None and now + delay >= self.deadline:
+            return self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
+        self.retries = retry
+        log.debug(
+            "retrying %s (operation %d) after %s: attempt %d in %.3f s",
+            self.call.method,
+            self.operation_id,
+            exc.code_name,
+            self.attempt + 1,
+            delay,
+        )
+        return Attempt(self.attempt + 1, self.server, delay)
+
     def _give_up(self, exc: errors.TenantKVError, why: str) -> None:
         log.debug(
             "not retrying %s (operation %d) after %s on attempt %d: %s",
@@ -411,6 +442,11 @@ class RetryState:
             why,
         )
         return None
+
+
+def _did_not_run(exc: errors.TenantKVError) -> bool:
+    """The error guarantees the request had no effect, whatever its kind."""
+    return isinstance(exc, errors.RequestNotSent | errors.ShuttingDown)
 
 
 def policy_from_settings(

@@ -15,6 +15,7 @@ adaptive token bucket).
 from __future__ import annotations
 
 import inspect
+import select
 import socket
 import ssl
 import time
@@ -52,14 +53,14 @@ class _Connection:
         try:
             self._sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
-            raise errors.ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+            raise errors.ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:
             try:  # the handshake runs here, within connect_timeout
                 self._sock = ssl_context.wrap_socket(self._sock, server_hostname=host)
             except (OSError, ssl.SSLError) as exc:
                 self._sock.close()
-                raise errors.ConnectionClosed(
+                raise errors.ConnectFailed(
                     f"TLS handshake with {host}:{port} failed: {tls_failure(exc)}"
                 ) from None
         try:
@@ -74,14 +75,25 @@ class _Connection:
         self.send(data)
         return self.core.outcome(self.wait(msgid, deadline), call)
 
+    def alive(self) -> bool:
+        """False when the server closed this (idle) connection: with no request
+        outstanding, anything readable is its EOF or its closing error. A cheap,
+        non-blocking look, so a request is not sent into a connection already gone."""
+        if self.closed:
+            return False
+        if self._ready or select.select([self._sock], [], [], 0)[0] == []:
+            return True
+        self.close()
+        return False
+
     def send(self, data: bytes) -> None:
         if self.closed:
-            raise errors.ConnectionClosed("the client is closed")
+            raise errors.RequestNotSent("the connection is closed")
         try:
             self._sock.sendall(data)
         except OSError as exc:
             self.close()
-            raise errors.ConnectionClosed(f"send failed: {exc}") from None
+            raise errors.RequestNotSent(f"send failed: {exc}") from None
 
     def wait(self, msgid: int, deadline: float | None) -> Response:
         while msgid not in self._ready:
@@ -99,10 +111,10 @@ class _Connection:
                 continue
             except OSError as exc:
                 self.close()
-                raise errors.ConnectionClosed(f"receive failed: {exc}") from None
+                raise errors.PeerClosed(f"receive failed: {exc}") from None
             if not data:
                 self.close()
-                raise errors.ConnectionClosed("the server closed the connection")
+                raise errors.PeerClosed("the server closed the connection")
             closing: Response | None = None
             for resp in self.core.receive(data):
                 if resp.msgid is None and resp.error is not None:
@@ -191,12 +203,13 @@ class Client(BaseClient):
             return result
 
     def _connection(self, index: int) -> _Connection:
-        conn = self._conns[index]
-        if conn is not None and not conn.closed:
-            return conn
-        if index == self._servers.home or self._closed:
-            self.close()  # the home connection is the client's own: it does not come back
+        """The connection to server ``index``, reconnected (a new ``hello``, with the
+        selected bucket) when the server closed it — after a restart, say."""
+        if self._closed:
             raise errors.ConnectionClosed("the client is closed")
+        conn = self._conns[index]
+        if conn is not None and conn.alive():
+            return conn
         conn = self._conns[index] = self._open(index)
         return conn
 

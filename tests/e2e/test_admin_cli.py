@@ -254,7 +254,7 @@ def test_nothing_listening_is_a_connection_error() -> None:
     port = free_port()
     proc = admin(None, "--host", "127.0.0.1", "--port", str(port), "--timeout", "5", "status")
     line = failed(proc, 1)
-    assert line.startswith(f"tenantkv-admin: ConnectionClosed: cannot connect to 127.0.0.1:{port}")
+    assert line.startswith(f"tenantkv-admin: ConnectFailed: cannot connect to 127.0.0.1:{port}")
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,9 @@ class _FakeConn:
     def roundtrip(self, call: Call[Any], params: dict[str, Any], deadline: float | None) -> Any:
         return self.cluster.answer(self.index, call, params)
 
+    def alive(self) -> bool:
+        return not self.closed
+
     def close(self) -> None:
         self.closed = True
 

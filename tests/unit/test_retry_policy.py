@@ -191,7 +191,6 @@ def test_backoff_draws_uniform_jitter_by_default() -> None:
     "exc",
     [
         errors.KeyNotFound("no"),
-        errors.ShuttingDown("bye"),  # RetryableError alone: not an overload
         errors.Throttled("x", labels=("SystemOverloadedError",)),  # not retryable
         errors.ClientTimeout("slow"),
         errors.ConnectionClosed("gone"),
@@ -201,6 +200,28 @@ def test_backoff_draws_uniform_jitter_by_default() -> None:
 def test_errors_without_both_labels_are_raised_at_once(exc: BaseException) -> None:
     run = drive(RetryPolicy(random=fixed(1.0)), [exc])
     assert run.error is exc and len(run.attempts) == 1 and run.now == 0.0
+
+
+@pytest.mark.parametrize("call", [GET, SET])
+@pytest.mark.parametrize(
+    "exc", [errors.ShuttingDown("restarting"), errors.RequestNotSent("broke before send")]
+)
+def test_a_request_that_provably_did_not_run_is_retried(
+    call: Any, exc: errors.TenantKVError
+) -> None:
+    """A server restart: refused while stopping, or the connection broke before the
+    request went out. Reads and writes alike are safe to send again."""
+    run = drive(RetryPolicy(random=fixed(1.0)), [exc, "ok"], call=call)
+    assert run.result == "ok" and len(run.attempts) == 2
+
+
+def test_a_lost_reply_is_retried_for_a_read_and_raised_for_a_write() -> None:
+    """After the request went out the fate of a write is unknown: it is not sent
+    twice behind the caller's back (PeerClosed says so); a read may run twice."""
+    lost = errors.PeerClosed("the server closed the connection")
+    assert drive(RetryPolicy(random=fixed(1.0)), [lost, "ok"], call=GET).result == "ok"
+    run = drive(RetryPolicy(random=fixed(1.0)), [lost, "ok"], call=SET)
+    assert run.error is lost and len(run.attempts) == 1
 
 
 def test_a_non_overload_error_after_an_overload_is_not_backed_off() -> None:
@@ -387,7 +408,9 @@ def test_server_unavailable_reroutes_the_same_attempt() -> None:
     third = op.server_unavailable(second, errors.ConnectionClosed("refused"), 0.0)
     assert third is not None and (third.number, third.server, third.delay) == (2, 2, 0.0)
     assert not servers.is_up(1, now=0.0)
-    assert op.server_unavailable(first, errors.ConnectionClosed("x"), 0.0) is None  # home
+    # the home server (restarting?) is tried again, after a backoff
+    again = op.server_unavailable(first, errors.ConnectFailed("x"), 0.0)
+    assert again is not None and again.server == 0  # (jitter 0 here: no delay)
 
 
 # -- monitoring and logging -----------------------------------------------------------
