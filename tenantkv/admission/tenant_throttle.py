@@ -160,6 +160,11 @@ DEFAULT_MAX_WAIT_SECS: Final = 5.0
 #: Most debt a bucket may carry, in seconds of its rate (``throttle_max_request_secs``);
 #: also the most one request may cost, in seconds of the bucket's hard limit.
 DEFAULT_MAX_DEBT_SECS: Final = 5.0
+#: Most debt unthrottled use may leave on its bucket, in seconds of the bucket's
+#: rate: one refill window's worth (the spirit of the origin's one-second slots).
+#: Unthrottled work is never delayed, so without this bound a burst of it locked
+#: the bucket's other users out for as long as it took to repay (57 s seen).
+UNTHROTTLED_DEBT_SECS: Final = 1.0
 #: Share of its reservation a bucket keeps while it has no open connection.
 SLOW_START_FRACTION: Final = 0.1
 #: A non-hungry bucket's demand is this times its recent usage (room to grow
@@ -726,7 +731,7 @@ class TenantThrottle:
         # Debt is bounded: a burst of large requests admitted together (or a read
         # whose size was known only after it ran) leaves a bucket at most
         # max_debt_secs of its rate to repay, never minutes of lockout.
-        secs = self.max_debt_secs
+        secs = UNTHROTTLED_DEBT_SECS if unthrottled else self.max_debt_secs
         if h < 0.0 and h < -b.hard_rate * secs:
             h = -b.hard_rate * secs
         if c < 0.0 and c < -b.rate * secs:
