@@ -256,6 +256,26 @@ SETTINGS: tuple[Setting, ...] = (
         "Client addresses (CIDR list) that skip the connection limiter.",
     ),
     Setting(
+        "ingress_admission_controller_enabled",
+        bool,
+        True,
+        "Take an ingress admission ticket per operation (MongoDB's "
+        "ingressAdmissionControllerEnabled); off, the controller costs nothing.",
+    ),
+    Setting(
+        "bucket_queue_enabled",
+        bool,
+        True,
+        "Bound each bucket's concurrent operations per class (bucket_queue_*); off, "
+        "requests skip the bucket queues.",
+    ),
+    Setting(
+        "write_permit_enabled",
+        bool,
+        True,
+        "Lag-driven write permits per bucket (write_permit_*); off, writes skip them.",
+    ),
+    Setting(
         "ingress_admission_tickets",
         int,
         1_000_000,
@@ -503,6 +523,9 @@ class Config:
     ingress_connection_establishment_burst_capacity_secs: float = 1.0
     ingress_connection_establishment_max_queue_depth: int = 100
     ingress_connection_establishment_rate_limiter_bypass: str = ""
+    ingress_admission_controller_enabled: bool = True
+    bucket_queue_enabled: bool = True
+    write_permit_enabled: bool = True
     ingress_admission_tickets: int = 1_000_000
     bucket_queue_concurrency: int = 512
     bucket_queue_tolerance: int = 1024

@@ -44,8 +44,8 @@ class Holds:
     def __init__(
         self,
         pipeline: Pipeline,
-        ingress: Ticket,
-        queue: BucketQueue,
+        ingress: Ticket | None,
+        queue: BucketQueue | None,
         permit: BucketPermits | None,
         ticket: Ticket,
     ) -> None:
@@ -64,8 +64,10 @@ class Holds:
             self.permit = None
         if self.queue is not None:
             p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
-            self.queue = None  # type: ignore[assignment]
-        self.ingress.release()
+            self.queue = None
+        if self.ingress is not None:
+            self.ingress.release()
+            self.ingress = None
 
 
 @dataclass(eq=False)
@@ -77,11 +79,16 @@ class Pipeline:
     permits: WritePermitGate
     read_tickets: TicketHolder
     write_tickets: TicketHolder
+    #: Switches, as their origins have (MongoDB's ingress admission controller;
+    #: Manta's throttle; the lag-driven permits): a gate switched off costs nothing.
+    ingress_enabled: bool = True
+    queues_enabled: bool = True
+    permits_enabled: bool = True
 
     def try_admit(self, bucket: str, write: bool, unthrottled: bool) -> Holds | None:
         """Admit now through every gate, or take nothing and return None."""
-        ingress = self.ingress.try_acquire()
-        if ingress is None:
+        ingress = None
+        if self.ingress_enabled and (ingress := self.ingress.try_acquire()) is None:
             return None
         throttle = self.throttle
         if unthrottled:
@@ -89,25 +96,33 @@ class Pipeline:
         elif throttle.enabled and (
             self.throttle_gate.waiting(bucket) or throttle.try_admit(bucket) != 0.0
         ):
-            ingress.release()
+            if ingress is not None:
+                ingress.release()
             return None
-        queue = self.queues.try_acquire(bucket, WRITE if write else READ)
-        if queue is None:
-            ingress.release()
-            return None
+        queue = None
+        if self.queues_enabled:
+            queue = self.queues.try_acquire(bucket, WRITE if write else READ)
+            if queue is None:
+                if ingress is not None:
+                    ingress.release()
+                return None
         permit = None
-        if write:
+        if write and self.permits_enabled:
             permit = self.permits.try_acquire(bucket)
             if permit is None:
-                self.queues.release(queue, outcome="requeued")
-                ingress.release()
+                if queue is not None:
+                    self.queues.release(queue, outcome="requeued")
+                if ingress is not None:
+                    ingress.release()
                 return None
         ticket = (self.write_tickets if write else self.read_tickets).try_acquire()
         if ticket is None:
             if permit is not None:
                 self.permits.release(permit)
-            self.queues.release(queue, outcome="requeued")
-            ingress.release()
+            if queue is not None:
+                self.queues.release(queue, outcome="requeued")
+            if ingress is not None:
+                ingress.release()
             return None
         return Holds(self, ingress, queue, permit, ticket)
 
@@ -123,20 +138,21 @@ class Pipeline:
         key_len: int,
     ) -> Holds:
         """Wait at each gate in order; raises the first gate's rejection (nothing held)."""
-        ingress = await self.ingress.acquire(deadline=deadline)
+        ingress = await self.ingress.acquire(deadline=deadline) if self.ingress_enabled else None
         queue: BucketQueue | None = None
         permit: BucketPermits | None = None
         try:
             await self.throttle_gate.admit(
                 bucket, unthrottled=unthrottled, deadline=deadline, nonblocking=nonblocking
             )
-            queue = await _by(
-                deadline,
-                self.queues.acquire(
-                    bucket, WRITE if write else READ, operation=operation, key_len=key_len
-                ),
-            )
-            if write:
+            if self.queues_enabled:
+                queue = await _by(
+                    deadline,
+                    self.queues.acquire(
+                        bucket, WRITE if write else READ, operation=operation, key_len=key_len
+                    ),
+                )
+            if write and self.permits_enabled:
                 permit = await _by(deadline, self.permits.acquire(bucket))
             holder = self.write_tickets if write else self.read_tickets
             ticket = await holder.acquire(deadline=deadline)
@@ -145,7 +161,8 @@ class Pipeline:
                 self.permits.release(permit)
             if queue is not None:
                 self.queues.release(queue, operation=operation, key_len=key_len, outcome="rejected")
-            ingress.release()
+            if ingress is not None:
+                ingress.release()
             raise
         return Holds(self, ingress, queue, permit, ticket)
 

@@ -68,6 +68,12 @@ ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
 ADMIN_PASSWORD_FILE = "admin-password"
 #: System record holding the node's throttle properties.
 THROTTLE_NODE_KEY = b"throttle:node"
+#: Settings that switch a gate of the pipeline on or off -> the Pipeline attribute.
+PIPELINE_SWITCHES = {
+    "ingress_admission_controller_enabled": "ingress_enabled",
+    "bucket_queue_enabled": "queues_enabled",
+    "write_permit_enabled": "permits_enabled",
+}
 #: System records holding parameters changed with set_parameter.
 PARAM_PREFIX = b"param:"
 
@@ -195,7 +201,9 @@ class Node:
 
     def _apply_param(self, name: str, value: Any) -> None:
         """Parameters that act on live objects; the rest are read per use."""
-        if name in PROBING_PARAMETERS:
+        if name in PIPELINE_SWITCHES:
+            setattr(self.pipeline, PIPELINE_SWITCHES[name], value)
+        elif name in PROBING_PARAMETERS:
             self.prober.configure(**{name: value})
         elif name == "ingress_admission_tickets":
             self.ingress_tickets.resize(value)
@@ -286,6 +294,9 @@ class Node:
             permits=self.permits,
             read_tickets=self.read_tickets,
             write_tickets=self.write_tickets,
+            ingress_enabled=cfg.ingress_admission_controller_enabled,
+            queues_enabled=cfg.bucket_queue_enabled,
+            permits_enabled=cfg.write_permit_enabled,
         )
         self.writer.start()
 
@@ -725,10 +736,19 @@ class Node:
                     **self.connection_limiter.statistics().as_dict(),
                     "interrupted_due_to_client_disconnect": self.connections_left_in_queue,
                 },
-                "admission": self.ingress_tickets.statistics().as_dict(),
+                "admission": {
+                    "enabled": self.pipeline.ingress_enabled,
+                    **self.ingress_tickets.statistics().as_dict(),
+                },
             },
-            "bucket_queues": self.queues.statistics().as_dict(),
-            "write_permits": self.permits.statistics().as_dict(),
+            "bucket_queues": {
+                "enabled": self.pipeline.queues_enabled,
+                **self.queues.statistics().as_dict(),
+            },
+            "write_permits": {
+                "enabled": self.pipeline.permits_enabled,
+                **self.permits.statistics().as_dict(),
+            },
             "execution": {
                 "read": self.read_tickets.statistics().as_dict(),
                 "write": self.write_tickets.statistics().as_dict(),

@@ -90,3 +90,35 @@ def test_cli_param_set_and_get(daemon: Daemon) -> None:
     r = admin("param-set", "port", "80")
     assert r.returncode == 1 and "cannot change at runtime" in r.stderr
     assert admin("param-set", "log_level").returncode == 2
+
+
+def test_gates_can_be_switched_off_at_runtime(daemon: Daemon) -> None:
+    """bucket_queue_enabled, write_permit_enabled, ingress_admission_controller_enabled:
+    a gate switched off is skipped (its counters stand still) and can come back."""
+    switches = (
+        "bucket_queue_enabled",
+        "write_permit_enabled",
+        "ingress_admission_controller_enabled",
+    )
+    with daemon.client() as c:
+        c.create_bucket("sw")
+        c.select_bucket("sw")
+        for name in switches:
+            c.command("set_parameter", name=name, value=False)
+        try:
+            before = c.server_status()
+            for i in range(20):
+                c.set(f"k{i}", b"v")
+                assert c.get(f"k{i}") == b"v"
+            after = c.server_status()
+            assert after["bucket_queues"]["enabled"] is False
+            assert after["write_permits"]["enabled"] is False
+            assert after["ingress"]["admission"]["enabled"] is False
+            admitted = after["ingress"]["admission"]["new_admissions"]
+            # only the status calls themselves (exempt admin work) moved it, if anything
+            assert admitted - before["ingress"]["admission"]["new_admissions"] < 40
+        finally:
+            for name in switches:
+                c.command("set_parameter", name=name, value=None)
+        assert c.server_status()["bucket_queues"]["enabled"] is True
+        c.set("again", b"v")
