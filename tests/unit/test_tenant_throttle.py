@@ -282,13 +282,15 @@ def test_example_b_at_6000_a_can_use_4000() -> None:
     assert near(got["B"], 6000)
 
 
-def test_example_b_at_6000_a_saturating_stays_within_capacity() -> None:
-    """Max-min fair: A wanting more than 4000 gets at least that, the node never more."""
+def test_example_b_at_6000_a_saturating_splits_the_free_pool_fairly() -> None:
+    """Under contention the free pool is shared max-min fairly: both buckets want
+    more than their 3000 share of it, so each gets reservation + 3000 = 5000
+    (Couchbase's first-come sharing would give B its 6000 and A 4000)."""
     th, clock = two_buckets_2000_8000()
     got = mean_rate(simulate(th, clock, {"A": None, "B": 6000}, 10))
-    assert got["A"] >= 4000 * 0.98
+    assert near(got["A"], 5000)
+    assert near(got["B"], 5000)
     assert got["A"] + got["B"] <= 10_000 * 1.005
-    assert got["A"] + got["B"] >= 10_000 * 0.98
 
 
 def test_example_c_without_reservation_gets_the_free_pool() -> None:
