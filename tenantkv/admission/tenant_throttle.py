@@ -344,6 +344,8 @@ class NodeThrottleStatistics:
     max_wait_secs: float
     #: Free pool in units/s: capacity minus reservations in force (``None``: unlimited).
     free_pool_units: float | None
+    #: What of it is left to share now, after capacity set aside for unthrottled use.
+    free_pool_available_units: float | None
     #: Cost units charged beyond reservations in the current whole-second window.
     free_pool_used_window: int
     #: Unused share no hungry bucket took, usable first come first served.
@@ -363,6 +365,7 @@ class NodeThrottleStatistics:
             "slice_ms": round(self.slice_secs * 1000),
             "throttle_max_wait_ms": round(self.max_wait_secs * 1000),
             "free_pool_units": _wire_float(self.free_pool_units),
+            "free_pool_available_units": _wire_float(self.free_pool_available_units),
             "free_pool_used_window": self.free_pool_used_window,
             "spare_units": self.spare_units,
             "ru_total": self.ru_total,
@@ -791,8 +794,14 @@ class TenantThrottle:
                 hard_limit=b.hard_limit,
                 weight=b.weight,
                 connections=b.connections,
-                effective_reserved=b.res_rate,
-                allowance_rate=None if math.isinf(b.rate) else b.rate,
+                # What the docs call them: the reservation in force (the configured
+                # one when capacity is unlimited and nothing is scaled), and the rate
+                # the bucket may actually spend (never above its hard limit, even
+                # while unthrottled use sets capacity aside for it).
+                effective_reserved=(
+                    float(b.reserved or 0) if self._capacity is None else b.res_rate
+                ),
+                allowance_rate=None if math.isinf(rate := min(b.rate, b.hard_rate)) else rate,
                 allowance=None if math.isinf(min(b.credit, b.hard)) else min(b.credit, b.hard),
                 hungry=b.hungry_until > now,
                 ru_total=b.ru_total,
@@ -814,7 +823,16 @@ class TenantThrottle:
             write_weight=self._write_weight,
             slice_secs=self._slice,
             max_wait_secs=self.max_wait_secs,
-            free_pool_units=None if self._capacity is None else self._free_rate,
+            free_pool_units=(
+                None
+                if self._capacity is None
+                else max(
+                    0.0,
+                    self._capacity
+                    - sum(b.res_rate for b in self._buckets.values() if b.reserved is not None),
+                )
+            ),
+            free_pool_available_units=None if self._capacity is None else self._free_rate,
             free_pool_used_window=self._free_used_window,
             spare_units=self._spare,
             ru_total=self._ru_total,

@@ -1001,3 +1001,27 @@ def test_unthrottled_use_leaves_at_most_one_second_of_debt() -> None:
     assert st.ru_total == 3000  # all of it metered
     wait = th.try_admit("B")
     assert 0.0 < wait <= 1.2  # a normal user waits about 1 s (one refill window), not 30
+
+
+def test_status_means_what_the_docs_say() -> None:
+    """free_pool_units is capacity - reservations even with unthrottled use;
+    allowance_rate never exceeds the hard limit; a reserved-0 bucket on an
+    unlimited node has effective_reserved 0, not "unlimited"."""
+    clock = FakeClock()
+    th = TenantThrottle(clock, capacity=1000)
+    th.add_bucket("A", reserved=200, hard_limit=100_000)
+    th.add_bucket("B", reserved=0, hard_limit=100)
+    th.connection_opened("A")
+    for _ in range(20):  # unthrottled use on B sets capacity aside for it
+        th.try_admit("B", unthrottled=True)
+        th.charge("B", 50, 0, unthrottled=True)
+    clock.t += 0.25
+    st = th.statistics()
+    assert st.node.free_pool_units == pytest.approx(800)
+    assert st.node.free_pool_available_units is not None
+    assert st.node.free_pool_available_units <= 800
+    rate = st.buckets["B"].allowance_rate
+    assert rate is not None and rate <= 100
+    unlimited = TenantThrottle(FakeClock())
+    unlimited.add_bucket("C", reserved=0, hard_limit=None)
+    assert unlimited.statistics().buckets["C"].effective_reserved == 0.0
