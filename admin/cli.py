@@ -298,7 +298,12 @@ def _user_create_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the user's requests are charged throttle units but never delayed",
     )
-    # default=SUPPRESS: a subparser default would overwrite the global --password.
+    _misplaced_password_arg(p)
+
+
+def _misplaced_password_arg(p: argparse.ArgumentParser) -> None:
+    """A hidden ``--password`` after the subcommand, to say which flag was meant.
+    default=SUPPRESS: a subparser default would overwrite the global --password."""
     p.add_argument(
         "--password",
         nargs="?",
@@ -308,13 +313,18 @@ def _user_create_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _user_create_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+def _roles(pairs: list[tuple[str, str]], p: argparse.ArgumentParser) -> dict[str, str]:
+    """``--role B=R`` flags as a map; the same bucket given two roles is a usage error."""
     roles: dict[str, str] = {}
-    for bucket, r in a.roles:
+    for bucket, r in pairs:
         if roles.get(bucket, r) != r:
             raise UsageError(f"bucket {bucket!r} is given two roles", p)
         roles[bucket] = r
-    a.roles = roles
+    return roles
+
+
+def _user_create_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    a.roles = _roles(a.roles, p)
     if a.user_password is not None:
         password = a.user_password
     elif os.environ.get(ENV_NEW_USER_PASSWORD):
@@ -376,13 +386,7 @@ def _user_update_args(p: argparse.ArgumentParser) -> None:
         metavar="PW",
         help=f"a new password for the user (prefer ${ENV_NEW_USER_PASSWORD})",
     )
-    p.add_argument(
-        "--password",
-        nargs="?",
-        action=_MisplacedPassword,
-        default=argparse.SUPPRESS,
-        help=argparse.SUPPRESS,
-    )
+    _misplaced_password_arg(p)
 
 
 def _user_update_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
@@ -390,12 +394,7 @@ def _user_update_prepare(a: argparse.Namespace, p: argparse.ArgumentParser) -> N
     if a.roles is not None and a.no_roles:
         raise UsageError("give --role or --no-roles, not both", p)
     if a.roles is not None:
-        roles: dict[str, str] = {}
-        for bucket, r in a.roles:
-            if roles.get(bucket, r) != r:
-                raise UsageError(f"bucket {bucket!r} is given two roles", p)
-            roles[bucket] = r
-        changes["roles"] = roles
+        changes["roles"] = _roles(a.roles, p)
     elif a.no_roles:
         changes["roles"] = {}
     for flag in ("admin", "unthrottled"):
@@ -489,7 +488,27 @@ def _bucket_json_args(p: argparse.ArgumentParser) -> None:
 
 def _set_node_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     result = c.command("SetNodeThrottleProperties", json=a.body)
+    _warn_about_capacity(c, result)
     return Output(result, _map_text(result, "node throttle properties set"))
+
+
+def _warn_about_capacity(c: tenantkv.Client, props: Any) -> None:
+    """Say so (on stderr) when the capacity set throttles everything or cannot hold
+    the reservations: both are accepted, and both are rarely what was meant."""
+    capacity = props.get("capacity") if isinstance(props, dict) else None
+    if not isinstance(capacity, int):
+        return  # "unlimited"
+    buckets = c.server_status().get("throttle", {}).get("buckets", {})
+    reserved = sum(b["reserved"] for b in buckets.values() if isinstance(b.get("reserved"), int))
+    if capacity == 0:
+        print(f"{PROG}: warning: capacity 0 throttles every bucket completely", file=sys.stderr)
+    elif reserved > capacity:
+        print(
+            f"{PROG}: warning: capacity {capacity} is below the buckets' reservations "
+            f"({reserved}): every reservation is scaled by {capacity / reserved:.3f} "
+            "(status: throttle.node.reservation_scale, each bucket's effective_reserved)",
+            file=sys.stderr,
+        )
 
 
 def _get_node_throttle(c: tenantkv.Client, a: argparse.Namespace) -> Output:

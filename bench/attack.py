@@ -28,6 +28,7 @@ import multiprocessing as mp
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -168,47 +169,44 @@ def _open_idle(srv: servers.ServerHandle, n: int, first: bytes | None) -> list[s
     return socks
 
 
+@contextlib.contextmanager
+def _idle_connections(srv: servers.ServerHandle, n: int, first: bytes | None) -> Iterator[float]:
+    """``n`` idle connections (sending ``first``, if given, then nothing); yields the
+    server's RssAnon growth per connection, in KiB, once they are all open."""
+    import tenantkv
+
+    assert srv.pid is not None and srv.password is not None
+    with tenantkv.Client(srv.host, srv.port, user="admin", password=srv.password) as c:
+        c.command("set_parameter", name="max_connections", value=n + 10)
+    time.sleep(0.5)
+    before = rss_anon_kib(srv.pid)
+    socks = _open_idle(srv, n, first)
+    try:
+        time.sleep(1.0)
+        yield round((rss_anon_kib(srv.pid) - before) / n, 1)
+    finally:
+        for s in socks:
+            s.close()
+
+
 def part_idle(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str, Any]:
     """Idle connections that never said hello, then (on a fresh server, so freed
     memory does not flatter them) as many that did."""
     import tenantkv
 
-    assert srv.pid is not None and srv.password is not None
+    assert srv.password is not None
     fig: dict[str, Any] = {"connections": args.idle}
-    with tenantkv.Client(srv.host, srv.port, user="admin", password=srv.password) as c:
-        c.command("set_parameter", name="max_connections", value=args.idle + 10)
-    time.sleep(0.5)
-    before = rss_anon_kib(srv.pid)
-    socks = _open_idle(srv, args.idle, None)
-    try:
-        time.sleep(1.0)
-        fig["unauthenticated_kib_per_connection"] = round(
-            (rss_anon_kib(srv.pid) - before) / args.idle, 1
-        )
+    with _idle_connections(srv, args.idle, None) as kib:
+        fig["unauthenticated_kib_per_connection"] = kib
         time.sleep(1.1)  # older than EVICTABLE_AFTER_SECS: evictable
         start = time.monotonic()
         with tenantkv.Client(srv.host, srv.port, user="admin", password=srv.password) as c:
             c.ping()
         fig["admin_login_secs_table_full"] = round(time.monotonic() - start, 3)
-    finally:
-        for s in socks:
-            s.close()
     with servers.tenantkv_server() as fresh:
-        assert fresh.pid is not None and fresh.password is not None
-        hello = _hello(fresh.password)
-        with tenantkv.Client(fresh.host, fresh.port, user="admin", password=fresh.password) as c:
-            c.command("set_parameter", name="max_connections", value=args.idle + 10)
-        time.sleep(0.5)
-        before = rss_anon_kib(fresh.pid)
-        socks = _open_idle(fresh, args.idle, hello)
-        try:
-            time.sleep(1.0)
-            fig["authenticated_kib_per_connection"] = round(
-                (rss_anon_kib(fresh.pid) - before) / args.idle, 1
-            )
-        finally:
-            for s in socks:
-                s.close()
+        assert fresh.password is not None
+        with _idle_connections(fresh, args.idle, _hello(fresh.password)) as kib:
+            fig["authenticated_kib_per_connection"] = kib
     worst = max(fig["unauthenticated_kib_per_connection"], fig["authenticated_kib_per_connection"])
     fig["met"] = (
         worst <= IDLE_TARGET_KIB and fig["admin_login_secs_table_full"] < ADMIN_LOGIN_TARGET_S

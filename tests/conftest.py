@@ -35,6 +35,16 @@ def read_response(s: socket.socket) -> Any:
             return obj
 
 
+def rss_anon_mb(pid: int) -> float:
+    """A process's anonymous resident memory in MiB (its heap: LMDB's file pages
+    are page cache and do not count)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
 @dataclass
 class Daemon:
     """A real ``tenantkv serve`` process on a loopback port."""

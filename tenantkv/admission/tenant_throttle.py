@@ -346,6 +346,8 @@ class NodeThrottleStatistics:
     free_pool_units: float | None
     #: What of it is left to share now, after capacity set aside for unthrottled use.
     free_pool_available_units: float | None
+    #: Factor every reservation is scaled by because they exceed the capacity (1.0: none).
+    reservation_scale: float
     #: Cost units charged beyond reservations in the current whole-second window.
     free_pool_used_window: int
     #: Unused share no hungry bucket took, usable first come first served.
@@ -366,6 +368,7 @@ class NodeThrottleStatistics:
             "throttle_max_wait_ms": round(self.max_wait_secs * 1000),
             "free_pool_units": _wire_float(self.free_pool_units),
             "free_pool_available_units": _wire_float(self.free_pool_available_units),
+            "reservation_scale": round(self.reservation_scale, 6),
             "free_pool_used_window": self.free_pool_used_window,
             "spare_units": self.spare_units,
             "ru_total": self.ru_total,
@@ -833,6 +836,7 @@ class TenantThrottle:
                 )
             ),
             free_pool_available_units=None if self._capacity is None else self._free_rate,
+            reservation_scale=self._reservation_scale(),
             free_pool_used_window=self._free_used_window,
             spare_units=self._spare,
             ru_total=self._ru_total,
@@ -841,6 +845,14 @@ class TenantThrottle:
             reject_count_total=self._reject_count,
         )
         return ThrottleStatistics(node=node, buckets=MappingProxyType(buckets))
+
+    def _reservation_scale(self) -> float:
+        """capacity / Σ reservations when they exceed it, else 1.0 (what
+        :meth:`_recompute` scales every reservation by)."""
+        if self._capacity is None:
+            return 1.0
+        total = sum(float(b.reserved or 0) for b in self._buckets.values())
+        return self._capacity / total if total > self._capacity else 1.0
 
     # ------------------------------------------------------------------ internals
 

@@ -381,15 +381,12 @@ class RetryState:
             return self._give_up(exc, "the error is not retryable")
         if not policy.eligible(self.call):
             return self._give_up(exc, "retries are off for this kind of command")
-        if self.retries >= policy.max_overload_retries:
-            return self._give_up(exc, f"{self.retries} retries made, the most allowed")
-        retry = self.retries + 1
-        delay = policy.backoff(retry, exc.retry_after_ms)
-        if self.deadline is not None and now + delay >= self.deadline:
-            return self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
+        delay = self._budgeted_delay(exc, now)
+        if delay is None:
+            return None
         if bucket is not None and not bucket.try_consume(1):
             return self._give_up(exc, "the adaptive retry token bucket is empty")
-        self.retries = retry
+        self.retries += 1
         servers = self._servers
         server = self.server
         if len(servers) > 1 and self.call.method in DATA_COMMANDS:
@@ -414,14 +411,10 @@ class RetryState:
         """Retry on the same server after a lost connection or a stopping server,
         with backoff, within the deadline and the retry budget (as redis-py and
         PyMongo users expect a client to ride out a restart)."""
-        policy = self._policy
-        if self.retries >= policy.max_overload_retries:
-            return self._give_up(exc, f"{self.retries} retries made, the most allowed")
-        retry = self.retries + 1
-        delay = policy.backoff(retry, exc.retry_after_ms)
-        if self.deadline is not None and now + delay >= self.deadline:
-            return self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
-        self.retries = retry
+        delay = self._budgeted_delay(exc, now)
+        if delay is None:
+            return None
+        self.retries += 1
         log.debug(
             "retrying %s (operation %d) after %s: attempt %d in %.3f s",
             self.call.method,
@@ -431,6 +424,17 @@ class RetryState:
             delay,
         )
         return Attempt(self.attempt + 1, self.server, delay)
+
+    def _budgeted_delay(self, exc: errors.TenantKVError, now: float) -> float | None:
+        """The backoff before the next retry, or None (logged) when the retry budget
+        or the operation's deadline leaves no room for one."""
+        policy = self._policy
+        if self.retries >= policy.max_overload_retries:
+            return self._give_up(exc, f"{self.retries} retries made, the most allowed")
+        delay = policy.backoff(self.retries + 1, exc.retry_after_ms)
+        if self.deadline is not None and now + delay >= self.deadline:
+            return self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
+        return delay
 
     def _give_up(self, exc: errors.TenantKVError, why: str) -> None:
         log.debug(

@@ -656,6 +656,10 @@ class Session:
     # -- hello ------------------------------------------------------------------------
 
     async def _hello(self, req: protocol.Request) -> bool:
+        if self.node.config.ingress_request_rate_limiter_enabled:
+            # Exempt (anonymous clients cannot drain the tokens), and counted as
+            # such, as docs/admission.md says of hello and unauthenticated traffic.
+            self.node.request_limiter.try_acquire(exempt=True)
         try:
             if req.method != "hello":
                 raise errors.HelloRequired(

@@ -30,7 +30,7 @@ from tenantkv import errors, protocol
 from tenantkv.server import session as session_mod
 from tenantkv.server.server import Server
 from tenantkv.storage.ops import CreateBucketOp
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb
 
 TIMEOUT = 20
 BUCKET, USER, PASSWORD = "ab", "abuser", "abuse-pw"
@@ -38,14 +38,6 @@ BUCKET, USER, PASSWORD = "ab", "abuser", "abuse-pw"
 MANY_USERS = int(os.environ.get("ABUSE_USERS", "250"))
 MANY_BUCKETS = 2000
 RSS_GROWTH_LIMIT_MB = 200
-
-
-def rss_anon_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no RssAnon")
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,9 @@ import msgpack
 import pytest
 
 from tenantkv import errors, protocol
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb
 
 TIMEOUT = 20
-
-
-def rss_anon_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no RssAnon")
 
 
 @pytest.fixture(scope="module")

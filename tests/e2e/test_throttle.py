@@ -330,3 +330,30 @@ def test_every_executed_operation_costs_at_least_min_op_units(daemon: Daemon, ki
         assert throttled > 150, throttled  # held to ~20 units/s, like hits
     st = _throttle(daemon, bucket)
     assert st["reject_count_total"] >= 150
+
+
+def test_capacity_below_the_reservations_warns_and_shows_the_scaling(daemon: Daemon) -> None:
+    import subprocess
+    import sys
+
+    with daemon.client() as c:
+        c.create_bucket("big-r", reserved=3000, hard_limit=5000)
+    env = {"TENANTKV_PASSWORD": ADMIN_PASSWORD}
+    cmd = [sys.executable, "-m", "admin.cli", "--host", daemon.host, "--port", str(daemon.port)]
+    try:
+        r = subprocess.run(
+            [*cmd, "set-node-throttle", '{"capacity": 1000}'],
+            capture_output=True,
+            text=True,
+            env={**env, "PATH": "/usr/bin:/bin"},
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "warning: capacity 1000 is below the buckets' reservations" in r.stderr
+        with daemon.client() as c:
+            node = c.server_status()["throttle"]["node"]
+        assert node["reservation_scale"] < 1.0
+    finally:
+        with daemon.client() as c:
+            c.set_node_throttle({"capacity": "unlimited"})
+            c.delete_bucket("big-r")

@@ -1025,3 +1025,28 @@ def test_status_means_what_the_docs_say() -> None:
     unlimited = TenantThrottle(FakeClock())
     unlimited.add_bucket("C", reserved=0, hard_limit=None)
     assert unlimited.statistics().buckets["C"].effective_reserved == 0.0
+
+
+def test_an_unthrottled_burst_does_not_hold_other_buckets_at_zero() -> None:
+    """Above node capacity, another bucket stayed at 0 for 5-10 s after an
+    unthrottled burst. The burst is accounted, but the other bucket is served
+    again within about a second, at its share."""
+    clock = FakeClock()
+    th = TenantThrottle(clock, capacity=1000)
+    for name in ("U", "O"):
+        th.add_bucket(name, reserved=0, hard_limit=None)
+        th.connection_opened(name)
+    while clock.t < 3.0:  # 5,000 units/s of unthrottled work for 3 s
+        th.try_admit("U", unthrottled=True)
+        th.charge("U", 50, 0, unthrottled=True)
+        clock.t += 0.01
+    start, first, served = clock.t, None, 0
+    while clock.t < start + 5.0:
+        if th.try_admit("O") == 0.0:
+            th.charge("O", 10, 0)
+            served += 10
+            first = clock.t - start if first is None else first
+        clock.t += 0.001
+    assert first is not None and first < 1.0
+    assert served >= 0.9 * 1000 * 5 * 0.9  # ~its whole share of the node once U stopped
+    assert th.statistics().buckets["U"].ru_total >= 15_000  # and U's burst was accounted
