@@ -11,6 +11,7 @@ environment).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import textwrap
@@ -362,7 +363,7 @@ SETTINGS: tuple[Setting, ...] = (
             p.help,
             p.minimum,
             p.maximum,
-            validate=lambda v, _n=p.name: validate_probing_param(_n, v),
+            validate=functools.partial(validate_probing_param, p.name),
         )
         for p in PROBING_PARAMETERS.values()
     ),
@@ -582,9 +583,9 @@ def check(name: str, value: Any, source: str = "") -> Any:
         )
     if s.choices and value not in s.choices:
         raise ConfigError(f"setting {name!r}{where} must be one of {', '.join(s.choices)}")
-    if s.min is not None and value < s.min:
+    if s.min is not None and value < s.min:  # type: ignore[operator]  # int or float here
         raise ConfigError(f"setting {name!r}{where} must be >= {s.min}, got {value!r}")
-    if s.max is not None and value > s.max:
+    if s.max is not None and value > s.max:  # type: ignore[operator]
         raise ConfigError(f"setting {name!r}{where} must be <= {s.max}, got {value!r}")
     if s.validate is not None:
         try:

@@ -126,112 +126,233 @@ class ServerError(TenantKVError):
     code_name = "ServerError"
 
 
-#: code -> class, filled by :func:`_define`.
-_BY_CODE: dict[int, type[ServerError]] = {}
+class InternalError(ServerError):
+    """An unexpected server fault; the connection survives."""
+
+    code = 1
+    code_name = "InternalError"
 
 
-def _define(
-    code: int,
-    name: str,
-    doc: str,
-    *,
-    labels: tuple[str, ...] = (),
-    fatal: bool = False,
-) -> type[ServerError]:
-    cls = type(
-        name,
-        (ServerError,),
-        {
-            "code": code,
-            "code_name": name,
-            "default_labels": labels,
-            "fatal": fatal,
-            "__doc__": doc,
-            "__module__": __name__,
-        },
-    )
-    assert code not in _BY_CODE, code
-    _BY_CODE[code] = cls
-    return cls
+class BadValue(ServerError):
+    """A parameter is missing, of the wrong type or out of range."""
+
+    code = 2
+    code_name = "BadValue"
 
 
-# The one table of codes. Keep docs/protocol.md in step (a test compares them).
-InternalError = _define(1, "InternalError", "An unexpected server fault; the connection survives.")
-BadValue = _define(2, "BadValue", "A parameter is missing, of the wrong type or out of range.")
-UnknownCommand = _define(3, "UnknownCommand", "No command of that name exists.")
-ProtocolError = _define(
-    4, "ProtocolError", "The bytes are not a valid MessagePack-RPC request.", fatal=True
-)
-FrameTooLarge = _define(
-    5, "FrameTooLarge", "A request exceeds the frame bound (max_frame_bytes).", fatal=True
-)
-HelloRequired = _define(6, "HelloRequired", "The first request must be hello.", fatal=True)
-AuthenticationFailed = _define(
-    7, "AuthenticationFailed", "Unknown user or wrong password.", fatal=True
-)
-Unauthorized = _define(8, "Unauthorized", "The user lacks the role this command needs.")
-NoBucketSelected = _define(9, "NoBucketSelected", "A data command ran with no bucket selected.")
-BucketNotFound = _define(10, "BucketNotFound", "No bucket of that name exists.")
-BucketExists = _define(11, "BucketExists", "A bucket of that name already exists.")
-UserNotFound = _define(12, "UserNotFound", "No user of that name exists.")
-UserExists = _define(13, "UserExists", "A user of that name already exists.")
-KeyNotFound = _define(14, "KeyNotFound", "The key does not exist (replace, touch, cas, incr).")
-KeyExists = _define(15, "KeyExists", "The key already exists (set with mode=add).")
-CasMismatch = _define(16, "CasMismatch", "The record's CAS differs from the one given.")
-KeyTooLong = _define(17, "KeyTooLong", "The key is empty or longer than max_key_bytes.")
-ValueTooLarge = _define(18, "ValueTooLarge", "The value is longer than max_value_bytes.")
-NotANumber = _define(19, "NotANumber", "incr/decr on a value that is not a decimal integer.")
-StorageFull = _define(20, "StorageFull", "The disk or the map limit is full; nothing was written.")
-DeadlineExceeded = _define(
-    21, "DeadlineExceeded", "The request's deadline passed before it ran; it had no effect."
-)
-IdleTimeout = _define(22, "IdleTimeout", "The connection was idle too long.", fatal=True)
-ShuttingDown = _define(
-    23, "ShuttingDown", "The server is stopping; the request had no effect.", labels=(RETRYABLE,)
-)
-Throttled = _define(
-    25,
-    "Throttled",
-    "The bucket is over its unit allowance; retry after retryAfterMs.",
-    labels=OVERLOAD_LABELS,
-)
-AdmissionQueueOverflow = _define(
-    26,
-    "AdmissionQueueOverflow",
-    "An admission queue is full; the request was rejected before it ran.",
-    labels=OVERLOAD_LABELS,
-)
-TooManyConnections = _define(
-    27,
-    "TooManyConnections",
-    "The node is at max_connections; the connection is closed.",
-    labels=OVERLOAD_LABELS,
-    fatal=True,
-)
-TooManyLoginFailures = _define(
-    28,
-    "TooManyLoginFailures",
-    "Too many failed logins from this address; wait retryAfterMs before trying again.",
-    fatal=True,
-)
-RequestTooCostly = _define(
-    29,
-    "RequestTooCostly",
-    "One request would cost more units than its bucket may spend in "
-    "throttle_max_request_secs of its hard limit; it was refused before it ran.",
-)
-HardLimitZero = _define(
-    30,
-    "HardLimitZero",
-    "The bucket's hard limit is 0: nothing runs on it until an admin raises the limit; "
-    "not retryable.",
-)
-IngressRequestRateLimitExceeded = _define(
-    462,
-    "IngressRequestRateLimitExceeded",
-    "The node's request rate limit is exceeded.",
-    labels=OVERLOAD_LABELS,
-)
+class UnknownCommand(ServerError):
+    """No command of that name exists."""
+
+    code = 3
+    code_name = "UnknownCommand"
+
+
+class ProtocolError(ServerError):
+    """The bytes are not a valid MessagePack-RPC request."""
+
+    code = 4
+    code_name = "ProtocolError"
+    fatal = True
+
+
+class FrameTooLarge(ServerError):
+    """A request exceeds the frame bound (max_frame_bytes)."""
+
+    code = 5
+    code_name = "FrameTooLarge"
+    fatal = True
+
+
+class HelloRequired(ServerError):
+    """The first request must be hello."""
+
+    code = 6
+    code_name = "HelloRequired"
+    fatal = True
+
+
+class AuthenticationFailed(ServerError):
+    """Unknown user or wrong password."""
+
+    code = 7
+    code_name = "AuthenticationFailed"
+    fatal = True
+
+
+class Unauthorized(ServerError):
+    """The user lacks the role this command needs."""
+
+    code = 8
+    code_name = "Unauthorized"
+
+
+class NoBucketSelected(ServerError):
+    """A data command ran with no bucket selected."""
+
+    code = 9
+    code_name = "NoBucketSelected"
+
+
+class BucketNotFound(ServerError):
+    """No bucket of that name exists."""
+
+    code = 10
+    code_name = "BucketNotFound"
+
+
+class BucketExists(ServerError):
+    """A bucket of that name already exists."""
+
+    code = 11
+    code_name = "BucketExists"
+
+
+class UserNotFound(ServerError):
+    """No user of that name exists."""
+
+    code = 12
+    code_name = "UserNotFound"
+
+
+class UserExists(ServerError):
+    """A user of that name already exists."""
+
+    code = 13
+    code_name = "UserExists"
+
+
+class KeyNotFound(ServerError):
+    """The key does not exist (replace, touch, cas, incr)."""
+
+    code = 14
+    code_name = "KeyNotFound"
+
+
+class KeyExists(ServerError):
+    """The key already exists (set with mode=add)."""
+
+    code = 15
+    code_name = "KeyExists"
+
+
+class CasMismatch(ServerError):
+    """The record's CAS differs from the one given."""
+
+    code = 16
+    code_name = "CasMismatch"
+
+
+class KeyTooLong(ServerError):
+    """The key is empty or longer than max_key_bytes."""
+
+    code = 17
+    code_name = "KeyTooLong"
+
+
+class ValueTooLarge(ServerError):
+    """The value is longer than max_value_bytes."""
+
+    code = 18
+    code_name = "ValueTooLarge"
+
+
+class NotANumber(ServerError):
+    """incr/decr on a value that is not a decimal integer."""
+
+    code = 19
+    code_name = "NotANumber"
+
+
+class StorageFull(ServerError):
+    """The disk or the map limit is full; nothing was written."""
+
+    code = 20
+    code_name = "StorageFull"
+
+
+class DeadlineExceeded(ServerError):
+    """The request's deadline passed before it ran; it had no effect."""
+
+    code = 21
+    code_name = "DeadlineExceeded"
+
+
+class IdleTimeout(ServerError):
+    """The connection was idle too long."""
+
+    code = 22
+    code_name = "IdleTimeout"
+    fatal = True
+
+
+class ShuttingDown(ServerError):
+    """The server is stopping; the request had no effect."""
+
+    code = 23
+    code_name = "ShuttingDown"
+    default_labels = (RETRYABLE,)
+
+
+class Throttled(ServerError):
+    """The bucket is over its unit allowance; retry after retryAfterMs."""
+
+    code = 25
+    code_name = "Throttled"
+    default_labels = OVERLOAD_LABELS
+
+
+class AdmissionQueueOverflow(ServerError):
+    """An admission queue is full; the request was rejected before it ran."""
+
+    code = 26
+    code_name = "AdmissionQueueOverflow"
+    default_labels = OVERLOAD_LABELS
+
+
+class TooManyConnections(ServerError):
+    """The node is at max_connections; the connection is closed."""
+
+    code = 27
+    code_name = "TooManyConnections"
+    default_labels = OVERLOAD_LABELS
+    fatal = True
+
+
+class TooManyLoginFailures(ServerError):
+    """Too many failed logins from this address; wait retryAfterMs before trying again."""
+
+    code = 28
+    code_name = "TooManyLoginFailures"
+    fatal = True
+
+
+class RequestTooCostly(ServerError):
+    """One request would cost more units than its bucket may spend in
+    throttle_max_request_secs of its hard limit; it was refused before it ran."""
+
+    code = 29
+    code_name = "RequestTooCostly"
+
+
+class HardLimitZero(ServerError):
+    """The bucket's hard limit is 0: nothing runs on it until an admin raises the
+    limit; not retryable."""
+
+    code = 30
+    code_name = "HardLimitZero"
+
+
+class IngressRequestRateLimitExceeded(ServerError):
+    """The node's request rate limit is exceeded."""
+
+    code = 462
+    code_name = "IngressRequestRateLimitExceeded"
+    default_labels = OVERLOAD_LABELS
+
+
+#: code -> class: every ServerError subclass written out above, each with its own code.
+_BY_CODE: dict[int, type[ServerError]] = {c.code: c for c in ServerError.__subclasses__()}
+assert len(_BY_CODE) == len(ServerError.__subclasses__()), "two error classes share a code"
 
 
 def error_classes() -> dict[int, type[ServerError]]:

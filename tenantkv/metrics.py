@@ -523,7 +523,7 @@ def section_metrics(prefix: str, section: dict[str, Any]) -> Iterator[Any]:
             fam.add_metric(
                 [labels[k] for k in names],
                 _buckets(value, 1e6),
-                total / 1e6 if _number(total) is not None else None,
+                total / 1e6 if isinstance(total, int | float) else None,
             )
             continue
         v = _number(value)

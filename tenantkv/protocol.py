@@ -124,8 +124,8 @@ class RequestDecoder:
         self._unpacker: msgpack.Unpacker | None = None
         self._fed = 0  # bytes fed to the current unpacker
         self._frame_start = 0  # its offset where the frame being decoded starts
-        self._last = b""  # the last chunk fed, until it has been decoded
-        self._head = b""  # the first bytes of a partial frame, until its head is decided
+        self._last: bytes | bytearray = b""  # the last chunk fed, until it has been decoded
+        self._head: bytes | bytearray = b""  # the first bytes of a partial frame, undecided
         self._head_decided = -1  # the frame (count) whose head was decided
         self._budget = FRAME_DECODE_BUDGET  # what the frame being decoded may still build
         #: requests decoded so far
@@ -141,7 +141,7 @@ class RequestDecoder:
         """A frame has started and is not complete (its deadline is running)."""
         return self._fed > self._frame_start
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         """Take received bytes; iterate the decoder after each feed."""
         u = self._unpacker
         if u is None:
@@ -233,7 +233,7 @@ class RequestDecoder:
         return Request(msgid, method, params)
 
 
-def check_frame_head(head: bytes, frame_limit: int) -> bool:
+def check_frame_head(head: bytes | bytearray, frame_limit: int) -> bool:
     """Walk the MessagePack headers in a frame's first bytes; True once decided.
 
     Raises ProtocolError unless the frame starts as a request (``[0, ...]``) and
@@ -360,7 +360,7 @@ class ResponseDecoder:
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._unpacker = _unpacker(max_frame_bytes)
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         try:
             self._unpacker.feed(data)
         except msgpack.BufferFull:

@@ -45,7 +45,7 @@ def parse_cidrs(value: str | Iterable[str], *, name: str = "exemptions") -> list
     Raises :class:`BadValue` naming ``name`` and the bad entry.
     """
     if isinstance(value, str):
-        entries: list[object] = value.replace(",", " ").split()
+        entries: list[object] = list(value.replace(",", " ").split())
     elif isinstance(value, Iterable) and not isinstance(value, bytes | bytearray | dict):
         entries = list(value)
     else:
@@ -134,7 +134,7 @@ class CidrMatcher:
         except ValueError:
             return False
         if addr.version == 6:
-            mapped = addr.ipv4_mapped  # type: ignore[union-attr]
+            mapped = addr.ipv4_mapped
             if mapped is not None:
                 addr = mapped
         table = self._v4 if addr.version == 4 else self._v6

@@ -146,14 +146,14 @@ class Pipeline:
                 bucket, unthrottled=unthrottled, deadline=deadline, nonblocking=nonblocking
             )
             if self.queues_enabled:
-                queue = await _by(
+                queue = await _by(  # type: ignore[assignment]
                     deadline,
                     self.queues.acquire(
                         bucket, WRITE if write else READ, operation=operation, key_len=key_len
                     ),
                 )
             if write and self.permits_enabled:
-                permit = await _by(deadline, self.permits.acquire(bucket))
+                permit = await _by(deadline, self.permits.acquire(bucket))  # type: ignore[assignment]
             holder = self.write_tickets if write else self.read_tickets
             ticket = await holder.acquire(deadline=deadline)
         except BaseException:

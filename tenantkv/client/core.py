@@ -104,7 +104,7 @@ class ClientCore:
         msgid = next(self._ids) & 0xFFFFFFFF
         return msgid, protocol.encode_request(msgid, method, params)
 
-    def receive(self, data: bytes) -> list[protocol.Response]:
+    def receive(self, data: bytes | bytearray) -> list[protocol.Response]:
         self._decoder.feed(data)
         return list(self._decoder)
 

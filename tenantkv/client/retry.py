@@ -378,14 +378,17 @@ class RetryState:
                 bucket.deposit(1)  # the retry did not meet overload: its token comes back
             return None
         if errors.RETRYABLE not in labels:
-            return self._give_up(exc, "the error is not retryable")
+            self._give_up(exc, "the error is not retryable")
+            return None
         if not policy.eligible(self.call):
-            return self._give_up(exc, "retries are off for this kind of command")
+            self._give_up(exc, "retries are off for this kind of command")
+            return None
         delay = self._budgeted_delay(exc, now)
         if delay is None:
             return None
         if bucket is not None and not bucket.try_consume(1):
-            return self._give_up(exc, "the adaptive retry token bucket is empty")
+            self._give_up(exc, "the adaptive retry token bucket is empty")
+            return None
         self.retries += 1
         servers = self._servers
         server = self.server
@@ -430,10 +433,12 @@ class RetryState:
         or the operation's deadline leaves no room for one."""
         policy = self._policy
         if self.retries >= policy.max_overload_retries:
-            return self._give_up(exc, f"{self.retries} retries made, the most allowed")
+            self._give_up(exc, f"{self.retries} retries made, the most allowed")
+            return None
         delay = policy.backoff(self.retries + 1, exc.retry_after_ms)
         if self.deadline is not None and now + delay >= self.deadline:
-            return self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
+            self._give_up(exc, f"a {delay:.3f} s backoff would pass the deadline")
+            return None
         return delay
 
     def _give_up(self, exc: errors.TenantKVError, why: str) -> None:

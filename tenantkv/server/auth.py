@@ -371,9 +371,7 @@ class LoginLimiter:
         while len(self._good) > self._max_tracked:
             self._good.popitem(last=False)
 
-    def statistics(
-        self, limit: int, window: float, user_limit: int = 0
-    ) -> LoginLimiterStatistics:
+    def statistics(self, limit: int, window: float, user_limit: int = 0) -> LoginLimiterStatistics:
         now = self._clock()
         return LoginLimiterStatistics(
             tracked_sources=len(self._sources.items),

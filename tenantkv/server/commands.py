@@ -197,7 +197,7 @@ def mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     if not isinstance(keys, list) or not 0 < len(keys) <= MAX_MGET_KEYS:
         raise errors.BadValue(f"'keys' must be a list of 1-{MAX_MGET_KEYS} keys")
     ks = [key_param({"key": k}) for k in keys]
-    out = []
+    out: list[dict[str, Any] | None] = []
     for k, rec in zip(ks, s.node.engine.mget(b, ks), strict=True):
         if rec is None:
             out.append(None)

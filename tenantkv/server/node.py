@@ -120,6 +120,13 @@ class Node:
         # Created in start(): the throttle reads trio's clock from the outset.
         self.throttle: TenantThrottle
         self.gate: TenantThrottleGate
+        self.pipeline: Pipeline
+        self.request_limiter: RateLimiter
+        self.connection_limiter: RateLimiter
+        self.request_exemptions: CidrMatcher
+        self.connection_bypass: CidrMatcher
+        self.queues: BucketQueueGate
+        self.permits: WritePermitGate
         self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
@@ -140,10 +147,10 @@ class Node:
             self.write_tickets,
             **{name: getattr(cfg, name) for name in PROBING_PARAMETERS},
         )
-        for name, rec in engine.system_items(b"user:"):
-            self.users[name.decode()] = auth.User.from_record(name.decode(), rec)
-        for name in engine.buckets:
-            self.bucket_stats[name] = BucketStats()
+        for raw_name, rec in engine.system_items(b"user:"):
+            self.users[raw_name.decode()] = auth.User.from_record(raw_name.decode(), rec)
+        for bucket_name in engine.buckets:
+            self.bucket_stats[bucket_name] = BucketStats()
 
     # -- runtime parameters ----------------------------------------------------
 

@@ -159,7 +159,7 @@ class Engine:
         self.cas_ceiling = 0
         #: the on-disk format version found (or written) at open
         self.format_version = FORMAT_VERSION
-        self._lock_fd = _lock_data_dir(self.path)
+        self._lock_fd: int | None = _lock_data_dir(self.path)
         try:
             _reserve_space(self.path)
         except DataDirError:

@@ -317,7 +317,8 @@ class ExpireDueOp(WriteOp):
         cur = w.txn.cursor(db=w.engine.expiry)
         done: list[bytes] = []
         if cur.first():
-            for ikey, _ in cur:
+            for raw_key, _ in cur:
+                ikey = bytes(raw_key)
                 if ikey >= upto or len(done) >= self.limit:
                     break
                 done.append(ikey)

@@ -42,9 +42,9 @@ def encode(value: bytes, cas: int, expiry_ms: int, flags: int) -> bytes:
 _unpack_header = HEADER.unpack_from
 
 
-def decode(raw: bytes) -> Record:
+def decode(raw: bytes | memoryview) -> Record:
     cas, expiry_ms, flags = _unpack_header(raw)
-    return Record(raw[HEADER_BYTES:], cas, expiry_ms, flags)
+    return Record(bytes(raw[HEADER_BYTES:]), cas, expiry_ms, flags)
 
 
 def expiry_key(expiry_ms: int, bucket: str, key: bytes) -> bytes:
