@@ -47,7 +47,7 @@ class Holds:
         ingress: Ticket | None,
         queue: BucketQueue | None,
         permit: BucketPermits | None,
-        ticket: Ticket,
+        ticket: Ticket | None,
     ) -> None:
         self._pipeline = pipeline
         self.ingress = ingress
@@ -55,10 +55,28 @@ class Holds:
         self.permit = permit
         self.ticket = ticket
 
+    def release_queue_bounds(self) -> None:
+        """A write was taken by the group-commit writer: give back what bounds the
+        writer's queue (execution ticket, bucket slot, write permit) before its
+        commit is durable, so the next batch can gather meanwhile. The ingress
+        ticket stays until the write is answered (it bounds work in the server)."""
+        p = self._pipeline
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+        if self.permit is not None:
+            p.permits.release(self.permit)
+            self.permit = None
+        if self.queue is not None:
+            p.queues.release(self.queue, outcome="ok")
+            self.queue = None
+
     def release(self, operation: str = "", key_len: int = 0, outcome: str = "ok") -> None:
         """Give everything back, innermost gate first (idempotent)."""
         p = self._pipeline
-        self.ticket.release()
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
         if self.permit is not None:
             p.permits.release(self.permit)
             self.permit = None

@@ -14,6 +14,7 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -127,7 +128,9 @@ class Node:
         self.connection_bypass: CidrMatcher
         self.queues: BucketQueueGate
         self.permits: WritePermitGate
-        self.writer = GroupCommitWriter(engine, self._deliver_threadsafe)
+        self.writer = GroupCommitWriter(
+            engine, self._deliver_threadsafe, taken=self._taken_threadsafe
+        )
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
@@ -384,6 +387,18 @@ class Node:
             floor = cfg.min_op_units * cfg.write_weight
             self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=floor)
 
+    def _taken_threadsafe(self, batch: list[Pending]) -> None:
+        if any(p.taken is not None for p in batch):
+            assert self._token is not None
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._taken, batch)
+
+    @staticmethod
+    def _taken(batch: list[Pending]) -> None:
+        for p in batch:
+            if p.taken is not None:
+                p.taken()
+
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
         assert self._token is not None
         with contextlib.suppress(trio.RunFinishedError):  # loop already gone
@@ -394,8 +409,8 @@ class Node:
         for p in batch:
             p.callback(p.result, p.error)
 
-    def submit(self, op: WriteOp, callback: Any) -> None:
-        self.writer.submit(op, callback)
+    def submit(self, op: WriteOp, callback: Any, taken: Callable[[], None] | None = None) -> None:
+        self.writer.submit(op, callback, taken)
 
     async def write(self, op: WriteOp) -> Any:
         """Queue one op and wait for its commit (admin and internal work)."""

@@ -485,7 +485,11 @@ class Session:
                 self.pending_write_bytes += op.size_hint
                 if t0 is None:
                     t0 = self._chunk_t0  # timed from when its chunk arrived
-                node.submit(op, partial(self._write_done, msgid, method, b, op, h, t0))
+                node.submit(
+                    op,
+                    partial(self._write_done, msgid, method, b, op, h, t0),
+                    h.release_queue_bounds,
+                )
                 h = None  # the write's callback releases them once durable
         except errors.TenantKVError as exc:
             exc.command = method

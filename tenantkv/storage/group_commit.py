@@ -44,6 +44,8 @@ Callback = Callable[[Any, BaseException | None], None]
 class Pending:
     op: WriteOp
     callback: Callback
+    #: called (on the loop) when the writer takes the op from its queue
+    taken: Callable[[], None] | None = None
     result: Any = None
     error: BaseException | None = None
 
@@ -57,11 +59,17 @@ class GroupCommitWriter:
         engine: Engine,
         deliver: Callable[[list[Pending]], None],
         *,
+        taken: Callable[[list[Pending]], None] | None = None,
         max_batch_ops: int = MAX_BATCH_OPS,
         max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> None:
         self.engine = engine
         self._deliver = deliver
+        #: told (from this thread) each batch it takes, before applying it: what
+        #: bounds the queue (execution tickets, bucket slots, write permits) is
+        #: given back then, so the next batch gathers while this one is committed
+        #: and fsynced. The batch size then follows the offered load, not the pools.
+        self._taken = taken
         self.max_batch_ops = max_batch_ops
         self.max_batch_bytes = max_batch_bytes
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -102,8 +110,10 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name="tenantkv-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, op: WriteOp, callback: Callback) -> None:
-        self._queue.put(Pending(op, callback))
+    def submit(
+        self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
+    ) -> None:
+        self._queue.put(Pending(op, callback, taken))
 
     def stop(self) -> None:
         """Ask the thread to commit what is queued and exit; then ``join``."""
@@ -120,6 +130,11 @@ class GroupCommitWriter:
         while not stopping:
             batch, stopping = self._take_batch()
             if batch:
+                if self._taken is not None:
+                    try:
+                        self._taken(batch)
+                    except Exception:  # the writer must outlive any callback bug
+                        log.exception("reporting a taken write batch failed")
                 self._commit(batch)
                 try:
                     self._deliver(batch)
