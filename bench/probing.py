@@ -284,13 +284,10 @@ def serve_without_tickets(argv: Sequence[str], patch: bool = True) -> int:
 
     if not patch:
         return cli.main(list(argv))
-    real = node_mod.Pipeline
+    def free_tickets(pipeline: Any) -> None:
+        pipeline.read_tickets = pipeline.write_tickets = FreeTickets()
 
-    def pipeline(**kwargs: Any) -> Any:
-        kwargs["read_tickets"] = kwargs["write_tickets"] = FreeTickets()
-        return real(**kwargs)
-
-    node_mod.Pipeline = pipeline  # type: ignore[misc,assignment]
+    node_mod.PIPELINE_HOOKS.append(free_tickets)
     return cli.main(list(argv))
 
 

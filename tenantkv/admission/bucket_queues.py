@@ -95,7 +95,15 @@ from typing import Any, Final, Literal
 
 import trio
 
-from tenantkv.errors import AdmissionQueueOverflow, BadValue, BucketExists, BucketNotFound
+from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.waiters import Waiter, park, unqueue, wake
+from tenantkv.errors import (
+    AdmissionQueueOverflow,
+    BadValue,
+    BucketExists,
+    BucketNotFound,
+    DeadlineExceeded,
+)
 
 READ: Final = "read"
 WRITE: Final = "write"
@@ -252,17 +260,6 @@ class BucketQueuesStatistics:
 
 
 # --------------------------------------------------------------------------- the core
-
-
-class Waiter:
-    """A request waiting for a slot. ``event`` belongs to the adapter."""
-
-    __slots__ = ("enqueued", "event", "granted")
-
-    def __init__(self, enqueued: float) -> None:
-        self.enqueued = enqueued
-        self.granted = False
-        self.event: Any = None
 
 
 class BucketQueue:
@@ -565,7 +562,7 @@ class BucketQueues:
         self, q: BucketQueue, waiter: Waiter, operation: str = "", key_len: int = 0
     ) -> AdmissionQueueOverflow:
         """``waiter`` waited ``pending_timeout_ms`` without a slot: the error to raise."""
-        self._unqueue(q, waiter)
+        unqueue(q.waiters, waiter)
         q.rejected_timeout += 1
         if self._subscribers:
             self._emit(REQUEST_THROTTLED, q, operation, key_len, "rejected_timeout")
@@ -585,7 +582,7 @@ class BucketQueues:
 
     def abandon(self, q: BucketQueue, waiter: Waiter) -> None:
         """``waiter`` went away before it got a slot (cancelled)."""
-        self._unqueue(q, waiter)
+        unqueue(q.waiters, waiter)
         q.interrupted += 1
 
     def retry_after_ms(self, q: BucketQueue, now: float | None = None) -> int:
@@ -702,11 +699,6 @@ class BucketQueues:
         return woken
 
     @staticmethod
-    def _unqueue(q: BucketQueue, waiter: Waiter) -> None:
-        if waiter in q.waiters:
-            q.waiters.remove(waiter)
-
-    @staticmethod
     def _release_rate(q: BucketQueue, now: float) -> float:
         """Slots released per second, sampled over windows of RATE_WINDOW_SECS."""
         done = q.admitted - q.running
@@ -767,34 +759,45 @@ class BucketQueueGate:
     # waiting
 
     async def acquire(
-        self, bucket: str, cls: str, *, operation: str = "", key_len: int = 0
+        self,
+        bucket: str,
+        cls: str,
+        *,
+        operation: str = "",
+        key_len: int = 0,
+        deadline: float | None = None,
     ) -> BucketQueue:
         """Return the queue holding a slot for this request, waiting FIFO if need be.
 
         No checkpoint when a slot is free at once; raises
         :class:`AdmissionQueueOverflow` at once when the queue is full, or after
-        ``pending_timeout_ms`` of waiting; :class:`BucketNotFound` if the bucket
-        is (or gets) removed. Cancelled while waiting, it leaves the queue (and
-        passes on a slot granted at that very moment).
+        ``pending_timeout_ms`` of waiting; :class:`DeadlineExceeded` when the
+        request's ``deadline`` (Trio time) comes first; :class:`BucketNotFound`
+        if the bucket is (or gets) removed. Cancelled while waiting, it leaves
+        the queue (and passes on a slot granted at that very moment).
         """
         core = self.queues
         q, waiter = core.enqueue(bucket, cls, operation, key_len)
         if waiter is None:
             return q
-        event = waiter.event = trio.Event()
-        try:
-            with trio.move_on_at(waiter.enqueued + core.pending_timeout_secs):
-                await event.wait()
-        except BaseException:
-            if waiter.granted:
-                self.release(q, operation=operation, key_len=key_len, outcome="cancelled")
-            else:
-                core.abandon(q, waiter)
-            raise
-        if waiter.granted:  # even if the timeout struck at the same instant
-            return q
+        timeout_at = waiter.enqueued + core.pending_timeout_secs
+        by_deadline = deadline is not None and deadline < timeout_at
+        if await park(
+            waiter,
+            deadline=deadline if by_deadline else timeout_at,
+            give_back=lambda: self.release(
+                q, operation=operation, key_len=key_len, outcome="cancelled"
+            ),
+            abandon=lambda: core.abandon(q, waiter),
+        ):
+            return q  # even if the timeout struck at the same instant
         if q.removed:
             raise BucketNotFound(f"bucket {bucket!r} was removed")
+        if by_deadline:
+            core.abandon(q, waiter)
+            raise DeadlineExceeded(
+                "the request's deadline passed while it waited for a bucket-queue slot"
+            )
         raise core.timed_out(q, waiter, operation, key_len)
 
     # configuration (wakes waiters when slots grow)
@@ -848,8 +851,11 @@ class BucketQueueGate:
     def statistics(self) -> BucketQueuesStatistics:
         return self.queues.statistics()
 
-    @staticmethod
-    def _wake(waiters: list[Waiter]) -> None:
-        for w in waiters:
-            if w.event is not None:
-                w.event.set()
+    def parameter_table(self) -> ParameterTable:
+        return {
+            "concurrency": lambda v: self.configure(concurrency=v),
+            "tolerance": lambda v: self.configure(queue_tolerance=v),
+            "pending_timeout_ms": lambda v: self.configure(pending_timeout_ms=v),
+        }
+
+    _wake = staticmethod(wake)

@@ -97,6 +97,7 @@ from typing import Any
 
 import trio
 
+from tenantkv.admission.gate import ParameterTable
 from tenantkv.errors import AdmissionQueueOverflow, DeadlineExceeded
 
 
@@ -378,6 +379,16 @@ class TicketHolder:
                 self._readmissions += 1
             return Ticket(self, self._clock())
         return None
+
+    def parameter_table(self) -> ParameterTable:
+        def depth(value: int) -> None:
+            self.max_queue_depth = value
+
+        return {"tickets": self.resize, "max_queue_depth": depth}
+
+    def release(self, ticket: Ticket, /) -> None:
+        """Give ``ticket`` back (the gate protocol's spelling of ``ticket.release()``)."""
+        ticket.release()
 
     def _special(self, priority: Priority, held: bool) -> Ticket:
         if held:

@@ -1,16 +1,21 @@
-"""The admission pipeline: the gates a data command passes, in path order.
+"""The admission pipeline: every per-request gate, in path order.
 
-    ingress admission ticket ─► tenant throttle ─► bucket queue (read / write)
+    ingress request rate limiter (every request, admin ones too)
+      ─► ingress admission ticket ─► tenant throttle ─► bucket queue (read / write)
       ─► write permit (writes only) ─► execution ticket ─► storage
 
-(The ingress request rate limiter sits in front of all of this, per request,
-in the session; it applies to admin commands too.)
+Per-connection gates sit before this, in ``server/server.py``, because they
+decide whether a connection exists at all, not whether a request runs: the
+connection table (per-address and node caps), the connection-establishment
+rate limiter and the node-wide receive-buffer cap.
 
-:meth:`Pipeline.try_admit` is the fast path the session runs for every
-operation: each gate's synchronous ``try_acquire``, no await, and when any
-gate cannot admit at once it gives back what it took and returns ``None``.
-The session then calls :meth:`Pipeline.admit`, which waits at each gate in
-the same order, bounded by the request's deadline. Either way the caller gets
+Every gate speaks the protocol of :mod:`tenantkv.admission.gate`.
+:meth:`Pipeline.check_request_rate` runs first for every request the session
+decodes. For a data command, :meth:`Pipeline.try_acquire` is the fast path:
+each gate's synchronous ``try_acquire``, no await, and when any gate cannot
+admit at once it gives back what it took and returns ``None``. The session
+then calls :meth:`Pipeline.acquire`, which waits at each gate in the same
+order, bounded by the request's deadline. Either way the caller gets
 a :class:`Holds` and releases it exactly once when the operation is over — a
 read right after it ran, a write when its group commit is durable.
 
@@ -20,16 +25,25 @@ Exempt work (admin commands, the expiry pager) does not come through here.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
-
-import trio
+from typing import Any
 
 from tenantkv import errors
-from tenantkv.admission.bucket_queues import READ, WRITE, BucketQueue, BucketQueueGate
-from tenantkv.admission.execution_tickets import Ticket, TicketHolder
-from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate
-from tenantkv.admission.write_permits import BucketPermits, WritePermitGate
+from tenantkv.admission.bucket_queues import (
+    WRITE,
+    BucketQueue,
+    BucketQueueGate,
+    BucketQueuesStatistics,
+)
+from tenantkv.admission.cidr import CidrMatcher
+from tenantkv.admission.execution_tickets import Ticket, TicketHolder, TicketHolderStatistics
+from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.rate_limiter import RateLimiter, RateLimiterStatistics
+from tenantkv.admission.tenant_throttle import TenantThrottleGate, ThrottleStatistics
+from tenantkv.admission.write_permits import BucketPermits, WritePermitGate, WritePermitStatistics
+
+EXEMPTIONS_PARAMETER = "ingress_request_rate_limiter_exemptions"
 
 #: Default size of the ingress admission controller: effectively "no limit"
 #: until an operator lowers it; it bounds operations in the server at once.
@@ -88,42 +102,80 @@ class Holds:
             self.ingress = None
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineStatistics:
+    """Every gate's own statistics record, in path order."""
+
+    request_rate: RateLimiterStatistics
+    ingress: TicketHolderStatistics
+    throttle: ThrottleStatistics
+    bucket_queues: BucketQueuesStatistics
+    write_permits: WritePermitStatistics
+    read_tickets: TicketHolderStatistics
+    write_tickets: TicketHolderStatistics
+
+
 @dataclass(eq=False)
 class Pipeline:
+    """The gates of the request path, in order; see the module docstring."""
+
+    request_limiter: RateLimiter
+    #: client addresses the request rate limiter lets pass (counted as exempted)
+    request_exemptions: CidrMatcher
     ingress: TicketHolder
-    throttle: TenantThrottle
-    throttle_gate: TenantThrottleGate
+    throttle: TenantThrottleGate
     queues: BucketQueueGate
     permits: WritePermitGate
     read_tickets: TicketHolder
     write_tickets: TicketHolder
-    #: Switches, as their origins have (MongoDB's ingress admission controller;
-    #: Manta's throttle; the lag-driven permits): a gate switched off costs nothing.
+    #: Switches, as their origins have (MongoDB's ingress rate limiter and admission
+    #: controller; Manta's throttle; the lag-driven permits): a gate switched off
+    #: costs nothing. Runtime parameters set them (:meth:`parameter_table`).
+    request_rate_enabled: bool = True
     ingress_enabled: bool = True
     queues_enabled: bool = True
     permits_enabled: bool = True
 
-    def try_admit(self, bucket: str, write: bool, unthrottled: bool) -> Holds | None:
-        """Admit now through every gate, or take nothing and return None."""
+    # -- per request (every command, admin ones too) --------------------------
+
+    def check_request_rate(self, peer_ip: str, *, admin: bool) -> errors.ServerError | None:
+        """The ingress request rate limiter, first on every request after hello:
+        None when the request may go on, else the 462 error to answer it with.
+        Admin commands and exempt client addresses pass, counted as exempted."""
+        if not self.request_rate_enabled:
+            return None
+        limiter = self.request_limiter
+        exempt = admin or self.request_exemptions.matches(peer_ip)
+        if limiter.try_acquire(exempt=exempt) is None:
+            return limiter.rejection()
+        return None
+
+    def count_exempt_request(self) -> None:
+        """A request the rate limiter does not limit (hello: an anonymous client
+        cannot drain the tokens), counted as docs/admission.md says."""
+        if self.request_rate_enabled:
+            self.request_limiter.try_acquire(exempt=True)
+
+    # -- per data operation ---------------------------------------------------
+
+    def try_acquire(self, bucket: str, kind: str, *, unthrottled: bool) -> Holds | None:
+        """Admit a ``kind`` (``"read"`` or ``"write"``) operation on ``bucket`` now
+        through every gate, or take nothing and return None."""
         ingress = None
         if self.ingress_enabled and (ingress := self.ingress.try_acquire()) is None:
             return None
-        throttle = self.throttle
-        if unthrottled:
-            throttle.try_admit(bucket, unthrottled=True)  # charged later, never delayed
-        elif throttle.enabled and (
-            self.throttle_gate.waiting(bucket) or throttle.try_admit(bucket) != 0.0
-        ):
+        if self.throttle.try_acquire(bucket, unthrottled=unthrottled) is None:
             if ingress is not None:
                 ingress.release()
             return None
         queue = None
         if self.queues_enabled:
-            queue = self.queues.try_acquire(bucket, WRITE if write else READ)
+            queue = self.queues.try_acquire(bucket, kind)
             if queue is None:
                 if ingress is not None:
                     ingress.release()
                 return None
+        write = kind == WRITE
         permit = None
         if write and self.permits_enabled:
             permit = self.permits.try_acquire(bucket)
@@ -144,10 +196,10 @@ class Pipeline:
             return None
         return Holds(self, ingress, queue, permit, ticket)
 
-    async def admit(
+    async def acquire(
         self,
         bucket: str,
-        write: bool,
+        kind: str,
         *,
         unthrottled: bool,
         deadline: float | None,
@@ -159,19 +211,17 @@ class Pipeline:
         ingress = await self.ingress.acquire(deadline=deadline) if self.ingress_enabled else None
         queue: BucketQueue | None = None
         permit: BucketPermits | None = None
+        write = kind == WRITE
         try:
-            await self.throttle_gate.admit(
+            await self.throttle.acquire(
                 bucket, unthrottled=unthrottled, deadline=deadline, nonblocking=nonblocking
             )
             if self.queues_enabled:
-                queue = await _by(  # type: ignore[assignment]
-                    deadline,
-                    self.queues.acquire(
-                        bucket, WRITE if write else READ, operation=operation, key_len=key_len
-                    ),
+                queue = await self.queues.acquire(
+                    bucket, kind, operation=operation, key_len=key_len, deadline=deadline
                 )
             if write and self.permits_enabled:
-                permit = await _by(deadline, self.permits.acquire(bucket))  # type: ignore[assignment]
+                permit = await self.permits.acquire(bucket, deadline=deadline)
             holder = self.write_tickets if write else self.read_tickets
             ticket = await holder.acquire(deadline=deadline)
         except BaseException:
@@ -184,10 +234,36 @@ class Pipeline:
             raise
         return Holds(self, ingress, queue, permit, ticket)
 
+    def release(self, holds: Holds, /, operation: str = "", key_len: int = 0) -> None:
+        """:meth:`Holds.release` (the gate protocol's spelling)."""
+        holds.release(operation, key_len)
 
-async def _by(deadline: float | None, wait: object) -> object:
-    """Await ``wait`` (a coroutine) but give up with DeadlineExceeded at ``deadline``."""
-    with trio.move_on_at(math.inf if deadline is None else deadline) as scope:
-        return await wait  # type: ignore[misc]
-    assert scope.cancelled_caught
-    raise errors.DeadlineExceeded("the request's deadline passed while it waited for admission")
+    def statistics(self) -> PipelineStatistics:
+        return PipelineStatistics(
+            request_rate=self.request_limiter.statistics(),
+            ingress=self.ingress.statistics(),
+            throttle=self.throttle.statistics(),
+            bucket_queues=self.queues.statistics(),
+            write_permits=self.permits.statistics(),
+            read_tickets=self.read_tickets.statistics(),
+            write_tickets=self.write_tickets.statistics(),
+        )
+
+    # -- runtime parameters -------------------------------------------------
+
+    def parameter_table(self) -> ParameterTable:
+        """The runtime parameters this object applies: its switches and exemptions."""
+
+        def switch(attr: str) -> Callable[[Any], None]:
+            return lambda on: setattr(self, attr, bool(on))
+
+        def exemptions(value: Any) -> None:
+            self.request_exemptions = CidrMatcher(value, name=EXEMPTIONS_PARAMETER)
+
+        return {
+            "ingress_request_rate_limiter_enabled": switch("request_rate_enabled"),
+            "ingress_admission_controller_enabled": switch("ingress_enabled"),
+            "bucket_queue_enabled": switch("queues_enabled"),
+            "write_permit_enabled": switch("permits_enabled"),
+            EXEMPTIONS_PARAMETER: exemptions,
+        }

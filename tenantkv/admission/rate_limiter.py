@@ -12,11 +12,12 @@ The bucket
     A burst smaller than one token is raised to one token: otherwise a tiny
     ``burst_capacity_secs`` would mean nothing is ever admitted.
 
-Two ways to ask (the ``try_acquire()`` / ``acquire()`` pair of STYLE.md)
-    :meth:`TokenBucket.try_acquire` never borrows. It takes a token if a whole
-    one is there and returns ``0.0``; otherwise it counts a rejection and
-    returns the seconds until a token will be there, which becomes the
-    ``retryAfterMs`` of the 462 error (:func:`retry_after_ms`). This is what the
+Two ways to ask (the ``try_acquire()`` / ``acquire()`` pair of the gate
+protocol, :mod:`tenantkv.admission.gate`)
+    :meth:`RateLimiter.try_acquire` (the core's :meth:`TokenBucket.take`)
+    never borrows. It takes a token if a whole one is there; otherwise it
+    counts a rejection and notes the seconds until a token will be there,
+    which become the ``retryAfterMs`` of the 462 error (:func:`retry_after_ms`). This is what the
     ingress request limiter uses on the per-request fast path: a rejection is
     cheap and early, and the client's back-off does the waiting.
 
@@ -55,14 +56,15 @@ Counters (:meth:`TokenBucket.statistics`, MongoDB's names in snake_case)::
 
 ``average_time_queued_micros`` is a moving average (``alpha = 0.2``) of the wait
 of every caller :meth:`~RateLimiter.acquire` admitted (0 for those admitted at
-once, as MongoDB does); ``try_acquire`` does not feed it.
+once, as MongoDB does); ``take`` does not feed it.
 ``total_available_tokens`` is the balance floored at 0; ``token_balance`` is
 the raw balance, negative while waiters have borrowed ahead.
 
 Server integration
     Ingress requests: ``limiter.try_acquire(exempt=...)`` right after a frame
-    is decoded, before any other gate; a non-zero answer becomes
-    ``limiter.rejection(wait)`` (462). New connections:
+    is decoded, before any other gate (:meth:`Pipeline.check_request_rate
+    <tenantkv.admission.pipeline.Pipeline.check_request_rate>`); a refusal is
+    answered with ``limiter.rejection()`` (462). New connections:
     ``await limiter.acquire(exempt=...)`` before ``hello`` is processed.
     :class:`~tenantkv.admission.cidr.CidrMatcher` decides the peer exemption.
 """
@@ -78,6 +80,7 @@ from typing import Any, Final
 
 import trio
 
+from tenantkv.admission.gate import ADMITTED, Admitted, ParameterTable
 from tenantkv.errors import BadValue, IngressRequestRateLimitExceeded, ServerError
 
 DEFAULT_BURST_CAPACITY_SECS: Final = 1.0
@@ -236,7 +239,7 @@ class TokenBucket:
 
     # ------------------------------------------------------------------ hot path
 
-    def try_acquire(self, *, exempt: bool = False) -> float:
+    def take(self, *, exempt: bool = False) -> float:
         """Take a token without borrowing: ``0.0`` if taken, else seconds until one is there.
 
         Never waits and never queues; a non-zero answer is a counted rejection
@@ -461,6 +464,8 @@ class RateLimiter:
 
     def __init__(self, bucket: TokenBucket) -> None:
         self.bucket = bucket
+        #: the wait of the last refusal of try_acquire, for rejection()
+        self._refused_wait = 0.0
 
     @classmethod
     def create(
@@ -486,15 +491,23 @@ class RateLimiter:
             )
         )
 
-    def try_acquire(self, *, exempt: bool = False) -> float:
-        """:meth:`TokenBucket.try_acquire`: ``0.0`` = admitted, else seconds to a token."""
-        return self.bucket.try_acquire(exempt=exempt)
+    def try_acquire(self, *, exempt: bool = False) -> Admitted | None:
+        """:data:`ADMITTED` with a token taken, or None (a counted rejection: answer
+        it with :meth:`rejection`, whose ``retryAfterMs`` is this refusal's wait)."""
+        wait = self.bucket.take(exempt=exempt)
+        if wait == 0.0:
+            return ADMITTED
+        self._refused_wait = wait
+        return None
 
-    def rejection(self, wait: float) -> ServerError:
-        """The error for a ``try_acquire`` that answered ``wait``."""
-        return self.bucket.rejection(wait)
+    def rejection(self) -> ServerError:
+        """The error for the last :meth:`try_acquire` that answered None."""
+        return self.bucket.rejection(self._refused_wait)
 
-    async def acquire(self, *, exempt: bool = False, deadline: float | None = None) -> None:
+    def release(self, hold: Admitted, /) -> None:
+        """Nothing to give back: a token is spent once taken."""
+
+    async def acquire(self, *, exempt: bool = False, deadline: float | None = None) -> Admitted:
         """Return once admitted; borrow a token and sleep until it is valid if need be.
 
         No checkpoint when admitted at once (or exempt). Raises the limiter's
@@ -504,10 +517,10 @@ class RateLimiter:
         bucket = self.bucket
         if exempt:
             bucket.record_exemption()
-            return
+            return ADMITTED
         waiter = bucket.borrow(deadline)
         if waiter is None:
-            return
+            return ADMITTED
         try:
             while True:
                 with trio.CancelScope(deadline=waiter.deadline) as scope:
@@ -521,6 +534,7 @@ class RateLimiter:
             self._retime()
             raise
         bucket.finish(waiter)
+        return ADMITTED
 
     def configure(
         self,
@@ -539,6 +553,13 @@ class RateLimiter:
 
     def statistics(self) -> RateLimiterStatistics:
         return self.bucket.statistics()
+
+    def parameter_table(self) -> ParameterTable:
+        return {
+            "rate_per_sec": lambda v: self.configure(rate_per_sec=v),
+            "burst_capacity_secs": lambda v: self.configure(burst_capacity_secs=v),
+            "max_queue_depth": lambda v: self.configure(max_queue_depth=v),
+        }
 
     def _retime(self) -> None:
         for w in self.bucket.waiters:

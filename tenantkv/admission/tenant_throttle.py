@@ -24,7 +24,7 @@ Properties (all in units per second; ``None`` means "unlimited")
         Never exceeded over time, whatever the free pool holds. ``0`` throttles
         the bucket completely.
 
-Decision (:meth:`TenantThrottle.try_admit`, before each operation)
+Decision (:meth:`TenantThrottle.admission_wait`, before each operation)
     Optimistic: an operation is admitted while its bucket has any allowance left
     (``> 0``); its real cost is charged afterwards and may drive the allowance
     negative. That overshoot is **debt**: it is repaid from later refills before
@@ -102,7 +102,7 @@ Over-reservation
 
 Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
     A throttled request parks FIFO in its bucket's queue. Only the head of the
-    queue keeps time: it sleeps until the instant :meth:`TenantThrottle.try_admit`
+    queue keeps time: it sleeps until the instant :meth:`TenantThrottle.admission_wait`
     predicted, re-checks, and on success hands the head to the next waiter. The
     wait is bounded by the request's deadline and by ``max_wait_secs``
     (server parameter ``throttle_max_wait_ms``); a request that cannot be
@@ -117,11 +117,11 @@ Server integration (what :mod:`tenantkv.server` calls)
     ``TenantThrottle(trio.current_time, ...)`` once; ``add_bucket`` /
     ``remove_bucket`` via ``TenantThrottleGate.bucket_removed`` (wakes waiters);
     ``connection_opened/closed`` when a session selects / leaves a bucket;
-    ``await gate.admit(bucket, ...)`` before an operation (skip it when
-    ``throttle.enabled`` is false); ``throttle.charge(bucket, ru, wu,
-    unthrottled=...)`` after it; ``gate.wake()`` after ``set_node`` /
-    ``set_bucket`` so waiters re-check at once; ``throttle.statistics()`` for
-    ``server_status``.
+    ``gate.try_acquire(bucket, ...)`` or ``await gate.acquire(bucket, ...)``
+    before an operation (the gate protocol of :mod:`tenantkv.admission.gate`);
+    ``throttle.charge(bucket, ru, wu, unthrottled=...)`` after it;
+    ``gate.wake()`` after ``set_node`` / ``set_bucket`` so waiters re-check at
+    once; ``gate.statistics()`` for ``server_status``.
 """
 
 from __future__ import annotations
@@ -130,13 +130,15 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
 import trio
 
+from tenantkv.admission.gate import ADMITTED, Admitted, ParameterTable
+from tenantkv.admission.waiters import observe_wait
 from tenantkv.errors import (
     BadValue,
     BucketExists,
@@ -307,6 +309,8 @@ class BucketThrottleStatistics:
     reject_count_total: int
     #: ``(upper bound in µs, count)`` per bin; the last bound is ``inf``.
     wait_histogram: tuple[tuple[float, int], ...]
+    #: Requests parked at the gate right now (the core has none: 0).
+    waiting: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -328,6 +332,7 @@ class BucketThrottleStatistics:
             "wait_histogram_us": [
                 ["+Inf" if math.isinf(le) else int(le), n] for le, n in self.wait_histogram
             ],
+            "waiting": self.waiting,
         }
 
 
@@ -656,7 +661,7 @@ class TenantThrottle:
 
     # ------------------------------------------------------------------ hot path
 
-    def try_admit(self, bucket: str, *, unthrottled: bool = False) -> float:
+    def admission_wait(self, bucket: str, *, unthrottled: bool = False) -> float:
         """``0.0`` if an operation on ``bucket`` may run now, else seconds to wait.
 
         The wait is a prediction (the rates may change meanwhile): re-check at
@@ -748,7 +753,7 @@ class TenantThrottle:
     # ------------------------------------------------------------------ waits & stats
 
     def estimate_wait(self, bucket: str) -> float:
-        """Like :meth:`try_admit`'s answer but without counting as demand (0.0 = now)."""
+        """Like :meth:`admission_wait`'s answer but without counting as demand (0.0 = now)."""
         now = self._clock()
         if now >= self._next_slice:
             self._advance(now)
@@ -777,12 +782,7 @@ class TenantThrottle:
         if parked:
             us = max(0, round(waited_secs * 1e6))
             b.wait_us_total += us
-            for i, bound in enumerate(WAIT_HISTOGRAM_BOUNDS_US):
-                if us <= bound:
-                    b.histogram[i] += 1
-                    break
-            else:
-                b.histogram[-1] += 1
+            observe_wait(b.histogram, WAIT_HISTOGRAM_BOUNDS_US, us)
 
     def statistics(self) -> ThrottleStatistics:
         """An immutable snapshot of every counter (trio's ``statistics()`` convention)."""
@@ -887,7 +887,7 @@ class TenantThrottle:
         self._recompute(self._clock())
 
     def _throttled(self, b: _Bucket, now: float) -> float:
-        """Slow path of :meth:`try_admit`: mark demand, predict the wait."""
+        """Slow path of :meth:`admission_wait`: mark demand, predict the wait."""
         if b.hungry_until <= now:
             # Newly hungry: its share grows from this instant, not the next slice.
             b.hungry_until = now + self._hold
@@ -1119,14 +1119,50 @@ class TenantThrottleGate:
         queue = self._queues.get(bucket)
         return len(queue) if queue else 0
 
-    async def admit(
+    def try_acquire(self, bucket: str, *, unthrottled: bool = False) -> Admitted | None:
+        """:data:`ADMITTED` if an operation on ``bucket`` may run now (allowance left
+        and nobody parked ahead of it, or ``unthrottled``), else None. The fast path:
+        no clock read while the bucket has allowance."""
+        throttle = self.throttle
+        if unthrottled:
+            throttle.admission_wait(bucket, unthrottled=True)  # charged later, never delayed
+            return ADMITTED
+        if throttle.enabled and (
+            self._queues.get(bucket) or throttle.admission_wait(bucket) != 0.0
+        ):
+            return None
+        return ADMITTED
+
+    def release(self, hold: Admitted, /) -> None:
+        """Nothing to give back: the operation is charged after it ran
+        (:meth:`TenantThrottle.charge`)."""
+
+    def parameter_table(self) -> ParameterTable:
+        def max_wait_ms(ms: int) -> None:
+            self.throttle.max_wait_secs = ms / 1000
+
+        def max_request_secs(secs: float) -> None:
+            self.throttle.max_debt_secs = secs
+
+        return {"max_wait_ms": max_wait_ms, "max_request_secs": max_request_secs}
+
+    def statistics(self) -> ThrottleStatistics:
+        """The throttle's statistics with each bucket's parked requests."""
+        st = self.throttle.statistics()
+        buckets = {
+            name: replace(b, waiting=self.waiting(name)) if name in self._queues else b
+            for name, b in st.buckets.items()
+        }
+        return ThrottleStatistics(st.node, buckets)
+
+    async def acquire(
         self,
         bucket: str,
         *,
         unthrottled: bool = False,
         deadline: float | None = None,
         nonblocking: bool = False,
-    ) -> None:
+    ) -> Admitted:
         """Return when an operation on ``bucket`` may run.
 
         Does not checkpoint when it admits at once (allowance left, nobody queued
@@ -1137,15 +1173,15 @@ class TenantThrottleGate:
         """
         throttle = self.throttle
         if unthrottled:
-            throttle.try_admit(bucket, unthrottled=True)  # never delayed, never queued
-            return
+            throttle.admission_wait(bucket, unthrottled=True)  # never delayed, never queued
+            return ADMITTED
         queue = self._queues.get(bucket)
         if queue:
             wait = throttle.estimate_wait(bucket)  # FIFO: queue behind the others
         else:
-            wait = throttle.try_admit(bucket)
+            wait = throttle.admission_wait(bucket)
             if wait == 0.0:
-                return
+                return ADMITTED
         if wait == _INF and throttle.bucket_limits(bucket)[1] == 0:
             # Not "retry later": nothing will ever pass until an operator acts.
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
@@ -1183,6 +1219,7 @@ class TenantThrottleGate:
         finally:
             self._leave(bucket, queue, waiter)
             throttle.record_throttled(bucket, trio.current_time() - start, rejected=rejected)
+        return ADMITTED
 
     async def _wait_turn(
         self, bucket: str, queue: deque[_Waiter], waiter: _Waiter, limit: float
@@ -1194,7 +1231,7 @@ class TenantThrottleGate:
             waiter.event = trio.Event()
             head = queue[0] is waiter
             if head:
-                wait = throttle.try_admit(bucket)
+                wait = throttle.admission_wait(bucket)
                 if wait == 0.0:
                     return
                 now = trio.current_time()

@@ -122,6 +122,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
+from tenantkv.admission.gate import ParameterTable
 from tenantkv.errors import BadValue
 
 log = logging.getLogger("tenantkv.admission")
@@ -459,6 +460,14 @@ class ThroughputProber:
         )
 
     # ------------------------------------------------------------------ configuration
+
+    def parameter_table(self) -> ParameterTable:
+        """Its parameters by their full setting names (``throughput_probing_*``, and
+        the fixed pool sizes)."""
+        return {
+            name: (lambda n: lambda v: self.configure(**{n: v}))(name)
+            for name in PROBING_PARAMETERS
+        }
 
     def configure(self, **params: object) -> None:
         """Apply changed parameters now, all or nothing (:class:`BadValue` changes none)."""

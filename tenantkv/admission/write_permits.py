@@ -77,7 +77,9 @@ from typing import Any, Final
 
 import trio
 
-from tenantkv.errors import BadValue, BucketExists, BucketNotFound
+from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.waiters import Waiter, observe_wait, park, unqueue, wake
+from tenantkv.errors import BadValue, BucketExists, BucketNotFound, DeadlineExceeded
 
 log = logging.getLogger("tenantkv.admission")
 
@@ -229,17 +231,6 @@ class WritePermitStatistics:
 
 
 # --------------------------------------------------------------------------- the core
-
-
-class Waiter:
-    """A write waiting for a permit. ``event`` belongs to the adapter."""
-
-    __slots__ = ("enqueued", "event", "granted")
-
-    def __init__(self, enqueued: float) -> None:
-        self.enqueued = enqueued
-        self.granted = False
-        self.event: Any = None
 
 
 class BucketPermits:
@@ -445,8 +436,7 @@ class WritePermits:
 
     def abandon(self, p: BucketPermits, waiter: Waiter) -> None:
         """``waiter`` went away before it got a permit."""
-        if waiter in p.waiters:
-            p.waiters.remove(waiter)
+        unqueue(p.waiters, waiter)
         p.interrupted += 1
 
     # ------------------------------------------------------------------ stats
@@ -506,12 +496,7 @@ class WritePermits:
         p.waited += 1
         us = max(0, round((self._clock() - waiter.enqueued) * 1e6))
         p.wait_us_total += us
-        for i, bound in enumerate(WAIT_HISTOGRAM_BOUNDS_US):
-            if us <= bound:
-                p.histogram[i] += 1
-                break
-        else:
-            p.histogram[-1] += 1
+        observe_wait(p.histogram, WAIT_HISTOGRAM_BOUNDS_US, us)
 
     def _log_change(self, old: int, new: int, lag: int | None) -> None:
         now = self._clock()
@@ -588,30 +573,30 @@ class WritePermitGate:
         if waiter is not None:
             waiter.event.set()
 
-    async def acquire(self, bucket: str) -> BucketPermits:
+    async def acquire(self, bucket: str, *, deadline: float | None = None) -> BucketPermits:
         """Return the bucket's permits holding one for this write; FIFO wait if need be.
 
         No checkpoint when a permit is free at once. Raises
-        :class:`BucketNotFound` if the bucket is (or gets) removed. Bound the
-        wait with a cancel scope; cancelled, the waiter leaves the queue (and
-        passes on a permit granted at that very moment).
+        :class:`DeadlineExceeded` when ``deadline`` (Trio time) passes first and
+        :class:`BucketNotFound` if the bucket is (or gets) removed. Cancelled,
+        the waiter leaves the queue (and passes on a permit granted at that
+        very moment).
         """
         permits = self.permits
         p, waiter = permits.enqueue(bucket)
         if waiter is None:
             return p
-        event = waiter.event = trio.Event()
-        try:
-            await event.wait()
-        except BaseException:
-            if waiter.granted:
-                self.release(p)
-            else:
-                permits.abandon(p, waiter)
-            raise
-        if not waiter.granted:  # woken by the bucket's removal
+        if await park(
+            waiter,
+            deadline=deadline,
+            give_back=lambda: self.release(p),
+            abandon=lambda: permits.abandon(p, waiter),
+        ):
+            return p
+        if p.removed:
             raise BucketNotFound(f"bucket {bucket!r} was removed")
-        return p
+        permits.abandon(p, waiter)
+        raise DeadlineExceeded("the request's deadline passed while it waited for a write permit")
 
     def add_bucket(self, name: str) -> None:
         self.permits.add_bucket(name)
@@ -643,8 +628,16 @@ class WritePermitGate:
     def statistics(self) -> WritePermitStatistics:
         return self.permits.statistics()
 
-    @staticmethod
-    def _wake(waiters: list[Waiter]) -> None:
-        for w in waiters:
-            if w.event is not None:
-                w.event.set()
+    def parameter_table(self) -> ParameterTable:
+        return {
+            key: (lambda k: lambda v: self.configure(**{k: v}))(key)
+            for key in (
+                "target_lag",
+                "critical_lag",
+                "min_capacity",
+                "max_capacity",
+                "adjustment_interval_ms",
+            )
+        }
+
+    _wake = staticmethod(wake)

@@ -25,6 +25,7 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
+from tenantkv.server.status import status_document
 from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
@@ -374,13 +375,13 @@ async def create_user(s: Session, p: dict[str, Any]) -> Any:
     roles = auth.validate_roles(p.get("roles"))
     for bucket in roles:
         s.node.bucket(bucket)
-    if name in s.node.users:
+    if name in s.node.accounts.users:
         raise errors.UserExists(f"user {name!r} already exists")
     admin, unthrottled = bool_param(p, "admin"), bool_param(p, "unthrottled")
     user = await trio.to_thread.run_sync(
         lambda: auth.new_user(name, password, admin=admin, unthrottled=unthrottled, roles=roles)
     )
-    await s.node.save_user(user, expect="absent")
+    await s.node.accounts.save_user(user, expect="absent")
     log.info("audit: %s created user %s", s.who(), user.public())
     return user.public()
 
@@ -391,7 +392,7 @@ async def update_user(s: Session, p: dict[str, Any]) -> Any:
     given changes; ``roles`` replaces every role. Applies at once, on open
     connections too: their requests that have not run yet are checked again."""
     name = str_param(p, "name")
-    old = s.node.users.get(name)
+    old = s.node.accounts.users.get(name)
     if old is None:
         raise errors.UserNotFound(f"user {name!r} does not exist")
     changes: dict[str, Any] = {}
@@ -412,7 +413,7 @@ async def update_user(s: Session, p: dict[str, Any]) -> Any:
     if name == s.current_user().name and changes.get("admin") is False:
         raise errors.BadValue("an admin cannot take away its own admin privilege")
     user = dataclasses.replace(old, **changes)
-    await s.node.save_user(user, expect="present")
+    await s.node.accounts.save_user(user, expect="present")
     what = sorted(changes.keys() - {"salt", "hash"}) + (["password"] if "hash" in changes else [])
     log.info("audit: %s updated user %r (%s): %s", s.who(), name, ", ".join(what), user.public())
     return user.public()
@@ -425,7 +426,7 @@ async def delete_user(s: Session, p: dict[str, Any]) -> Any:
     assert s.user is not None
     if name == s.user.name:
         raise errors.BadValue("a user cannot delete itself")
-    await s.node.drop_user(name)
+    await s.node.accounts.drop_user(name)
     log.info("audit: %s deleted user %r", s.who(), name)
     return True
 
@@ -433,14 +434,14 @@ async def delete_user(s: Session, p: dict[str, Any]) -> Any:
 @command("list_users", "admin")
 async def list_users(s: Session, p: dict[str, Any]) -> Any:
     """[{name, admin, unthrottled, roles}, ...] sorted by name."""
-    return [s.node.users[n].public() for n in sorted(s.node.users)]
+    return [s.node.accounts.users[n].public() for n in sorted(s.node.accounts.users)]
 
 
 @command("server_status", "admin")
 async def server_status(s: Session, p: dict[str, Any]) -> Any:
     """The status document: version, uptime, connections, storage, buckets, and a
     section per admission gate."""
-    return s.node.status()
+    return status_document(s.node)
 
 
 # -- throttle properties (Couchbase's names; bodies are JSON) -----------------------------
@@ -540,7 +541,7 @@ async def set_parameter(s: Session, p: dict[str, Any]) -> Any:
     name = str_param(p, "name")
     if "value" not in p:
         raise errors.BadValue("'value' is required (nil resets the parameter)")
-    old, new = await s.node.set_parameter(name, p["value"])
+    old, new = await s.node.parameters.set(name, p["value"])
     log.info("audit: %s set_parameter %s: %r -> %r", s.who(), name, old, new)
     return {"name": name, "old": old, "new": new}
 
@@ -549,8 +550,8 @@ async def set_parameter(s: Session, p: dict[str, Any]) -> Any:
 async def get_parameter(s: Session, p: dict[str, Any]) -> Any:
     """{name, value, default, runtime, help}; without name, a list of every setting."""
     if p.get("name") is None:
-        return s.node.parameters()
-    return s.node.parameter(str_param(p, "name"))
+        return s.node.parameters.describe_all()
+    return s.node.parameters.describe(str_param(p, "name"))
 
 
 @command("watch_events", "admin", "bucket", "max_events", "wait_ms")

@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import ssl
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -35,6 +36,7 @@ from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
 from tenantkv.server.node import Node
 from tenantkv.server.session import Session
+from tenantkv.server.status import status_document
 from tenantkv.storage.engine import Engine
 
 log = logging.getLogger("tenantkv.server")
@@ -138,15 +140,17 @@ class Server:
     ) -> None:
         try:
             node.start()
-            await node.bootstrap_admin()
-            await node.drop_dangling_roles()
+            await node.accounts.bootstrap_admin()
+            await node.accounts.drop_dangling_roles(node.engine.buckets)
             self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
             sockname = self.listeners[0].socket.getsockname()
             node.host, node.port = sockname[0], sockname[1]
             if self.config.metrics_port is not None:
                 from tenantkv.metrics import start_metrics_server
 
-                self.metrics_port = start_metrics_server(node.status, self.config.metrics_port)
+                self.metrics_port = start_metrics_server(
+                    partial(status_document, node), self.config.metrics_port
+                )
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)

@@ -32,19 +32,16 @@ import contextlib
 import logging
 import math
 import time
-from functools import partial
 from typing import Any
 
 import trio
 
 from tenantkv import errors, protocol
 from tenantkv._version import __version__
-from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
-from tenantkv.server.commands import COMMANDS, Command, check_params
+from tenantkv.server.commands import COMMANDS
+from tenantkv.server.execution import Execution
 from tenantkv.server.node import Node
-from tenantkv.storage.engine import BucketHandle
-from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
 
@@ -64,8 +61,12 @@ HELLO_PARAMS = frozenset(
 )
 
 
-class Session:
+class Session(Execution):
+    """One connection: framing, deadlines, hello and replies; running the commands
+    is the :class:`~tenantkv.server.execution.Execution` half."""
+
     def __init__(self, node: Node, stream: trio.abc.Stream, peer: str, conn_id: int) -> None:
+        super().__init__(node)
         self.node = node
         self.stream = stream
         self.peer = peer
@@ -76,17 +77,8 @@ class Session:
         self.backpressure = False
         self.nonblocking_throttle = False
         self.client_info: dict[str, Any] = {}
-        #: per-record byte counts a read handler read (for metering)
-        self.read_sizes: list[int] = []
-        self.pending_writes = 0
-        #: bytes of those writes (their values and keys), for back-pressure
-        self.pending_write_bytes = 0
         self._max_inflight = node.config.max_inflight_per_connection
         self._out = bytearray()
-        # A plain flag says whether the task is parked waiting for writes: checking
-        # a bool per write callback is much cheaper than asking the ParkingLot.
-        self._drain_lot = trio.lowlevel.ParkingLot()
-        self._reader_parked = False
         self._reading = True
         #: the scope of the whole session; cancelled only while ``_receiving``
         self._scope = trio.CancelScope()
@@ -96,16 +88,8 @@ class Session:
         self._deadline_what = ""
         self._expired = False
         self._decoder: protocol.RequestDecoder | None = None
-        #: the read transaction shared by the reads of the chunk being handled
-        self._rtxn: Any = None
-        #: when the chunk being handled was received (perf_counter), and its fast-path
-        #: reads per (bucket, operation): counted and timed once per chunk
-        self._chunk_t0 = 0.0
-        self._chunk_reads: dict[tuple[str, str], int] = {}
         #: bytes this connection's decoder holds, as last told to node.receive_buffers
         self._held = 0
-        #: node.auth_epoch when ``user`` was last looked up (see current_user)
-        self._auth_epoch = node.auth_epoch
         #: bucket-queue event subscription of a watch_events connection
         self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
 
@@ -199,19 +183,6 @@ class Session:
         data, self._out = self._out, bytearray()
         await self.stream.send_all(data)
 
-    async def _park_reader(self) -> None:
-        """Wait until a write of this connection completes."""
-        self._reader_parked = True
-        try:
-            await self._drain_lot.park()
-        finally:
-            self._reader_parked = False
-
-    def _wake_reader(self) -> None:
-        if self._reader_parked:
-            self._reader_parked = False
-            self._drain_lot.unpark_all()
-
     # -- input ---------------------------------------------------------------------
 
     async def _serve(self) -> None:
@@ -295,6 +266,7 @@ class Session:
         timed once, when the chunk is done or the task yields.
         """
         node = self.node
+        pipeline = node.pipeline
         max_inflight = self._max_inflight
         try:
             for handled, req in enumerate(decoder, 1):
@@ -302,17 +274,21 @@ class Session:
                     if not node.shutting_down:
                         return False  # its user was deleted: nothing more of theirs runs
                     self._refuse_shutting_down(req)
-                elif self.user is not None and (
-                    node.config.ingress_request_rate_limiter_enabled
-                    and not self._rate_admitted(req)
-                ):
-                    pass  # answered with 462
-                elif self.user is not None and self._run_fast(*req):
-                    pass
-                else:
+                elif self.user is None:
                     self._end_chunk_reads()
-                    if not await self._handle(req):
+                    if not await self._hello(req):
                         return False
+                else:
+                    cmd = COMMANDS.get(req.method)
+                    refused = pipeline.check_request_rate(
+                        self.peer_ip, admin=cmd is not None and cmd.kind == "admin"
+                    )
+                    if refused is not None:
+                        self._fail(req.msgid, req.method, refused)
+                    elif not self._run_inline(cmd, req):
+                        self._end_chunk_reads()
+                        if not await self._run(cmd, req):
+                            return False
                 if (
                     self.pending_writes >= max_inflight
                     or len(self._out) > OUT_HIGH_WATER
@@ -328,28 +304,6 @@ class Session:
         finally:
             self._end_chunk_reads()
         return True
-
-    def read_txn(self) -> Any:
-        """The read transaction of the chunk being handled (opened on first use)."""
-        txn = self._rtxn
-        if txn is None:
-            txn = self._rtxn = self.node.engine.begin_read()
-        return txn
-
-    def _end_chunk_reads(self) -> None:
-        """Close the chunk's read transaction and record its reads' counts and latency."""
-        if self._rtxn is not None:
-            self.node.engine.end_read(self._rtxn)
-            self._rtxn = None
-        if self._chunk_reads:
-            node = self.node
-            seconds = time.perf_counter() - self._chunk_t0
-            for (bucket, method), n in self._chunk_reads.items():
-                stats = node.bucket_stats.get(bucket)
-                if stats is not None:  # not deleted meanwhile
-                    stats.ops[method] += n
-                    node.latency.observe_many(bucket, method, seconds, n)
-            self._chunk_reads = {}
 
     def _track_held(self, decoder: protocol.RequestDecoder) -> None:
         """Tell the node-wide receive-buffer cap what this connection holds now."""
@@ -386,23 +340,6 @@ class Session:
             for req in decoder:
                 self._refuse_shutting_down(req)
 
-    def _rate_admitted(self, req: protocol.Request) -> bool:
-        """The ingress request rate limiter, before any other work on the request.
-        Admin commands and exempt client addresses pass, counted as exempted."""
-        node = self.node
-        cmd = COMMANDS.get(req.method)
-        exempt = (cmd is not None and cmd.kind == "admin") or node.request_exemptions.matches(
-            self.peer_ip
-        )
-        wait = node.request_limiter.try_acquire(exempt=exempt)
-        if wait == 0.0:
-            return True
-        exc = node.request_limiter.rejection(wait)
-        exc.command = req.method
-        self._count_error(exc)
-        self._reply_error(req.msgid, exc)
-        return False
-
     async def _wait_drained(self) -> None:
         """Too much unsent or unanswered: send what is ready, wait for the writes."""
         if len(self._out) > OUT_HIGH_WATER:
@@ -413,257 +350,10 @@ class Session:
         ):
             await self._park_reader()
 
-    async def _wait_writes(self) -> None:
-        while self.pending_writes:
-            await self._park_reader()
-
-    def _run_fast(
-        self,
-        msgid: int,
-        method: str,
-        params: dict[str, Any],
-        holds: Holds | None = None,
-        failpoints_checked: bool = False,
-        t0: float | None = None,
-    ) -> bool:
-        """Handle a read or write without awaiting; False if it needs ``_handle``.
-
-        The hot path of every data command: the admission pipeline's fast path
-        (tenant throttle, bucket queue, write permit, execution ticket — see
-        :mod:`tenantkv.admission.pipeline`), then a read runs inline and a
-        write is queued on the group-commit writer, keeping what it holds
-        until its batch is durable. It goes to ``_handle`` (which may wait)
-        when this connection has writes in flight (so a connection reads its
-        own writes) or a gate cannot admit it now. ``holds``, when given, were
-        acquired by ``_handle``; this method then owns them.
-        """
-        cmd = COMMANDS.get(method)
-        if cmd is None:
-            return False
-        kind = cmd.kind
-        if kind == "read":
-            if self.pending_writes:
-                return False
-        elif kind != "write":
-            return False
-        node = self.node
-        if node.failpoints.active and not failpoints_checked:
-            return False
-        h = holds
-        try:
-            check_params(cmd, params)
-            b = self._data_bucket(write=kind == "write")
-            user = self.user
-            assert user is not None
-            if kind == "read":
-                if (
-                    h is None
-                    and (h := node.pipeline.try_admit(b.name, False, user.unthrottled)) is None
-                ):
-                    return False
-                self.read_sizes.clear()
-                result = cmd.handler(self, b, params)
-                h.release(method)
-                h = None
-                node.charge_read(b.name, self.read_sizes, user.unthrottled)
-                self._reply(msgid, result)
-                if t0 is None:  # the fast path: counted and timed with its chunk
-                    key = (b.name, method)
-                    self._chunk_reads[key] = self._chunk_reads.get(key, 0) + 1
-                else:  # it waited in _handle: timed from when it was read
-                    node.bucket_stats[b.name].ops[method] += 1
-                    node.latency.observe(b.name, method, time.perf_counter() - t0)
-            else:
-                op = cmd.handler(self, b, params)
-                node.check_write_cost(b.name, op)
-                if (
-                    h is None
-                    and (h := node.pipeline.try_admit(b.name, True, user.unthrottled)) is None
-                ):
-                    return False
-                self.pending_writes += 1
-                self.pending_write_bytes += op.size_hint
-                if t0 is None:
-                    t0 = self._chunk_t0  # timed from when its chunk arrived
-                node.submit(
-                    op,
-                    partial(self._write_done, msgid, method, b, op, h, t0),
-                    h.release_queue_bounds,
-                )
-                h = None  # the write's callback releases them once durable
-        except errors.TenantKVError as exc:
-            exc.command = method
-            self._count_error(exc)
-            self._reply_error(msgid, exc)
-        except Exception as exc:
-            self._internal_error(msgid, method, exc)
-        finally:
-            if h is not None:
-                h.release(method, outcome="error")
-        return True
-
-    async def _handle(self, req: protocol.Request) -> bool:
-        """Any request the fast path did not take; False when the connection must close."""
-        msgid, method, params = req
-        if self.user is None:
-            return await self._hello(req)
-        t0 = time.perf_counter()
-        cmd = COMMANDS.get(method)
-        if self.pending_writes and (cmd is None or cmd.kind != "write"):
-            # Reads and admin commands see this connection's earlier writes; a
-            # write needs no wait: the writer commits a connection's writes in order.
-            await self._wait_writes()
-        if self.node.failpoints.active and await self._failpoint(msgid, method):
-            return True
-        if self._run_fast(msgid, method, params, failpoints_checked=True, t0=t0):
-            return True
-        try:
-            if cmd is None:
-                if method == "hello":
-                    raise errors.BadValue("hello was already received on this connection")
-                raise errors.UnknownCommand(f"no command named {method!r:.80}")
-            check_params(cmd, params)
-            if cmd.kind in ("read", "write"):
-                holds = await self._admit(cmd, params)
-                self._run_fast(msgid, method, params, holds=holds, failpoints_checked=True, t0=t0)
-            else:
-                await self._run_other(cmd, msgid, params)
-        except errors.TenantKVError as exc:
-            exc.command = method
-            self._count_error(exc)
-            self._reply_error(msgid, exc)
-            return not exc.fatal
-        except Exception as exc:
-            self._internal_error(msgid, method, exc)
-        return True
-
-    async def _failpoint(self, msgid: int, method: str) -> bool:
-        """Apply a test failpoint; True when it answered the request (with an error)."""
-        fp = self.node.failpoints.take(method)
-        if fp is None:
-            return False
-        if fp.block_secs:
-            await trio.sleep(fp.block_secs)
-        exc = fp.error()
-        if exc is None:
-            return False
-        exc.command = method
-        self._reply_error(msgid, exc)
-        return True
-
-    async def _admit(self, cmd: Command, params: dict[str, Any]) -> Holds:
-        """Wait at each gate of the admission pipeline, bounded by the request's
-        ``timeout_ms``. This connection reads nothing meanwhile (TCP back-pressure)."""
-        b = self._data_bucket(write=cmd.kind == "write")
-        deadline = None
-        timeout_ms = params.get("timeout_ms")  # checked by check_params
-        if timeout_ms is not None:
-            deadline = trio.current_time() + timeout_ms / 1000
-        assert self.user is not None
-        key = params.get("key")
-        return await self.node.pipeline.admit(
-            b.name,
-            cmd.kind == "write",
-            unthrottled=self.user.unthrottled,
-            deadline=deadline,
-            nonblocking=self.nonblocking_throttle,
-            operation=cmd.name,
-            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
-        )
-
-    def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
-        if isinstance(exc, RecursionError):
-            # A parameter nested ~1000 deep (MessagePack decodes up to ~1040) broke
-            # a repr in a handler's error message: the client's fault, not ours.
-            bad = errors.BadValue("a parameter is nested too deeply")
-            bad.command = method
-            self._count_error(bad)
-            self._reply_error(msgid, bad)
-            return
-        log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
-        self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
-
-    async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
-        if cmd.kind == "admin" and not self.current_user().admin:
-            raise errors.Unauthorized(f"{cmd.name} needs an admin user")
-        self._reply(msgid, await cmd.handler(self, params))
-
-    def _write_done(
-        self,
-        msgid: int,
-        method: str,
-        b: BucketHandle,
-        op: WriteOp,
-        holds: Holds,
-        t0: float,
-        result: Any,
-        error: BaseException | None,
-    ) -> None:
-        holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
-        self.pending_writes -= 1
-        self.pending_write_bytes -= op.size_hint
-        stats = self.node.bucket_stats.get(b.name)
-        if error is None:
-            if stats is not None:
-                stats.ops[method] += 1
-                self.node.latency.observe(b.name, method, time.perf_counter() - t0)
-            user = self.user
-            self.node.charge_write(b.name, op.nbytes, user is not None and user.unthrottled)
-            self._reply(msgid, result)
-        else:
-            exc = (
-                error
-                if isinstance(error, errors.TenantKVError)
-                else errors.InternalError(repr(error))
-            )
-            exc.command = method
-            self._count_error(exc)
-            self._reply_error(msgid, exc)
-            if isinstance(error, errors.ServerError) and not exc.labels:
-                # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
-                user = self.user
-                self.node.charge_write(b.name, 0, user is not None and user.unthrottled)
-        if self._reader_parked:
-            self._wake_reader()
-
-    def _count_error(self, exc: errors.TenantKVError) -> None:
-        if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
-            stats.errors[exc.code_name] += 1
-
-    def current_user(self) -> auth.User:
-        """This connection's user as the registry has it now. Checked before every
-        command runs, after any wait: the requests of a user deleted meanwhile fail
-        (and the connection closes), changed roles and privileges apply at once."""
-        user = self.user
-        assert user is not None
-        node = self.node
-        if self._auth_epoch != node.auth_epoch:
-            fresh = node.users.get(user.name)
-            if fresh is None:
-                self.begin_shutdown()
-                raise errors.Unauthorized(f"user {user.name!r} was deleted")
-            self.user = user = fresh
-            self._auth_epoch = node.auth_epoch
-        return user
-
-    def _data_bucket(self, *, write: bool) -> BucketHandle:
-        name = self.bucket
-        if name is None:
-            raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
-        b = self.node.bucket(name)
-        user = self.current_user()
-        if not (user.can_write(name) if write else user.can_read(name)):
-            need = "readwrite" if write else "read"
-            raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")
-        return b
-
     # -- hello ------------------------------------------------------------------------
 
     async def _hello(self, req: protocol.Request) -> bool:
-        if self.node.config.ingress_request_rate_limiter_enabled:
-            # Exempt (anonymous clients cannot drain the tokens), and counted as
-            # such, as docs/admission.md says of hello and unauthenticated traffic.
-            self.node.request_limiter.try_acquire(exempt=True)
+        self.node.pipeline.count_exempt_request()
         try:
             if req.method != "hello":
                 raise errors.HelloRequired(
@@ -673,7 +363,9 @@ class Session:
             for k in p:
                 if k not in HELLO_PARAMS:
                     raise errors.BadValue(f"unknown parameter {k!r} for hello")
-            user = await self.node.authenticate(p.get("user"), p.get("password"), peer=self.peer_ip)
+            user = await self.node.accounts.authenticate(
+                p.get("user"), p.get("password"), peer=self.peer_ip
+            )
             cfg = self.node.config
             refused = self.node.connection_table.authenticated(
                 self.conn_id,
@@ -706,7 +398,7 @@ class Session:
             self._reply_error(req.msgid, exc)
             return False  # a failed hello always closes the connection
         self.user = user
-        self._auth_epoch = self.node.auth_epoch
+        self._auth_epoch = self.node.accounts.epoch
         if self._decoder is not None:  # authenticated: frames up to the full bound
             self._decoder.frame_limit = self._decoder.max_frame_bytes
         self.select(bucket)

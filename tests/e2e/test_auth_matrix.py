@@ -338,7 +338,7 @@ def test_login_source_groups_ipv6_by_64() -> None:
     assert auth.login_source("not-an-address") == "not-an-address"
 
 
-# -- failed-login limiting: Node.authenticate in process ----------------------------------
+# -- failed-login limiting: Accounts.authenticate in process ----------------------------------
 
 
 @pytest.fixture
@@ -350,7 +350,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node
     )
     engine = Engine(tmp_path)
     n = Node(cfg, engine)
-    n.users["alice"] = auth.new_user("alice", "right")
+    n.accounts.users["alice"] = auth.new_user("alice", "right")
     hashed: list[str] = []
     real = auth.hash_password
 
@@ -367,18 +367,18 @@ async def test_refused_before_any_scrypt(node: tuple[Node, list[str]]) -> None:
     n, hashed = node
     for i in range(3):
         with pytest.raises(errors.AuthenticationFailed):
-            await n.authenticate("alice", f"wrong{i}", peer="192.0.2.1")
+            await n.accounts.authenticate("alice", f"wrong{i}", peer="192.0.2.1")
     with pytest.raises(errors.AuthenticationFailed):  # unknown users count too
-        await n.authenticate("mallory", "x", peer="192.0.2.2")
+        await n.accounts.authenticate("mallory", "x", peer="192.0.2.2")
     assert len(hashed) == 4
     with pytest.raises(errors.TooManyLoginFailures) as exc_info:
-        await n.authenticate("alice", "right", peer="192.0.2.1")  # even the right one
+        await n.accounts.authenticate("alice", "right", peer="192.0.2.1")  # even the right one
     assert 0 < (exc_info.value.retry_after_ms or 0) <= 60_000
     with pytest.raises(errors.TooManyLoginFailures):
-        await n.authenticate(None, None, peer="192.0.2.1")
+        await n.accounts.authenticate(None, None, peer="192.0.2.1")
     assert len(hashed) == 4  # no scrypt for refused logins
-    assert (await n.authenticate("alice", "right", peer="192.0.2.2")).name == "alice"
-    st = n.login_statistics()
+    assert (await n.accounts.authenticate("alice", "right", peer="192.0.2.2")).name == "alice"
+    st = n.accounts.login_statistics()
     assert (st["failures"], st["refused"], st["blocked_sources"]) == (4, 2, 1)
 
 
@@ -390,7 +390,7 @@ async def test_concurrent_guesses_reach_scrypt_at_most_limit_times(
 
     async def guess(i: int) -> None:
         try:
-            await n.authenticate("alice", f"guess{i}", peer="192.0.2.3")
+            await n.accounts.authenticate("alice", f"guess{i}", peer="192.0.2.3")
         except errors.TenantKVError as exc:
             outcomes.append(exc.code_name)
 
@@ -410,14 +410,14 @@ async def test_concurrent_logins_with_one_credential_share_one_scrypt(
     users: list[str] = []
 
     async def login() -> None:
-        users.append((await n.authenticate("alice", "right", peer="192.0.2.4")).name)
+        users.append((await n.accounts.authenticate("alice", "right", peer="192.0.2.4")).name)
 
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             for _ in range(40):
                 nursery.start_soon(login)
     assert users == ["alice"] * 40 and len(hashed) == 1
-    assert n.login_statistics()["failures"] == 0
+    assert n.accounts.login_statistics()["failures"] == 0
 
 
 # -- failed-login limiting and secrets on the real daemon --------------------------------

@@ -511,11 +511,11 @@ def test_debt_is_bounded_by_throttle_max_request_secs() -> None:
     now = [0.0]
     t = TenantThrottle(lambda: now[0], max_debt_secs=5.0)
     t.add_bucket("b", reserved=0, hard_limit=10)
-    assert t.try_admit("b") == 0.0
+    assert t.admission_wait("b") == 0.0
     for _ in range(4):  # four admitted together, each below the per-request cap
         t.charge("b", 0, 20)  # 40 units each
     assert t.max_request_units("b") == 50.0
-    wait = t.try_admit("b")
+    wait = t.admission_wait("b")
     assert 0 < wait <= 5.2  # not 16 s: the debt stopped at 5 s of the hard limit
     now[0] += wait + 0.1
-    assert t.try_admit("b") == 0.0
+    assert t.admission_wait("b") == 0.0

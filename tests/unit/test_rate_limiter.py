@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tenantkv.admission import cidr
 from tenantkv.admission.cidr import CidrMatcher, parse_cidrs
+from tenantkv.admission.gate import ADMITTED
 from tenantkv.admission.rate_limiter import (
     MAX_RETRY_AFTER_MS,
     RateLimiter,
@@ -51,15 +52,15 @@ def check_invariants(tb: TokenBucket) -> None:
 
 def test_starts_full_and_refills_lazily() -> None:
     tb, clock = bucket(rate_per_sec=4, burst_capacity_secs=0.5)  # burst 2
-    assert tb.try_acquire() == 0.0
-    assert tb.try_acquire() == 0.0
-    assert tb.try_acquire() == pytest.approx(0.25)  # the next token in 1/4 s
+    assert tb.take() == 0.0
+    assert tb.take() == 0.0
+    assert tb.take() == pytest.approx(0.25)  # the next token in 1/4 s
     clock.t += 0.1
-    assert tb.try_acquire() == pytest.approx(0.15)
+    assert tb.take() == pytest.approx(0.15)
     clock.t += 0.15
-    assert tb.try_acquire() == 0.0
+    assert tb.take() == 0.0
     clock.t += 10.0  # a long idle spell refills one burst, no more
-    assert [tb.try_acquire() for _ in range(3)][:2] == [0.0, 0.0]
+    assert [tb.take() for _ in range(3)][:2] == [0.0, 0.0]
     s = tb.statistics()
     assert (s.attempted, s.successful, s.rejected) == (8, 5, 3)
     assert s.burst_size == 2.0
@@ -69,14 +70,14 @@ def test_starts_full_and_refills_lazily() -> None:
 def test_burst_below_one_token_is_one_token() -> None:
     tb, _ = bucket(rate_per_sec=2, burst_capacity_secs=0.1)
     assert tb.statistics().burst_size == 1.0
-    assert tb.try_acquire() == 0.0
-    assert tb.try_acquire() == pytest.approx(0.5)
+    assert tb.take() == 0.0
+    assert tb.take() == pytest.approx(0.5)
 
 
 def test_exempt_is_counted_never_limited() -> None:
     tb, _ = bucket(rate_per_sec=1, burst_capacity_secs=1)
-    assert tb.try_acquire() == 0.0
-    assert all(tb.try_acquire(exempt=True) == 0.0 for _ in range(5))
+    assert tb.take() == 0.0
+    assert all(tb.take(exempt=True) == 0.0 for _ in range(5))
     tb.record_exemption()
     s = tb.statistics()
     assert (s.exempted, s.attempted, s.successful) == (6, 1, 1)
@@ -85,8 +86,8 @@ def test_exempt_is_counted_never_limited() -> None:
 
 def test_rejection_error_carries_retry_hint() -> None:
     tb, _ = bucket(rate_per_sec=4, burst_capacity_secs=0.25, name="ingress request rate limiter")
-    tb.try_acquire()
-    wait = tb.try_acquire()
+    tb.take()
+    wait = tb.take()
     err = tb.rejection(wait)
     assert isinstance(err, IngressRequestRateLimitExceeded)
     assert err.code == 462
@@ -158,7 +159,7 @@ def test_average_time_queued_is_a_moving_average() -> None:
     clock.t = w.deadline
     tb.finish(w)  # waited 1 s
     assert tb.statistics().average_time_queued_micros == pytest.approx(0.2 * 1e6)
-    tb.try_acquire()  # does not feed the average
+    tb.take()  # does not feed the average
     assert tb.statistics().average_time_queued_micros == pytest.approx(0.2 * 1e6)
 
 
@@ -225,7 +226,7 @@ def test_counters_stay_consistent(steps: list[tuple[float, str]]) -> None:
     for dt, action in steps:
         clock.t += dt
         if action == "try":
-            tb.try_acquire()
+            tb.take()
         elif action == "borrow":
             try:
                 w = tb.borrow()
@@ -396,10 +397,9 @@ async def test_try_acquire_and_rejection_through_the_adapter(
         param_prefix="ingress_connection_establishment_",
         error=AdmissionQueueOverflow,
     )
-    assert limiter.try_acquire() == 0.0
-    wait = limiter.try_acquire()
-    assert wait == pytest.approx(0.1)
-    err = limiter.rejection(wait)
+    assert limiter.try_acquire() is ADMITTED
+    assert limiter.try_acquire() is None
+    err = limiter.rejection()
     assert isinstance(err, AdmissionQueueOverflow)
     assert 100 <= (err.retry_after_ms or 0) <= 200
     assert "ingress_connection_establishment_rate_per_sec" in err.errmsg
@@ -492,8 +492,8 @@ def test_cidr_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_rejection_hints_spread_and_are_never_sooner_than_the_wait() -> None:
     """Deterministic hints made every rejected client retry at the same instant."""
     tb, _ = bucket(rate_per_sec=10, burst_capacity_secs=0.1)
-    tb.try_acquire()
-    wait = tb.try_acquire()
+    tb.take()
+    wait = tb.take()
     hints = {tb.rejection(wait).retry_after_ms for _ in range(200)}
     assert len(hints) > 20
     assert min(h or 0 for h in hints) >= round(wait * 1000)

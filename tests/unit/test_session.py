@@ -37,7 +37,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     n.start()
     user = await trio.to_thread.run_sync(lambda: auth.new_user("u", "pw", roles={"b": "readwrite"}))
     n.bucket_added(await n.write(CreateBucketOp("b", {})))
-    await n.save_user(user, expect="absent")
+    await n.accounts.save_user(user, expect="absent")
     try:
         yield n
     finally:

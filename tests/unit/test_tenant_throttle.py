@@ -87,13 +87,13 @@ def simulate(
             rate = offered[b]
             if rate is None:
                 for _ in range(100_000):
-                    if th.try_admit(b) != 0.0:
+                    if th.admission_wait(b) != 0.0:
                         break
                     th.charge(b, c, 0)
                     per_sec[b][sec] += c
             else:
                 backlog[b] = min(backlog[b] + rate * tick, rate * tick + c)  # no hoarding
-                while backlog[b] >= c and th.try_admit(b) == 0.0:
+                while backlog[b] >= c and th.admission_wait(b) == 0.0:
                     th.charge(b, c, 0)
                     per_sec[b][sec] += c
                     backlog[b] -= c
@@ -158,10 +158,10 @@ def test_default_node_is_unlimited_and_disabled() -> None:
     assert th.capacity is None
     assert not th.enabled
     for _ in range(1000):
-        assert th.try_admit("a") == 0.0
+        assert th.admission_wait("a") == 0.0
         th.charge("a", 1000, 1000)
     clock.t = 3.0
-    assert th.try_admit("a") == 0.0
+    assert th.admission_wait("a") == 0.0
 
 
 def test_enabled_by_capacity_or_finite_hard_limit() -> None:
@@ -209,11 +209,11 @@ def test_config_validation() -> None:
     with pytest.raises(BucketNotFound):
         th.set_bucket("nope", reserved=1)
     with pytest.raises(BucketNotFound):
-        th.try_admit("nope")
+        th.admission_wait("nope")
     assert th.bucket_limits("a") == (100, 200)  # failed calls changed nothing
     th.remove_bucket("a")
     with pytest.raises(BucketNotFound):
-        th.try_admit("a")
+        th.admission_wait("a")
 
 
 def test_water_fill_is_max_min_fair() -> None:
@@ -254,7 +254,7 @@ def test_example_a_using_3000_random_arrivals() -> None:
             break
         clock.t = t
         cost = rnd.randint(1, 19)
-        wait = th.try_admit(b)
+        wait = th.admission_wait(b)
         if wait == 0.0:
             th.charge(b, cost, 0)
             got[b] += cost if t >= 2.0 else 0
@@ -330,14 +330,14 @@ def test_free_pool_exhausted_throttles_within_a_slice() -> None:
     add(th, "A")
     clock.t = 0.05
     used = 0
-    while th.try_admit("A") == 0.0:
+    while th.admission_wait("A") == 0.0:
         th.charge("A", 10, 0)
         used += 10
     assert used <= 100 + 10  # one slice of the whole node (+ one overshooting op)
-    wait = th.try_admit("A")
+    wait = th.admission_wait("A")
     assert 0 < wait <= 0.1
     clock.t += wait
-    assert th.try_admit("A") == 0.0
+    assert th.admission_wait("A") == 0.0
 
 
 def test_hard_limit_accuracy_when_offered_3x() -> None:
@@ -353,24 +353,24 @@ def test_hard_limit_accuracy_when_offered_3x() -> None:
 def test_hard_limit_zero_is_fully_throttled() -> None:
     th, clock = make()
     add(th, "A", hard_limit=0)
-    assert th.try_admit("A") == math.inf
+    assert th.admission_wait("A") == math.inf
     clock.t = 100.0
-    assert th.try_admit("A") == math.inf
-    assert th.try_admit("A", unthrottled=True) == 0.0
+    assert th.admission_wait("A") == math.inf
+    assert th.admission_wait("A", unthrottled=True) == 0.0
 
 
 def test_large_op_becomes_debt_paid_over_later_slices() -> None:
     th, clock = make()
     add(th, "A", hard_limit=1000)
-    assert th.try_admit("A") == 0.0
+    assert th.admission_wait("A") == 0.0
     th.charge("A", 5000, 0)  # 5 s worth in one op: admitted optimistically
-    wait = th.try_admit("A")
+    wait = th.admission_wait("A")
     # 4900 units of debt at 1000/s, repaid by whole slices
     assert wait == pytest.approx(5.0, abs=1e-3)
     clock.t = wait * 0.9
-    assert th.try_admit("A") > 0
+    assert th.admission_wait("A") > 0
     clock.t = wait
-    assert th.try_admit("A") == 0.0
+    assert th.admission_wait("A") == 0.0
 
 
 def test_large_ops_honour_the_long_run_rate() -> None:
@@ -384,12 +384,12 @@ def test_large_ops_honour_the_long_run_rate() -> None:
 def test_refill_comes_in_slices_not_whole_second_lumps() -> None:
     th, clock = make()
     add(th, "A", hard_limit=1000)
-    while th.try_admit("A") == 0.0:
+    while th.admission_wait("A") == 0.0:
         th.charge("A", 10, 0)
     admitted_at: list[float] = []
     for step in range(1, 61):  # 0.6 s in 10 ms ticks
         clock.t = step * 0.01
-        while th.try_admit("A") == 0.0:
+        while th.admission_wait("A") == 0.0:
             th.charge("A", 10, 0)
             admitted_at.append(clock.t)
     assert len(admitted_at) * 10 == 500
@@ -404,7 +404,7 @@ def test_burst_after_idle_is_one_slice() -> None:
     add(th, "A", reserved=2000, hard_limit=8000)
     clock.t = 5.03  # idle for 5 s
     used = 0
-    while th.try_admit("A") == 0.0:
+    while th.admission_wait("A") == 0.0:
         th.charge("A", 1, 0)
         used += 1
     # A's allowance rate is its reservation (it was idle); it turns hungry when
@@ -417,15 +417,15 @@ def test_unthrottled_is_never_delayed_but_charged() -> None:
     th, clock = make()
     add(th, "A", hard_limit=100)
     for _ in range(50):
-        assert th.try_admit("A", unthrottled=True) == 0.0
+        assert th.admission_wait("A", unthrottled=True) == 0.0
         th.charge("A", 10, 0, unthrottled=True)
     stats = th.statistics()
     assert stats.buckets["A"].ru_total == 500
     assert stats.node.ru_total == 500
-    wait = th.try_admit("A")  # ordinary requests of the bucket pay the debt, up to 1 s
+    wait = th.admission_wait("A")  # ordinary requests of the bucket pay the debt, up to 1 s
     assert 0.9 < wait <= 1.2
     clock.t = 1.0
-    assert th.try_admit("A", unthrottled=True) == 0.0
+    assert th.admission_wait("A", unthrottled=True) == 0.0
 
 
 def test_unthrottled_usage_counts_against_the_node() -> None:
@@ -437,10 +437,10 @@ def test_unthrottled_usage_counts_against_the_node() -> None:
     for step in range(1000):  # 10 s
         clock.t = start + step * 0.01
         for _ in range(6):  # A: 6000 units/s, all privileged
-            assert th.try_admit("A", unthrottled=True) == 0.0
+            assert th.admission_wait("A", unthrottled=True) == 0.0
             th.charge("A", 10, 0, unthrottled=True)
             got["A"] += 10 if step >= 200 else 0
-        while th.try_admit("B") == 0.0:
+        while th.admission_wait("B") == 0.0:
             th.charge("B", 10, 0)
             got["B"] += 10 if step >= 200 else 0
     assert got["A"] / 8 == 6000
@@ -463,11 +463,11 @@ def test_slow_start_lends_90_percent_of_reservation_until_connected() -> None:
         if step % 10 == 0:
             per_slice.append(0)
         backlog = 50  # A offers 5000 units/s
-        while backlog >= 10 and th.try_admit("A") == 0.0:
+        while backlog >= 10 and th.admission_wait("A") == 0.0:
             th.charge("A", 10, 0)
             per_slice[-1] += 10
             backlog -= 10
-        while th.try_admit("B") == 0.0:
+        while th.admission_wait("B") == 0.0:
             th.charge("B", 10, 0)
     assert all(units == 500 for units in per_slice[1:]), per_slice
     got = mean_rate(simulate(th, clock, {"A": 5000, "B": None}, 4), warmup=1)
@@ -597,7 +597,7 @@ def test_try_admit_fast_path_is_cheap() -> None:
     n = 20_000
     t0 = time.perf_counter()
     for _ in range(n):
-        th.try_admit("A")
+        th.admission_wait("A")
         th.charge("A", 1, 0)
     per_op_us = (time.perf_counter() - t0) / n * 1e6
     assert per_op_us < 10, per_op_us  # ~1 µs measured; generous for slow CI
@@ -612,7 +612,7 @@ def gate_with(**kw: object) -> tuple[TenantThrottle, TenantThrottleGate]:
 
 
 def exhaust(th: TenantThrottle, bucket: str, cost: int = 10) -> None:
-    while th.try_admit(bucket) == 0.0:
+    while th.admission_wait(bucket) == 0.0:
         th.charge(bucket, cost, 0)
 
 
@@ -620,8 +620,8 @@ async def test_gate_fast_path_does_not_checkpoint(autojump_clock: trio.testing.M
     th, gate = gate_with(capacity=10_000)
     add(th, "A")
     with trio.testing.assert_no_checkpoints():
-        await gate.admit("A")
-        await gate.admit("A", unthrottled=True)
+        await gate.acquire("A")
+        await gate.acquire("A", unthrottled=True)
 
 
 async def test_gate_waits_fifo_then_admits(autojump_clock: trio.testing.MockClock) -> None:
@@ -632,7 +632,7 @@ async def test_gate_waits_fifo_then_admits(autojump_clock: trio.testing.MockCloc
     start = trio.current_time()
 
     async def request(i: int) -> None:
-        await gate.admit("A")
+        await gate.acquire("A")
         order.append((i, trio.current_time() - start))
         th.charge("A", 10, 0)
 
@@ -663,14 +663,14 @@ async def test_gate_new_arrival_queues_behind_waiters(
     order: list[str] = []
 
     async def request(name: str) -> None:
-        await gate.admit("A")
+        await gate.acquire("A")
         order.append(name)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(request, "first")
         await trio.sleep(0.5)
         th.set_bucket("A", hard_limit=None)  # allowance now, but nobody told the head
-        assert th.try_admit("A") == 0.0
+        assert th.admission_wait("A") == 0.0
         nursery.start_soon(request, "second")
         await trio.sleep(0.1)
         assert order == [] and gate.waiting("A") == 2
@@ -685,20 +685,20 @@ async def test_gate_nonblocking_rejects_at_once(autojump_clock: trio.testing.Moc
     exhaust(th, "A")
     start = trio.current_time()
     with pytest.raises(Throttled) as info:
-        await gate.admit("A", nonblocking=True)
+        await gate.acquire("A", nonblocking=True)
     # the next refill is at most one slice away; the hint is spread over one more
     assert 0 < retry_ms(info.value) <= 200
     assert info.value.has_label("RetryableError")
     th.charge("A", 60_000, 0)  # a minute of cost: debt stops at max_debt_secs (5 s)
     with pytest.raises(Throttled) as info:
-        await gate.admit("A", nonblocking=True)
+        await gate.acquire("A", nonblocking=True)
     # the hint is the real wait (spread), not a blanket cap shorter than it
     assert 4900 <= retry_ms(info.value) <= 10_200
     with pytest.raises(HardLimitZero, match="hard_limit 0") as zero:
-        await gate.admit("Z", nonblocking=True)
+        await gate.acquire("Z", nonblocking=True)
     assert zero.value.labels == ()  # nothing to retry: an admin must act
     with pytest.raises(HardLimitZero):
-        await gate.admit("Z")  # blocking mode too: no pointless wait
+        await gate.acquire("Z")  # blocking mode too: no pointless wait
     assert trio.current_time() == start
     assert th.statistics().buckets["A"].reject_count_total == 2
 
@@ -712,7 +712,7 @@ async def test_gate_max_wait_rejects_with_retry_after(
     th.charge("A", 8000, 0)  # ~8 s of debt: more than the 5 s bound
     start = trio.current_time()
     with pytest.raises(Throttled) as info:
-        await gate.admit("A")
+        await gate.acquire("A")
     assert trio.current_time() == start  # known at once: no pointless sleep
     assert 5000 <= retry_ms(info.value) <= 10_200  # the real wait, spread; never less
     assert "exceeds throttle_max_wait_ms (5000 ms)" in info.value.errmsg
@@ -720,7 +720,7 @@ async def test_gate_max_wait_rejects_with_retry_after(
     add(th2, "A", hard_limit=1000)
     exhaust(th2, "A")
     th2.charge("A", 3000, 0)  # ~3 s: fits, so it waits and runs
-    await gate2.admit("A")
+    await gate2.acquire("A")
     assert 2.9 <= trio.current_time() - start <= 3.2
 
 
@@ -731,12 +731,12 @@ async def test_gate_deadline(autojump_clock: trio.testing.MockClock) -> None:
     th.charge("A", 1000, 0)  # ~1 s to wait
     now = trio.current_time()
     with pytest.raises(Throttled):
-        await gate.admit("A", deadline=now + 0.5)
+        await gate.acquire("A", deadline=now + 0.5)
     with pytest.raises(DeadlineExceeded):
-        await gate.admit("A", deadline=now - 0.001)
-    await gate.admit("A", deadline=now + 2.0)
+        await gate.acquire("A", deadline=now - 0.001)
+    await gate.acquire("A", deadline=now + 2.0)
     assert trio.current_time() - now == pytest.approx(1.0, abs=0.15)
-    await gate.admit("A", deadline=now - 1)  # admitted at once: the deadline is not ours
+    await gate.acquire("A", deadline=now - 1)  # admitted at once: the deadline is not ours
 
 
 async def test_gate_waiter_behind_others_times_out(
@@ -751,7 +751,7 @@ async def test_gate_waiter_behind_others_times_out(
 
     async def request(name: str, deadline: float | None) -> None:
         try:
-            await gate.admit("A", deadline=deadline)
+            await gate.acquire("A", deadline=deadline)
             results[name] = trio.current_time() - start
         except Throttled as exc:
             results[name] = exc
@@ -778,7 +778,7 @@ async def test_gate_bucket_removal_wakes_every_waiter(
 
     async def request() -> None:
         try:
-            await gate.admit("A")
+            await gate.acquire("A")
         except BucketNotFound as exc:
             errors.append(exc)
 
@@ -794,7 +794,7 @@ async def test_gate_bucket_removal_wakes_every_waiter(
     assert "A" not in th
     assert gate.waiting("A") == 0
     with pytest.raises(BucketNotFound):
-        await gate.admit("A")
+        await gate.acquire("A")
 
 
 async def test_gate_unthrottled_skips_the_queue(autojump_clock: trio.testing.MockClock) -> None:
@@ -803,11 +803,11 @@ async def test_gate_unthrottled_skips_the_queue(autojump_clock: trio.testing.Moc
     exhaust(th, "A")
     th.charge("A", 200, 0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(gate.admit, "A")
+        nursery.start_soon(gate.acquire, "A")
         await trio.sleep(0.01)
         assert gate.waiting("A") == 1
         with trio.testing.assert_no_checkpoints():
-            await gate.admit("A", unthrottled=True)
+            await gate.acquire("A", unthrottled=True)
         th.charge("A", 10, 0, unthrottled=True)
         nursery.cancel_scope.cancel()
 
@@ -820,7 +820,7 @@ async def test_gate_cancelled_head_passes_the_turn(autojump_clock: trio.testing.
     done: list[float] = []
 
     async def second() -> None:
-        await gate.admit("A")
+        await gate.acquire("A")
         done.append(trio.current_time())
 
     start = trio.current_time()
@@ -829,7 +829,7 @@ async def test_gate_cancelled_head_passes_the_turn(autojump_clock: trio.testing.
 
         async def head() -> None:
             with head_scope:
-                await gate.admit("A")
+                await gate.acquire("A")
 
         nursery.start_soon(head)
         await trio.sleep(0.01)
@@ -847,7 +847,7 @@ async def test_gate_wake_after_limit_raised(autojump_clock: trio.testing.MockClo
     th.charge("A", 20, 0)  # ~3 s at 10 units/s
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(gate.admit, "A")
+        nursery.start_soon(gate.acquire, "A")
         await trio.sleep(0.2)
         th.set_bucket("A", hard_limit=None)
         gate.wake("A")
@@ -865,7 +865,7 @@ async def test_gate_hard_limit_accuracy_when_offered_3x(
     async def client() -> None:
         nonlocal admitted
         while True:  # 3 clients x 100 ops/s x 10 units = 3x the hard limit
-            await gate.admit("A")
+            await gate.acquire("A")
             th.charge("A", 10, 0)
             admitted += 10
             await trio.sleep(0.01)
@@ -887,7 +887,7 @@ async def test_gate_fairness_one_waiter_vs_64(autojump_clock: trio.testing.MockC
 
     async def client(bucket: str) -> None:
         while True:
-            await gate.admit(bucket)
+            await gate.acquire(bucket)
             await trio.sleep(0.001)  # the operation itself
             th.charge(bucket, 4, 3)  # 4 RU + 2 x 3 WU = 10 units
             if trio.current_time() - start >= 2.0:  # after a 2 s warm-up
@@ -952,14 +952,14 @@ def test_invariants_under_random_operations(
         clock.t += 0.013 + amount / 100_000
         if action == "load":
             for _ in range(200):
-                wait = th.try_admit(name)
+                wait = th.admission_wait(name)
                 assert wait >= 0.0 and not math.isnan(wait)
                 if wait:
                     break
                 th.charge(name, cost[name], 0)
                 used[name] += cost[name]
         elif action == "unthrottled":
-            assert th.try_admit(name, unthrottled=True) == 0.0
+            assert th.admission_wait(name, unthrottled=True) == 0.0
             th.charge(name, amount % 50, 0, unthrottled=True)
             privileged += amount % 50
         elif action == "open":
@@ -995,11 +995,11 @@ def test_unthrottled_use_leaves_at_most_one_second_of_debt() -> None:
     th = TenantThrottle(clock)
     th.add_bucket("B", reserved=0, hard_limit=100)
     for _ in range(300):  # 3,000 units in no time: 30 s of the hard limit
-        assert th.try_admit("B", unthrottled=True) == 0.0
+        assert th.admission_wait("B", unthrottled=True) == 0.0
         th.charge("B", 10, 0, unthrottled=True)
     st = th.statistics().buckets["B"]
     assert st.ru_total == 3000  # all of it metered
-    wait = th.try_admit("B")
+    wait = th.admission_wait("B")
     assert 0.0 < wait <= 1.2  # a normal user waits about 1 s (one refill window), not 30
 
 
@@ -1013,7 +1013,7 @@ def test_status_means_what_the_docs_say() -> None:
     th.add_bucket("B", reserved=0, hard_limit=100)
     th.connection_opened("A")
     for _ in range(20):  # unthrottled use on B sets capacity aside for it
-        th.try_admit("B", unthrottled=True)
+        th.admission_wait("B", unthrottled=True)
         th.charge("B", 50, 0, unthrottled=True)
     clock.t += 0.25
     st = th.statistics()
@@ -1037,12 +1037,12 @@ def test_an_unthrottled_burst_does_not_hold_other_buckets_at_zero() -> None:
         th.add_bucket(name, reserved=0, hard_limit=None)
         th.connection_opened(name)
     while clock.t < 3.0:  # 5,000 units/s of unthrottled work for 3 s
-        th.try_admit("U", unthrottled=True)
+        th.admission_wait("U", unthrottled=True)
         th.charge("U", 50, 0, unthrottled=True)
         clock.t += 0.01
     start, first, served = clock.t, None, 0
     while clock.t < start + 5.0:
-        if th.try_admit("O") == 0.0:
+        if th.admission_wait("O") == 0.0:
             th.charge("O", 10, 0)
             served += 10
             first = clock.t - start if first is None else first

@@ -1,0 +1,389 @@
+"""Running a connection's commands: admission, execution, completion.
+
+The session (``server/session.py``) frames requests and answers; this half
+runs them. Every data command takes one path:
+
+1. :meth:`Execution._prepare` — parameters checked, bucket and role resolved
+   for the user as the registry has it now, a write built and its cost checked;
+2. admission by the pipeline (:mod:`tenantkv.admission.pipeline`) —
+   :meth:`Pipeline.try_acquire` inline, or :meth:`Pipeline.acquire` when a
+   gate makes it wait;
+3. :meth:`Execution._execute` — a read runs inline on the chunk's read
+   transaction and is answered; a write is queued on the group-commit writer
+   and answered from :meth:`Execution._write_done` once durable, keeping what
+   it holds until then (less what bounds the writer's queue, given back when
+   the writer takes it).
+
+:meth:`Execution._run_inline` tries that without awaiting; it declines (and
+:meth:`Execution._run` does the same with waits) when the connection has
+writes in flight and the command is not a write — the one backlog rule, so a
+connection reads its own writes (:meth:`Execution._backlogged`) — when a
+failpoint is armed, or when a gate cannot admit at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+
+from tenantkv import errors, protocol
+from tenantkv.admission.pipeline import Holds
+from tenantkv.server import auth
+from tenantkv.server.commands import Command, check_params
+from tenantkv.server.node import Node
+from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.ops import WriteOp
+
+log = logging.getLogger("tenantkv.session")
+
+#: Command kinds that go through the admission pipeline.
+DATA_KINDS = frozenset({"read", "write"})
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A data command ready to admit: its bucket, its user, and (a write) its op."""
+
+    cmd: Command
+    params: dict[str, Any]
+    bucket: BucketHandle
+    user: auth.User
+    op: WriteOp | None
+
+
+class Execution:
+    """The execution half of a session (the session class extends it)."""
+
+    node: Node
+    conn_id: int
+    user: auth.User | None
+    bucket: str | None
+    nonblocking_throttle: bool
+
+    def __init__(self, node: Node) -> None:
+        #: per-record byte counts a read handler read (for metering)
+        self.read_sizes: list[int] = []
+        self.pending_writes = 0
+        #: bytes of those writes (their values and keys), for back-pressure
+        self.pending_write_bytes = 0
+        # A plain flag says whether the task is parked waiting for writes: checking
+        # a bool per write callback is much cheaper than asking the ParkingLot.
+        self._drain_lot = trio.lowlevel.ParkingLot()
+        self._reader_parked = False
+        #: the read transaction shared by the reads of the chunk being handled
+        self._rtxn: Any = None
+        #: when the chunk being handled was received (perf_counter), and its inline
+        #: reads per (bucket, operation): counted and timed once per chunk
+        self._chunk_t0 = 0.0
+        self._chunk_reads: dict[tuple[str, str], int] = {}
+        #: node.accounts.epoch when ``user`` was last looked up (see current_user)
+        self._auth_epoch = node.accounts.epoch
+
+    # -- what the framing half provides ---------------------------------------
+
+    def _reply(self, msgid: int, result: Any) -> None:
+        raise NotImplementedError
+
+    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
+        raise NotImplementedError
+
+    def begin_shutdown(self) -> None:
+        raise NotImplementedError
+
+    # -- the path ---------------------------------------------------------------
+
+    def _backlogged(self, cmd: Command | None) -> bool:
+        """Must this command wait for the connection's earlier writes? Reads and admin
+        commands see them; a write needs no wait: the writer commits a connection's
+        writes in order."""
+        return self.pending_writes > 0 and (cmd is None or cmd.kind != "write")
+
+    def _run_inline(self, cmd: Command | None, req: protocol.Request) -> bool:
+        """Run a data command without awaiting; False when it needs :meth:`_run`."""
+        if (
+            cmd is None
+            or cmd.kind not in DATA_KINDS
+            or self._backlogged(cmd)
+            or self.node.failpoints.active
+        ):
+            return False
+        msgid, method, params = req
+        try:
+            prep = self._prepare(cmd, params)
+        except errors.TenantKVError as exc:
+            self._fail(msgid, method, exc)
+            return True
+        except Exception as exc:
+            self._internal_error(msgid, method, exc)
+            return True
+        holds = self.node.pipeline.try_acquire(
+            prep.bucket.name, cmd.kind, unthrottled=prep.user.unthrottled
+        )
+        if holds is None:
+            return False
+        self._execute(msgid, prep, holds, None)
+        return True
+
+    async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
+        """Run any command after hello, waiting where it must; False when the
+        connection must close (a fatal error)."""
+        msgid, method, params = req
+        t0 = time.perf_counter()
+        if self._backlogged(cmd):
+            await self._wait_writes()
+        if self.node.failpoints.active and await self._failpoint(msgid, method):
+            return True
+        try:
+            if cmd is None:
+                if method == "hello":
+                    raise errors.BadValue("hello was already received on this connection")
+                raise errors.UnknownCommand(f"no command named {method!r:.80}")
+            if cmd.kind in DATA_KINDS:
+                holds = await self._admit(self._prepare(cmd, params))
+                try:
+                    # Again after the wait: the user, its roles or the bucket may
+                    # have changed meanwhile.
+                    prep = self._prepare(cmd, params)
+                except BaseException:
+                    holds.release(method, outcome="rejected")
+                    raise
+                self._execute(msgid, prep, holds, t0)
+            else:
+                check_params(cmd, params)
+                await self._run_other(cmd, msgid, params)
+        except errors.TenantKVError as exc:
+            self._fail(msgid, method, exc)
+            return not exc.fatal
+        except Exception as exc:
+            self._internal_error(msgid, method, exc)
+        return True
+
+    def _prepare(self, cmd: Command, params: dict[str, Any]) -> Prepared:
+        """Check a data command and resolve what it acts on; raises what it breaks."""
+        check_params(cmd, params)
+        write = cmd.kind == "write"
+        b = self._data_bucket(write=write)
+        user = self.user
+        assert user is not None  # _data_bucket checked it
+        op = None
+        if write:
+            op = cmd.handler(self, b, params)
+            self.node.check_write_cost(b.name, op)
+        return Prepared(cmd, params, b, user, op)
+
+    async def _admit(self, prep: Prepared) -> Holds:
+        """Wait at each gate of the admission pipeline, bounded by the request's
+        ``timeout_ms``. This connection reads nothing meanwhile (TCP back-pressure)."""
+        deadline = None
+        timeout_ms = prep.params.get("timeout_ms")  # checked by check_params
+        if timeout_ms is not None:
+            deadline = trio.current_time() + timeout_ms / 1000
+        key = prep.params.get("key")
+        return await self.node.pipeline.acquire(
+            prep.bucket.name,
+            prep.cmd.kind,
+            unthrottled=prep.user.unthrottled,
+            deadline=deadline,
+            nonblocking=self.nonblocking_throttle,
+            operation=prep.cmd.name,
+            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
+        )
+
+    def _execute(self, msgid: int, prep: Prepared, holds: Holds, t0: float | None) -> None:
+        """Run an admitted data command; owns ``holds`` from here on.
+
+        ``t0`` is when a request that waited was read; None for an inline one,
+        which is counted and timed with its chunk (one clock read per chunk).
+        """
+        cmd, b = prep.cmd, prep.bucket
+        method = cmd.name
+        node = self.node
+        h: Holds | None = holds
+        try:
+            if prep.op is None:
+                self.read_sizes.clear()
+                result = cmd.handler(self, b, prep.params)
+                holds.release(method)
+                h = None
+                node.charge_read(b.name, self.read_sizes, prep.user.unthrottled)
+                self._reply(msgid, result)
+                if t0 is None:
+                    key = (b.name, method)
+                    self._chunk_reads[key] = self._chunk_reads.get(key, 0) + 1
+                else:
+                    node.bucket_stats[b.name].ops[method] += 1
+                    node.latency.observe(b.name, method, time.perf_counter() - t0)
+            else:
+                op = prep.op
+                self.pending_writes += 1
+                self.pending_write_bytes += op.size_hint
+                node.submit(
+                    op,
+                    partial(
+                        self._write_done,
+                        msgid,
+                        method,
+                        b,
+                        op,
+                        holds,
+                        self._chunk_t0 if t0 is None else t0,
+                    ),
+                    holds.release_queue_bounds,
+                )
+                h = None  # the write's callback releases them once durable
+        except errors.TenantKVError as exc:
+            self._fail(msgid, method, exc)
+        except Exception as exc:
+            self._internal_error(msgid, method, exc)
+        finally:
+            if h is not None:
+                h.release(method, outcome="error")
+
+    def _fail(self, msgid: int, method: str, exc: errors.TenantKVError) -> None:
+        exc.command = method
+        self._count_error(exc)
+        self._reply_error(msgid, exc)
+
+    def read_txn(self) -> Any:
+        """The read transaction of the chunk being handled (opened on first use)."""
+        txn = self._rtxn
+        if txn is None:
+            txn = self._rtxn = self.node.engine.begin_read()
+        return txn
+
+    def _end_chunk_reads(self) -> None:
+        """Close the chunk's read transaction and record its reads' counts and latency."""
+        if self._rtxn is not None:
+            self.node.engine.end_read(self._rtxn)
+            self._rtxn = None
+        if self._chunk_reads:
+            node = self.node
+            seconds = time.perf_counter() - self._chunk_t0
+            for (bucket, method), n in self._chunk_reads.items():
+                stats = node.bucket_stats.get(bucket)
+                if stats is not None:  # not deleted meanwhile
+                    stats.ops[method] += n
+                    node.latency.observe_many(bucket, method, seconds, n)
+            self._chunk_reads = {}
+
+    async def _park_reader(self) -> None:
+        """Wait until a write of this connection completes."""
+        self._reader_parked = True
+        try:
+            await self._drain_lot.park()
+        finally:
+            self._reader_parked = False
+
+    def _wake_reader(self) -> None:
+        if self._reader_parked:
+            self._reader_parked = False
+            self._drain_lot.unpark_all()
+
+    async def _wait_writes(self) -> None:
+        while self.pending_writes:
+            await self._park_reader()
+
+    async def _failpoint(self, msgid: int, method: str) -> bool:
+        """Apply a test failpoint; True when it answered the request (with an error)."""
+        fp = self.node.failpoints.take(method)
+        if fp is None:
+            return False
+        if fp.block_secs:
+            await trio.sleep(fp.block_secs)
+        exc = fp.error()
+        if exc is None:
+            return False
+        exc.command = method
+        self._reply_error(msgid, exc)
+        return True
+
+    def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
+        if isinstance(exc, RecursionError):
+            # A parameter nested ~1000 deep (MessagePack decodes up to ~1040) broke
+            # a repr in a handler's error message: the client's fault, not ours.
+            bad = errors.BadValue("a parameter is nested too deeply")
+            bad.command = method
+            self._count_error(bad)
+            self._reply_error(msgid, bad)
+            return
+        log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
+        self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
+
+    async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
+        if cmd.kind == "admin" and not self.current_user().admin:
+            raise errors.Unauthorized(f"{cmd.name} needs an admin user")
+        self._reply(msgid, await cmd.handler(self, params))
+
+    def _write_done(
+        self,
+        msgid: int,
+        method: str,
+        b: BucketHandle,
+        op: WriteOp,
+        holds: Holds,
+        t0: float,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
+        self.pending_writes -= 1
+        self.pending_write_bytes -= op.size_hint
+        stats = self.node.bucket_stats.get(b.name)
+        if error is None:
+            if stats is not None:
+                stats.ops[method] += 1
+                self.node.latency.observe(b.name, method, time.perf_counter() - t0)
+            user = self.user
+            self.node.charge_write(b.name, op.nbytes, user is not None and user.unthrottled)
+            self._reply(msgid, result)
+        else:
+            exc = (
+                error
+                if isinstance(error, errors.TenantKVError)
+                else errors.InternalError(repr(error))
+            )
+            exc.command = method
+            self._count_error(exc)
+            self._reply_error(msgid, exc)
+            if isinstance(error, errors.ServerError) and not exc.labels:
+                # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
+                user = self.user
+                self.node.charge_write(b.name, 0, user is not None and user.unthrottled)
+        if self._reader_parked:
+            self._wake_reader()
+
+    def _count_error(self, exc: errors.TenantKVError) -> None:
+        if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
+            stats.errors[exc.code_name] += 1
+
+    def current_user(self) -> auth.User:
+        """This connection's user as the registry has it now. Checked before every
+        command runs, after any wait: the requests of a user deleted meanwhile fail
+        (and the connection closes), changed roles and privileges apply at once."""
+        user = self.user
+        assert user is not None
+        node = self.node
+        if self._auth_epoch != node.accounts.epoch:
+            fresh = node.accounts.users.get(user.name)
+            if fresh is None:
+                self.begin_shutdown()
+                raise errors.Unauthorized(f"user {user.name!r} was deleted")
+            self.user = user = fresh
+            self._auth_epoch = node.accounts.epoch
+        return user
+
+    def _data_bucket(self, *, write: bool) -> BucketHandle:
+        name = self.bucket
+        if name is None:
+            raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
+        b = self.node.bucket(name)
+        user = self.current_user()
+        if not (user.can_write(name) if write else user.can_read(name)):
+            need = "readwrite" if write else "read"
+            raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")
+        return b

@@ -1,0 +1,174 @@
+"""Every admission gate speaks one protocol (``tenantkv/admission/gate.py``), and
+every runtime parameter is applied by exactly one owner or read where it is used."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tenantkv import config as config_mod
+from tenantkv.admission.bucket_queues import READ, WRITE, BucketQueueGate
+from tenantkv.admission.cidr import CidrMatcher
+from tenantkv.admission.execution_tickets import TicketHolder
+from tenantkv.admission.gate import ADMITTED
+from tenantkv.admission.pipeline import Pipeline
+from tenantkv.admission.rate_limiter import RateLimiter
+from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate
+from tenantkv.admission.write_permits import WritePermitGate
+from tenantkv.config import Config
+from tenantkv.server.node import Node
+from tenantkv.storage.engine import Engine
+
+GATES = [RateLimiter, TicketHolder, TenantThrottleGate, BucketQueueGate, WritePermitGate, Pipeline]
+
+#: Runtime settings no live object applies: read from the config on every use.
+READ_PER_USE = {
+    "max_connections",
+    "max_connections_per_address",
+    "admin_reserved_connections",
+    "max_inflight_per_connection",
+    "hello_timeout_secs",
+    "idle_timeout_secs",
+    "frame_timeout_secs",
+    "shutdown_grace_secs",
+    "expiry_pager_interval_secs",
+    "ingress_connection_establishment_rate_limiter_enabled",
+    "login_failure_limit",
+    "login_failure_user_limit",
+    "login_failure_window_secs",
+}
+
+
+@pytest.mark.parametrize("gate", GATES, ids=lambda g: g.__name__)
+def test_every_gate_speaks_the_protocol(gate: type) -> None:
+    for name in ("try_acquire", "acquire", "release", "statistics", "parameter_table"):
+        assert callable(getattr(gate, name, None)), f"{gate.__name__} lacks {name}"
+    assert inspect.iscoroutinefunction(gate.acquire)
+    assert not inspect.iscoroutinefunction(gate.try_acquire)
+    acquire = inspect.signature(gate.acquire).parameters
+    assert "deadline" in acquire and acquire["deadline"].kind is inspect.Parameter.KEYWORD_ONLY
+    # Choices are keywords, never bare positional booleans.
+    for method in (gate.try_acquire, gate.acquire):
+        for p in inspect.signature(method).parameters.values():
+            if p.annotation in ("bool", bool):
+                assert p.kind is inspect.Parameter.KEYWORD_ONLY, f"{gate.__name__}.{p.name}"
+    record = typing.get_type_hints(gate.statistics)["return"]
+    assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+async def test_rate_limiter_and_throttle_answer_with_a_hold_not_a_float(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limiter = RateLimiter.create(rate_per_sec=1, burst_capacity_secs=1, max_queue_depth=1)
+    assert limiter.try_acquire() is ADMITTED
+    assert limiter.try_acquire() is None
+    assert limiter.rejection().retry_after_ms
+    assert await limiter.acquire(deadline=trio.current_time() + 2) is ADMITTED
+
+    throttle = TenantThrottle(trio.current_time, capacity=10)
+    throttle.add_bucket("a", reserved=0, hard_limit=10)
+    throttle.connection_opened("a")
+    gate = TenantThrottleGate(throttle)
+    assert gate.try_acquire("a") is ADMITTED
+    throttle.charge("a", 1000, 0)  # deep in debt
+    assert gate.try_acquire("a") is None
+    assert gate.try_acquire("a", unthrottled=True) is ADMITTED
+
+
+async def test_pipeline_fast_and_slow_paths_hold_the_same_gates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    throttle = TenantThrottle(trio.current_time)
+    throttle.add_bucket("b")
+    queues = BucketQueueGate.create()
+    queues.add_bucket("b")
+    permits = WritePermitGate.create(lambda: 0)
+    permits.add_bucket("b")
+    p = Pipeline(
+        request_limiter=RateLimiter.create(rate_per_sec=1, burst_capacity_secs=1),
+        request_exemptions=CidrMatcher("127.0.0.0/8", name="x"),
+        ingress=TicketHolder(10, name="ingress"),
+        throttle=TenantThrottleGate(throttle),
+        queues=queues,
+        permits=permits,
+        read_tickets=TicketHolder(10, name="read"),
+        write_tickets=TicketHolder(10, name="write"),
+    )
+    assert p.check_request_rate("10.0.0.1", admin=False) is None
+    assert p.check_request_rate("10.0.0.1", admin=False) is not None  # 462, 1/s
+    assert p.check_request_rate("127.0.0.1", admin=False) is None  # exempt address
+    assert p.check_request_rate("10.0.0.1", admin=True) is None  # admin commands pass
+    fast = p.try_acquire("b", WRITE, unthrottled=False)
+    assert fast is not None and fast.permit is not None
+    slow = await p.acquire(
+        "b",
+        READ,
+        unthrottled=False,
+        deadline=None,
+        nonblocking=False,
+        operation="get",
+        key_len=1,
+    )
+    assert slow.permit is None and slow.queue is not None
+    st = p.statistics()
+    assert st.ingress.out == 2 and st.write_tickets.out == 1 and st.read_tickets.out == 1
+    p.release(fast)
+    p.release(slow)
+    st = p.statistics()
+    assert st.ingress.out == st.read_tickets.out == st.write_tickets.out == 0
+
+
+async def test_every_runtime_parameter_has_one_owner(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path))
+    try:
+        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node.start()
+        try:
+            applied = set(node.parameters.table)
+            runtime = {s.name for s in config_mod.SETTINGS if s.runtime}
+            assert applied <= runtime, sorted(applied - runtime)
+            assert not applied & READ_PER_USE, sorted(applied & READ_PER_USE)
+            assert runtime - applied == READ_PER_USE, sorted(runtime - applied ^ READ_PER_USE)
+        finally:
+            await node.stop_writer()
+    finally:
+        engine.close()
+
+
+async def test_a_parameter_reaches_its_live_gate(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path))
+    try:
+        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node.start()
+        try:
+            changes: dict[str, Any] = {
+                "bucket_queue_tolerance": 7,
+                "write_permit_max_capacity": 99,
+                "ingress_request_admission_rate_per_sec": 123.0,
+                "ingress_admission_tickets": 55,
+                "throttle_max_wait_ms": 250,
+                "execution_write_max_queue_depth": 9,
+                "bucket_queue_enabled": False,
+            }
+            for name, value in changes.items():
+                await node.parameters.set(name, value)
+            st = node.pipeline.statistics()
+            assert st.bucket_queues.queue_tolerance == 7
+            assert st.write_permits.max_capacity == 99
+            assert st.request_rate.rate_per_sec == 123.0
+            assert st.ingress.total_tickets == 55
+            assert node.throttle.max_wait_secs == 0.25
+            assert node.write_tickets.max_queue_depth == 9
+            assert node.pipeline.queues_enabled is False
+            assert node.config.bucket_queue_tolerance == 7
+        finally:
+            await node.stop_writer()
+    finally:
+        engine.close()
