@@ -284,6 +284,7 @@ def serve_without_tickets(argv: Sequence[str], patch: bool = True) -> int:
 
     if not patch:
         return cli.main(list(argv))
+
     def free_tickets(pipeline: Any) -> None:
         pipeline.read_tickets = pipeline.write_tickets = FreeTickets()
 
