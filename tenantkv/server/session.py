@@ -1,5 +1,9 @@
 """One client connection: hello, then pipelined requests answered in order.
 
+This is the framing half: reading, decoding, deadlines, hello and replies.
+Running a command — prepare, admit, execute, complete — is the other half,
+:mod:`tenantkv.server.execution`, which :class:`Session` extends.
+
 One task per connection. It reads a chunk, decodes every complete request in
 it and handles each: a read runs inline and its response is appended to the
 output buffer; a write is queued on the group-commit writer and answered from
@@ -261,7 +265,7 @@ class Session(Execution):
     async def _handle_chunk(self, decoder: protocol.RequestDecoder) -> bool:
         """Handle every complete request received; False when the connection must close.
 
-        The chunk's fast-path reads share one read transaction (closed before
+        The chunk's inline reads share one read transaction (closed before
         anything here awaits: it holds the engine's lock) and are counted and
         timed once, when the chunk is done or the task yields.
         """
