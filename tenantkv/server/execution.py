@@ -47,7 +47,13 @@ DATA_KINDS = frozenset({"read", "write"})
 
 @dataclass(slots=True)
 class Prepared:
-    """A data command ready to admit: its bucket, its user, and (a write) its op."""
+    """A data command ready to admit: its bucket, its user, and (a write) its op.
+
+    One per session, refilled by each :meth:`Execution._prepare`: a command is
+    prepared, admitted and executed before the next is prepared (the write's
+    completion keeps what it needs, not this), and one allocation per
+    operation less is measurable on a pipelined read.
+    """
 
     cmd: Command
     params: dict[str, Any]
@@ -83,6 +89,7 @@ class Execution:
         self._chunk_reads: dict[tuple[str, str], int] = {}
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
+        self._prepared: Prepared | None = None
 
     # -- what the framing half provides ---------------------------------------
 
@@ -108,7 +115,7 @@ class Execution:
         if (
             cmd is None
             or cmd.kind not in DATA_KINDS
-            or self._backlogged(cmd)
+            or (self.pending_writes and self._backlogged(cmd))
             or self.node.failpoints.active
         ):
             return False
@@ -174,7 +181,12 @@ class Execution:
         if write:
             op = cmd.handler(self, b, params)
             self.node.check_write_cost(b.name, op)
-        return Prepared(cmd, params, b, user, op)
+        prep = self._prepared
+        if prep is None:
+            prep = self._prepared = Prepared(cmd, params, b, user, op)
+        else:
+            prep.cmd, prep.params, prep.bucket, prep.user, prep.op = cmd, params, b, user, op
+        return prep
 
     async def _admit(self, prep: Prepared) -> Holds:
         """Wait at each gate of the admission pipeline, bounded by the request's
@@ -381,8 +393,12 @@ class Execution:
         name = self.bucket
         if name is None:
             raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
-        b = self.node.bucket(name)
-        user = self.current_user()
+        node = self.node
+        b = node.engine.bucket(name)
+        # The registry's epoch unchanged means the user is as looked up: skip the call.
+        user = self.user if self._auth_epoch == node.accounts.epoch else None
+        if user is None:
+            user = self.current_user()
         if not (user.can_write(name) if write else user.can_read(name)):
             need = "readwrite" if write else "read"
             raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")

@@ -284,10 +284,11 @@ class Session(Execution):
                         return False
                 else:
                     cmd = COMMANDS.get(req.method)
-                    refused = pipeline.check_request_rate(
-                        self.peer_ip, admin=cmd is not None and cmd.kind == "admin"
-                    )
-                    if refused is not None:
+                    if pipeline.request_rate_enabled and (
+                        refused := pipeline.check_request_rate(
+                            self.peer_ip, admin=cmd is not None and cmd.kind == "admin"
+                        )
+                    ):
                         self._fail(req.msgid, req.method, refused)
                     elif not self._run_inline(cmd, req):
                         self._end_chunk_reads()
