@@ -136,7 +136,8 @@ def tenantkv_server(
     ready = os.path.join(tmp, "ready.json")
     log_path = os.path.join(tmp, "server.log")
     password = secrets.token_urlsafe(18)
-    env = {**os.environ, "TENANTKV_ADMIN_PASSWORD": password}
+    # A free RESP port (not the fixed default: benchmarks run servers side by side).
+    env = {**os.environ, "TENANTKV_ADMIN_PASSWORD": password, "TENANTKV_RESP_PORT": "0"}
     prefix = list(launcher) if launcher else [sys.executable, "-m", "tenantkv.server.cli"]
     cmd = [*prefix, "serve", "--data-dir", data]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--ready-file", ready]

@@ -25,6 +25,9 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, validate_probing_param
 
 DEFAULT_PORT = protocol.DEFAULT_PORT
+#: The RESP front door's default: next to tenantkv's own, and not Redis's 6379 (a
+#: Redis on the same machine must not be mistaken for tenantkv, nor the reverse).
+DEFAULT_RESP_PORT = 7208
 #: A setting ``name`` may also come from the environment variable ``ENV_PREFIX + NAME``.
 ENV_PREFIX = "TENANTKV_"
 
@@ -73,6 +76,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", str, "./tenantkv-data", "Directory holding the LMDB files."),
     Setting("host", str, "127.0.0.1", "Address to listen on."),
     Setting("port", int, DEFAULT_PORT, "TCP port; 0 picks a free port.", 0, 65535),
+    Setting(
+        "resp_port",
+        int,
+        DEFAULT_RESP_PORT,
+        "TCP port of the RESP (Redis protocol) front door on the same host; 0 picks a "
+        "free port (see docs/redis.md).",
+        0,
+        65535,
+    ),
+    Setting(
+        "resp_enabled",
+        bool,
+        True,
+        "Serve the RESP (Redis protocol) front door on resp_port.",
+    ),
     Setting(
         "metrics_port",
         int,
@@ -494,6 +512,8 @@ class Config:
     data_dir: str = "./tenantkv-data"
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    resp_port: int = DEFAULT_RESP_PORT
+    resp_enabled: bool = True
     metrics_port: int | None = None
     durability: str = "fsync"
     map_size_mb: int = 1024

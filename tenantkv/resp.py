@@ -68,7 +68,7 @@ class RequestDecoder:
     def in_frame(self) -> bool:
         return len(self._buf) > self._pos
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         if self._pos:
             del self._buf[: self._pos]
             self._cursor -= self._pos

@@ -21,6 +21,9 @@ import msgpack
 import pytest
 
 ADMIN_PASSWORD = "admin-test-password"
+# Every daemon a test starts takes a free RESP port, not the fixed default: tests
+# run side by side (and next to a developer's own server).
+os.environ.setdefault("TENANTKV_RESP_PORT", "0")
 
 
 def read_response(s: socket.socket) -> Any:
@@ -53,6 +56,7 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    resp_port: int = 0
     metrics_port: int | None = None
     log_path: Path = field(default_factory=Path)
     extra_args: list[str] = field(default_factory=list)
@@ -73,6 +77,8 @@ class Daemon:
                     str(self.data_dir),
                     "--port",
                     str(self.port),
+                    "--resp-port",
+                    str(self.resp_port),
                     "--ready-file",
                     str(ready),
                     *self.extra_args,
@@ -91,6 +97,7 @@ class Daemon:
             time.sleep(0.02)
         info = json.loads(ready.read_text())
         self.host, self.port, self.metrics_port = info["host"], info["port"], info["metrics_port"]
+        self.resp_port = info["resp_port"] or 0
         return self
 
     def log(self) -> str:

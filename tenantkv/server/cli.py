@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TCP port, 0 for any free port (default {default('port')})",
     )
     serve.add_argument(
+        "--resp-port",
+        type=int,
+        metavar="N",
+        help="port of the RESP (Redis protocol) front door, 0 for any free port "
+        f"(default {default('resp_port')}; resp_enabled = false turns it off)",
+    )
+    serve.add_argument(
         "--metrics-port",
         type=int,
         metavar="N",
@@ -64,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ready-file",
         metavar="PATH",
-        help='once listening, write {"host","port","metrics_port","pid"} as JSON here',
+        help='once listening, write {"host","port","resp_port","metrics_port","pid"} as '
+        "JSON here",
     )
     serve.add_argument(
         "--log-level",
@@ -205,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data_dir": args.data_dir,
         "host": args.host,
         "port": args.port,
+        "resp_port": args.resp_port,
         "metrics_port": args.metrics_port,
         "log_level": args.log_level,
         "log_format": args.log_format,

@@ -67,6 +67,7 @@ class Execution:
 
     node: Node
     conn_id: int
+    peer_ip: str
     user: auth.User | None
     bucket: str | None
     nonblocking_throttle: bool
@@ -103,6 +104,16 @@ class Execution:
         raise NotImplementedError
 
     # -- the path ---------------------------------------------------------------
+
+    def _refused_by_rate(self, msgid: int, method: str, *, admin: bool) -> bool:
+        """The ingress request rate limiter, first on every request after hello
+        (call it when ``pipeline.request_rate_enabled``): True when it refused the
+        request, answered with 462."""
+        refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
+        if refused is None:
+            return False
+        self._fail(msgid, method, refused)
+        return True
 
     def _backlogged(self, cmd: Command | None) -> bool:
         """Must this command wait for the connection's earlier writes? Reads and admin

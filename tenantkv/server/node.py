@@ -109,6 +109,8 @@ class Node:
         self.shutting_down = False
         self.host = config.host
         self.port = 0
+        #: the RESP front door's port (0: not listening)
+        self.resp_port = 0
         self._token: trio.lowlevel.TrioToken | None = None
         # Created in start(): the throttle reads trio's clock from the outset.
         self.throttle: TenantThrottle

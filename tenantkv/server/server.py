@@ -35,6 +35,7 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
 from tenantkv.server.node import Node
+from tenantkv.server.redis_session import RedisSession
 from tenantkv.server.session import Session
 from tenantkv.server.status import status_document
 from tenantkv.storage.engine import Engine
@@ -107,6 +108,7 @@ class Server:
         self._scopes: dict[int, trio.CancelScope] = {}
         self._stop = trio.Event()
         self.listeners: list[trio.SocketListener] = []
+        self.resp_listeners: list[trio.SocketListener] = []
         self.metrics_port: int | None = None
 
     def shutdown(self) -> None:
@@ -145,6 +147,11 @@ class Server:
             self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
             sockname = self.listeners[0].socket.getsockname()
             node.host, node.port = sockname[0], sockname[1]
+            if self.config.resp_enabled:
+                self.resp_listeners = await trio.open_tcp_listeners(
+                    self.config.resp_port, host=self.config.host
+                )
+                node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
             if self.config.metrics_port is not None:
                 from tenantkv.metrics import start_metrics_server
 
@@ -159,17 +166,37 @@ class Server:
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
                 async with trio.open_nursery() as sessions:
-                    accept_scope = trio.CancelScope()
+                    # One scope per accept loop (a scope enters one block only).
+                    accept_scopes: list[trio.CancelScope] = []
                     for listener in self.listeners:
-                        sessions.start_soon(self._accept_loop, listener, sessions, accept_scope)
-                    log.info(
-                        "listening on %s:%d%s",
-                        node.host,
-                        node.port,
-                        " (TLS)" if self.ssl_context is not None else "",
-                    )
+                        sessions.start_soon(
+                            self._accept_loop, listener, sessions, _new(accept_scopes), Session
+                        )
+                    for listener in self.resp_listeners:
+                        sessions.start_soon(
+                            self._accept_loop,
+                            listener,
+                            sessions,
+                            _new(accept_scopes),
+                            RedisSession,
+                        )
+                    tls = " (TLS)" if self.ssl_context is not None else ""
+                    log.info("listening on %s:%d%s", node.host, node.port, tls)
+                    if self.resp_listeners:
+                        log.info(
+                            "RESP (Redis protocol) front door on %s:%d%s",
+                            node.host,
+                            node.resp_port,
+                            tls,
+                        )
                     if ready_file:
-                        _write_ready_file(ready_file, node.host, node.port, self.metrics_port)
+                        _write_ready_file(
+                            ready_file,
+                            node.host,
+                            node.port,
+                            self.metrics_port,
+                            node.resp_port if self.resp_listeners else None,
+                        )
                     task_status.started(self)
                     await self._stop.wait()
                     log.info(
@@ -184,8 +211,9 @@ class Server:
                     with trio.move_on_after(node.config.shutdown_grace_secs):
                         if node.sessions:
                             await node.no_sessions.wait()
-                    accept_scope.cancel()
-                    for listener in self.listeners:
+                    for scope in accept_scopes:
+                        scope.cancel()
+                    for listener in (*self.listeners, *self.resp_listeners):
                         await listener.aclose()
                     sessions.cancel_scope.cancel()
                 outer.cancel_scope.cancel()
@@ -205,7 +233,11 @@ class Server:
             self.shutdown()
 
     async def _accept_loop(
-        self, listener: trio.SocketListener, nursery: trio.Nursery, scope: trio.CancelScope
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        scope: trio.CancelScope,
+        door: type[Session],
     ) -> None:
         with scope:
             while True:
@@ -217,9 +249,9 @@ class Server:
                     log.warning("accept failed: %s", exc)  # e.g. EMFILE: back off briefly
                     await trio.sleep(0.05)
                     continue
-                nursery.start_soon(self._run_session, stream)
+                nursery.start_soon(self._run_session, stream, door)
 
-    async def _run_session(self, stream: trio.SocketStream) -> None:
+    async def _run_session(self, stream: trio.SocketStream, door: type[Session]) -> None:
         node = self.node
         try:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
@@ -229,7 +261,7 @@ class Server:
         if self.ssl_context is not None:
             conn = trio.SSLStream(stream, self.ssl_context, server_side=True, https_compatible=True)
         if node.shutting_down:
-            await self._refuse(conn, errors.ShuttingDown("the server is stopping"))
+            await self._refuse(conn, door, errors.ShuttingDown("the server is stopping"))
             return
         conn_id = next(self._ids)
         cfg = node.config
@@ -242,14 +274,14 @@ class Server:
             per_address=cfg.max_connections_per_address,
         )
         if not admitted.ok:
-            await self._refuse(conn, errors.TooManyConnections(admitted.reason))
+            await self._refuse(conn, door, errors.TooManyConnections(admitted.reason))
             return
         if admitted.evict is not None:
             self._evict(admitted.evict)
         with trio.CancelScope() as scope:
             self._scopes[conn_id] = scope
             try:
-                await self._serve_connection(stream, conn, peer, conn_id)
+                await self._serve_connection(stream, conn, peer, conn_id, door)
             except Exception:  # one connection's bug must never take the listener down
                 log.exception("connection from %s failed", peer)
             finally:
@@ -265,7 +297,12 @@ class Server:
             scope.cancel()
 
     async def _serve_connection(
-        self, stream: trio.SocketStream, conn: trio.abc.Stream, peer: str, conn_id: int
+        self,
+        stream: trio.SocketStream,
+        conn: trio.abc.Stream,
+        peer: str,
+        conn_id: int,
+        door: type[Session],
     ) -> None:
         node = self.node
         self.connections_pending += 1
@@ -279,7 +316,7 @@ class Server:
                             await stream.aclose()
                         return
                 except errors.TenantKVError as refused:
-                    await self._refuse(conn, refused)
+                    await self._refuse(conn, door, refused)
                     return
             if isinstance(conn, trio.SSLStream) and not await self._tls_handshake(
                 stream, conn, peer
@@ -290,11 +327,11 @@ class Server:
         finally:
             self.connections_pending -= 1
         if node.shutting_down:  # it began while this connection waited
-            await self._refuse(conn, errors.ShuttingDown("the server is stopping"))
+            await self._refuse(conn, door, errors.ShuttingDown("the server is stopping"))
             return
         node.connections_total += 1
         try:
-            await Session(node, conn, peer, conn_id).run()
+            await door(node, conn, peer, conn_id).run()
         except Exception:  # one connection's bug must never take the listener down
             log.exception("connection from %s failed", peer)
 
@@ -330,12 +367,15 @@ class Server:
             log.info("connection from %s: left while queued for establishment", peer)
         return not left
 
-    async def _refuse(self, conn: trio.abc.Stream, exc: errors.TenantKVError) -> None:
-        """Send a connection-level error (msgid nil) and close; at most a second."""
+    async def _refuse(
+        self, conn: trio.abc.Stream, door: type[Session], exc: errors.TenantKVError
+    ) -> None:
+        """Send a connection-level error in the door's protocol and close; at most a
+        second."""
         self.node.connections_rejected += 1
         gone = (trio.BrokenResourceError, trio.ClosedResourceError)
         with trio.move_on_after(1), contextlib.suppress(*gone):
-            await conn.send_all(protocol.encode_error(None, exc))
+            await conn.send_all(door.refusal(exc))
         with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
             await conn.aclose()
 
@@ -397,10 +437,18 @@ class Server:
                     break
 
 
-def _write_ready_file(path: str, host: str, port: int, metrics_port: int | None) -> None:
+def _new(scopes: list[trio.CancelScope]) -> trio.CancelScope:
+    scopes.append(trio.CancelScope())
+    return scopes[-1]
+
+
+def _write_ready_file(
+    path: str, host: str, port: int, metrics_port: int | None, resp_port: int | None
+) -> None:
     data: dict[str, Any] = {
         "host": host,
         "port": port,
+        "resp_port": resp_port,
         "metrics_port": metrics_port,
         "pid": os.getpid(),
     }

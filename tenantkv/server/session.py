@@ -36,7 +36,8 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import trio
 
@@ -65,6 +66,26 @@ HELLO_PARAMS = frozenset(
 )
 
 
+class Decoder(Protocol):
+    """What the session needs of a front door's request decoder (bounded, sans-IO)."""
+
+    frame_limit: int
+    frames: int
+
+    @property
+    def max_frame_bytes(self) -> int: ...
+
+    @property
+    def in_frame(self) -> bool: ...
+
+    @property
+    def buffered(self) -> int: ...
+
+    def feed(self, data: bytes | bytearray) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
 class Session(Execution):
     """One connection: framing, deadlines, hello and replies; running the commands
     is the :class:`~tenantkv.server.execution.Execution` half."""
@@ -91,7 +112,7 @@ class Session(Execution):
         self._deadline = math.inf
         self._deadline_what = ""
         self._expired = False
-        self._decoder: protocol.RequestDecoder | None = None
+        self._decoder: Decoder | None = None
         #: bytes this connection's decoder holds, as last told to node.receive_buffers
         self._held = 0
         #: bucket-queue event subscription of a watch_events connection
@@ -189,6 +210,18 @@ class Session(Execution):
 
     # -- input ---------------------------------------------------------------------
 
+    @staticmethod
+    def refusal(exc: errors.TenantKVError) -> bytes:
+        """A connection-level refusal (before any request) in this door's protocol."""
+        return protocol.encode_error(None, exc)
+
+    def _new_decoder(self) -> Decoder:
+        """The request decoder of this front door (MessagePack-RPC here)."""
+        return protocol.RequestDecoder(
+            min(protocol.MAX_FRAME_BYTES, self.node.config.max_value_bytes + 64 * 1024),
+            chunk_bytes=RECEIVE_BYTES,
+        )
+
     async def _serve(self) -> None:
         """Read, decode and handle requests until the peer leaves or a limit ends it.
 
@@ -201,10 +234,7 @@ class Session(Execution):
         """
         node = self.node
         cfg = node.config
-        decoder = self._decoder = protocol.RequestDecoder(
-            min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
-            chunk_bytes=RECEIVE_BYTES,
-        )
+        decoder = self._decoder = self._new_decoder()
         decoder.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
         hello_deadline = trio.current_time() + cfg.hello_timeout_secs
         idle = cfg.idle_timeout_secs or math.inf
@@ -262,7 +292,7 @@ class Session(Execution):
             # The frame is unreadable, so the error is not addressed to a msgid.
             self._reply_error(None, exc)
 
-    async def _handle_chunk(self, decoder: protocol.RequestDecoder) -> bool:
+    async def _handle_chunk(self, decoder: Decoder) -> bool:
         """Handle every complete request received; False when the connection must close.
 
         The chunk's inline reads share one read transaction (closed before
@@ -271,7 +301,6 @@ class Session(Execution):
         """
         node = self.node
         pipeline = node.pipeline
-        max_inflight = self._max_inflight
         try:
             for handled, req in enumerate(decoder, 1):
                 if not self._reading:
@@ -284,33 +313,38 @@ class Session(Execution):
                         return False
                 else:
                     cmd = COMMANDS.get(req.method)
-                    if pipeline.request_rate_enabled and (
-                        refused := pipeline.check_request_rate(
-                            self.peer_ip, admin=cmd is not None and cmd.kind == "admin"
-                        )
+                    if pipeline.request_rate_enabled and self._refused_by_rate(
+                        req.msgid, req.method, admin=cmd is not None and cmd.kind == "admin"
                     ):
-                        self._fail(req.msgid, req.method, refused)
+                        pass  # answered with 462
                     elif not self._run_inline(cmd, req):
                         self._end_chunk_reads()
                         if not await self._run(cmd, req):
                             return False
-                if (
-                    self.pending_writes >= max_inflight
-                    or len(self._out) > OUT_HIGH_WATER
-                    or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
-                ):
-                    self._end_chunk_reads()
-                    await self._wait_drained()
-                if handled % FAIR_SHARE_REQUESTS == 0:
-                    # A long pipelined chunk yields now and then, so one
-                    # connection cannot hold the loop from the others.
-                    self._end_chunk_reads()
-                    await trio.lowlevel.checkpoint()
+                if self._should_pause(handled):
+                    await self._pause()
         finally:
             self._end_chunk_reads()
         return True
 
-    def _track_held(self, decoder: protocol.RequestDecoder) -> None:
+    def _should_pause(self, handled: int) -> bool:
+        """After the ``handled``-th request of a chunk: is too much unsent or
+        unanswered, or is it time to let other connections run?"""
+        return (
+            self.pending_writes >= self._max_inflight
+            or len(self._out) > OUT_HIGH_WATER
+            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+            or handled % FAIR_SHARE_REQUESTS == 0
+        )
+
+    async def _pause(self) -> None:
+        """Send what is ready, wait for this connection's writes while too many are
+        unanswered, and yield: a long pipelined chunk cannot hold the loop."""
+        self._end_chunk_reads()
+        await self._wait_drained()
+        await trio.lowlevel.checkpoint()
+
+    def _track_held(self, decoder: Decoder) -> None:
         """Tell the node-wide receive-buffer cap what this connection holds now."""
         held = decoder.buffered
         if held != self._held:
@@ -323,7 +357,7 @@ class Session(Execution):
         self._count_error(exc)
         self._reply_error(req.msgid, exc)
 
-    async def _refuse_until_quiet(self, decoder: protocol.RequestDecoder) -> None:
+    async def _refuse_until_quiet(self, decoder: Decoder) -> None:
         """Server shutdown: answer every request still arriving with ShuttingDown
         (labelled RetryableError: it did not run) instead of leaving it unread, until
         this connection's writes are answered and the client has sent nothing for

@@ -1,0 +1,837 @@
+"""The Redis commands tenantkv answers on its RESP front door, and how.
+
+Each entry turns a command's arguments into a :class:`~tenantkv.server.commands.Command`
+and its parameters — so a Redis ``GET`` is prepared, admitted by the same
+pipeline, charged the same units and answered from the same execution path as
+a MessagePack ``get`` (``server/execution.py``) — plus a function that turns
+the result into Redis's reply type. Parsing follows Redis: options are
+case-insensitive, a wrong argument count or an unknown option is Redis's own
+error text, a number that does not parse is ``value is not an integer or out
+of range``.
+
+Data model: strings with expiry, in the connection's bucket. Commands of other
+types get an error naming the command and saying so (:data:`OTHER_TYPES`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tenantkv import errors, protocol
+from tenantkv.resp import Encoder
+from tenantkv.server.commands import Command, Session
+from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.string_ops import (
+    CLEAR,
+    KEEP,
+    NOT_AN_INTEGER,
+    AppendOp,
+    ExpireOp,
+    Expiry,
+    FlushOp,
+    GetDelOp,
+    GetExOp,
+    IncrByOp,
+    MultiDeleteOp,
+    MultiSetOp,
+    StringSetOp,
+)
+
+#: SCAN's default COUNT, and the most keys one SCAN call may examine.
+SCAN_COUNT = 10
+MAX_SCAN_COUNT = 1000
+#: KEYS examines at most this many keys; past it the caller is told to use SCAN.
+MAX_KEYS = 10_000
+#: The most keys one multi-key command may name (the MessagePack mget's bound).
+MAX_MULTI_KEYS = 1000
+
+Reply = Callable[[Encoder, Any], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisCommand:
+    """One Redis command: its Redis arity (negative: at least), how its arguments
+    become ``(Command, params)``, how the result becomes a reply, and what
+    ``COMMAND INFO`` says of it."""
+
+    name: str
+    arity: int
+    kind: Literal["read", "write", "session"]
+    parse: Callable[[list[bytes]], dict[str, Any]]
+    handler: Callable[..., Any]
+    reply: Reply
+    flags: tuple[str, ...] = ()
+    keys: tuple[int, int, int] = (1, 1, 1)
+    summary: str = ""
+    group: str = "string"
+    command: Command = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The execution path checks parameter names against the Command's: the
+        # parser's output is the contract, so declare every name it may produce.
+        object.__setattr__(
+            self,
+            "command",
+            Command(self.name, self.kind, PARAM_NAMES, self.handler, self.summary),
+        )
+
+
+PARAM_NAMES = frozenset(
+    {"key", "keys", "value", "pairs", "expiry", "only", "get", "delta", "cursor", "match", "count"}
+)
+REDIS_COMMANDS: dict[str, RedisCommand] = {}
+
+
+def _register(c: RedisCommand) -> None:
+    REDIS_COMMANDS[c.name] = c
+
+
+def arity_error(name: str) -> errors.BadValue:
+    return errors.BadValue(f"wrong number of arguments for '{name}' command")
+
+
+def syntax_error() -> errors.BadValue:
+    return errors.BadValue("syntax error")
+
+
+def parse_int(arg: bytes, message: str = NOT_AN_INTEGER) -> int:
+    """An integer argument as Redis reads it (no spaces, no plus sign)."""
+    if not re.fullmatch(rb"-?(0|[1-9][0-9]*)", arg) or not -(2**63) <= int(arg) < 2**63:
+        raise errors.BadValue(message)
+    return int(arg)
+
+
+def _key(arg: bytes) -> bytes:
+    if not 0 < len(arg) <= protocol.MAX_KEY_BYTES:
+        raise errors.KeyTooLong(f"keys must be 1-{protocol.MAX_KEY_BYTES} bytes, got {len(arg)}")
+    return arg
+
+
+def _keys(args: list[bytes]) -> list[bytes]:
+    if len(args) > MAX_MULTI_KEYS:
+        raise errors.BadValue(f"at most {MAX_MULTI_KEYS} keys per command")
+    return [_key(a) for a in args]
+
+
+def _check_value(s: Session, value: bytes) -> bytes:
+    limit = s.node.config.max_value_bytes
+    if len(value) > limit:
+        raise errors.ValueTooLarge(f"value of {len(value)} bytes exceeds max_value_bytes={limit}")
+    return value
+
+
+# -- replies ----------------------------------------------------------------------------
+
+
+def _bulk_or_null(enc: Encoder, v: Any) -> bytes:
+    return enc.null() if v is None else enc.bulk(v)
+
+
+def _integer(enc: Encoder, v: Any) -> bytes:
+    return enc.integer(int(v))
+
+
+def _ok(enc: Encoder, v: Any) -> bytes:
+    return enc.simple("OK")
+
+
+def _array_of_bulks(enc: Encoder, v: Any) -> bytes:
+    return b"*%d\r\n" % len(v) + b"".join(_bulk_or_null(enc, x) for x in v)
+
+
+def _simple(enc: Encoder, v: Any) -> bytes:
+    return enc.simple(str(v))
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+def _get_record(s: Session, b: BucketHandle, key: bytes) -> Any:
+    rec = s.node.engine.get_in(s.read_txn(), b, key)
+    if rec is not None:
+        s.read_sizes.append(len(key) + rec.stored_bytes)
+    return rec
+
+
+def _one_key(args: list[bytes]) -> dict[str, Any]:
+    return {"key": _key(args[1])}
+
+
+def _many_keys(args: list[bytes]) -> dict[str, Any]:
+    return {"keys": _keys(args[1:])}
+
+
+def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    rec = _get_record(s, b, p["key"])
+    return None if rec is None else rec.value
+
+
+def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    out = []
+    for key in p["keys"]:
+        rec = _get_record(s, b, key)
+        out.append(None if rec is None else rec.value)
+    return out
+
+
+def _exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return sum(1 for key in p["keys"] if _get_record(s, b, key) is not None)
+
+
+def _strlen(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    rec = _get_record(s, b, p["key"])
+    return 0 if rec is None else len(rec.value)
+
+
+def _type(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return "none" if _get_record(s, b, p["key"]) is None else "string"
+
+
+def _ttl_ms(s: Session, b: BucketHandle, key: bytes) -> int:
+    """Redis's TTL answer in ms: -2 no key, -1 no expiry, else what is left."""
+    rec = _get_record(s, b, key)
+    if rec is None:
+        return -2
+    if not rec.expiry_ms:
+        return -1
+    return max(0, rec.expiry_ms - s.node.engine.now_ms())
+
+
+def _ttl(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    ms = _ttl_ms(s, b, p["key"])
+    return ms if ms < 0 else (ms + 500) // 1000
+
+
+def _pttl(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return _ttl_ms(s, b, p["key"])
+
+
+def _dbsize(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return s.node.engine.bucket_entries(b.name)
+
+
+for _name, _arity, _handler, _reply, _parse, _summary in (
+    ("get", 2, _get, _bulk_or_null, _one_key, "Get the value of a key."),
+    ("mget", -2, _mget, _array_of_bulks, _many_keys, "Get the values of all the given keys."),
+    ("exists", -2, _exists, _integer, _many_keys, "Count how many of the keys exist."),
+    ("strlen", 2, _strlen, _integer, _one_key, "Get the length of the value of a key."),
+    ("type", 2, _type, _simple, _one_key, "Determine the type of a key."),
+    ("ttl", 2, _ttl, _integer, _one_key, "Get the time to live of a key in seconds."),
+    ("pttl", 2, _pttl, _integer, _one_key, "Get the time to live of a key in ms."),
+):
+    _register(
+        RedisCommand(
+            _name,
+            _arity,
+            "read",
+            _parse,
+            _handler,
+            _reply,
+            ("readonly", "fast"),
+            (1, -1, 1) if _arity < 0 else (1, 1, 1),
+            _summary,
+            "generic" if _name in ("exists", "type", "ttl", "pttl") else "string",
+        )
+    )
+_register(
+    RedisCommand(
+        "dbsize",
+        1,
+        "read",
+        lambda args: {},
+        _dbsize,
+        _integer,
+        ("readonly", "fast"),
+        (0, 0, 0),
+        "Return the number of keys in the bucket.",
+        "server",
+    )
+)
+
+
+# -- SCAN and KEYS: the ordered index, a prefix where the pattern has one -----------------
+
+_GLOB_SPECIAL = frozenset(b"*?[\\")
+
+
+def glob_prefix(pattern: bytes) -> bytes:
+    """The literal bytes a Redis glob pattern starts with (what every match starts with)."""
+    out = bytearray()
+    for c in pattern:
+        if c in _GLOB_SPECIAL:
+            break
+        out.append(c)
+    return bytes(out)
+
+
+def glob_regex(pattern: bytes) -> re.Pattern[bytes]:
+    """Redis's glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``) as a regex."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i : i + 1]
+        if c == b"*":
+            out.append(b".*")
+        elif c == b"?":
+            out.append(b".")
+        elif c == b"\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(pattern[i : i + 1]))
+        elif c == b"[":
+            j = pattern.find(b"]", i + 2 if pattern[i + 1 : i + 2] in (b"^", b"]") else i + 1)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j]
+                neg = body.startswith(b"^")
+                body = body[1:] if neg else body
+                klass = b"".join(
+                    re.escape(body[k : k + 1]) if body[k : k + 1] != b"-" else b"-"
+                    for k in range(len(body))
+                )
+                out.append(b"[" + (b"^" if neg else b"") + klass + b"]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile(b"".join(out), re.S)
+
+
+def encode_cursor(key: bytes | None) -> bytes:
+    """The resume cursor (the last key examined) as the decimal integer Redis clients
+    expect; ``0`` when the scan is complete. A leading 1 byte keeps leading zeros."""
+    return b"0" if key is None else str(int.from_bytes(b"\x01" + key, "big")).encode()
+
+
+def decode_cursor(arg: bytes) -> bytes | None:
+    if arg == b"0":
+        return None
+    if not arg.isdigit():
+        raise errors.BadValue("invalid cursor")
+    n = int(arg)
+    raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    if not raw.startswith(b"\x01") or len(raw) - 1 > protocol.MAX_KEY_BYTES:
+        raise errors.BadValue("invalid cursor")
+    return raw[1:]
+
+
+def _scan_parse(args: list[bytes]) -> dict[str, Any]:
+    p: dict[str, Any] = {"cursor": decode_cursor(args[1]), "match": None, "count": SCAN_COUNT}
+    i = 2
+    while i < len(args):
+        opt = args[i].lower()
+        if i + 1 >= len(args):
+            raise syntax_error()
+        if opt == b"match":
+            p["match"] = args[i + 1]
+        elif opt == b"count":
+            count = parse_int(args[i + 1])
+            if count < 1:
+                raise syntax_error()
+            p["count"] = min(count, MAX_SCAN_COUNT)
+        elif opt == b"type":
+            p["only"] = args[i + 1].lower()
+        else:
+            raise syntax_error()
+        i += 2
+    return p
+
+
+def _range(match: bytes | None) -> tuple[bytes, bytes | None, re.Pattern[bytes] | None]:
+    """(start, end, filter) of the keys a pattern can match: a prefix pattern
+    (``user:*``) is a key range and needs no filter."""
+    if match is None or match == b"*":
+        return b"", None, None
+    prefix = glob_prefix(match)
+    end = _prefix_end(prefix) if prefix else None
+    exact_prefix = match == prefix + b"*" and prefix
+    return prefix, end, None if exact_prefix else glob_regex(match)
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    start, end, regex = _range(p["match"])
+    if p.get("only", b"string") != b"string":
+        return [b"0", []]  # every key is a string
+    items, more = s.node.engine.scan(b, start=start, end=end, after=p["cursor"], limit=p["count"])
+    keys = []
+    for key, rec in items:
+        s.read_sizes.append(len(key) + rec.stored_bytes)
+        if regex is None or regex.fullmatch(key):
+            keys.append(key)
+    return [encode_cursor(items[-1][0] if more and items else None), keys]
+
+
+def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    start, end, regex = _range(p["match"])
+    out: list[bytes] = []
+    after = None
+    examined = 0
+    while True:
+        items, more = s.node.engine.scan(b, start=start, end=end, after=after, limit=1000)
+        for key, rec in items:
+            s.read_sizes.append(len(key) + rec.stored_bytes)
+            if regex is None or regex.fullmatch(key):
+                out.append(key)
+        examined += len(items)
+        if not more or not items:
+            return out
+        if examined >= MAX_KEYS:
+            raise errors.BadValue(
+                f"KEYS would examine more than {MAX_KEYS} keys in this bucket; use SCAN"
+            )
+        after = items[-1][0]
+
+
+def _scan_reply(enc: Encoder, v: Any) -> bytes:
+    return b"*2\r\n" + enc.bulk(v[0]) + b"*%d\r\n" % len(v[1]) + b"".join(enc.bulk(k) for k in v[1])
+
+
+_register(
+    RedisCommand(
+        "scan",
+        -2,
+        "read",
+        _scan_parse,
+        _scan,
+        _scan_reply,
+        ("readonly",),
+        (0, 0, 0),
+        "Iterate the keys of the bucket, in key order.",
+        "generic",
+    )
+)
+_register(
+    RedisCommand(
+        "keys",
+        2,
+        "read",
+        lambda args: {"match": args[1]},
+        _keys_cmd,
+        lambda enc, v: b"*%d\r\n" % len(v) + b"".join(enc.bulk(k) for k in v),
+        ("readonly",),
+        (0, 0, 0),
+        f"Find the keys matching a pattern (at most {MAX_KEYS} examined).",
+        "generic",
+    )
+)
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+
+def _expiry_option(opt: bytes, arg: bytes, cmd: str) -> Expiry:
+    n = parse_int(arg)
+    if n <= 0:
+        raise errors.BadValue(f"invalid expire time in '{cmd}' command")
+    if opt == b"ex":
+        return _relative(n * 1000, cmd)
+    if opt == b"px":
+        return _relative(n, cmd)
+    if opt == b"exat":
+        return _absolute(n * 1000, cmd)
+    return _absolute(n, cmd)
+
+
+def _relative(ms: int, cmd: str) -> Expiry:
+    if ms > 2**62:
+        raise errors.BadValue(f"invalid expire time in '{cmd}' command")
+    return Expiry("relative", ms)
+
+
+def _absolute(ms: int, cmd: str) -> Expiry:
+    if ms > 2**62:
+        raise errors.BadValue(f"invalid expire time in '{cmd}' command")
+    return Expiry("absolute", ms)
+
+
+def _set_parse(args: list[bytes]) -> dict[str, Any]:
+    p: dict[str, Any] = {"key": _key(args[1]), "value": args[2], "expiry": CLEAR, "only": ""}
+    seen_expiry = False
+    i = 3
+    while i < len(args):
+        opt = args[i].lower()
+        if opt in (b"nx", b"xx"):
+            if p["only"]:
+                raise syntax_error()
+            p["only"] = opt.decode()
+        elif opt == b"get":
+            p["get"] = True
+        elif opt == b"keepttl":
+            if seen_expiry:
+                raise syntax_error()
+            p["expiry"], seen_expiry = KEEP, True
+        elif opt in (b"ex", b"px", b"exat", b"pxat"):
+            if seen_expiry or i + 1 >= len(args):
+                raise syntax_error()
+            p["expiry"], seen_expiry = _expiry_option(opt, args[i + 1], "set"), True
+            i += 1
+        else:
+            raise syntax_error()
+        i += 1
+    return p
+
+
+def _set(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return StringSetOp(b, p["key"], _check_value(s, p["value"]), p["expiry"], p["only"])
+
+
+def _set_reply(enc: Encoder, v: Any) -> bytes:
+    written, _old = v  # SET ... GET replies with _set_get_reply (see parse_call)
+    return enc.simple("OK") if written else enc.null()
+
+
+def _set_get_reply(enc: Encoder, v: Any) -> bytes:
+    return _bulk_or_null(enc, v[1])
+
+
+_register(
+    RedisCommand(
+        "set",
+        -3,
+        "write",
+        _set_parse,
+        _set,
+        _set_reply,
+        ("write", "denyoom"),
+        summary="Set the string value of a key (EX PX EXAT PXAT NX XX KEEPTTL GET).",
+    )
+)
+_register(
+    RedisCommand(
+        "setnx",
+        3,
+        "write",
+        lambda args: {"key": _key(args[1]), "value": args[2], "expiry": CLEAR, "only": "nx"},
+        _set,
+        lambda enc, v: enc.integer(1 if v[0] else 0),
+        ("write", "denyoom", "fast"),
+        summary="Set the value of a key, only if the key does not exist.",
+    )
+)
+for _name, _opt in (("setex", b"ex"), ("psetex", b"px")):
+    _register(
+        RedisCommand(
+            _name,
+            4,
+            "write",
+            (
+                lambda opt, name: (
+                    lambda args: {
+                        "key": _key(args[1]),
+                        "value": args[3],
+                        "expiry": _expiry_option(opt, args[2], name),
+                        "only": "",
+                    }
+                )
+            )(_opt, _name),
+            _set,
+            _ok,
+            ("write", "denyoom"),
+            summary="Set the value and expiration of a key.",
+        )
+    )
+_register(
+    RedisCommand(
+        "getset",
+        3,
+        "write",
+        lambda args: {"key": _key(args[1]), "value": args[2], "expiry": CLEAR, "only": ""},
+        _set,
+        _set_get_reply,
+        ("write", "denyoom", "fast"),
+        summary="Set the value of a key and return its old value.",
+    )
+)
+
+
+def _mset_parse(args: list[bytes]) -> dict[str, Any]:
+    if len(args) % 2 == 0:
+        raise arity_error(args[0].decode(errors="replace").lower())
+    pairs = [(_key(args[i]), args[i + 1]) for i in range(1, len(args), 2)]
+    if len(pairs) > MAX_MULTI_KEYS:
+        raise errors.BadValue(f"at most {MAX_MULTI_KEYS} keys per command")
+    return {"pairs": pairs}
+
+
+def _mset(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    for _, v in p["pairs"]:
+        _check_value(s, v)
+    return MultiSetOp(b, p["pairs"])
+
+
+def _msetnx(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    for _, v in p["pairs"]:
+        _check_value(s, v)
+    return MultiSetOp(b, p["pairs"], only_new=True)
+
+
+_register(
+    RedisCommand(
+        "mset",
+        -3,
+        "write",
+        _mset_parse,
+        _mset,
+        _ok,
+        ("write", "denyoom"),
+        (1, -1, 2),
+        "Set several keys at once, atomically.",
+    )
+)
+_register(
+    RedisCommand(
+        "msetnx",
+        -3,
+        "write",
+        _mset_parse,
+        _msetnx,
+        lambda enc, v: enc.integer(1 if v else 0),
+        ("write", "denyoom"),
+        (1, -1, 2),
+        "Set several keys at once, only if none of them exists.",
+    )
+)
+
+for _name in ("del", "unlink"):
+    _register(
+        RedisCommand(
+            _name,
+            -2,
+            "write",
+            _many_keys,
+            lambda s, b, p: MultiDeleteOp(b, p["keys"]),
+            _integer,
+            ("write",),
+            (1, -1, 1),
+            "Delete keys.",
+            "generic",
+        )
+    )
+_register(
+    RedisCommand(
+        "getdel",
+        2,
+        "write",
+        _one_key,
+        lambda s, b, p: GetDelOp(b, p["key"]),
+        _bulk_or_null,
+        ("write", "fast"),
+        summary="Get the value of a key and delete it.",
+    )
+)
+
+
+def _getex_parse(args: list[bytes]) -> dict[str, Any]:
+    p: dict[str, Any] = {"key": _key(args[1])}
+    if len(args) == 2:
+        return p
+    opt = args[2].lower()
+    if opt == b"persist" and len(args) == 3:
+        p["expiry"] = CLEAR
+    elif opt in (b"ex", b"px", b"exat", b"pxat") and len(args) == 4:
+        p["expiry"] = _expiry_option(opt, args[3], "getex")
+    else:
+        raise syntax_error()
+    return p
+
+
+def _getex(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    return GetExOp(b, p["key"], p.get("expiry", KEEP))
+
+
+_register(
+    RedisCommand(
+        "getex",
+        -2,
+        "write",
+        _getex_parse,
+        _getex,
+        _bulk_or_null,
+        ("write", "fast"),
+        summary="Get the value of a key and optionally set its expiration.",
+    )
+)
+
+
+def _expire_parse(unit_ms: int, absolute: bool) -> Callable[[list[bytes]], dict[str, Any]]:
+    def parse(args: list[bytes]) -> dict[str, Any]:
+        n = parse_int(args[2])
+        only: set[str] = set()
+        for opt in args[3:]:
+            o = opt.lower().decode(errors="replace")
+            if o not in ("nx", "xx", "gt", "lt"):
+                raise errors.BadValue(f"Unsupported option {opt.decode(errors='replace')}")
+            only.add(o)
+        if "nx" in only and len(only) > 1:
+            raise errors.BadValue("NX and XX, GT or LT options at the same time are not compatible")
+        if {"gt", "lt"} <= only:
+            raise errors.BadValue("GT and LT options at the same time are not compatible")
+        ms = n * unit_ms
+        if abs(ms) > 2**62:
+            raise errors.BadValue(f"invalid expire time in '{args[0].decode().lower()}' command")
+        # A time in the past deletes the key (the op writes an expiry already due);
+        # 0 means "no expiry" in a record, so the earliest is 1 ms after the epoch.
+        expiry = Expiry("absolute", max(ms, 1)) if absolute else Expiry("relative", ms)
+        return {"key": _key(args[1]), "expiry": expiry, "only": frozenset(only)}
+
+    return parse
+
+
+def _expire_op(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    expiry: Expiry = p["expiry"]
+    if expiry.mode == "relative" and expiry.ms <= 0:
+        expiry = Expiry("absolute", 1)  # already due: the key goes
+    return ExpireOp(b, p["key"], expiry, p["only"])
+
+
+for _name, _unit, _abs in (
+    ("expire", 1000, False),
+    ("pexpire", 1, False),
+    ("expireat", 1000, True),
+    ("pexpireat", 1, True),
+):
+    _register(
+        RedisCommand(
+            _name,
+            -3,
+            "write",
+            _expire_parse(_unit, _abs),
+            _expire_op,
+            _integer,
+            ("write", "fast"),
+            summary="Set a key's time to live.",
+            group="generic",
+        )
+    )
+_register(
+    RedisCommand(
+        "persist",
+        2,
+        "write",
+        _one_key,
+        lambda s, b, p: ExpireOp(b, p["key"], CLEAR, frozenset()),
+        _integer,
+        ("write", "fast"),
+        summary="Remove the expiration from a key.",
+        group="generic",
+    )
+)
+
+
+def _incr_parse(sign: int, by: bool) -> Callable[[list[bytes]], dict[str, Any]]:
+    def parse(args: list[bytes]) -> dict[str, Any]:
+        delta = parse_int(args[2]) if by else 1
+        if sign < 0 and delta == -(2**63):
+            raise errors.BadValue("decrement would overflow")
+        return {"key": _key(args[1]), "delta": sign * delta}
+
+    return parse
+
+
+for _name, _arity, _sign, _by in (
+    ("incr", 2, 1, False),
+    ("decr", 2, -1, False),
+    ("incrby", 3, 1, True),
+    ("decrby", 3, -1, True),
+):
+    _register(
+        RedisCommand(
+            _name,
+            _arity,
+            "write",
+            _incr_parse(_sign, _by),
+            lambda s, b, p: IncrByOp(b, p["key"], p["delta"]),
+            _integer,
+            ("write", "denyoom", "fast"),
+            summary="Increment or decrement the integer value of a key.",
+        )
+    )
+_register(
+    RedisCommand(
+        "append",
+        3,
+        "write",
+        lambda args: {"key": _key(args[1]), "value": args[2]},
+        lambda s, b, p: AppendOp(b, p["key"], p["value"], s.node.config.max_value_bytes),
+        _integer,
+        ("write", "denyoom", "fast"),
+        summary="Append a value to a key.",
+    )
+)
+_register(
+    RedisCommand(
+        "flushdb",
+        -1,
+        "write",
+        lambda args: _flush_parse(args),
+        lambda s, b, p: FlushOp(b),
+        _ok,
+        ("write",),
+        (0, 0, 0),
+        "Delete every key of the bucket (needs the readwrite role).",
+        "server",
+    )
+)
+
+
+def _flush_parse(args: list[bytes]) -> dict[str, Any]:
+    if len(args) > 2 or (len(args) == 2 and args[1].lower() not in (b"sync", b"async")):
+        raise syntax_error()
+    return {}
+
+
+def parse_call(rc: RedisCommand, args: list[bytes]) -> tuple[dict[str, Any], Reply]:
+    """One call's parameters (Redis's arity and syntax errors) and its reply function
+    (``SET ... GET`` answers with the old value instead of OK)."""
+    n = len(args)
+    if (rc.arity >= 0 and n != rc.arity) or (rc.arity < 0 and n < -rc.arity):
+        raise arity_error(rc.name)
+    p = rc.parse(args)
+    if p.pop("get", False):
+        return p, _set_get_reply
+    return p, rc.reply
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+#: Commands of Redis's other data types: refused with a message that says why.
+OTHER_TYPES = _words(
+    """
+    lpush rpush lpushx rpushx lpop rpop llen lrange lindex lset lrem ltrim linsert lpos lmove
+    blpop brpop brpoplpush blmove rpoplpush lmpop blmpop
+    hset hget hmset hmget hgetall hdel hlen hexists hkeys hvals hincrby hincrbyfloat hsetnx
+    hstrlen hscan hrandfield
+    sadd srem smembers sismember smismember scard spop srandmember smove sinter sunion sdiff
+    sinterstore sunionstore sdiffstore sscan sintercard
+    zadd zrem zrange zrangebyscore zrevrange zrevrangebyscore zscore zincrby zcard zcount zrank
+    zrevrank zpopmin zpopmax bzpopmin bzpopmax zscan zrangestore zunionstore zinterstore zmscore
+    zlexcount zrangebylex zremrangebyrank zremrangebyscore zremrangebylex zrandmember zmpop
+    xadd xrange xrevrange xlen xread xreadgroup xgroup xack xdel xtrim xinfo xclaim xautoclaim
+    xpending pfadd pfcount pfmerge geoadd geodist geohash geopos georadius geosearch
+    setbit getbit bitcount bitop bitpos bitfield setrange getrange substr lcs incrbyfloat
+    """
+)
+#: Refused whatever the role: they would act beyond one tenant's bucket.
+REFUSED = _words(
+    """
+    flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync psync
+    monitor migrate move copy rename renamenx swapdb object dump restore sort sort_ro
+    multi exec discard watch unwatch eval evalsha eval_ro evalsha_ro script function fcall
+    fcall_ro subscribe psubscribe ssubscribe unsubscribe punsubscribe publish spublish pubsub
+    acl module latency memory slowlog failover cluster readonly readwrite wait waitaof
+    """
+)

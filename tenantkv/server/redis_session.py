@@ -1,0 +1,548 @@
+"""A connection on the RESP front door: unmodified Redis clients, same tenants.
+
+The framing differs from the MessagePack door and nothing else does: the
+same lifecycle, deadlines, receive-buffer cap and shutdown as
+:class:`~tenantkv.server.session.Session` (this class extends it), and every
+data command runs the same execution path — the same gates, the same units,
+acknowledged only when durable (:mod:`tenantkv.server.execution`). The command
+table is :mod:`tenantkv.server.redis_commands`; the codec is :mod:`tenantkv.resp`.
+
+Order: Redis replies carry no id, so each command gets a sequence number and its
+reply waits in a slot until every earlier one is out (a write answered when
+durable, an error found at once, a read answered inline all come out in the
+order the commands were sent).
+
+Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT`` run, and
+a command may be :data:`tenantkv.protocol.MAX_HELLO_FRAME_BYTES` at most. The
+bucket: ``AUTH user@bucket password`` names it; a user with a role on one
+bucket only lands in it; ``SELECT bucket`` switches.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from tenantkv import errors, protocol, resp
+from tenantkv._version import __version__
+from tenantkv.server.redis_commands import (
+    OTHER_TYPES,
+    REDIS_COMMANDS,
+    REFUSED,
+    Reply,
+    parse_call,
+    syntax_error,
+)
+from tenantkv.server.session import Session
+
+log = logging.getLogger("tenantkv.session")
+
+PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: What ``CONFIG GET`` answers (read-only): enough for tools that ask about persistence.
+CONFIG_VALUES = {
+    "save": "",
+    "appendonly": "yes",
+    "appendfsync": "always",
+    "databases": "1",
+    "maxmemory": "0",
+    "maxmemory-policy": "noeviction",
+}
+
+
+def error_text(exc: errors.TenantKVError) -> str:
+    """A tenantkv error in Redis's words: a stable prefix, then the message.
+
+    Overload (labelled ``SystemOverloadedError`` / ``RetryableError``: it did not
+    run) is ``TRYAGAIN <CodeName> retryAfterMs=<n> <message>`` — the prefix Redis
+    clients already treat as "retry later"."""
+    msg = exc.errmsg
+    if isinstance(exc, (errors.ProtocolError, errors.FrameTooLarge)):
+        return f"ERR Protocol error: {msg}"
+    if errors.RETRYABLE in exc.labels or errors.SYSTEM_OVERLOADED in exc.labels:
+        return f"TRYAGAIN {exc.code_name} retryAfterMs={exc.retry_after_ms or 0} {msg}"
+    if isinstance(exc, errors.AuthenticationFailed):
+        return "WRONGPASS invalid username-password pair or user is disabled."
+    if isinstance(exc, errors.Unauthorized):
+        return f"NOPERM {msg}"
+    if isinstance(exc, errors.HelloRequired):
+        return "NOAUTH Authentication required."
+    return f"ERR {msg}"
+
+
+LocalHandler = Callable[["RedisSession", int, list[bytes]], Awaitable[bool]]
+LOCAL: dict[str, LocalHandler] = {}
+
+
+def local(*names: str) -> Callable[[LocalHandler], LocalHandler]:
+    def register(fn: LocalHandler) -> LocalHandler:
+        for n in names:
+            LOCAL[n] = fn
+        return fn
+
+    return register
+
+
+class RedisSession(Session):
+    """One RESP connection (see the module docstring)."""
+
+    protocol_name = "resp"
+
+    def __init__(self, node: Any, stream: trio.abc.Stream, peer: str, conn_id: int) -> None:
+        super().__init__(node, stream, peer, conn_id)
+        self.enc = resp.Encoder(2)
+        self.name: bytes | None = None
+        self._last_id = 0
+        self._next_out = 1
+        #: replies ready before an earlier one, by sequence number
+        self._slots: dict[int, bytes] = {}
+        #: how to turn each pending data command's result into its reply
+        self._convert: dict[int, Reply] = {}
+
+    # -- framing hooks ------------------------------------------------------------
+
+    @staticmethod
+    def refusal(exc: errors.TenantKVError) -> bytes:
+        return resp.Encoder(2).error(error_text(exc))
+
+    def _new_decoder(self) -> Any:
+        cfg = self.node.config
+        return resp.RequestDecoder(
+            max_bulk_bytes=cfg.max_value_bytes,
+            max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+        )
+
+    def _reply(self, msgid: int, result: Any) -> None:
+        convert = self._convert.pop(msgid, None)
+        self._fill(msgid, convert(self.enc, result) if convert else self.enc.value(result))
+
+    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
+        data = self.enc.error(error_text(exc))
+        if msgid is None:  # the connection's own end (protocol error, idle): no slot
+            self._out += data
+            return
+        self._convert.pop(msgid, None)
+        self._fill(msgid, data)
+
+    def _fill(self, msgid: int, data: bytes) -> None:
+        if msgid != self._next_out:
+            self._slots[msgid] = data
+            return
+        out = self._out
+        out += data
+        nxt = msgid + 1
+        slots = self._slots
+        while slots and nxt in slots:
+            out += slots.pop(nxt)
+            nxt += 1
+        self._next_out = nxt
+
+    def _refuse_shutting_down(self, req: Any) -> None:
+        self._reply_error(
+            self._new_id(), errors.ShuttingDown("the server is stopping; the command did not run")
+        )
+
+    def _new_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
+
+    async def _handle_chunk(self, decoder: Any) -> bool:
+        """Every complete command received, in order; False when the connection closes."""
+        node = self.node
+        try:
+            for handled, args in enumerate(decoder, 1):
+                if not self._reading:
+                    if not node.shutting_down:
+                        return False
+                    self._refuse_shutting_down(args)
+                elif not await self._command(args):
+                    return False
+                if self._should_pause(handled):
+                    await self._pause()
+        finally:
+            self._end_chunk_reads()
+        return True
+
+    async def _command(self, args: list[bytes]) -> bool:
+        msgid = self._new_id()
+        name = args[0].decode("latin-1").lower()
+        if self.user is None and name not in PRE_AUTH:
+            self._fail(msgid, name, errors.HelloRequired("authentication required"))
+            return True
+        pipeline = self.node.pipeline
+        if (
+            self.user is not None
+            and pipeline.request_rate_enabled
+            and self._refused_by_rate(msgid, name, admin=False)
+        ):
+            return True
+        rc = REDIS_COMMANDS.get(name)
+        if rc is not None:
+            try:
+                params, reply = parse_call(rc, args)
+            except errors.TenantKVError as exc:
+                self._fail(msgid, name, exc)
+                return True
+            self._convert[msgid] = reply
+            req = protocol.Request(msgid, rc.command.name, params)
+            if self._run_inline(rc.command, req):
+                return True
+            self._end_chunk_reads()
+            return await self._run(rc.command, req)
+        handler = LOCAL.get(name)
+        try:
+            if handler is not None:
+                return await handler(self, msgid, args)
+            raise _unknown(name, args)
+        except errors.TenantKVError as exc:
+            self._fail(msgid, name, exc)
+            return True
+
+    # -- authentication -------------------------------------------------------------
+
+    async def authenticate(self, username: bytes, password: bytes) -> None:
+        """AUTH / HELLO AUTH: the user (``name@bucket`` picks the bucket), limited
+        and audited like the MessagePack hello; the connection stays open on failure."""
+        node = self.node
+        name, _, bucket_part = username.decode(errors="replace").partition("@")
+        try:
+            user = await node.accounts.authenticate(
+                name, password.decode(errors="replace"), peer=self.peer_ip
+            )
+        except errors.TenantKVError as exc:
+            log.info("connection %d from %s: AUTH failed: %s", self.conn_id, self.peer, exc)
+            raise
+        bucket: str | None = bucket_part or None
+        if bucket is not None:
+            node.bucket(bucket)
+            if not user.can_read(bucket):
+                raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {bucket!r}")
+        elif len(user.roles) == 1:
+            bucket = next(iter(user.roles))
+        if self.user is None:
+            cfg = node.config
+            refused = node.connection_table.authenticated(
+                self.conn_id,
+                admin=user.admin,
+                max_connections=cfg.max_connections,
+                reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
+            )
+            if refused is not None:
+                raise errors.TooManyConnections(refused)
+        self.user = user
+        self._auth_epoch = node.accounts.epoch
+        if self._decoder is not None:
+            self._decoder.frame_limit = self._decoder.max_frame_bytes
+        self.select(bucket)
+        log.debug(
+            "connection %d from %s (resp): user %r bucket %r", self.conn_id, self.peer, name, bucket
+        )
+
+    def info(self, sections: list[str]) -> str:
+        """INFO's text: ``server``, ``clients``, ``keyspace`` and ``tenantkv`` (the
+        bucket's units, limits and throttling)."""
+        node = self.node
+        want = {s.lower() for s in sections} or {"default"}
+        every = bool(want & {"all", "everything", "default"})
+        out: list[str] = []
+        if every or "server" in want:
+            out += [
+                "# Server",
+                "redis_version:7.2.0",
+                f"tenantkv_version:{__version__}",
+                "redis_mode:standalone",
+                f"process_id:{os.getpid()}",
+                f"tcp_port:{node.resp_port}",
+                f"uptime_in_seconds:{int(time.monotonic() - node.started_monotonic)}",
+                "",
+            ]
+        if every or "clients" in want:
+            out += ["# Clients", f"connected_clients:{len(node.sessions)}", ""]
+        if every or "keyspace" in want:
+            out.append("# Keyspace")
+            if self.bucket is not None and self.bucket in node.engine.buckets:
+                keys = node.engine.bucket_entries(self.bucket)
+                out.append(f"db0:keys={keys},expires=0,avg_ttl=0")
+            out.append("")
+        if every or "tenantkv" in want:
+            out += ["# Tenantkv", f"bucket:{self.bucket or ''}"]
+            if self.bucket is not None:
+                b = node.gate.statistics().buckets.get(self.bucket)
+                if b is not None:
+                    for key, value in b.as_dict().items():
+                        if not isinstance(value, (list, dict)):
+                            out.append(f"{key}:{value}")
+            out.append(f"nonblocking_throttle:{int(self.nonblocking_throttle)}")
+            out.append("")
+        return "\r\n".join(out)
+
+
+def _unknown(name: str, args: list[bytes]) -> errors.TenantKVError:
+    if name in OTHER_TYPES:
+        return errors.UnknownCommand(
+            f"'{name}' is not supported: tenantkv stores strings only "
+            "(GET, SET and the other string and key commands)"
+        )
+    if name in REFUSED:
+        return errors.UnknownCommand(f"'{name}' is not available on tenantkv's RESP front door")
+    shown = " ".join(f"'{a.decode(errors='replace')[:64]}'" for a in args[1:4])
+    return errors.UnknownCommand(
+        f"unknown command '{name[:64]}', with args beginning with: {shown}"
+    )
+
+
+def _arity(name: str) -> errors.BadValue:
+    return errors.BadValue(f"wrong number of arguments for '{name}' command")
+
+
+# -- connection commands (answered by the session, through the same reply slots) ----
+
+
+@local("auth")
+async def _auth(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) == 2:
+        await s.authenticate(b"default", args[1])
+    elif len(args) == 3:
+        await s.authenticate(args[1], args[2])
+    else:
+        raise _arity("auth")
+    s._fill(msgid, s.enc.simple("OK"))
+    return True
+
+
+@local("hello")
+async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    version = s.enc.version
+    i = 1
+    if len(args) > 1:
+        try:
+            version = int(args[1])
+        except ValueError:
+            raise errors.BadValue("Protocol version is not an integer or out of range") from None
+        if version not in (2, 3):
+            s._fill(msgid, s.enc.error("NOPROTO unsupported protocol version"))
+            return True
+        i = 2
+    name = None
+    authed = False
+    while i < len(args):
+        opt = args[i].lower()
+        if opt == b"auth" and i + 2 < len(args):
+            await s.authenticate(args[i + 1], args[i + 2])
+            authed = True
+            i += 3
+        elif opt == b"setname" and i + 1 < len(args):
+            name = args[i + 1]
+            i += 2
+        else:
+            raise syntax_error()
+    if s.user is None and not authed:
+        s._fill(
+            msgid,
+            s.enc.error(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise "
+                "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
+                "client and select the RESP protocol version at the same time"
+            ),
+        )
+        return True
+    if name is not None:
+        s.name = name
+    s.enc.version = version
+    s._fill(
+        msgid,
+        s.enc.map(
+            {
+                "server": "tenantkv",
+                "version": __version__,
+                "proto": version,
+                "id": s.conn_id,
+                "mode": "standalone",
+                "role": "master",
+                "modules": [],
+            }
+        ),
+    )
+    return True
+
+
+@local("ping")
+async def _ping(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) > 2:
+        raise _arity("ping")
+    s._fill(msgid, s.enc.bulk(args[1]) if len(args) == 2 else s.enc.simple("PONG"))
+    return True
+
+
+@local("echo")
+async def _echo(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) != 2:
+        raise _arity("echo")
+    s._fill(msgid, s.enc.bulk(args[1]))
+    return True
+
+
+@local("quit")
+async def _quit(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    s._fill(msgid, s.enc.simple("OK"))
+    await s._wait_writes()
+    return False
+
+
+@local("reset")
+async def _reset(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    """Back to a fresh connection's state — RESP2, no name, blocking throttling —
+    except that it stays authenticated and in its bucket (tenantkv has no
+    ``default`` user to fall back to)."""
+    s.name = None
+    s.nonblocking_throttle = False
+    s.enc.version = 2
+    s._fill(msgid, s.enc.simple("RESET"))
+    return True
+
+
+@local("time")
+async def _time(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    now = time.time()
+    secs = int(now)
+    s._fill(msgid, s.enc.array([str(secs), str(int((now - secs) * 1e6))]))
+    return True
+
+
+@local("select")
+async def _select(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) != 2:
+        raise _arity("select")
+    name = args[1].decode(errors="replace")
+    if name not in s.node.engine.buckets and name == "0":
+        s._fill(msgid, s.enc.simple("OK"))  # clients select db 0 by habit: no change
+        return True
+    await s._wait_writes()
+    s.node.bucket(name)
+    user = s.current_user()
+    if not user.can_read(name):
+        raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {name!r}")
+    s.select(name)
+    s._fill(msgid, s.enc.simple("OK"))
+    return True
+
+
+@local("client")
+async def _client(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) < 2:
+        raise _arity("client")
+    sub = args[1].lower()
+    enc = s.enc
+    if sub == b"setname" and len(args) == 3:
+        if b" " in args[2] or b"\n" in args[2]:
+            raise errors.BadValue("Client names cannot contain spaces, newlines or special chars.")
+        s.name = args[2] or None
+        reply = enc.simple("OK")
+    elif sub == b"getname" and len(args) == 2:
+        reply = enc.null() if s.name is None else enc.bulk(s.name)
+    elif sub == b"id" and len(args) == 2:
+        reply = enc.integer(s.conn_id)
+    elif sub == b"setinfo" and len(args) == 4:
+        attr = args[2].lower()
+        if attr not in (b"lib-name", b"lib-ver"):
+            raise errors.BadValue(f"Unrecognized option '{args[2].decode(errors='replace')}'")
+        s.client_info["name" if attr == b"lib-name" else "version"] = args[3].decode(
+            errors="replace"
+        )[:128]
+        reply = enc.simple("OK")
+    elif sub == b"nonblocking" and len(args) == 3 and args[2].lower() in (b"on", b"off"):
+        s.nonblocking_throttle = args[2].lower() == b"on"
+        reply = enc.simple("OK")
+    elif sub == b"info" and len(args) == 2:
+        user = s.user.name if s.user else ""
+        text = (
+            f"id={s.conn_id} addr={s.peer} name={(s.name or b'').decode(errors='replace')} "
+            f"db=0 bucket={s.bucket or ''} user={user} resp={enc.version} "
+            f"lib-name={s.client_info.get('name', '')} lib-ver={s.client_info.get('version', '')}"
+            "\n"
+        )
+        reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
+    else:
+        raise errors.BadValue(
+            f"unknown subcommand or wrong number of arguments for "
+            f"'{args[1].decode(errors='replace')}'. Try CLIENT HELP."
+        )
+    s._fill(msgid, reply)
+    return True
+
+
+@local("info")
+async def _info(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    text = s.info([a.decode(errors="replace") for a in args[1:]])
+    s._fill(msgid, s.enc.verbatim(text) if s.enc.version >= 3 else s.enc.bulk(text))
+    return True
+
+
+@local("config")
+async def _config(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    if len(args) < 2:
+        raise _arity("config")
+    if args[1].lower() != b"get":
+        raise errors.BadValue(
+            f"CONFIG {args[1].decode(errors='replace').upper()} is not supported: tenantkv's "
+            "settings are changed with tenantkv-admin param-set"
+        )
+    if len(args) < 3:
+        raise _arity("config|get")
+    patterns = [a.decode(errors="replace").lower() for a in args[2:]]
+    found = {
+        k: v for k, v in CONFIG_VALUES.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)
+    }
+    s._fill(msgid, s.enc.map(found))
+    return True
+
+
+def _command_info(enc: resp.Encoder, name: str) -> bytes:
+    rc = REDIS_COMMANDS.get(name)
+    if rc is not None:
+        arity, flags, keys = rc.arity, list(rc.flags), rc.keys
+    elif name in LOCAL:
+        arity, flags, keys = -1, ["fast"], (0, 0, 0)
+    else:
+        return enc.null_array()
+    return enc.array(
+        [name, arity, [enc_flag for enc_flag in flags], keys[0], keys[1], keys[2], [], [], [], []]
+    )
+
+
+def _command_docs(name: str) -> dict[str, Any]:
+    rc = REDIS_COMMANDS.get(name)
+    if rc is not None:
+        return {"summary": rc.summary, "since": "1.0.0", "group": rc.group}
+    return {"summary": f"{name.upper()} (connection)", "since": "1.0.0", "group": "connection"}
+
+
+@local("command")
+async def _command(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+    enc = s.enc
+    names = sorted({*REDIS_COMMANDS, *LOCAL})
+    sub = args[1].lower() if len(args) > 1 else b""
+    asked = [a.decode(errors="replace").lower() for a in args[2:]]
+    if sub == b"":
+        reply = b"*%d\r\n" % len(names) + b"".join(_command_info(enc, n) for n in names)
+    elif sub == b"count":
+        reply = enc.integer(len(names))
+    elif sub == b"list":
+        reply = enc.array(names)
+    elif sub == b"info":
+        wanted = asked or names
+        reply = b"*%d\r\n" % len(wanted) + b"".join(_command_info(enc, n) for n in wanted)
+    elif sub == b"docs":
+        wanted = [n for n in (asked or names) if n in REDIS_COMMANDS or n in LOCAL]
+        reply = enc.map({n: _command_docs(n) for n in wanted})
+    else:
+        raise errors.BadValue(
+            f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP."
+        )
+    s._fill(msgid, reply)
+    return True
