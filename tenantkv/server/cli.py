@@ -71,8 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ready-file",
         metavar="PATH",
-        help='once listening, write {"host","port","resp_port","metrics_port","pid"} as '
-        "JSON here",
+        help='once listening, write {"host","port","resp_port","metrics_port","pid"} as JSON here',
     )
     serve.add_argument(
         "--log-level",
