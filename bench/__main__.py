@@ -20,6 +20,7 @@ from bench import (
     crash,
     gates,
     harness,
+    micro,
     overload,
     probing,
     publish,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
+    micro.add_parser(sub)
     return parser
 
 

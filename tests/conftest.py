@@ -48,6 +48,26 @@ def rss_anon_mb(pid: int) -> float:
     raise AssertionError("no RssAnon")
 
 
+def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds (a few ms apart): end-to-end tests wait on
+    what they need to see, not for a guessed time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+class FakeClock:
+    """A mutable clock for the sans-IO gate cores: tests move ``t`` themselves."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 @dataclass
 class Daemon:
     """A real ``tenantkv serve`` process on a loopback port."""

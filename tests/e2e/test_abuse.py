@@ -30,7 +30,7 @@ from tenantkv import errors, protocol
 from tenantkv.server import session as session_mod
 from tenantkv.server.server import Server
 from tenantkv.storage.ops import CreateBucketOp
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb, wait_until
 
 TIMEOUT = 20
 BUCKET, USER, PASSWORD = "ab", "abuser", "abuse-pw"
@@ -197,7 +197,24 @@ def test_connection_reset_at_any_stage_harms_nothing_else(
     ab: Daemon, healthy: Any, stage: str
 ) -> None:
     """A reset used to escape the session as an ExceptionGroup and stop the server."""
-    for _ in range(3):
+    with ab.client() as admin:
+
+        def current() -> int:
+            return int(admin.server_status()["connections"]["current"])
+
+        base = current()
+        for _ in range(3):
+            _reset_at(ab, stage)
+            wait_until(lambda: current() == base, TIMEOUT, "the reset connection to be gone")
+    still_fine(ab, healthy)
+    with ab.client() as c:  # new connections are accepted too
+        assert c.ping() == "pong"
+
+
+def _reset_at(ab: Daemon, stage: str) -> None:
+    """Open a connection, take it to ``stage``, and reset it once the server has it."""
+    with ab.client() as admin:
+        base = admin.server_status()["connections"]["current"]
         s = connect(ab)
         if stage == "mid hello":
             s.sendall(hello_msg()[:5])
@@ -208,18 +225,21 @@ def test_connection_reset_at_any_stage_harms_nothing_else(
                 s.sendall(msgpack.packb([0, 1, "set", {"key": b"r", "value": b"x" * 9000}])[:100])
             elif stage == "unread answers":
                 s.sendall(msgpack.packb([0, 1, "get", {"key": b"canary"}]) * 2000)
-        time.sleep(0.05)
+        # The server has the connection (and what was sent so far) before the reset.
+        wait_until(
+            lambda: admin.server_status()["connections"]["current"] > base,
+            TIMEOUT,
+            "the server to take the connection",
+        )
         _reset(s)
-    time.sleep(0.1)
-    still_fine(ab, healthy)
-    with ab.client() as c:  # new connections are accepted too
-        assert c.ping() == "pong"
 
 
 # -- clients that never read -------------------------------------------------------------
 
 
-def _flood_without_reading(d: Daemon, frames: bytes, seconds: float) -> socket.socket:
+def _flood_without_reading(
+    d: Daemon, frames: bytes, seconds: float, flooding: threading.Event
+) -> socket.socket:
     s = connect(d)
     s.sendall(hello_msg())
     s.settimeout(0.5)
@@ -227,6 +247,7 @@ def _flood_without_reading(d: Daemon, frames: bytes, seconds: float) -> socket.s
     try:
         while time.monotonic() < deadline:
             s.sendall(frames)
+            flooding.set()
     except TimeoutError:
         pass  # the server stopped reading us: TCP back-pressure
     return s
@@ -245,15 +266,18 @@ def test_pipelining_without_reading_is_pushed_back(ab: Daemon, healthy: Any, kin
             for i in range(64)
         )
     flooders = []
+    flooding = [threading.Event() for _ in range(3)]
     threads = [
         threading.Thread(
-            target=lambda: flooders.append(_flood_without_reading(ab, frames, 1.5)), daemon=True
+            target=lambda ev=ev: flooders.append(_flood_without_reading(ab, frames, 1.5, ev)),
+            daemon=True,
         )
-        for _ in range(3)
+        for ev in flooding
     ]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    for ev in flooding:  # every flooder is pushing frames before the check
+        assert ev.wait(TIMEOUT)
     still_fine(ab, healthy, within=3.0)  # other clients go on meanwhile
     for t in threads:
         t.join(TIMEOUT)
@@ -329,7 +353,7 @@ def test_slowloris_and_idle_connections_are_closed(ab: Daemon, healthy: Any) -> 
             for s in dripping:
                 with contextlib.suppress(OSError):
                     s.sendall(hello_msg()[i : i + 1])
-            time.sleep(0.1)
+            time.sleep(0.1)  # the scenario: a slow drip (the pace is what is tested)
         closed = answered(socks, 3.0)
         assert closed == set(socks)
         assert time.monotonic() - start < 3.5

@@ -32,7 +32,7 @@ import msgpack
 import pytest
 
 from tenantkv import errors
-from tests.conftest import Daemon, read_response
+from tests.conftest import Daemon, read_response, wait_until
 
 SEED = int(os.environ.get("CRASH_SEED", "20261108"))
 CYCLES = 10
@@ -171,6 +171,8 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(crash_daemon: Daem
         ]
         for t in threads:
             t.start()
+        # The scenario: SIGKILL at a random moment of the load (seeded, so CI
+        # repeats the same moments).
         time.sleep(rng.uniform(0.1, 0.7))
         d.stop(signal.SIGKILL)
         stop.set()
@@ -272,11 +274,14 @@ def test_sigterm_under_load_completes_or_refuses_in_flight_requests(tmp_path: Pa
                 )
             )
             assert read_response(chatty)[2] is None  # type: ignore[index]
-            time.sleep(0.4)
+            # Writes in flight when the signal comes: wait until some were answered.
+            wait_until(lambda: sum(len(led.acked) for led in ledgers) >= 60, TIMEOUT, "writes")
             assert d.proc is not None
             d.proc.send_signal(signal.SIGTERM)
+            # Part of the scenario, not a wait for something: a second SIGTERM right
+            # after the first, as an impatient supervisor sends; still graceful.
             time.sleep(0.05)
-            d.proc.send_signal(signal.SIGTERM)  # an impatient supervisor: still graceful
+            d.proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + TIMEOUT
             while any(t.is_alive() for t in threads):  # keep chatty talking meanwhile
                 assert time.monotonic() < deadline, "writers did not finish"

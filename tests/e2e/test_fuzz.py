@@ -291,9 +291,7 @@ def test_deeply_nested_value_for_every_parameter(fz: Daemon, healthy: Any) -> No
     still_fine(fz, healthy)
 
 
-def test_nesting_past_the_frame_bound_closes_only_that_connection(
-    fz: Daemon, healthy: Any
-) -> None:
+def test_nesting_past_the_frame_bound_closes_only_that_connection(fz: Daemon, healthy: Any) -> None:
     """~1000 levels used to be decoded in full; now the decoder stops at the bound."""
     nested: Any = 0
     for _ in range(1010):

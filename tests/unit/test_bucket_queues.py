@@ -32,14 +32,7 @@ from tenantkv.errors import (
     BucketExists,
     BucketNotFound,
 )
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.conftest import FakeClock
 
 
 def core(**kw: int) -> tuple[BucketQueues, FakeClock]:

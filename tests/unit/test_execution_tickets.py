@@ -22,6 +22,7 @@ from tenantkv.errors import (
     AdmissionQueueOverflow,
     DeadlineExceeded,
 )
+from tests.conftest import FakeClock
 
 STAT_FIELDS = {
     "out",
@@ -45,16 +46,6 @@ EXEMPT_FIELDS = {
     "finished_processing",
     "total_time_processing_micros",
 }
-
-
-class FakeClock:
-    """A mutable clock: tests move ``t`` themselves."""
-
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def check_consistent(h: TicketHolder) -> dict[str, object]:

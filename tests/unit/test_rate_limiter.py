@@ -26,14 +26,7 @@ from tenantkv.errors import (
     BadValue,
     IngressRequestRateLimitExceeded,
 )
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.conftest import FakeClock
 
 
 def bucket(**kw: object) -> tuple[TokenBucket, FakeClock]:

@@ -37,7 +37,7 @@ def test_commands_round_trip_in_any_chunking(cmds: list[list[bytes]], chunk: int
 
 def test_inline_commands_split_like_redis_cli() -> None:
     dec = decoder()
-    dec.feed(b'SET k "a b\\n\\x41" \'it\\\'s\'\r\nPING\n\r\n  get   k  \r\n')
+    dec.feed(b"SET k \"a b\\n\\x41\" 'it\\'s'\r\nPING\n\r\n  get   k  \r\n")
     assert list(dec) == [[b"SET", b"k", b"a b\nA", b"it's"], [b"PING"], [b"get", b"k"]]
 
 

@@ -24,16 +24,9 @@ from tenantkv.admission.write_permits import (
     capacity_for_lag,
 )
 from tenantkv.errors import BadValue, BucketExists, BucketNotFound
+from tests.conftest import FakeClock
 
 PARAMS = {"target_lag": 100, "critical_lag": 200, "min_capacity": 2, "max_capacity": 10}
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def core(**kw: int) -> tuple[WritePermits, FakeClock]:
