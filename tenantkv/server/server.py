@@ -34,6 +34,7 @@ import trio
 from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
+from tenantkv.server import sd_notify
 from tenantkv.server.node import Node
 from tenantkv.server.redis_session import RedisSession
 from tenantkv.server.session import Session
@@ -197,8 +198,10 @@ class Server:
                             self.metrics_port,
                             node.resp_port if self.resp_listeners else None,
                         )
+                    sd_notify.ready(f"listening on {node.host}:{node.port}")
                     task_status.started(self)
                     await self._stop.wait()
+                    sd_notify.stopping()
                     log.info(
                         "shutting down: no new connections, %d sessions finishing",
                         len(node.sessions),
