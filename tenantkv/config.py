@@ -1,7 +1,8 @@
 """Every server setting, declared once, and the TOML config loader built from it.
 
-The declaration (:data:`SETTINGS`) is the single source of the name, type,
-default, range and help of each setting; the loader, the environment
+The declaration (the fields of :class:`Config`, each made by :func:`declare`) is
+the single source of the name, type, default, range and help of each setting;
+:data:`SETTINGS` is derived from it, and the loader, the environment
 variables, the ``serve`` flags, ``tenantkv config defaults`` and
 ``docs/configuration.md`` all follow it. Precedence: command line >
 environment (``TENANTKV_<NAME>``) > config file > defaults. An unknown key or a
@@ -17,7 +18,7 @@ import math
 import textwrap
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,398 +73,358 @@ class Setting:
         return ENV_PREFIX + self.name.upper()
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("data_dir", str, "./tenantkv-data", "Directory holding the LMDB files."),
-    Setting("host", str, "127.0.0.1", "Address to listen on."),
-    Setting("port", int, DEFAULT_PORT, "TCP port; 0 picks a free port.", 0, 65535),
-    Setting(
-        "resp_port",
-        int,
+def declare(
+    default: Any,
+    help: str,
+    min: float | None = None,
+    max: float | None = None,
+    *,
+    choices: tuple[str, ...] = (),
+    optional: bool = False,
+    validate: Callable[[Any], Any] | None = None,
+    example: Any = None,
+) -> Any:
+    """A setting, declared as a :class:`Config` field: its default, help text and
+    checks (the field's annotation is its type). :data:`SETTINGS` is built from these."""
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "min": min,
+            "max": max,
+            "choices": choices,
+            "optional": optional,
+            "validate": validate,
+            "example": example,
+        },
+    )
+
+
+def probing(name: str) -> Any:
+    """A throughput-probing setting: declared once, in :data:`PROBING_PARAMETERS`."""
+    p = PROBING_PARAMETERS[name]
+    return declare(
+        SERVER_PROBING_DEFAULTS.get(name, p.default),
+        p.help,
+        p.minimum,
+        p.maximum,
+        validate=functools.partial(validate_probing_param, name),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every setting, declared once, in the order ``docs/configuration.md`` lists them."""
+
+    data_dir: str = declare("./tenantkv-data", "Directory holding the LMDB files.")
+    host: str = declare("127.0.0.1", "Address to listen on.")
+    port: int = declare(DEFAULT_PORT, "TCP port; 0 picks a free port.", 0, 65535)
+    resp_port: int = declare(
         DEFAULT_RESP_PORT,
         "TCP port of the RESP (Redis protocol) front door on the same host; 0 picks a "
         "free port (see docs/redis.md).",
         0,
         65535,
-    ),
-    Setting(
-        "resp_enabled",
-        bool,
-        True,
-        "Serve the RESP (Redis protocol) front door on resp_port.",
-    ),
-    Setting(
-        "metrics_port",
-        int,
+    )
+    resp_enabled: bool = declare(True, "Serve the RESP (Redis protocol) front door on resp_port.")
+    metrics_port: int | None = declare(
         None,
-        "Prometheus metrics port on loopback (off when unset).",
+        "Prometheus metrics port (/metrics and /healthz; off when unset).",
         0,
         65535,
         optional=True,
         example=9207,
-    ),
-    Setting(
-        "durability",
-        str,
+    )
+    metrics_host: str = declare(
+        "127.0.0.1",
+        "Address the metrics port listens on (loopback by default: metrics name buckets "
+        "and users; 0.0.0.0 for a scraper on another machine).",
+    )
+    durability: str = declare(
         "fsync",
         "fsync: acknowledge writes after fsync; "
         "nosync: after the OS has the data (survives a process crash, not a power loss).",
         choices=("fsync", "nosync"),
-    ),
-    Setting("map_size_mb", int, 1024, "Initial LMDB map size; it grows on its own.", 1),
-    Setting("max_map_size_mb", int, 0, "Largest map size (0 = limited only by the disk).", 0),
-    Setting("max_buckets", int, 1000, "Most buckets on this node.", 1, 30000),
-    Setting(
-        "max_value_bytes",
-        int,
+    )
+    map_size_mb: int = declare(1024, "Initial LMDB map size; it grows on its own.", 1)
+    max_map_size_mb: int = declare(0, "Largest map size (0 = limited only by the disk).", 0)
+    max_buckets: int = declare(1000, "Most buckets on this node.", 1, 30000)
+    max_value_bytes: int = declare(
         protocol.MAX_VALUE_BYTES,
         "Largest value accepted.",
         0,
         protocol.MAX_VALUE_BYTES,
-    ),
-    Setting("max_connections", int, 10000, "Most open client connections.", 1),
-    Setting(
-        "max_connections_per_address",
-        int,
+    )
+    max_connections: int = declare(10000, "Most open client connections.", 1)
+    max_connections_per_address: int = declare(
         1000,
         "Most open connections from one client address (beyond it, the oldest connection "
         "that has not said hello gives way, or the new one is refused).",
         1,
-    ),
-    Setting(
-        "admin_reserved_connections",
-        int,
+    )
+    admin_reserved_connections: int = declare(
         3,
         "Connection slots only admins may use (at most max_connections - 1 apply).",
         0,
-    ),
-    Setting(
-        "max_receive_buffer_bytes",
-        int,
+    )
+    max_receive_buffer_bytes: int = declare(
         256 * 1024 * 1024,
         "Most bytes received and not yet decoded, over all connections together; "
         "a connection that would pass it waits (TCP back-pressure).",
         1024 * 1024,
-    ),
-    Setting(
-        "max_inflight_per_connection",
-        int,
+    )
+    max_inflight_per_connection: int = declare(
         1024,
         "Pipelined requests a connection may have unanswered before it stops being read.",
         1,
-    ),
-    Setting("hello_timeout_secs", float, 10.0, "Time a new connection has to send hello.", 0.1),
-    Setting("idle_timeout_secs", float, 3600.0, "Close connections idle this long (0 = never).", 0),
-    Setting(
-        "frame_timeout_secs",
-        float,
+    )
+    hello_timeout_secs: float = declare(10.0, "Time a new connection has to send hello.", 0.1)
+    idle_timeout_secs: float = declare(3600.0, "Close connections idle this long (0 = never).", 0)
+    frame_timeout_secs: float = declare(
         60.0,
         "Time a request frame has to arrive in full once its first byte came "
         "(a slow sender cannot hold a connection and its buffer).",
         0.1,
-    ),
-    Setting(
-        "shutdown_grace_secs",
-        float,
+    )
+    shutdown_grace_secs: float = declare(
         10.0,
         "On SIGTERM/SIGINT, time in-flight requests get to finish.",
         0,
-    ),
-    Setting(
-        "expiry_pager_interval_secs",
-        float,
+    )
+    expiry_pager_interval_secs: float = declare(
         5.0,
         "How often expired records are reclaimed from disk.",
         0.01,
-    ),
-    Setting(
-        "read_unit_size",
-        int,
+    )
+    read_unit_size: int = declare(
         4096,
         "Bytes per read unit (RU): a read costs ceil(bytes / read_unit_size).",
         1,
-    ),
-    Setting(
-        "write_unit_size",
-        int,
+    )
+    write_unit_size: int = declare(
         4096,
         "Bytes per write unit (WU): a write costs ceil(bytes / write_unit_size).",
         1,
-    ),
-    Setting(
-        "write_weight", int, 2, "Throttling cost of one WU in RU (a write also persists).", 0, 1000
-    ),
-    Setting(
-        "min_op_units",
-        int,
+    )
+    write_weight: int = declare(
+        2,
+        "Throttling cost of one WU in RU (a write also persists).",
+        0,
+        1000,
+    )
+    min_op_units: int = declare(
         1,
         "Least throttle cost of any executed operation, in RU (a write costs at least "
         "min_op_units x write_weight): misses and failed writes are throttled like hits. "
         "Metering (ru_total/wu_total) is unchanged.",
         0,
         1000,
-    ),
-    Setting(
-        "throttle_max_wait_ms",
-        int,
+    )
+    throttle_max_wait_ms: int = declare(
         5000,
         "Longest a throttled request waits before it fails with Throttled.",
         0,
-    ),
-    # -- front door (docs/admission.md) --
-    Setting(
-        "ingress_request_rate_limiter_enabled",
-        bool,
+    )
+    ingress_request_rate_limiter_enabled: bool = declare(
         False,
         "Limit the node's request rate (462 IngressRequestRateLimitExceeded beyond it).",
-    ),
-    Setting(
-        "ingress_request_admission_rate_per_sec",
-        float,
+    )
+    ingress_request_admission_rate_per_sec: float = declare(
         100000.0,
         "Requests per second the node admits when the limiter is on.",
         0.001,
         1e9,
-    ),
-    Setting(
-        "ingress_request_admission_burst_capacity_secs",
-        float,
+    )
+    ingress_request_admission_burst_capacity_secs: float = declare(
         1.0,
         "Burst of the request limiter, in seconds of its rate.",
         0.001,
         1e6,
-    ),
-    Setting(
-        "ingress_request_rate_limiter_exemptions",
-        str,
+    )
+    ingress_request_rate_limiter_exemptions: str = declare(
         "",
         "Client addresses (CIDR list, comma-separated; IPv4 and IPv6) never rate-limited.",
-    ),
-    Setting(
-        "ingress_connection_establishment_rate_limiter_enabled",
-        bool,
+    )
+    ingress_connection_establishment_rate_limiter_enabled: bool = declare(
         False,
         "Limit the rate of new connections (they queue, then are refused).",
-    ),
-    Setting(
-        "ingress_connection_establishment_rate_per_sec",
-        float,
+    )
+    ingress_connection_establishment_rate_per_sec: float = declare(
         1000.0,
         "New connections per second admitted when the limiter is on.",
         0.001,
         1e9,
-    ),
-    Setting(
-        "ingress_connection_establishment_burst_capacity_secs",
-        float,
+    )
+    ingress_connection_establishment_burst_capacity_secs: float = declare(
         1.0,
         "Burst of the connection limiter, in seconds of its rate.",
         0.001,
         1e6,
-    ),
-    Setting(
-        "ingress_connection_establishment_max_queue_depth",
-        int,
+    )
+    ingress_connection_establishment_max_queue_depth: int = declare(
         100,
         "New connections that may wait for the connection limiter; more are refused.",
         0,
         1_000_000,
-    ),
-    Setting(
-        "ingress_connection_establishment_rate_limiter_bypass",
-        str,
+    )
+    ingress_connection_establishment_rate_limiter_bypass: str = declare(
         "",
         "Client addresses (CIDR list) that skip the connection limiter.",
-    ),
-    Setting(
-        "ingress_admission_controller_enabled",
-        bool,
+    )
+    ingress_admission_controller_enabled: bool = declare(
         True,
         "Take an ingress admission ticket per operation (MongoDB's "
         "ingressAdmissionControllerEnabled); off, the controller costs nothing.",
-    ),
-    Setting(
-        "bucket_queue_enabled",
-        bool,
+    )
+    bucket_queue_enabled: bool = declare(
         True,
         "Bound each bucket's concurrent operations per class (bucket_queue_*); off, "
         "requests skip the bucket queues.",
-    ),
-    Setting(
-        "write_permit_enabled",
-        bool,
+    )
+    write_permit_enabled: bool = declare(
         True,
         "Lag-driven write permits per bucket (write_permit_*); off, writes skip them.",
-    ),
-    Setting(
-        "ingress_admission_tickets",
-        int,
+    )
+    ingress_admission_tickets: int = declare(
         1_000_000,
         "Operations that may be in the server at once (ingress admission controller).",
         1,
         1_000_000_000,
-    ),
-    Setting(
-        "bucket_queue_concurrency",
-        int,
+    )
+    bucket_queue_concurrency: int = declare(
         512,
         "Per bucket and class (read/write): operations running at once.",
         1,
         65536,
-    ),
-    Setting(
-        "bucket_queue_tolerance",
-        int,
+    )
+    bucket_queue_tolerance: int = declare(
         1024,
         "Per bucket and class: operations that may wait for a slot; more are rejected "
         "with AdmissionQueueOverflow.",
         0,
         1_000_000,
-    ),
-    Setting(
-        "bucket_queue_pending_timeout_ms",
-        int,
+    )
+    bucket_queue_pending_timeout_ms: int = declare(
         1000,
         "Longest an operation waits for a bucket-queue slot (0 = no limit).",
         0,
         600_000,
-    ),
-    Setting(
-        "write_permit_target_lag",
-        int,
+    )
+    write_permit_target_lag: int = declare(
         1024,
         "Write backlog (queued, not yet durable) up to which buckets get max permits.",
         0,
         100_000_000,
-    ),
-    Setting(
-        "write_permit_critical_lag",
-        int,
+    )
+    write_permit_critical_lag: int = declare(
         8192,
         "Write backlog from which buckets get min permits.",
         1,
         100_000_000,
-    ),
-    Setting("write_permit_min_capacity", int, 4, "Fewest write permits per bucket.", 1, 65536),
-    Setting("write_permit_max_capacity", int, 512, "Most write permits per bucket.", 1, 65536),
-    Setting(
-        "write_permit_adjustment_interval_ms",
-        int,
+    )
+    write_permit_min_capacity: int = declare(4, "Fewest write permits per bucket.", 1, 65536)
+    write_permit_max_capacity: int = declare(512, "Most write permits per bucket.", 1, 65536)
+    write_permit_adjustment_interval_ms: int = declare(
         10,
         "How often write permits follow the backlog.",
         1,
         60000,
-    ),
-    Setting(
-        "execution_read_max_queue_depth",
-        int,
+    )
+    execution_read_max_queue_depth: int | None = declare(
         None,
         "Most reads waiting for an execution ticket; beyond it AdmissionQueueOverflow "
         "(unset = unbounded).",
         0,
         optional=True,
         example=4096,
-    ),
-    Setting(
-        "execution_write_max_queue_depth",
-        int,
+    )
+    execution_write_max_queue_depth: int | None = declare(
         None,
         "Most writes waiting for an execution ticket; beyond it AdmissionQueueOverflow "
         "(unset = unbounded).",
         0,
         optional=True,
         example=4096,
-    ),
-    *(
-        Setting(
-            p.name,
-            p.kind,
-            SERVER_PROBING_DEFAULTS.get(p.name, p.default),
-            p.help,
-            p.minimum,
-            p.maximum,
-            validate=functools.partial(validate_probing_param, p.name),
-        )
-        for p in PROBING_PARAMETERS.values()
-    ),
-    # -- security (docs/security.md) --
-    Setting(
-        "tls_cert_file",
-        str,
+    )
+    throughput_probing_initial_concurrency: int = probing("throughput_probing_initial_concurrency")
+    throughput_probing_min_concurrency: int = probing("throughput_probing_min_concurrency")
+    throughput_probing_max_concurrency: int = probing("throughput_probing_max_concurrency")
+    throughput_probing_read_write_ratio: float = probing("throughput_probing_read_write_ratio")
+    throughput_probing_concurrency_moving_average_weight: float = probing(
+        "throughput_probing_concurrency_moving_average_weight"
+    )
+    throughput_probing_step_multiple: float = probing("throughput_probing_step_multiple")
+    throughput_probing_max_step_multiple: float = probing("throughput_probing_max_step_multiple")
+    throughput_probing_concurrency_adjustment_interval_ms: int = probing(
+        "throughput_probing_concurrency_adjustment_interval_ms"
+    )
+    storage_engine_concurrent_read_transactions: int = probing(
+        "storage_engine_concurrent_read_transactions"
+    )
+    storage_engine_concurrent_write_transactions: int = probing(
+        "storage_engine_concurrent_write_transactions"
+    )
+    tls_cert_file: str | None = declare(
         None,
         "Server TLS certificate (PEM); TLS is on when set.",
         optional=True,
         example="/etc/tenantkv/tls/server.crt",
-    ),
-    Setting(
-        "tls_key_file",
-        str,
+    )
+    tls_key_file: str | None = declare(
         None,
         "Private key of tls_cert_file (PEM).",
         optional=True,
         example="/etc/tenantkv/tls/server.key",
-    ),
-    Setting(
-        "tls_ca_file",
-        str,
+    )
+    tls_ca_file: str | None = declare(
         None,
         "CA bundle (PEM) to verify client certificates; when set, clients must present one.",
         optional=True,
         example="/etc/tenantkv/tls/clients-ca.crt",
-    ),
-    Setting(
-        "login_failure_limit",
-        int,
+    )
+    login_failure_limit: int = declare(
         10,
         "Failed logins allowed per client address per login_failure_window_secs; more get "
         "TooManyLoginFailures (0 = no limit).",
         0,
         1_000_000,
-    ),
-    Setting(
-        "throttle_max_request_secs",
-        float,
+    )
+    throttle_max_request_secs: float = declare(
         5.0,
         "A request may cost at most this many seconds of its bucket's hard limit: a "
         "costlier write is refused up front (RequestTooCostly), and no bucket's debt "
         "exceeds it (one request cannot block a tenant for minutes).",
         0.1,
         3600.0,
-    ),
-    Setting(
-        "login_failure_user_limit",
-        int,
+    )
+    login_failure_user_limit: int = declare(
         30,
         "Failed logins allowed per user name per login_failure_window_secs, from all "
         "addresses together; more are refused from addresses where the user has not "
         "logged in successfully (0 = no limit).",
         0,
         1_000_000,
-    ),
-    Setting(
-        "login_failure_window_secs", float, 60.0, "Window of login_failure_limit.", 1.0, 86400.0
-    ),
-    Setting(
-        "enable_test_commands",
-        bool,
+    )
+    login_failure_window_secs: float = declare(60.0, "Window of login_failure_limit.", 1.0, 86400.0)
+    enable_test_commands: bool = declare(
         False,
         "Allow test-only admin commands (configure_fail_point). Never in production.",
-    ),
-    Setting(
-        "log_level",
-        str,
+    )
+    log_level: str = declare(
         "info",
         "Logging level (audit lines on tenantkv.audit are logged at every level).",
         choices=("debug", "info", "warning", "error"),
-    ),
-    Setting(
-        "log_format",
-        str,
+    )
+    log_format: str = declare(
         "text",
         "Log lines on stderr: text (TIME LEVEL LOGGER: message) for people, or json "
         "(one object per line: time, level, logger, message and extra fields) for machines.",
         choices=("text", "json"),
-    ),
-)
+    )
+
+    def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:
+        return replace(self, **{k: check(k, v, source) for k, v in values.items()})
+
 
 #: Settings an admin may change at runtime with ``set_parameter``. They apply
 #: at once (throttle wait, log level) or to connections opened afterwards
@@ -489,13 +450,23 @@ RUNTIME = frozenset(
         "execution_write_max_queue_depth",
         *PROBING_PARAMETERS,
         *(
-            s.name
-            for s in SETTINGS
-            if s.name.startswith(("ingress_", "bucket_queue_", "write_permit_"))
+            f.name
+            for f in fields(Config)
+            if f.name.startswith(("ingress_", "bucket_queue_", "write_permit_"))
         ),
     }
 )
-SETTINGS = tuple(replace(s, runtime=s.name in RUNTIME) for s in SETTINGS)
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _declared(f: Any) -> Setting:
+    """A :class:`Config` field as the :class:`Setting` the loader, docs and CLI read."""
+    kind = _TYPES[str(f.type).split("|")[0].strip()]
+    return Setting(f.name, kind, f.default, runtime=f.name in RUNTIME, **f.metadata)
+
+
+#: Every setting, from :class:`Config`'s fields (the one declaration).
+SETTINGS: tuple[Setting, ...] = tuple(_declared(f) for f in fields(Config))
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
@@ -505,86 +476,6 @@ def setting(name: str) -> Setting:
     if s is None:
         raise ConfigError(f"unknown setting {name!r}")
     return s
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    data_dir: str = "./tenantkv-data"
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    resp_port: int = DEFAULT_RESP_PORT
-    resp_enabled: bool = True
-    metrics_port: int | None = None
-    durability: str = "fsync"
-    map_size_mb: int = 1024
-    max_map_size_mb: int = 0
-    max_buckets: int = 1000
-    max_value_bytes: int = protocol.MAX_VALUE_BYTES
-    max_connections: int = 10000
-    max_connections_per_address: int = 1000
-    admin_reserved_connections: int = 3
-    max_receive_buffer_bytes: int = 256 * 1024 * 1024
-    max_inflight_per_connection: int = 1024
-    hello_timeout_secs: float = 10.0
-    idle_timeout_secs: float = 3600.0
-    frame_timeout_secs: float = 60.0
-    shutdown_grace_secs: float = 10.0
-    expiry_pager_interval_secs: float = 5.0
-    read_unit_size: int = 4096
-    write_unit_size: int = 4096
-    write_weight: int = 2
-    min_op_units: int = 1
-    throttle_max_wait_ms: int = 5000
-    ingress_request_rate_limiter_enabled: bool = False
-    ingress_request_admission_rate_per_sec: float = 100000.0
-    ingress_request_admission_burst_capacity_secs: float = 1.0
-    ingress_request_rate_limiter_exemptions: str = ""
-    ingress_connection_establishment_rate_limiter_enabled: bool = False
-    ingress_connection_establishment_rate_per_sec: float = 1000.0
-    ingress_connection_establishment_burst_capacity_secs: float = 1.0
-    ingress_connection_establishment_max_queue_depth: int = 100
-    ingress_connection_establishment_rate_limiter_bypass: str = ""
-    ingress_admission_controller_enabled: bool = True
-    bucket_queue_enabled: bool = True
-    write_permit_enabled: bool = True
-    ingress_admission_tickets: int = 1_000_000
-    bucket_queue_concurrency: int = 512
-    bucket_queue_tolerance: int = 1024
-    bucket_queue_pending_timeout_ms: int = 1000
-    write_permit_target_lag: int = 1024
-    write_permit_critical_lag: int = 8192
-    write_permit_min_capacity: int = 4
-    write_permit_max_capacity: int = 512
-    write_permit_adjustment_interval_ms: int = 10
-    execution_read_max_queue_depth: int | None = None
-    execution_write_max_queue_depth: int | None = None
-    throughput_probing_initial_concurrency: int = 1024
-    throughput_probing_min_concurrency: int = 4
-    throughput_probing_max_concurrency: int = 512
-    throughput_probing_read_write_ratio: float = 0.5
-    throughput_probing_concurrency_moving_average_weight: float = 0.2
-    throughput_probing_step_multiple: float = 0.1
-    throughput_probing_max_step_multiple: float = 1.0
-    throughput_probing_concurrency_adjustment_interval_ms: int = 100
-    storage_engine_concurrent_read_transactions: int = 0
-    storage_engine_concurrent_write_transactions: int = 0
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_ca_file: str | None = None
-    throttle_max_request_secs: float = 5.0
-    login_failure_limit: int = 10
-    login_failure_user_limit: int = 30
-    login_failure_window_secs: float = 60.0
-    enable_test_commands: bool = False
-    log_level: str = "info"
-    log_format: str = "text"
-
-    def with_values(self, values: dict[str, Any], *, source: str = "") -> Config:
-        return replace(self, **{k: check(k, v, source) for k, v in values.items()})
-
-
-assert {f.name for f in fields(Config)} == set(_BY_NAME), "Config and SETTINGS disagree"
-assert all(getattr(Config(), s.name) == s.default for s in SETTINGS), "defaults disagree"
 
 
 def check(name: str, value: Any, source: str = "") -> Any:

@@ -157,7 +157,9 @@ class Server:
                 from tenantkv.metrics import start_metrics_server
 
                 self.metrics_port = start_metrics_server(
-                    partial(status_document, node), self.config.metrics_port
+                    partial(status_document, node),
+                    self.config.metrics_port,
+                    addr=self.config.metrics_host,
                 )
             async with trio.open_nursery() as outer:
                 if signals is not None:

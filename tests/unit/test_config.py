@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,14 @@ def test_serve_help_names_each_default_once() -> None:
     assert "(default: None)" not in out
     for default in ("./tenantkv-data", "127.0.0.1", "7207"):
         assert out.count(default) == 1, default
+
+
+def test_every_setting_is_declared_once_and_whole() -> None:
+    """Config's fields are the declaration: each has help, its default passes its
+    own checks, and SETTINGS follows them one for one."""
+    assert [s.name for s in config.SETTINGS] == [f.name for f in fields(config.Config)]
+    for s in config.SETTINGS:
+        assert s.help.strip(), s.name
+        assert config.check(s.name, s.default) == s.default, s.name
+        assert getattr(config.Config(), s.name) == s.default
+        assert s.optional or s.default is not None, s.name
