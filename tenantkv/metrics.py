@@ -21,22 +21,35 @@ Two recorders live here because nothing else keeps their numbers:
 :meth:`Latency.status` in the status document as its ``latency`` section,
 which ``tenantkv-admin top`` reads and the collector exports.
 
-Every metric is listed with its meaning in ``docs/metrics.md`` (a test checks
-the list against a live scrape).
+What is exported, under which name, kind, unit and help, is declared in
+:mod:`tenantkv.metric_catalog`; ``docs/metrics.md`` is generated from it.
 """
 
 from __future__ import annotations
 
+import platform
+import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import lmdb
+import msgpack
 import trio
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from tenantkv import errors
+from tenantkv._version import __version__
+from tenantkv.metric_catalog import BY_NAME, METRICS, Metric
 
 if TYPE_CHECKING:
     from tenantkv.storage.group_commit import GroupCommitWriter
@@ -216,88 +229,63 @@ class NodeCollector(Collector):
 
 
 def status_metrics(st: dict[str, Any]) -> Iterator[Any]:
-    """Every metric family, from one ``server_status`` document."""
-    yield from node_metrics(st)
-    yield from latency_metrics(st.get("latency") or {})
-    if "throttle" in st:
-        yield from throttle_metrics(st["throttle"])
-    for gate in GATE_SECTIONS:
-        if gate in st:
-            yield from section_metrics(f"tenantkv_{gate}", st[gate])
+    """Every declared metric family (:mod:`tenantkv.metric_catalog`), from one
+    ``server_status`` document."""
+    for m in METRICS:
+        if m.path:
+            yield _family(m, st)
     yield from gate_metrics(st)
+    yield build_info()
 
 
-def node_metrics(st: dict[str, Any]) -> Iterator[Any]:
-    conns = st["connections"]
-    g = GaugeMetricFamily("tenantkv_connections", "Open client connections.")
-    g.add_metric([], conns["current"])
-    yield g
-    c = CounterMetricFamily("tenantkv_connections_created", "Connections accepted.")
-    c.add_metric([], conns["total_created"])
-    yield c
-    c = CounterMetricFamily("tenantkv_connections_rejected", "Connections refused at the door.")
-    c.add_metric([], conns["rejected"])
-    yield c
-    g = GaugeMetricFamily(
-        "tenantkv_connections_backpressure",
-        "Connections whose client declared backpressure support.",
-    )
-    g.add_metric([], conns["backpressure"])
-    yield g
-    g = GaugeMetricFamily("tenantkv_uptime_seconds", "Seconds since the server started.")
-    g.add_metric([], st["uptime_secs"])
-    yield g
+def _family(m: Metric, st: dict[str, Any]) -> Any:
+    labels = list(m.labels)
+    if m.kind == "histogram":
+        fam: Any = HistogramMetricFamily(m.name, m.help, labels=labels)
+        for values, pairs, holder in _resolve(st, m.path.split(".")):
+            if isinstance(pairs, list):
+                bounds, total = _histogram(m.histogram, pairs, holder)
+                fam.add_metric(list(values), bounds, total)
+        return fam
+    cls = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
+    fam = cls(m.name, m.help, labels=labels, unit="")
+    for values, raw, _ in _resolve(st, m.path.split(".")):
+        v = _number(raw)
+        if v is not None:
+            fam.add_metric(list(values), v * m.scale)
+    return fam
 
-    storage = st["storage"]
-    g = GaugeMetricFamily("tenantkv_storage_map_size_bytes", "LMDB map size.")
-    g.add_metric([], storage["map_size_bytes"])
-    yield g
-    g = GaugeMetricFamily("tenantkv_storage_used_bytes", "LMDB pages in use, in bytes.")
-    g.add_metric([], storage["used_bytes"])
-    yield g
-    w = storage["writer"]
-    g = GaugeMetricFamily(
-        "tenantkv_writer_queue_length", "Writes queued and not yet committed (write lag)."
-    )
-    g.add_metric([], w["queued"])
-    yield g
-    for name, key, doc in (
-        ("tenantkv_writer_batches", "batches", "Group-commit transactions committed."),
-        ("tenantkv_writer_ops_committed", "ops_committed", "Writes committed."),
-        (
-            "tenantkv_writer_commit_seconds",
-            "commit_seconds_total",
-            "Time spent applying and committing batches (incl. fsync).",
-        ),
-        ("tenantkv_writer_failed_batches", "failed_batches", "Batches that failed as a whole."),
-        ("tenantkv_writer_map_grows", "map_grows", "Times the LMDB map was grown."),
-    ):
-        c = CounterMetricFamily(name, doc)
-        c.add_metric([], w[key])
-        yield c
 
-    entries = GaugeMetricFamily(
-        "tenantkv_bucket_entries",
-        "Records stored (incl. expired ones not yet reclaimed).",
-        labels=["bucket"],
-    )
-    ops = CounterMetricFamily(
-        "tenantkv_ops", "Operations completed successfully.", labels=["bucket", "operation"]
-    )
-    errs = CounterMetricFamily(
-        "tenantkv_op_errors", "Operations that ended in an error.", labels=["bucket", "code_name"]
-    )
-    bconns = GaugeMetricFamily(
-        "tenantkv_bucket_connections", "Connections using the bucket.", labels=["bucket"]
-    )
-    for bucket, b in st["buckets"].items():
-        entries.add_metric([bucket], b["entries"])
-        bconns.add_metric([bucket], b["connections"])
-        for op, n in b["ops"].items():
-            ops.add_metric([bucket, op], n)
-        for code, n in b["errors"].items():
-            errs.add_metric([bucket, code], n)
-    yield from (entries, ops, errs, bconns)
+def _resolve(
+    doc: Any, parts: list[str], values: tuple[str, ...] = (), holder: Any = None
+) -> Iterator[tuple[tuple[str, ...], Any, Any]]:
+    """(label values, value, the map holding it) for each match of a dotted path;
+    a ``*`` part walks every key of a map, which becomes the next label value."""
+    if not parts:
+        yield values, doc, holder
+        return
+    if not isinstance(doc, dict):
+        return
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        for key, sub in doc.items():
+            yield from _resolve(sub, rest, (*values, str(key)), doc)
+    elif head in doc:
+        yield from _resolve(doc[head], rest, values, doc)
+
+
+def _histogram(form: str, pairs: list[Any], holder: dict[str, Any]) -> tuple[Any, float | None]:
+    """A status histogram (``[[upper bound, count], ..., ["+Inf", n]]``) as
+    Prometheus' cumulative buckets and sum, in base units."""
+    if form == "batch":
+        return _buckets(pairs, 1), holder.get("batch_ops_sum")
+    sum_key = {
+        "latency": "sum_micros",
+        "wait": "wait_micros_total",
+        "throttle": "throttle_wait_micros_total",
+    }[form]
+    total = holder.get(sum_key)
+    return _buckets(pairs, 1e6), total / 1e6 if isinstance(total, int | float) else None
 
 
 def _buckets(pairs: Sequence[Sequence[Any]], scale: float) -> list[tuple[str, float]]:
@@ -310,31 +298,14 @@ def _buckets(pairs: Sequence[Sequence[Any]], scale: float) -> list[tuple[str, fl
     return out
 
 
-def latency_metrics(lat: dict[str, Any]) -> Iterator[Any]:
-    """The ``latency`` section: per (bucket, operation) and the writer's commits.
-    The families exist (empty) even before anything was observed."""
-    ops = HistogramMetricFamily(
-        "tenantkv_op_latency_seconds",
-        "Latency of completed operations in the server (request decoded to reply "
-        "queued; a write until durable), per bucket and operation.",
-        labels=["bucket", "operation"],
-    )
-    for bucket, per in (lat.get("buckets") or {}).items():
-        for op, h in per.items():
-            ops.add_metric([bucket, op], _buckets(h["histogram_us"], 1e6), h["sum_micros"] / 1e6)
-    yield ops
-    commit = lat.get("commit")
-    seconds = HistogramMetricFamily(
-        "tenantkv_writer_commit_latency_seconds",
-        "Time to apply and commit one group-commit batch, fsync included.",
-    )
-    batch = HistogramMetricFamily(
-        "tenantkv_writer_batch_ops", "Operations committed per group-commit batch."
-    )
-    if commit:
-        seconds.add_metric([], _buckets(commit["histogram_us"], 1e6), commit["sum_micros"] / 1e6)
-        batch.add_metric([], _buckets(commit["batch_ops_histogram"], 1), commit["batch_ops_sum"])
-    yield from (seconds, batch)
+def _number(value: Any) -> float | None:
+    """A status value as a sample: booleans are 0/1; "unlimited" and anything not a
+    number has no sample (no -1 standing for "no limit")."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    return None
 
 
 #: Error code names of a request a gate rejected before it ran (labelled
@@ -351,16 +322,9 @@ def gate_metrics(st: dict[str, Any]) -> Iterator[Any]:
     where the gate is per bucket; empty for node-wide gates): how many requests
     each gate rejected and how many it made wait. The same numbers are in each
     gate's own families; these make "by gate" one query."""
-    rejected = CounterMetricFamily(
-        "tenantkv_gate_rejected",
-        "Requests (or connections) a gate rejected, by gate and bucket.",
-        labels=["gate", "bucket"],
-    )
-    delayed = CounterMetricFamily(
-        "tenantkv_gate_delayed",
-        "Requests (or connections) a gate made wait before admitting or rejecting them.",
-        labels=["gate", "bucket"],
-    )
+    spec_r, spec_d = BY_NAME["tenantkv_gate_rejected"], BY_NAME["tenantkv_gate_delayed"]
+    rejected = CounterMetricFamily(spec_r.name, spec_r.help, labels=list(spec_r.labels))
+    delayed = CounterMetricFamily(spec_d.name, spec_d.help, labels=list(spec_d.labels))
     ingress = st.get("ingress") or {}
     for gate in ("connection_establishment", "request_rate_limiter"):
         sec = ingress.get(gate) or {}
@@ -391,192 +355,60 @@ def gate_metrics(st: dict[str, Any]) -> Iterator[Any]:
     yield from (rejected, delayed)
 
 
-def _number(value: Any) -> float | None:
-    """A status value as a metric value: "unlimited" is -1, booleans 0/1."""
-    if value == "unlimited":
-        return -1.0
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
-
-
-def throttle_metrics(t: dict[str, Any]) -> Iterator[Any]:
-    """The tenant throttle section: node values, then per-bucket values by label.
-
-    Names follow the status keys (``tenantkv_throttle_node_<key>``,
-    ``tenantkv_throttle_bucket_<key>``); ``*_total`` keys are counters; limits
-    that are "unlimited" read -1.
-    """
-    for key, value in t.get("node", {}).items():
-        v = _number(value)
-        if v is None:
-            continue
-        if key.endswith("_total"):
-            m: Any = CounterMetricFamily(f"tenantkv_throttle_node_{key[:-6]}", f"Node {key}.")
-        else:
-            m = GaugeMetricFamily(f"tenantkv_throttle_node_{key}", f"Node {key} (-1 = unlimited).")
-        m.add_metric([], v)
-        yield m
-    families: dict[str, Any] = {}
-    hist = HistogramMetricFamily(
-        "tenantkv_throttle_wait_seconds", "Time throttled requests waited.", labels=["bucket"]
+def build_info() -> Any:
+    spec = BY_NAME["tenantkv_build_info"]
+    fam = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+    fam.add_metric(
+        [
+            __version__,
+            platform.python_version(),
+            trio.__version__,
+            lmdb.__version__,
+            ".".join(map(str, msgpack.version)),
+        ],
+        1,
     )
-    for bucket, b in t.get("buckets", {}).items():
-        for key, value in b.items():
-            if key == "wait_histogram_us":
-                hist.add_metric(
-                    [bucket], _buckets(value, 1e6), b.get("throttle_wait_micros_total", 0) / 1e6
-                )
-                continue
-            v = _number(value)
-            if v is None:
-                continue
-            if "micros" in key:
-                v /= 1e6
-            m = families.get(key)
-            if m is None:
-                if key.endswith("_total"):
-                    name = _seconds_key(key).removesuffix("_total")
-                    m = CounterMetricFamily(
-                        f"tenantkv_throttle_bucket_{name}", f"Bucket {key}.", labels=["bucket"]
-                    )
-                else:
-                    m = GaugeMetricFamily(
-                        f"tenantkv_throttle_bucket_{key}",
-                        f"Bucket {key} (-1 = unlimited).",
-                        labels=["bucket"],
-                    )
-                families[key] = m
-            m.add_metric([bucket], v)
-    yield from families.values()
-    yield hist
+    return fam
 
 
-#: status sections exported by :func:`section_metrics` (one per admission gate)
-GATE_SECTIONS = ("ingress", "bucket_queues", "write_permits", "execution", "authentication")
-
-#: statistics that only grow, exported as counters (the rest are gauges)
-COUNTER_KEYS = frozenset(
-    {
-        "added_to_queue",
-        "removed_from_queue",
-        "started_processing",
-        "finished_processing",
-        "total_time_processing_micros",
-        "total_time_queued_micros",
-        "canceled",
-        "new_admissions",
-        "times_probed_stable",
-        "times_probed_up",
-        "times_probed_down",
-        "times_increased",
-        "times_decreased",
-        "total_amount_increased",
-        "total_amount_decreased",
-        "attempted",
-        "successful",
-        "rejected",
-        "exempted",
-        "interrupted_in_queue",
-        "interrupted_due_to_client_disconnect",
-        "admitted",
-        "queued_total",
-        "rejected_overflow",
-        "rejected_timeout",
-        "interrupted",
-        "granted",
-        "waited",
-        "evaluations",
-        "adjustments",
-        "events_delivered",
-        "events_dropped",
-        "failures",
-        "refused",
-    }
-)
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
 
 
-#: status keys exported under another name: ``queued_total`` (requests that had to
-#: wait) would otherwise collide with the gauge ``queued`` once ``_total`` is dropped.
-METRIC_KEY_RENAMES = {"queued_total": "waited_total"}
+def start_metrics_server(
+    status: StatusSource,
+    port: int,
+    addr: str = "127.0.0.1",
+    healthy: Callable[[], bool] | None = None,
+) -> int:
+    """Serve ``/metrics`` (the declared families, the process and platform
+    collectors) and ``/healthz`` on ``addr:port`` (0 = any free port) on their
+    own thread; returns the port.
 
-
-def section_metrics(prefix: str, section: dict[str, Any]) -> Iterator[Any]:
-    """Every number in a gate's status section, named by its path:
-    ``{"read": {"out": 3}}`` under ``tenantkv_execution`` is ``tenantkv_execution_read_out``.
-    Entries under a ``buckets`` map become a ``bucket`` label, and a
-    ``wait_histogram_us`` list of ``[upper bound µs, count]`` a histogram in seconds.
-    Values in µs are exported in seconds (``*_micros`` → ``*_seconds``)."""
-    families: dict[str, Any] = {}
-    for path, labels, value, siblings in _leaves(section, (), {}):
-        key = path[-1]
-        name = "_".join((prefix, *path[:-1], METRIC_KEY_RENAMES.get(key, key)))
-        names = sorted(labels)
-        if key == "wait_histogram_us" and isinstance(value, list):
-            name = name.removesuffix("_us") + "_seconds"
-            fam = families.get(name) or families.setdefault(
-                name, HistogramMetricFamily(name, _help(prefix, path, "wait time"), labels=names)
-            )
-            total = siblings.get("wait_micros_total")
-            fam.add_metric(
-                [labels[k] for k in names],
-                _buckets(value, 1e6),
-                total / 1e6 if isinstance(total, int | float) else None,
-            )
-            continue
-        v = _number(value)
-        if v is None:
-            continue
-        counter = key in COUNTER_KEYS or key.endswith("_total")
-        if "micros" in key:
-            name = "_".join((prefix, *path[:-1], _seconds_key(key)))
-            v /= 1e6
-        if counter:
-            name = name.removesuffix("_total")
-            fam = families.get(name) or families.setdefault(
-                name, CounterMetricFamily(name, _help(prefix, path), labels=names)
-            )
-        else:
-            fam = families.get(name) or families.setdefault(
-                name, GaugeMetricFamily(name, _help(prefix, path), labels=names)
-            )
-        fam.add_metric([labels[k] for k in names], v)
-    yield from families.values()
-
-
-def _help(prefix: str, path: tuple[str, ...], what: str = "") -> str:
-    where = ".".join((prefix.removeprefix("tenantkv_"), *path))
-    return f"{what + ': ' if what else ''}server_status {where} (see docs/metrics.md)."
-
-
-def _seconds_key(key: str) -> str:
-    """A status key in µs as a metric name part in seconds (Prometheus' base unit):
-    ``total_time_queued_micros`` → ``time_queued_seconds``, ``wait_micros_total`` →
-    ``wait_seconds_total``."""
-    return key.removeprefix("total_").replace("micros", "seconds")
-
-
-def _leaves(
-    d: dict[str, Any], path: tuple[str, ...], labels: dict[str, str]
-) -> Iterator[tuple[tuple[str, ...], dict[str, str], Any, dict[str, Any]]]:
-    """(path, labels, value, the map holding it) for every leaf."""
-    for k, v in d.items():
-        if k == "buckets" and isinstance(v, dict):
-            for bucket, sub in v.items():
-                if isinstance(sub, dict):
-                    yield from _leaves(sub, path, {**labels, "bucket": str(bucket)})
-        elif isinstance(v, dict):
-            yield from _leaves(v, (*path, str(k)), labels)
-        else:
-            yield (*path, str(k)), labels, v, d
-
-
-def start_metrics_server(status: StatusSource, port: int, addr: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` on ``addr:port`` (0 = any free port) from ``status``, the
-    node's status document, read on the Trio thread; returns the port."""
+    ``/healthz`` is 200 ``ok`` when the event loop answers and ``healthy()``
+    (run on it) is true — 503 once the server stops or begins shutting down.
+    """
+    token = trio.lowlevel.current_trio_token()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(status, trio.lowlevel.current_trio_token()))
-    httpd, _thread = start_http_server(port, addr=addr, registry=registry)
+    registry.register(NodeCollector(status, token))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    metrics_app = make_wsgi_app(registry)
+    check = healthy or (lambda: True)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == "/healthz":
+            try:
+                ok = trio.from_thread.run_sync(check, trio_token=token)
+            except trio.RunFinishedError:
+                ok = False
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+            )
+            return [b"ok\n" if ok else b"shutting down\n"]
+        return metrics_app(environ, start_response)
+
+    httpd = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
     return int(httpd.server_port)

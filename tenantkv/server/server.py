@@ -160,6 +160,7 @@ class Server:
                     partial(status_document, node),
                     self.config.metrics_port,
                     addr=self.config.metrics_host,
+                    healthy=lambda: not node.shutting_down,
                 )
             async with trio.open_nursery() as outer:
                 if signals is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -181,8 +182,8 @@ def test_exported_names_are_prefixed_unique_and_in_seconds() -> None:
     assert 'tenantkv_bucket_queues_read_waited_total{bucket="a"} 4.0' in text
     assert 'tenantkv_bucket_queues_read_queued{bucket="a"} 2.0' in text
     assert "tenantkv_execution_read_time_queued_seconds_total 0.0015" in text
-    assert 'tenantkv_throttle_bucket_throttle_wait_seconds_total{bucket="a"} 2.0' in text
-    assert 'tenantkv_write_permits_wait_histogram_seconds_sum{bucket="a"} 0.0005' in text
+    assert 'tenantkv_throttle_bucket_wait_seconds_total{bucket="a"} 2.0' in text
+    assert 'tenantkv_write_permits_wait_seconds_sum{bucket="a"} 0.0005' in text
     assert 'tenantkv_op_latency_seconds_count{bucket="a",operation="get"} 1.0' in text
     assert 'tenantkv_op_latency_seconds_bucket{bucket="a",le="5e-05",operation="get"} 1.0' in text
     assert "tenantkv_writer_batch_ops_sum 2.0" in text
@@ -239,3 +240,44 @@ def test_status_text_lays_out_every_section() -> None:
 def test_status_text_survives_unknown_shapes() -> None:
     text = fmt.status_text({"bucket_queues": {"buckets": {"a": 5}}, "new_gate": {"buckets": {}}})
     assert "bucket_queues" in text and "new_gate" in text
+
+
+def test_every_declared_metric_follows_the_conventions() -> None:
+    """Prometheus naming: prefixed, base units named, counters without a _total of
+    their own (exposition adds it), no doubled words, real help, labels declared."""
+    from tenantkv.metric_catalog import METRICS, SECTIONS
+
+    names = [m.name for m in METRICS]
+    assert len(names) == len(set(names))
+    sections = {t for t, _ in SECTIONS}
+    for m in METRICS:
+        words = m.name.split("_")
+        assert m.name.startswith("tenantkv_"), m.name
+        assert not m.name.endswith("_total"), m.name
+        assert not {"ms", "secs", "us", "micros", "msec"} & set(words), m.name
+        doubled = [w for i, w in enumerate(words) if w in words[:i] and w not in ("rate",)]
+        assert not doubled, (m.name, doubled)
+        assert (m.unit == "seconds") == ("seconds" in words), m.name
+        assert (m.unit == "bytes") == (m.name.endswith("_bytes")), m.name
+        assert m.scale == 1.0 or m.unit == "seconds", m.name
+        assert len(m.help) > 15 and not m.help[0].islower(), m.name
+        assert m.section in sections, m.name
+        assert m.path.count("*") == len(m.labels) or not m.path, m.name
+        assert (m.kind == "histogram") == bool(m.histogram), m.name
+
+
+def test_unlimited_is_absent_not_minus_one() -> None:
+    st = _status()
+    st["throttle"]["buckets"]["a"]["hard_limit"] = "unlimited"
+    text = _scrape(st)
+    assert "tenantkv_throttle_bucket_hard_limit{" not in text
+    assert not [x for x in text.splitlines() if x.endswith(" -1.0")]
+
+
+def test_metrics_doc_is_generated_from_the_declarations() -> None:
+    from tenantkv.metric_catalog import render_markdown
+
+    doc = Path(__file__).parents[2] / "docs" / "metrics.md"
+    assert doc.read_text() == render_markdown(), (
+        "run: python -m tenantkv.metric_catalog > docs/metrics.md"
+    )
