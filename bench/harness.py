@@ -322,7 +322,7 @@ def versions() -> dict[str, Any]:
     from tenantkv import __version__
 
     out: dict[str, Any] = {"tenantkv": __version__}
-    for dist in ("trio", "msgpack", "lmdb", "sortedcontainers"):
+    for dist in ("trio", "msgpack", "lmdb", "prometheus-client"):
         with contextlib.suppress(md.PackageNotFoundError):
             out[dist] = md.version(dist)
     exe = servers.find_redis()

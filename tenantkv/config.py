@@ -193,7 +193,9 @@ class Config:
     )
     expiry_pager_interval_secs: float = declare(
         5.0,
-        "How often expired records are reclaimed from disk.",
+        "Longest the expiry pager sleeps. It wakes when the next record expires (and "
+        "when a write sets an earlier expiry) to reclaim it from disk; this bounds the "
+        "sleep in case the wall clock is stepped.",
         0.01,
     )
     read_unit_size: int = declare(

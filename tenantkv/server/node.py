@@ -38,6 +38,7 @@ from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.accounts import Accounts
+from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.server.parameters import RuntimeParameters, prefixed
 from tenantkv.storage.engine import BucketHandle, Engine
@@ -127,6 +128,10 @@ class Node:
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
+        self.expiry_pager = ExpiryPager(
+            engine, self.write, lambda: self.config.expiry_pager_interval_secs
+        )
+        self.writer.expiry_observers.append(self._expiry_written_threadsafe)
         # The ingress admission controller: a ticket per operation in the server.
         self.ingress_tickets = TicketHolder(config.ingress_admission_tickets, name="ingress")
         # Execution control: every storage access by a user operation holds a
@@ -304,6 +309,11 @@ class Node:
             wu = write_units(nbytes, cfg.write_unit_size) if nbytes else 0
             floor = cfg.min_op_units * cfg.write_weight
             self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=floor)
+
+    def _expiry_written_threadsafe(self, expiry_ms: int) -> None:
+        if self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self.expiry_pager.expiry_written, expiry_ms)
 
     def _taken_threadsafe(self, batch: list[Pending]) -> None:
         if any(p.taken is not None for p in batch):

@@ -165,7 +165,7 @@ class Server:
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
-                outer.start_soon(self._expiry_pager)
+                outer.start_soon(node.expiry_pager.run)
                 outer.start_soon(self._sweep)
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
@@ -429,18 +429,6 @@ class Server:
             now = trio.current_time()
             for s in list(node.sessions):
                 s.expire_if_due(now)
-
-    async def _expiry_pager(self) -> None:
-        """Reclaim expired records from disk; reads already hide them."""
-        from tenantkv.storage.ops import ExpireDueOp
-
-        while True:
-            await trio.sleep(self.config.expiry_pager_interval_secs)
-            while True:
-                op = ExpireDueOp()
-                result = await self.node.write(op)
-                if result["scanned"] < op.limit:
-                    break
 
 
 def _new(scopes: list[trio.CancelScope]) -> trio.CancelScope:

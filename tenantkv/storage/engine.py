@@ -326,6 +326,15 @@ class Engine:
                 items.append((key, rec))
         return items, False
 
+    def next_expiry_ms(self) -> int | None:
+        """When the earliest record with an expiry expires (wall-clock ms), from the
+        head of the sorted expiry index; None when no record has one."""
+        with self.txn_lock, self.env.begin(db=self.expiry) as txn:
+            cur = txn.cursor()
+            if not cur.first():
+                return None
+            return records.parse_expiry_key(bytes(cur.key()))[0]
+
     def bucket_entries(self, bucket: str) -> int:
         h = self.bucket(bucket)
         with self.txn_lock, self.env.begin() as txn:

@@ -86,6 +86,9 @@ class GroupCommitWriter:
         self.failed_batches = 0
         #: callbacks that observe (ops, commit seconds) per batch; used by metrics.
         self.observers: list[Callable[[int, float], None]] = []
+        #: called (on the writer thread) with the earliest expiry a committed batch
+        #: wrote, so the expiry pager can wake for it instead of polling
+        self.expiry_observers: list[Callable[[int], None]] = []
 
     @property
     def lag(self) -> int:
@@ -170,7 +173,10 @@ class GroupCommitWriter:
             try:
                 if eng.maybe_grow(extra):
                     self.map_grows += 1
-                self._apply_all(batch)
+                earliest = self._apply_all(batch)
+                if earliest:
+                    for notify in self.expiry_observers:
+                        notify(earliest)
                 break
             except lmdb.MapFullError:
                 try:
@@ -200,8 +206,9 @@ class GroupCommitWriter:
         for observe in self.observers:
             observe(len(batch), dt)
 
-    def _apply_all(self, batch: list[Pending]) -> None:
-        """One transaction for the batch; per-op errors stay with their op.
+    def _apply_all(self, batch: list[Pending]) -> int:
+        """One transaction for the batch; per-op errors stay with their op. Returns
+        the earliest expiry it wrote (0: none).
 
         On a transaction-level failure the transaction aborts and the
         exception propagates, so nothing of the batch is written and the
@@ -226,6 +233,7 @@ class GroupCommitWriter:
             txn.abort()
             eng.cas_counter, eng.cas_ceiling = cas_before, ceiling_before
             raise
+        return w.earliest_expiry_ms
 
     def _fail(self, batch: list[Pending], exc: errors.TenantKVError) -> None:
         self.failed_batches += 1

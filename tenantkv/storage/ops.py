@@ -37,12 +37,14 @@ def parse_int64(data: bytes) -> int | None:
 class WriteContext:
     """What an op sees while the writer applies it."""
 
-    __slots__ = ("engine", "now_ms", "txn")
+    __slots__ = ("earliest_expiry_ms", "engine", "now_ms", "txn")
 
     def __init__(self, engine: Engine, txn: lmdb.Transaction, now_ms: int) -> None:
         self.engine = engine
         self.txn = txn
         self.now_ms = now_ms
+        #: the earliest expiry this batch wrote (0: none): the pager's wake-up hint
+        self.earliest_expiry_ms = 0
 
     def next_cas(self) -> int:
         self.engine.cas_counter += 1
@@ -91,6 +93,8 @@ def _put(
         w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
     if expiry_ms and (old is None or old.expiry_ms != expiry_ms):
         w.txn.put(records.expiry_key(expiry_ms, h.name, key), b"", db=w.engine.expiry)
+        if not w.earliest_expiry_ms or expiry_ms < w.earliest_expiry_ms:
+            w.earliest_expiry_ms = expiry_ms
     return cas
 
 
@@ -157,6 +161,8 @@ class SetOp(WriteOp):
                 return {"cas": cas}
         if expiry:
             w.txn.put(records.expiry_key(expiry, h.name, self.key), b"", db=w.engine.expiry)
+            if not w.earliest_expiry_ms or expiry < w.earliest_expiry_ms:
+                w.earliest_expiry_ms = expiry
         return {"cas": cas}
 
 
