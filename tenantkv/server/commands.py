@@ -217,7 +217,7 @@ def scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     if prefix is not None:
         if p.get("start") is not None or p.get("end") is not None:
             raise errors.BadValue("give either 'prefix' or 'start'/'end', not both")
-        start, end = prefix, _prefix_end(prefix)
+        start, end = prefix, prefix_end(prefix)
     limit = int_param(p, "limit", 100, 1, MAX_SCAN_LIMIT)
     items, more = s.node.engine.scan(
         b, start=start, end=end, after=opt_key(p, "after"), limit=limit
@@ -229,7 +229,7 @@ def scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     return {"items": out, "cursor": items[-1][0] if more and items else None}
 
 
-def _prefix_end(prefix: bytes) -> bytes | None:
+def prefix_end(prefix: bytes) -> bytes | None:
     """Smallest key greater than every key starting with ``prefix``."""
     p = bytearray(prefix)
     while p and p[-1] == 0xFF:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
-from tenantkv.server.commands import Command, Session
+from tenantkv.server.commands import Command, Session, prefix_end
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.string_ops import (
     CLEAR,
@@ -345,19 +345,9 @@ def _range(match: bytes | None) -> tuple[bytes, bytes | None, re.Pattern[bytes] 
     if match is None or match == b"*":
         return b"", None, None
     prefix = glob_prefix(match)
-    end = _prefix_end(prefix) if prefix else None
+    end = prefix_end(prefix) if prefix else None
     exact_prefix = match == prefix + b"*" and prefix
     return prefix, end, None if exact_prefix else glob_regex(match)
-
-
-def _prefix_end(prefix: bytes) -> bytes | None:
-    p = bytearray(prefix)
-    while p and p[-1] == 0xFF:
-        p.pop()
-    if not p:
-        return None
-    p[-1] += 1
-    return bytes(p)
 
 
 def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:

@@ -225,15 +225,7 @@ class RedisSession(Session):
         elif len(user.roles) == 1:
             bucket = next(iter(user.roles))
         if self.user is None:
-            cfg = node.config
-            refused = node.connection_table.authenticated(
-                self.conn_id,
-                admin=user.admin,
-                max_connections=cfg.max_connections,
-                reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
-            )
-            if refused is not None:
-                raise errors.TooManyConnections(refused)
+            self._take_authenticated_slot(user)
         self.user = user
         self._auth_epoch = node.accounts.epoch
         if self._decoder is not None:

@@ -391,6 +391,19 @@ class Session(Execution):
 
     # -- hello ------------------------------------------------------------------------
 
+    def _take_authenticated_slot(self, user: auth.User) -> None:
+        """The connection table's check at authentication: a non-admin may not take
+        the slots kept for admins (TooManyConnections)."""
+        cfg = self.node.config
+        refused = self.node.connection_table.authenticated(
+            self.conn_id,
+            admin=user.admin,
+            max_connections=cfg.max_connections,
+            reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
+        )
+        if refused is not None:
+            raise errors.TooManyConnections(refused)
+
     async def _hello(self, req: protocol.Request) -> bool:
         self.node.pipeline.count_exempt_request()
         try:
@@ -405,15 +418,7 @@ class Session(Execution):
             user = await self.node.accounts.authenticate(
                 p.get("user"), p.get("password"), peer=self.peer_ip
             )
-            cfg = self.node.config
-            refused = self.node.connection_table.authenticated(
-                self.conn_id,
-                admin=user.admin,
-                max_connections=cfg.max_connections,
-                reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
-            )
-            if refused is not None:
-                raise errors.TooManyConnections(refused)
+            self._take_authenticated_slot(user)
             bucket = p.get("bucket")
             if bucket is not None:
                 if not isinstance(bucket, str):
