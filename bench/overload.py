@@ -69,6 +69,7 @@ from bench.throttle import (
     _pct,
     _verdict,
     daemon,
+    finish,
     machine_cpu,
 )
 
@@ -1173,30 +1174,5 @@ def run(args: argparse.Namespace) -> int:
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
             show(part_storm(d, args, value, c))
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    checks = [x for o in outcomes for x in o.checks]
-    if checks:
-        print(f"\n{'part':<8} {'figure':<46} {'value':>10} {'target':>10}  result", file=out)
-        print("-" * 86, file=out)
-        for x in checks:
-            print(
-                f"{x.scenario:<8} {x.figure:<46} {x.shown:>10} {x.target:>10}  {_verdict(x.met)}",
-                file=out,
-            )
-    notes = [n for o in outcomes for n in o.notes]
-    if notes:
-        print("\nnotes:", file=out)
-        for n in notes:
-            print(f"- {n}", file=out)
-    print(f"\n({meta['elapsed_s']:g} s)", file=out)
-    if args.json:
-        report.write_json(
-            args.json,
-            {
-                "benchmark": "overload",
-                "meta": meta,
-                "parts": [o.to_json() for o in outcomes],
-                "checks": [x.to_json() for x in checks],
-                "all_met": all(x.met for x in checks),
-            },
-        )
+    finish(args, out, "overload", meta, outcomes, widths=(8, 46, 10))
     return 0

@@ -58,6 +58,7 @@ from bench.throttle import (
     _cpu_note,
     _pct,
     _verdict,
+    finish,
     machine_cpu,
 )
 from tenantkv.admission.execution_tickets import NOOP_TICKET, Ticket, TicketHolder
@@ -985,30 +986,5 @@ def run(args: argparse.Namespace) -> int:
         _log("part overhead ...")
         show(part_overhead(args, value))
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    checks = [c for o in outcomes for c in o.checks]
-    if checks:
-        print(f"\n{'part':<10} {'figure':<44} {'value':>10} {'target':>10}  result", file=out)
-        print("-" * 86, file=out)
-        for c in checks:
-            print(
-                f"{c.scenario:<10} {c.figure:<44} {c.shown:>10} {c.target:>10}  {_verdict(c.met)}",
-                file=out,
-            )
-    notes = [n for o in outcomes for n in o.notes]
-    if notes:
-        print("\nnotes:", file=out)
-        for n in notes:
-            print(f"- {n}", file=out)
-    print(f"\n({meta['elapsed_s']:g} s)", file=out)
-    if args.json:
-        report.write_json(
-            args.json,
-            {
-                "benchmark": "probing",
-                "meta": meta,
-                "parts": [o.to_json() for o in outcomes],
-                "checks": [c.to_json() for c in checks],
-                "all_met": all(c.met for c in checks),
-            },
-        )
+    finish(args, out, "probing", meta, outcomes, widths=(10, 44, 10))
     return 0

@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from bench import loadgen, report, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
@@ -406,6 +406,49 @@ class Outcome:
 
 def _verdict(met: bool | None) -> str:
     return "-" if met is None else ("met" if met else "MISSED")
+
+
+def finish(
+    args: argparse.Namespace,
+    out: TextIO,
+    benchmark: str,
+    meta: dict[str, Any],
+    outcomes: list[Outcome],
+    *,
+    part: str = "part",
+    widths: tuple[int, int, int] = (8, 46, 10),
+    key: str = "parts",
+) -> None:
+    """The end every parts benchmark shares: the table of checks, the notes, the
+    elapsed time, and the ``--json`` document (``key`` holds the parts)."""
+    checks = [c for o in outcomes for c in o.checks]
+    pw, fw, tw = widths
+    if checks:
+        print(f"\n{part:<{pw}} {'figure':<{fw}} {'value':>10} {'target':>{tw}}  result", file=out)
+        print("-" * (pw + fw + tw + 22), file=out)
+        for c in checks:
+            print(
+                f"{c.scenario:<{pw}} {c.figure:<{fw}} {c.shown:>10} {c.target:>{tw}}  "
+                f"{_verdict(c.met)}",
+                file=out,
+            )
+    notes = [n for o in outcomes for n in o.notes]
+    if notes:
+        print("\nnotes:", file=out)
+        for n in notes:
+            print(f"- {n}", file=out)
+    print(f"\n({meta['elapsed_s']:g} s)", file=out)
+    if args.json:
+        report.write_json(
+            args.json,
+            {
+                "benchmark": benchmark,
+                "meta": meta,
+                key: [o.to_json() for o in outcomes],
+                "checks": [c.to_json() for c in checks],
+                "all_met": all(c.met for c in checks),
+            },
+        )
 
 
 @dataclass
@@ -1140,27 +1183,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{o.title}", file=out)
         print("\n".join(o.lines), file=out, flush=True)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    checks = [c for o in outcomes for c in o.checks]
-    print(f"\n{'scenario':<12} {'figure':<42} {'value':>10} {'target':>12}  result", file=out)
-    print("-" * 88, file=out)
-    for c in checks:
-        print(
-            f"{c.scenario:<12} {c.figure:<42} {c.shown:>10} {c.target:>12}  {_verdict(c.met)}",
-            file=out,
-        )
-    notes = [n for o in outcomes for n in o.notes]
-    if notes:
-        print("\nnotes:", file=out)
-        for n in notes:
-            print(f"- {n}", file=out)
-    print(f"\n({meta['elapsed_s']:g} s)", file=out)
-    if args.json:
-        doc = {
-            "benchmark": "throttle",
-            "meta": meta,
-            "scenarios": [o.to_json() for o in outcomes],
-            "checks": [c.to_json() for c in checks],
-            "all_met": all(c.met for c in checks),
-        }
-        report.write_json(args.json, doc)
+    finish(
+        args,
+        out,
+        "throttle",
+        meta,
+        outcomes,
+        part="scenario",
+        widths=(12, 42, 12),
+        key="scenarios",
+    )
     return 0
