@@ -158,6 +158,14 @@ METRICS: tuple[Metric, ...] = (
         section="Node and connections",
     ),
     Metric(
+        "tenantkv_protocol_connections",
+        "gauge",
+        "connections.by_protocol.*",
+        "Open client connections by front door: `msgpack` (MessagePack-RPC) or `resp` (the Redis protocol).",
+        labels=("protocol",),
+        section="Node and connections",
+    ),
+    Metric(
         "tenantkv_connections_created",
         "counter",
         "connections.total_created",

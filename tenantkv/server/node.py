@@ -55,6 +55,7 @@ class Session(Protocol):
     bucket: str | None
     user: auth.User | None
     backpressure: bool
+    protocol_name: str
 
     def begin_shutdown(self) -> None: ...
 

@@ -90,6 +90,9 @@ class Session(Execution):
     """One connection: framing, deadlines, hello and replies; running the commands
     is the :class:`~tenantkv.server.execution.Execution` half."""
 
+    #: the front door's protocol, in status and metrics
+    protocol_name = "msgpack"
+
     def __init__(self, node: Node, stream: trio.abc.Stream, peer: str, conn_id: int) -> None:
         super().__init__(node)
         self.node = node

@@ -39,6 +39,10 @@ def status_document(node: Node) -> dict[str, Any]:
             "total_created": node.connections_total,
             "rejected": node.connections_rejected,
             "backpressure": sum(1 for s in node.sessions if s.backpressure),
+            "by_protocol": {
+                proto: sum(1 for s in node.sessions if s.protocol_name == proto)
+                for proto in ("msgpack", "resp")
+            },
             "max": node.config.max_connections,
             "max_per_address": node.config.max_connections_per_address,
             "admin_reserved": node.config.admin_reserved_connections,
