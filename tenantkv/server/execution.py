@@ -91,6 +91,9 @@ class Execution:
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
         self._prepared: Prepared | None = None
+        #: the selected bucket as last authorized for reads / writes (see _data_bucket)
+        self._read_handle: BucketHandle | None = None
+        self._write_handle: BucketHandle | None = None
 
     # -- what the framing half provides ---------------------------------------
 
@@ -401,16 +404,29 @@ class Execution:
         return user
 
     def _data_bucket(self, *, write: bool) -> BucketHandle:
+        """The selected bucket, if the user may read it (or write it).
+
+        The answer is kept until the registry changes: a user, a role or a bucket
+        changing bumps ``node.accounts.epoch`` (a bucket drop included), so while
+        the epoch holds, the last answer for this access holds too.
+        """
+        node = self.node
+        if self._auth_epoch == node.accounts.epoch:
+            known = self._write_handle if write else self._read_handle
+            if known is not None:
+                return known
+        else:
+            self._read_handle = self._write_handle = None
         name = self.bucket
         if name is None:
             raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
-        node = self.node
         b = node.engine.bucket(name)
-        # The registry's epoch unchanged means the user is as looked up: skip the call.
-        user = self.user if self._auth_epoch == node.accounts.epoch else None
-        if user is None:
-            user = self.current_user()
+        user = self.current_user()
         if not (user.can_write(name) if write else user.can_read(name)):
             need = "readwrite" if write else "read"
             raise errors.Unauthorized(f"user {user.name!r} lacks the {need} role on {name!r}")
+        if write:
+            self._write_handle = b
+        else:
+            self._read_handle = b
         return b

@@ -186,6 +186,7 @@ class Session(Execution):
         if self.bucket is not None and self.bucket in throttle:
             throttle.connection_closed(self.bucket)
         self.bucket = bucket
+        self._read_handle = self._write_handle = None
         if bucket is not None and bucket in throttle:
             throttle.connection_opened(bucket)
 
