@@ -100,7 +100,7 @@ def add_parser(sub: Any) -> None:
         help="data directory, kept afterwards; must be new or empty "
         "[a temp dir, removed unless a write was lost]",
     )
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    report.json_flag(p)
     p.add_argument("--quick", action="store_true", help="a fast smoke run (see [... quick ...])")
     p.set_defaults(func=run)
 

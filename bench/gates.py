@@ -193,8 +193,8 @@ def add_parser(sub: Any) -> None:
         help="CPU placement: none = the OS decides; split = the daemon on the first CPU, "
         "the load generator on the others [none]",
     )
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
-    p.add_argument("--quick", action="store_true", help="a fast smoke run, < 40 s in all")
+    report.json_flag(p)
+    report.quick_flag(p)
     p.set_defaults(func=run)
 
 

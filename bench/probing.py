@@ -129,8 +129,8 @@ def add_parser(sub: Any) -> None:
         metavar="NAME[,NAME]",
         help=f"run only these: {', '.join(PARTS)} (probing needs the sweep) [all]",
     )
-    p.add_argument("--quick", action="store_true", help="a fast smoke run, < 40 s in all")
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    report.quick_flag(p)
+    report.json_flag(p)
     p.add_argument(
         "--pin",
         choices=("none", "split"),

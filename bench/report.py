@@ -9,6 +9,7 @@ where the 2 cores went: ``cli%`` is all load-generator processes together,
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -216,6 +217,16 @@ def results_doc(
         "cells": [c.to_json() for c in cells],
         "ratios": ratios,
     }
+
+
+def json_flag(p: argparse.ArgumentParser) -> None:
+    """``--json PATH``, as every measuring subcommand has it."""
+    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+
+
+def quick_flag(p: argparse.ArgumentParser, what: str = "a fast smoke run, < 40 s in all") -> None:
+    """``--quick``, as every measuring subcommand has it (what it means varies)."""
+    p.add_argument("--quick", action="store_true", help=what)
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:

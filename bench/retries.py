@@ -163,7 +163,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keys", type=int, default=100, help="keys read, all preloaded [100]")
     p.add_argument("--value-size", type=int, default=100, help="value bytes (<= 4096) [100]")
     p.add_argument("--quick", action="store_true", help="a fast smoke run")
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    report.json_flag(p)
     p.add_argument(
         "--data-dir", help="data directory for the started daemon; must be new [a temp dir]"
     )

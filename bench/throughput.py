@@ -78,7 +78,7 @@ def add_parser(sub: Any) -> None:
         "load generator on the others (repeatable 1-connection cells) [none]",
     )
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    report.json_flag(p)
     p.add_argument("--quick", action="store_true", help="a fast smoke run (see [... quick ...])")
     g = p.add_argument_group("existing server (default: start a tenantkv daemon)")
     g.add_argument("--host", help="tenantkv host; when given, no daemon is started")

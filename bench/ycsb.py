@@ -140,7 +140,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="also run redis-server (appendfsync always): workloads A-D, F",
     )
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
+    report.json_flag(p)
     p.add_argument(
         "--quick", action="store_true", help="a fast smoke run (every workload in < 40 s)"
     )
