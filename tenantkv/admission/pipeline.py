@@ -158,13 +158,25 @@ class Pipeline:
 
     # -- per data operation ---------------------------------------------------
 
-    def try_acquire(self, bucket: str, kind: str, *, unthrottled: bool) -> Holds | None:
+    def try_acquire(
+        self, bucket: str, kind: str, *, unthrottled: bool, nonblocking: bool = False
+    ) -> Holds | None:
         """Admit a ``kind`` (``"read"`` or ``"write"``) operation on ``bucket`` now
-        through every gate, or take nothing and return None."""
+        through every gate, or take nothing and return None — or raise, having
+        taken nothing, the throttle's rejection when waiting could not help (a
+        ``nonblocking`` request over its allowance, a hard limit of 0)."""
         ingress = None
         if self.ingress_enabled and (ingress := self.ingress.try_acquire()) is None:
             return None
-        if self.throttle.try_acquire(bucket, unthrottled=unthrottled) is None:
+        try:
+            admitted = self.throttle.try_acquire(
+                bucket, unthrottled=unthrottled, nonblocking=nonblocking
+            )
+        except BaseException:
+            if ingress is not None:
+                ingress.release()
+            raise
+        if admitted is None:
             if ingress is not None:
                 ingress.release()
             return None

@@ -136,15 +136,18 @@ class Execution:
         msgid, method, params = req
         try:
             prep = self._prepare(cmd, params)
+            holds = self.node.pipeline.try_acquire(
+                prep.bucket.name,
+                cmd.kind,
+                unthrottled=prep.user.unthrottled,
+                nonblocking=self.nonblocking_throttle,
+            )
         except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc)
+            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
         except Exception as exc:
             self._internal_error(msgid, method, exc)
             return True
-        holds = self.node.pipeline.try_acquire(
-            prep.bucket.name, cmd.kind, unthrottled=prep.user.unthrottled
-        )
         if holds is None:
             return False
         self._execute(msgid, prep, holds, None)

@@ -172,3 +172,42 @@ async def test_a_parameter_reaches_its_live_gate(tmp_path: Path) -> None:
             await node.stop_writer()
     finally:
         engine.close()
+
+
+async def test_a_request_that_must_not_wait_is_refused_by_try_acquire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Non-blocking over its allowance, or a hard limit of 0: the fast path raises
+    the same rejection the waiting path would, and the pipeline keeps nothing."""
+    from tenantkv import errors
+
+    throttle = TenantThrottle(trio.current_time, capacity=100)
+    throttle.add_bucket("a", reserved=0, hard_limit=10)
+    throttle.add_bucket("zero", reserved=0, hard_limit=0)
+    throttle.connection_opened("a")
+    gate = TenantThrottleGate(throttle)
+    throttle.charge("a", 1000, 0)  # deep in debt
+    assert gate.try_acquire("a") is None  # blocking: the caller waits in acquire()
+    with pytest.raises(errors.Throttled) as got:
+        gate.try_acquire("a", nonblocking=True)
+    assert (got.value.retry_after_ms or 0) > 0  # the real wait, spread
+    with pytest.raises(errors.HardLimitZero):
+        gate.try_acquire("zero")  # waiting cannot help, whatever the mode
+    assert throttle.statistics().buckets["a"].reject_count_total == 1
+
+    queues = BucketQueueGate.create()
+    queues.add_bucket("a")
+    ingress = TicketHolder(10, name="ingress")
+    p = Pipeline(
+        request_limiter=RateLimiter.create(rate_per_sec=1),
+        request_exemptions=CidrMatcher("", name="x"),
+        ingress=ingress,
+        throttle=gate,
+        queues=queues,
+        permits=WritePermitGate.create(lambda: 0),
+        read_tickets=TicketHolder(10, name="read"),
+        write_tickets=TicketHolder(10, name="write"),
+    )
+    with pytest.raises(errors.Throttled):
+        p.try_acquire("a", READ, unthrottled=False, nonblocking=True)
+    assert ingress.statistics().out == 0  # the ingress ticket went back
