@@ -50,8 +50,10 @@ class Session(Protocol):
     conn_id: int
     user: auth.User | None
     bucket: str | None
-    #: per-record byte counts a read handler read (for metering)
+    #: per-record byte counts a read handler read (for metering), and how many keys
+    #: it looked up (a multi-key read sets it: the throttle's floor is per key)
     read_sizes: list[int]
+    read_keys: int
 
     def read_txn(self) -> Any: ...
 
@@ -198,6 +200,7 @@ def mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     if not isinstance(keys, list) or not 0 < len(keys) <= MAX_MGET_KEYS:
         raise errors.BadValue(f"'keys' must be a list of 1-{MAX_MGET_KEYS} keys")
     ks = [key_param({"key": k}) for k in keys]
+    s.read_keys = len(ks)
     out: list[dict[str, Any] | None] = []
     for k, rec in zip(ks, s.node.engine.mget(b, ks), strict=True):
         if rec is None:

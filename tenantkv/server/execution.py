@@ -73,8 +73,10 @@ class Execution:
     nonblocking_throttle: bool
 
     def __init__(self, node: Node) -> None:
-        #: per-record byte counts a read handler read (for metering)
+        #: per-record byte counts a read handler read (for metering), and how many
+        #: keys it looked up (a multi-key read sets it: the cost floor is per key)
         self.read_sizes: list[int] = []
+        self.read_keys = 1
         self.pending_writes = 0
         #: bytes of those writes (their values and keys), for back-pressure
         self.pending_write_bytes = 0
@@ -236,10 +238,11 @@ class Execution:
         try:
             if prep.op is None:
                 self.read_sizes.clear()
+                self.read_keys = 1
                 result = cmd.handler(self, b, prep.params)
                 holds.release(method)
                 h = None
-                node.charge_read(b.name, self.read_sizes, prep.user.unthrottled)
+                node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
                 self._reply(msgid, result)
                 if t0 is None:
                     key = (b.name, method)
@@ -368,7 +371,7 @@ class Execution:
                 stats.ops[method] += 1
                 self.node.latency.observe(b.name, method, time.perf_counter() - t0)
             user = self.user
-            self.node.charge_write(b.name, op.nbytes, user is not None and user.unthrottled)
+            self.node.charge_write(b.name, op, user is not None and user.unthrottled, wrote=True)
             self._reply(msgid, result)
         else:
             exc = (
@@ -382,7 +385,9 @@ class Execution:
             if isinstance(error, errors.ServerError) and not exc.labels:
                 # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
                 user = self.user
-                self.node.charge_write(b.name, 0, user is not None and user.unthrottled)
+                self.node.charge_write(
+                    b.name, op, user is not None and user.unthrottled, wrote=False
+                )
         if self._reader_parked:
             self._wake_reader()
 

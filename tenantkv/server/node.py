@@ -271,19 +271,23 @@ class Node:
         _, reserved, hard = self.throttle.node_limits()
         return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
-    def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool) -> None:
+    def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool, keys: int = 1) -> None:
         """Charge a read after it ran: RU per record returned are metered (a miss
-        reads none); the throttle cost is at least ``min_op_units``."""
-        unit = self.config.read_unit_size
+        reads none). The throttle cost is at least ``min_op_units`` per key looked
+        up, so a multi-key read costs what its keys read one by one would (an MGET
+        of 1,000 missing keys is not one unit)."""
+        cfg = self.config
+        unit, floor = cfg.read_unit_size, cfg.min_op_units
         if not sizes:
             ru = 0
         elif len(sizes) == 1:
             ru = -(-sizes[0] // unit)
         else:
             ru = sum(read_units(n, unit) for n in sizes)
-        self.throttle.charge(
-            bucket, ru, 0, unthrottled=unthrottled, min_cost=self.config.min_op_units
-        )
+        if keys > 1:
+            hits = [read_units(n, unit) for n in sizes]
+            floor = sum(max(r, floor) for r in hits) + max(0, keys - len(hits)) * floor
+        self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled, min_cost=floor)
 
     def check_write_cost(self, bucket: str, op: WriteOp) -> None:
         """Refuse, before it runs, a write costing more than its bucket may spend in
@@ -301,14 +305,21 @@ class Node:
                 f"{self.throttle.bucket_limits(bucket)[1]} units/s)"
             )
 
-    def charge_write(self, bucket: str, nbytes: int, unthrottled: bool) -> None:
+    def charge_write(self, bucket: str, op: WriteOp, unthrottled: bool, *, wrote: bool) -> None:
         """Charge a write that ran, succeeded or not (a CAS mismatch, ``add`` on an
-        existing key, a miss still cost a commit): WU metered for what it wrote,
-        throttle cost at least ``min_op_units x write_weight``."""
+        existing key, a miss still cost a commit): WU metered per record it wrote,
+        throttle cost at least ``min_op_units x write_weight`` per key it touched
+        (an MSET or DEL of many keys costs what those writes would one by one)."""
         if bucket in self.throttle:
             cfg = self.config
-            wu = write_units(nbytes, cfg.write_unit_size) if nbytes else 0
-            floor = cfg.min_op_units * cfg.write_weight
+            unit = cfg.write_unit_size
+            wu = 0
+            if wrote:
+                if op.record_bytes:
+                    wu = sum(write_units(n, unit) for n in op.record_bytes)
+                elif op.nbytes:
+                    wu = write_units(op.nbytes, unit)
+            floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
             self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=floor)
 
     def _expiry_written_threadsafe(self, expiry_ms: int) -> None:

@@ -170,6 +170,7 @@ def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    s.read_keys = len(p["keys"])
     out = []
     for key in p["keys"]:
         rec = _get_record(s, b, key)
@@ -178,6 +179,7 @@ def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 def _exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    s.read_keys = len(p["keys"])
     return sum(1 for key in p["keys"] if _get_record(s, b, key) is not None)
 
 

@@ -58,6 +58,10 @@ class WriteOp:
     nbytes: int = 0
     #: Rough size for batch bounding and map growth.
     size_hint: int = 64
+    #: Keys the op acts on, and (multi-key ops) the bytes of each record it wrote:
+    #: metering and the throttle's floor count per key, as for single-key ops.
+    keys_touched: int = 1
+    record_bytes: tuple[int, ...] | list[int] = ()
 
     def apply(self, w: WriteContext) -> Any:
         raise NotImplementedError

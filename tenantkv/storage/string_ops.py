@@ -12,7 +12,7 @@ Expiry is absolute wall-clock milliseconds, as stored in every record; an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tenantkv import errors
@@ -123,10 +123,15 @@ class MultiSetOp(WriteOp):
     pairs: list[tuple[bytes, bytes]]
     only_new: bool = False
     nbytes: int = 0
+    record_bytes: list[int] = field(default_factory=list)
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
         return sum(len(k) + len(v) + records.HEADER_BYTES for k, v in self.pairs)
+
+    @property
+    def keys_touched(self) -> int:  # type: ignore[override]
+        return len(self.pairs)
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
@@ -139,7 +144,8 @@ class MultiSetOp(WriteOp):
             if key in written:  # a key given twice: the last value wins, as in Redis
                 old = _stored(w, h, key)
             written[key] = _write(w, h, key, old, value, 0, keep_flags=False)
-        self.nbytes = sum(written.values())
+        self.record_bytes = list(written.values())
+        self.nbytes = sum(self.record_bytes)
         return True
 
 
@@ -150,6 +156,11 @@ class MultiDeleteOp(WriteOp):
     bucket: BucketHandle
     keys: list[bytes]
     nbytes: int = 0
+    record_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def keys_touched(self) -> int:  # type: ignore[override]
+        return len(self.keys)
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
@@ -161,7 +172,8 @@ class MultiDeleteOp(WriteOp):
                 _delete(w, h, key, old)
             if live is not None:
                 deleted += 1
-                self.nbytes += len(key)
+                self.record_bytes.append(len(key))  # 1 WU per key deleted, as DELETE
+        self.nbytes = sum(self.record_bytes)
         return deleted
 
 

@@ -211,3 +211,35 @@ async def test_a_request_that_must_not_wait_is_refused_by_try_acquire(
     with pytest.raises(errors.Throttled):
         p.try_acquire("a", READ, unthrottled=False, nonblocking=True)
     assert ingress.statistics().out == 0  # the ingress ticket went back
+
+
+async def test_multi_key_commands_pay_the_floor_per_key(tmp_path: Path) -> None:
+    """An mget of 50 missing keys costs 50 units, not 1; a 10-key delete costs what
+    10 deletes would; single-key charges are unchanged."""
+    from tenantkv.storage.string_ops import MultiDeleteOp
+
+    engine = Engine(str(tmp_path))
+    try:
+        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node.start()
+        try:
+            th = node.throttle
+            th.add_bucket("b", reserved=0, hard_limit=1_000_000)
+
+            def spent(charge: Any) -> float:
+                before = th.statistics().buckets["b"].allowance or 0.0
+                charge()
+                return before - (th.statistics().buckets["b"].allowance or 0.0)
+
+            assert spent(lambda: node.charge_read("b", [], False)) == 1  # a GET miss
+            assert spent(lambda: node.charge_read("b", [100], False)) == 1  # a small hit
+            assert spent(lambda: node.charge_read("b", [], False, keys=50)) == 50
+            assert spent(lambda: node.charge_read("b", [100, 9000], False, keys=5)) == 1 + 3 + 3
+            op = MultiDeleteOp(None, [b"k%d" % i for i in range(10)])  # type: ignore[arg-type]
+            op.record_bytes = [2, 2]  # two of the ten existed
+            ww = node.config.write_weight
+            assert spent(lambda: node.charge_write("b", op, False, wrote=True)) == 10 * ww
+        finally:
+            await node.stop_writer()
+    finally:
+        engine.close()
