@@ -95,7 +95,7 @@ from typing import Any, Final, Literal
 
 import trio
 
-from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.waiters import Waiter, park, unqueue, wake
 from tenantkv.errors import (
     AdmissionQueueOverflow,
@@ -735,7 +735,7 @@ class BucketQueueGate:
     ) -> BucketQueueGate:
         return cls(
             BucketQueues(
-                trio.current_time,
+                trio_clock(),
                 concurrency=concurrency,
                 queue_tolerance=queue_tolerance,
                 pending_timeout_ms=pending_timeout_ms,

@@ -54,6 +54,15 @@ class Gate(Protocol[H]):
     def statistics(self) -> Any: ...
 
 
+def trio_clock() -> Callable[[], float]:
+    """Trio's clock, read without ``trio.current_time``'s lookups (call inside
+    ``trio.run``): the same readings — a MockClock's in tests — at half the cost,
+    which the throttle pays on every charge."""
+    import trio
+
+    return trio.lowlevel.current_clock().current_time
+
+
 @final
 class Admitted:
     """The hold of a gate that takes nothing to give back (one shared instance)."""

@@ -80,7 +80,7 @@ from typing import Any, Final
 
 import trio
 
-from tenantkv.admission.gate import ADMITTED, Admitted, ParameterTable
+from tenantkv.admission.gate import ADMITTED, Admitted, ParameterTable, trio_clock
 from tenantkv.errors import BadValue, IngressRequestRateLimitExceeded, ServerError
 
 DEFAULT_BURST_CAPACITY_SECS: Final = 1.0
@@ -481,7 +481,7 @@ class RateLimiter:
         """A limiter on Trio's clock (call inside ``trio.run``)."""
         return cls(
             TokenBucket(
-                trio.current_time,
+                trio_clock(),
                 rate_per_sec=rate_per_sec,
                 burst_capacity_secs=burst_capacity_secs,
                 max_queue_depth=max_queue_depth,

@@ -77,7 +77,7 @@ from typing import Any, Final
 
 import trio
 
-from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.waiters import Waiter, observe_wait, park, unqueue, wake
 from tenantkv.errors import BadValue, BucketExists, BucketNotFound, DeadlineExceeded
 
@@ -541,7 +541,7 @@ class WritePermitGate:
     ) -> WritePermitGate:
         return cls(
             WritePermits(
-                trio.current_time,
+                trio_clock(),
                 target_lag=target_lag,
                 critical_lag=critical_lag,
                 min_capacity=min_capacity,

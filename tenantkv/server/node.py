@@ -23,6 +23,7 @@ from tenantkv.admission.bucket_queues import BucketQueueGate
 from tenantkv.admission.cidr import CidrMatcher
 from tenantkv.admission.connection_table import ConnectionTable
 from tenantkv.admission.execution_tickets import Priority, TicketHolder
+from tenantkv.admission.gate import trio_clock
 from tenantkv.admission.pipeline import EXEMPTIONS_PARAMETER, Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.receive_buffers import ReceiveBuffers
@@ -237,7 +238,7 @@ class Node:
     def _start_throttle(self) -> None:
         saved = self.engine.system_get(THROTTLE_NODE_KEY) or {}
         self.throttle = TenantThrottle(
-            trio.current_time,
+            trio_clock(),
             capacity=parse_limit("capacity", saved.get("capacity", "unlimited")),
             default_reserved=parse_limit(
                 "default_throttle_reserved_units", saved.get("default_throttle_reserved_units", 0)
