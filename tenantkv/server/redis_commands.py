@@ -814,9 +814,11 @@ OTHER_TYPES = _words(
     zlexcount zrangebylex zremrangebyrank zremrangebyscore zremrangebylex zrandmember zmpop
     xadd xrange xrevrange xlen xread xreadgroup xgroup xack xdel xtrim xinfo xclaim xautoclaim
     xpending pfadd pfcount pfmerge geoadd geodist geohash geopos georadius geosearch
-    setbit getbit bitcount bitop bitpos bitfield setrange getrange substr lcs incrbyfloat
+    setbit getbit bitcount bitop bitpos bitfield
     """
 )
+#: String commands of Redis that this front door does not offer (yet).
+UNSUPPORTED_STRING = _words("setrange getrange substr lcs incrbyfloat")
 #: Refused whatever the role: they would act beyond one tenant's bucket.
 REFUSED = _words(
     """

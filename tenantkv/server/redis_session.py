@@ -35,6 +35,7 @@ from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
     REFUSED,
+    UNSUPPORTED_STRING,
     Reply,
     parse_call,
     syntax_error,
@@ -279,6 +280,10 @@ def _unknown(name: str, args: list[bytes]) -> errors.TenantKVError:
         return errors.UnknownCommand(
             f"'{name}' is not supported: tenantkv stores strings only "
             "(GET, SET and the other string and key commands)"
+        )
+    if name in UNSUPPORTED_STRING:
+        return errors.UnknownCommand(
+            f"'{name}' is not supported by tenantkv's RESP front door (see docs/redis.md)"
         )
     if name in REFUSED:
         return errors.UnknownCommand(f"'{name}' is not available on tenantkv's RESP front door")
