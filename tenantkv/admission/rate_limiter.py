@@ -236,6 +236,9 @@ class TokenBucket:
         self._removed = 0
         self._avg_us = 0.0
         self._avg_primed = False
+        #: the rate-exceeded message, for the (rate, burst) it was formatted for
+        self._message_key: tuple[float, float] | None = None
+        self._message = ""
 
     # ------------------------------------------------------------------ hot path
 
@@ -327,11 +330,18 @@ class TokenBucket:
 
     def rejection(self, wait: float, message: str | None = None) -> ServerError:
         """The error for a caller turned away ``wait`` seconds before a token is there."""
-        msg = message or (
-            f"{self.name}: rate exceeded ({self._prefix}rate_per_sec {self._rate:g}, "
-            f"burst {self._burst:g})"
-        )
-        return self._error(msg, retry_after_ms=spread_hint_ms(wait, 1.0 / self._rate))
+        if message is None:
+            # Formatted once per configuration: a flood of rejections should cost
+            # as little as possible (issue 17's "rejections are cheap").
+            key = (self._rate, self._burst)
+            if self._message_key != key:
+                self._message_key = key
+                self._message = (
+                    f"{self.name}: rate exceeded ({self._prefix}rate_per_sec {self._rate:g}, "
+                    f"burst {self._burst:g})"
+                )
+            message = self._message
+        return self._error(message, retry_after_ms=spread_hint_ms(wait, 1.0 / self._rate))
 
     # ------------------------------------------------------------------ configuration
 
