@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tenantkv: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, cfg.log_format)
-    from tenantkv.server.server import Server, TLSConfigError
+    from tenantkv.server.server import ListenError, Server, TLSConfigError
 
     try:
         server = Server(cfg)
@@ -240,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trio.run(run)
+    except ListenError as exc:
+        logging.getLogger("tenantkv").error("cannot listen on the %s", exc)
+        return 1
     except OSError as exc:
         logging.getLogger("tenantkv").error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
         return 1

@@ -149,9 +149,16 @@ class Server:
             sockname = self.listeners[0].socket.getsockname()
             node.host, node.port = sockname[0], sockname[1]
             if self.config.resp_enabled:
-                self.resp_listeners = await trio.open_tcp_listeners(
-                    self.config.resp_port, host=self.config.host
-                )
+                try:
+                    self.resp_listeners = await trio.open_tcp_listeners(
+                        self.config.resp_port, host=self.config.host
+                    )
+                except OSError as exc:
+                    # Name the door: the main port is listening, this one is not.
+                    raise ListenError(
+                        f"RESP port {self.config.host}:{self.config.resp_port}: {exc.strerror}"
+                        " (set resp_port, or resp_enabled = false)"
+                    ) from exc
                 node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
             if self.config.metrics_port is not None:
                 from tenantkv.metrics import start_metrics_server
@@ -429,6 +436,10 @@ class Server:
             now = trio.current_time()
             for s in list(node.sessions):
                 s.expire_if_due(now)
+
+
+class ListenError(OSError):
+    """A port could not be listened on; the message names which."""
 
 
 def _new(scopes: list[trio.CancelScope]) -> trio.CancelScope:

@@ -403,3 +403,21 @@ def test_trio_raw_pipeline_in_one_send(d: Daemon) -> None:
 
     got = trio.run(main)
     assert got == b"+OK\r\n" * 51 + b"".join(b"$%d\r\n%d\r\n" % (len(str(i)), i) for i in range(50))
+
+
+def test_a_taken_resp_port_is_named_at_start(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "TENANTKV_ADMIN_PASSWORD": PW}
+        cmd = [sys.executable, "-m", "tenantkv.server.cli", "serve", "--port", "0"]
+        cmd += ["--data-dir", str(tmp_path / "data"), "--resp-port", str(port)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert f"cannot listen on the RESP port 127.0.0.1:{port}" in p.stderr
+    assert "resp_enabled = false" in p.stderr
