@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="N",
-        help="serve Prometheus metrics on this loopback port (0 = any free port; default: off)",
+        help="serve Prometheus /metrics and /healthz on this port, on metrics_host (loopback "
+        "by default; 0 = any free port; default: off)",
     )
     serve.add_argument(
         "--ready-file",
