@@ -505,6 +505,36 @@ class BucketQueues:
             return q
         return None
 
+    def try_pass(self, bucket: str, cls: str) -> bool:
+        """Admit a request that completes before anything else runs (an inline
+        read): a slot taken and given back at once, with nothing held. True when a
+        slot is free and nobody waits (counted); False: take the waiting path.
+        Raises like :meth:`try_acquire`. Tell watchers how it ended with
+        :meth:`handled` (only when :attr:`watched`).
+        """
+        per = self._queues.get(cls)
+        q = per.get(bucket) if per is not None else None
+        if q is None:
+            q = self.queue(bucket, cls)  # raises
+        if q.running < q.concurrency and not q.waiters:
+            q.admitted += 1
+            return True
+        return False
+
+    @property
+    def watched(self) -> bool:
+        """Is anybody subscribed to events (``watch_events``)?"""
+        return bool(self._subscribers)
+
+    def handled(
+        self, bucket: str, cls: str, operation: str = "", key_len: int = 0, outcome: str = "ok"
+    ) -> None:
+        """The ``request_handled`` event of a request admitted by :meth:`try_pass`."""
+        per = self._queues.get(cls)
+        q = per.get(bucket) if per is not None else None
+        if q is not None and self._subscribers:
+            self._emit(REQUEST_HANDLED, q, operation, key_len, outcome)
+
     def release(
         self, q: BucketQueue, operation: str = "", key_len: int = 0, outcome: str = "ok"
     ) -> Waiter | None:
@@ -747,6 +777,21 @@ class BucketQueueGate:
     def try_acquire(self, bucket: str, cls: str) -> BucketQueue | None:
         """:meth:`BucketQueues.try_acquire`: a slot now, or ``None``."""
         return self.queues.try_acquire(bucket, cls)
+
+    def try_pass(self, bucket: str, cls: str) -> bool:
+        """:meth:`BucketQueues.try_pass`: a request that completes at once, admitted."""
+        return self.queues.try_pass(bucket, cls)
+
+    @property
+    def watched(self) -> bool:
+        """:attr:`BucketQueues.watched`."""
+        return self.queues.watched
+
+    def handled(
+        self, bucket: str, cls: str, *, operation: str = "", key_len: int = 0, outcome: str = "ok"
+    ) -> None:
+        """:meth:`BucketQueues.handled`."""
+        self.queues.handled(bucket, cls, operation, key_len, outcome)
 
     def release(
         self, q: BucketQueue, *, operation: str = "", key_len: int = 0, outcome: str = "ok"

@@ -31,6 +31,7 @@ from typing import Any
 
 from tenantkv import errors
 from tenantkv.admission.bucket_queues import (
+    READ,
     WRITE,
     BucketQueue,
     BucketQueueGate,
@@ -157,6 +158,25 @@ class Pipeline:
             self.request_limiter.try_acquire(exempt=True)
 
     # -- per data operation ---------------------------------------------------
+
+    def try_pass_read(self, bucket: str, *, unthrottled: bool, nonblocking: bool = False) -> bool:
+        """Admit a read that runs inline — to completion before anything else runs —
+        through every gate, holding nothing: a ticket or slot taken around it could
+        never be seen by another task, so each gate only checks that one is free and
+        nobody waits ahead, and counts it as taken and given back (``try_pass``).
+        False: nothing admitted, take :meth:`try_acquire` / :meth:`acquire`. Raises,
+        like :meth:`try_acquire`, the throttle's rejection when waiting could not help.
+        """
+        if self.ingress_enabled and not self.ingress.try_pass():
+            return False
+        if (
+            self.throttle.try_acquire(bucket, unthrottled=unthrottled, nonblocking=nonblocking)
+            is None
+        ):
+            return False
+        if self.queues_enabled and not self.queues.try_pass(bucket, READ):
+            return False
+        return self.read_tickets.try_pass()
 
     def try_acquire(
         self, bucket: str, kind: str, *, unthrottled: bool, nonblocking: bool = False

@@ -136,22 +136,32 @@ class Execution:
         ):
             return False
         msgid, method, params = req
+        pipeline = self.node.pipeline
+        holds: Holds | None = None
         try:
             prep = self._prepare(cmd, params)
-            holds = self.node.pipeline.try_acquire(
-                prep.bucket.name,
-                cmd.kind,
-                unthrottled=prep.user.unthrottled,
-                nonblocking=self.nonblocking_throttle,
-            )
+            if prep.op is None:  # a read: runs to completion now, holds nothing
+                if not pipeline.try_pass_read(
+                    prep.bucket.name,
+                    unthrottled=prep.user.unthrottled,
+                    nonblocking=self.nonblocking_throttle,
+                ):
+                    return False
+            elif (
+                holds := pipeline.try_acquire(
+                    prep.bucket.name,
+                    cmd.kind,
+                    unthrottled=prep.user.unthrottled,
+                    nonblocking=self.nonblocking_throttle,
+                )
+            ) is None:
+                return False
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
         except Exception as exc:
             self._internal_error(msgid, method, exc)
             return True
-        if holds is None:
-            return False
         self._execute(msgid, prep, holds, None)
         return True
 
@@ -225,23 +235,34 @@ class Execution:
             key_len=len(key) if isinstance(key, (bytes, str)) else 0,
         )
 
-    def _execute(self, msgid: int, prep: Prepared, holds: Holds, t0: float | None) -> None:
+    def _execute(self, msgid: int, prep: Prepared, holds: Holds | None, t0: float | None) -> None:
         """Run an admitted data command; owns ``holds`` from here on.
 
-        ``t0`` is when a request that waited was read; None for an inline one,
-        which is counted and timed with its chunk (one clock read per chunk).
+        ``holds`` is None for a read admitted by :meth:`Pipeline.try_pass_read`
+        (it holds nothing). ``t0`` is when a request that waited was read; None
+        for an inline one, which is counted and timed with its chunk (one clock
+        read per chunk).
         """
         cmd, b = prep.cmd, prep.bucket
         method = cmd.name
         node = self.node
-        h: Holds | None = holds
+        h = holds
         try:
             if prep.op is None:
                 self.read_sizes.clear()
                 self.read_keys = 1
-                result = cmd.handler(self, b, prep.params)
-                holds.release(method)
-                h = None
+                try:
+                    result = cmd.handler(self, b, prep.params)
+                except BaseException:
+                    if holds is None and node.queues.watched:
+                        self._read_handled(prep, "error")
+                    raise
+                if holds is None:
+                    if node.queues.watched:
+                        self._read_handled(prep, "ok")
+                else:
+                    holds.release(method)
+                    h = None
                 node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
                 self._reply(msgid, result)
                 if t0 is None:
@@ -252,6 +273,7 @@ class Execution:
                     node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
                 op = prep.op
+                assert holds is not None  # a write always holds its gates until durable
                 self.pending_writes += 1
                 self.pending_write_bytes += op.size_hint
                 node.submit(
@@ -275,6 +297,19 @@ class Execution:
         finally:
             if h is not None:
                 h.release(method, outcome="error")
+
+    def _read_handled(self, prep: Prepared, outcome: str) -> None:
+        """Tell bucket-queue watchers how a read admitted without holds ended."""
+        if not self.node.pipeline.queues_enabled:
+            return
+        key = prep.params.get("key")
+        self.node.queues.handled(
+            prep.bucket.name,
+            "read",
+            operation=prep.cmd.name,
+            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
+            outcome=outcome,
+        )
 
     def _fail(self, msgid: int, method: str, exc: errors.TenantKVError) -> None:
         exc.command = method

@@ -125,6 +125,51 @@ async def test_pipeline_fast_and_slow_paths_hold_the_same_gates(
     assert st.ingress.out == st.read_tickets.out == st.write_tickets.out == 0
 
 
+async def test_an_inline_read_passes_every_gate_holding_nothing_and_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """try_pass_read: each gate checks a slot is free and nobody waits, counts the
+    read as taken and given back, and holds nothing afterwards; when any gate is
+    full (or has waiters) it answers False so the read takes the waiting path."""
+    throttle = TenantThrottle(trio.current_time)
+    throttle.add_bucket("b")
+    queues = BucketQueueGate.create()
+    queues.add_bucket("b")
+    permits = WritePermitGate.create(lambda: 0)
+    permits.add_bucket("b")
+    ingress, reads = TicketHolder(2, name="ingress"), TicketHolder(2, name="read")
+    p = Pipeline(
+        request_limiter=RateLimiter.create(rate_per_sec=1, burst_capacity_secs=1),
+        request_exemptions=CidrMatcher("", name="x"),
+        ingress=ingress,
+        throttle=TenantThrottleGate(throttle),
+        queues=queues,
+        permits=permits,
+        read_tickets=reads,
+        write_tickets=TicketHolder(10, name="write"),
+    )
+    for _ in range(5):
+        assert p.try_pass_read("b", unthrottled=False)
+    st = p.statistics()
+    assert st.ingress.out == st.read_tickets.out == 0
+    assert st.ingress.started_processing == st.ingress.finished_processing == 5
+    assert st.read_tickets.finished_processing == 5  # the prober sees inline reads
+    q = queues.queues.queue("b", READ)
+    assert q.admitted == 5 and q.running == 0
+    # A full ingress pool (writes in flight hold both tickets): the read must wait.
+    held = [ingress.try_acquire(), ingress.try_acquire()]
+    assert not p.try_pass_read("b", unthrottled=False)
+    for t in held:
+        assert t is not None
+        t.release()
+    # A full read queue: the same.
+    queues.set_bucket("b", READ, concurrency=1)
+    slot = queues.try_acquire("b", READ)
+    assert slot is not None and not p.try_pass_read("b", unthrottled=False)
+    queues.release(slot)
+    assert p.try_pass_read("b", unthrottled=False)
+
+
 async def test_every_runtime_parameter_has_one_owner(tmp_path: Path) -> None:
     engine = Engine(str(tmp_path))
     try:
