@@ -24,6 +24,7 @@ from bench import (
     overload,
     probing,
     publish,
+    resp,
     retries,
     soak,
     throttle,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
+    resp.add_parser(sub)
     micro.add_parser(sub)
     return parser
 

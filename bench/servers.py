@@ -45,6 +45,8 @@ class ServerHandle:
     password: str | None = None
     settings: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
+    #: tenantkv's RESP front door (the ready file's ``resp_port``), if it has one
+    resp_port: int | None = None
     #: the server process, if we started it (for :meth:`kill`)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
@@ -166,6 +168,7 @@ def tenantkv_server(
             password=password,
             settings={"durability": "fsync (default)", "data_dir": data},
             log_path=log_path,
+            resp_port=info.get("resp_port"),
             proc=proc,
         )
     finally:
