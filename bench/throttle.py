@@ -7,6 +7,9 @@ the readwrite role on every bucket (the application's path through the gates):
 1. ``hard-limit`` — one bucket with a finite ``hard_limit`` H, offered 3 x H
    GETs/s open loop: the units/s it achieves, from the server's own
    ``ru_total``/``wu_total`` over the window, against H (target within +-3 %).
+   ``--client resp`` drives it through the RESP front door instead, with
+   ``redis-benchmark`` (closed loop, the same connections and outstanding
+   requests), so the limit is checked as an unmodified Redis client meets it.
 2. ``reservation`` — node capacity C; a quiet bucket Q reserved R offers
    exactly R open loop while a noisy bucket N (reserved 0, hard limit) is
    driven closed loop on many connections. Q's achieved rate / R (target
@@ -46,10 +49,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from bench import loadgen, report, servers
+from bench import loadgen, report, resp, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
 
 SCENARIOS = ("hard-limit", "reservation", "fairness", "overhead")
+#: ``--client``: which front door (and client) drives the hard-limit scenario
+CLIENTS = ("msgpack", "resp")
 #: Bytes of metadata a record carries on top of key and value (docs/throttling.md).
 RECORD_OVERHEAD = 20
 UNIT_SIZE = 4096
@@ -118,6 +123,13 @@ def add_parser(sub: Any) -> None:
         help="measuring window of scenarios 1-3 [10; quick 3]",
     )
     p.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="msgpack",
+        help="1: who drives the bucket: msgpack = bench/loadgen.py on the MessagePack-RPC "
+        "port; resp = redis-benchmark (redis-tools) on the RESP port [msgpack]",
+    )
+    p.add_argument(
         "--warmup", type=float, help="load before each window, not counted [1; quick 0.5]"
     )
     p.add_argument(
@@ -174,6 +186,11 @@ def _finish_args(args: argparse.Namespace) -> None:
         raise BenchError("--reserved can't exceed --capacity")
     if args.tickets < 0:
         raise BenchError("--tickets must be >= 0")
+    if args.client == "resp":
+        if args.scenario != ["hard-limit"]:
+            raise BenchError("--client resp drives the hard-limit scenario only")
+        if resp.find_redis_benchmark() is None:
+            raise BenchError("--client resp needs redis-benchmark (apt-get install redis-tools)")
     args.server_cpus, args.client_cpus = None, None
     if args.pin == "split":
         srv, cli = servers.split_cpus()
@@ -353,9 +370,11 @@ def daemon(
             yield d
 
 
-def unit_cost(op: str, value_size: int, write_weight: int = 2) -> int:
+def unit_cost(
+    op: str, value_size: int, write_weight: int = 2, key_prefix: bytes = b"bench:"
+) -> int:
     """Cost units of one GET hit / SET of a preloaded key (docs/throttling.md, Units)."""
-    nbytes = len(loadgen.key_name(b"bench:", 0)) + value_size + RECORD_OVERHEAD
+    nbytes = len(loadgen.key_name(key_prefix, 0)) + value_size + RECORD_OVERHEAD
     units = -(-nbytes // UNIT_SIZE)
     return units if op == "get" else write_weight * units
 
@@ -592,19 +611,38 @@ HL_CONNS, HL_DEPTH = 8, 32
 
 def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
     h = args.hard_limit
-    cost = unit_cost("get", args.value_size)
-    offered = 3 * h / cost
+    through_resp = args.client == "resp"
+    if through_resp:
+        cost = unit_cost("get", args.value_size, key_prefix=resp.KEY_PREFIX)
+        offered: float | None = None
+        how = (
+            f"redis-benchmark GET on the RESP port, closed loop ({HL_CONNS} conns x pipeline "
+            f"{HL_DEPTH}: {HL_CONNS * HL_DEPTH} always outstanding)"
+        )
+    else:
+        cost = unit_cost("get", args.value_size)
+        offered = 3 * h / cost
+        how = (
+            f"offered {offered:,.0f} GET/s = 3 x H open loop "
+            f"({HL_CONNS} conns, <= {HL_DEPTH} outstanding each)"
+        )
     out = Outcome(
         "hard-limit",
-        f"1. hard-limit accuracy: bucket hard_limit {h:,} units/s (reserved 0, node capacity "
-        f"unlimited), offered {offered:,.0f} GET/s = 3 x H open loop "
-        f"({HL_CONNS} conns, <= {HL_DEPTH} outstanding each), {args.seconds:g} s",
+        f"1. hard-limit accuracy{' through RESP' if through_resp else ''}: bucket hard_limit "
+        f"{h:,} units/s (reserved 0, node capacity unlimited), {how}, {args.seconds:g} s",
     )
     mach = Machine()
     with daemon(["limited"], args.keys, value, args.server_cpus) as d:
+        if through_resp:
+            # redis-benchmark reads its own key names; preloaded before the limit is set
+            loadgen.preload(d.target("limited"), args.keys, value, key_prefix=resp.KEY_PREFIX)
         d.admin.set_bucket_throttle("limited", {"reserved": 0, "hard_limit": h})
-        spec = _spec(args, value, "get", HL_CONNS, HL_DEPTH, rate=offered)
-        (res,), snaps = _run(d, [("limited", spec)], machine=mach)
+        if through_resp:
+            res, snaps = _run_resp(d, "limited", args, cost, mach)
+        else:
+            assert offered is not None
+            spec = _spec(args, value, "get", HL_CONNS, HL_DEPTH, rate=offered)
+            (res,), snaps = _run(d, [("limited", spec)], machine=mach)
     dl = delta(snaps[0], snaps[-1], "limited")
     err = 100.0 * (dl.units_per_s - h) / h
     secs = per_interval(snaps, "limited")
@@ -612,11 +650,17 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
     cli = _pct(res.client_cpu_s, res.window_s) or 0.0
     ops = dl.ru / cost if cost else 0
     srv_us = srv / 100 * dl.seconds / ops * 1e6 if srv is not None and ops else None
+    client_line = (
+        f"   redis-benchmark GET/s          {res.ops_per_s:>10,.1f}           "
+        f"(its whole run, warm-up included; x {cost} unit)"
+        if through_resp
+        else f"   client ok GET/s                {res.ops_per_s:>10,.1f}           "
+        f"(x {cost} unit = {res.ops_per_s * cost:,.1f} units/s)"
+    )
     out.lines += [
         f"   achieved (server ru/wu delta)  {dl.units_per_s:>10,.1f} units/s   "
         f"error {err:+.2f} % vs H        target +-3 %   {_verdict(abs(err) <= 3)}",
-        f"   client ok GET/s                {res.ops_per_s:>10,.1f}           "
-        f"(x {cost} unit = {res.ops_per_s * cost:,.1f} units/s)",
+        client_line,
         f"   per ~1 s interval (server)     {_range(secs)} units/s",
         f"   throttled {dl.throttled:,} requests, mean wait {_ms(dl.mean_wait_ms)}, "
         f"rejected {dl.rejected}, client errors {res.errors}",
@@ -638,6 +682,7 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
             "conns": HL_CONNS,
             "depth": HL_DEPTH,
             "seconds": args.seconds,
+            "client": "redis-benchmark (RESP port)" if through_resp else "loadgen (MessagePack)",
         },
         "server": dl.to_json(),
         "per_interval_units_per_s": [round(x, 1) for x in secs],
@@ -650,6 +695,82 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
     out.lines.append(mach.line())
     mach.note(out)
     return out
+
+
+def _run_resp(
+    d: Daemon, bucket: str, args: argparse.Namespace, cost: int, mach: Machine
+) -> tuple[LoadResult, list[Snapshot]]:
+    """redis-benchmark GETs on the RESP port, with ``server_status`` snapshots at
+    the window's edges and every second inside it (as :func:`_run` takes them).
+
+    redis-benchmark knows requests, not seconds: it gets enough for the warm-up,
+    the window and 1.5 s more at the limit, and must still be running when the
+    window ends, or the bucket was not pushed for the whole window.
+    """
+    port = d.handle.resp_port
+    if port is None:
+        raise BenchError("the daemon's ready file names no resp_port")
+    requests = int(args.hard_limit / cost * (args.warmup + args.seconds + 1.5))
+    cmd = resp.command(
+        port,
+        test="get",
+        conns=HL_CONNS,
+        depth=HL_DEPTH,
+        requests=requests,
+        size=args.value_size,
+        keys=args.keys,
+        user=f"{d.user}@{bucket}",
+        password=d.password,
+        host=d.handle.host,
+    )
+    proc = resp.start(cmd, args.client_cpus)
+    try:
+        t_measure = time.monotonic() + args.warmup
+        t_end = t_measure + args.seconds
+        _sleep_to(t_measure)
+        snaps = [d.snapshot()]
+        cli0 = _proc_stat(str(proc.pid))
+        t_next = t_measure + 1.0
+        while t_next < t_end - 0.25:
+            _sleep_to(t_next)
+            snaps.append(d.snapshot())
+            t_next += 1.0
+        _sleep_to(t_end)
+        snaps.append(d.snapshot())
+        cli1 = _proc_stat(str(proc.pid))
+        early = proc.poll() is not None
+        rb = resp.finish(proc, requests, timeout=max(30.0, 3 * (args.warmup + args.seconds)))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    error = rb.error
+    if early and error is None:
+        error = "redis-benchmark ended before the window did: the limit was not pushed throughout"
+    window = snaps[-1].uptime - snaps[0].uptime
+    res = LoadResult(
+        ok=round((rb.ops_per_s or 0.0) * window),
+        errors=0 if error is None else 1,
+        window_s=window,
+        hist={},
+        client_cpu_s=cli1[1] - cli0[1] if cli0 and cli1 else 0.0,
+        server_cpu_s=None,
+        error_sample=error,
+        extra={
+            "client": "redis-benchmark",
+            "requests": requests,
+            "redis_benchmark_ops_per_s": rb.ops_per_s,
+            "redis_benchmark_p50_ms": rb.p50_ms,
+            "redis_benchmark_p99_ms": rb.p99_ms,
+        },
+    )
+    mach.add(snaps[0], snaps[-1], [res])
+    return res, snaps
+
+
+def _sleep_to(t: float) -> None:
+    while (left := t - time.monotonic()) > 0:
+        time.sleep(left)
 
 
 def _range(xs: Sequence[float]) -> str:
