@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import goals, harness
+from bench import goals, harness, resp
 
 DOC = harness.ROOT / "docs" / "benchmarks.md"
 PLOTS_DIR = harness.ROOT / "docs" / "bench"
@@ -349,19 +349,67 @@ def _overload(result: dict[str, Any], plots: str) -> list[str]:
     return lines
 
 
-def _throttle_accuracy(result: dict[str, Any], plots: str) -> list[str]:
-    for s in result.get("scenarios", []):
-        if s.get("name") == "hard-limit":
-            per = s.get("per_interval_units_per_s", [])
-            limit = s["settings"]["hard_limit"]
-            return [
-                f"Hard limit {n(limit)} units/s, offered {n(s['settings']['offered_ops_per_s'])} "
-                f"GET/s; per ~1 s interval: {', '.join(n(v) for v in per)} units/s.",
-                "",
-                f"![units/s against the hard limit]({plots}/throttle-accuracy.png)",
-                "",
+def _hard_limit(png: str) -> Callable[[dict[str, Any], str], list[str]]:
+    """The hard-limit section; ``png`` is the plot's file (one per front door)."""
+
+    def section(result: dict[str, Any], plots: str) -> list[str]:
+        for s in result.get("scenarios", []):
+            if s.get("name") == "hard-limit":
+                per = s.get("per_interval_units_per_s", [])
+                st = s["settings"]
+                offered = st.get("offered_ops_per_s")
+                load = (
+                    f"offered {n(offered)} GET/s"
+                    if offered is not None
+                    else f"{st.get('client', 'closed loop')}, {st['conns']} connections x "
+                    f"pipeline {st['depth']}, closed loop"
+                )
+                return [
+                    f"Hard limit {n(st['hard_limit'])} units/s, {load}; per ~1 s interval: "
+                    f"{', '.join(n(v) for v in per)} units/s.",
+                    "",
+                    f"![units/s against the hard limit]({plots}/{png})",
+                    "",
+                ]
+        return []
+
+    return section
+
+
+def _resp(result: dict[str, Any], plots: str) -> list[str]:
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
+    rows = []
+    for c in result.get("cells", []):
+        r, rd, mp = c["resp"], c.get("redis") or {}, c.get("msgpack") or {}
+        rows.append(
+            [
+                c["op"].upper(),
+                f"{c['conns']}x{c['depth']}",
+                n(r.get("ops_per_s")) + ("!" if r.get("errors") else ""),
+                n(rd.get("ops_per_s")),
+                x(c.get("resp_over_redis")),
+                n(mp.get("ops_per_s")),
+                x(c.get("resp_over_msgpack")),
+                n(r.get("server_us_per_op"), 1),
+                n(mp.get("server_us_per_op"), 1),
+                n(rd.get("server_us_per_op"), 2),
+                resp.commits_text(c),
             ]
-    return []
+        )
+    head = ["op", "conns x pipeline", "RESP ops/s", "redis ops/s", "RESP / redis"]
+    head += ["MessagePack ops/s", "RESP / MessagePack", "RESP µs/op", "MessagePack µs/op"]
+    lines = table([*head, "redis µs/op", "writes/commit RESP, MessagePack"], rows)
+    return [
+        "RESP and redis columns: `redis-benchmark` (the same binary and flags for both); "
+        "MessagePack: `bench/loadgen.py` on the daemon's other port, same connections, "
+        "pipeline depth, keys and value bytes. µs/op is the server's CPU (all threads) per "
+        "request over the run; an MSET request sets 10 keys. writes/commit: records per group "
+        "commit of tenantkv's writer over the run. A `!` marks a cell with errors.",
+        "",
+        *lines,
+    ]
 
 
 def _isolation(result: dict[str, Any], plots: str) -> list[str]:
@@ -508,7 +556,9 @@ SECTIONS: dict[str, Callable[[dict[str, Any], str], list[str]]] = {
     "ycsb": _ycsb,
     "gates": _gates,
     "overload": _overload,
-    "throttle-accuracy": _throttle_accuracy,
+    "throttle-accuracy": _hard_limit("throttle-accuracy.png"),
+    "throttle-accuracy-resp": _hard_limit("throttle-accuracy-resp.png"),
+    "resp": _resp,
     "isolation": _isolation,
     "probing": _probing,
     "retries": _retries,

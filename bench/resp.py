@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,8 @@ class BenchRun:
     p50_ms: float | None = None
     p99_ms: float | None = None
     error: str | None = None
+    #: tenantkv writes: records committed per group commit over the run
+    writes_per_commit: float | None = None
 
     @property
     def server_us_per_op(self) -> float | None:
@@ -156,6 +158,7 @@ class BenchRun:
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
             "error": self.error,
+            "writes_per_commit": _r(self.writes_per_commit, 1),
         }
 
 
@@ -269,6 +272,22 @@ def run_once(
     return res
 
 
+@contextlib.contextmanager
+def _commits(handle: servers.ServerHandle | None) -> Iterator[Callable[[], float | None]]:
+    """Writes per group commit of a tenantkv daemon over the ``with`` block (None: not asked).
+
+    A pipelined write load that commits in small batches is latency-bound on
+    fsync, whatever the CPU figures say: this tells the two apart.
+    """
+    got: list[float | None] = [None]
+    before = cpu._writer_stats(handle) if handle is not None else None
+    yield lambda: got[0]
+    if handle is not None and before is not None:
+        after = cpu._writer_stats(handle)
+        commits = after["batches"] - before["batches"]
+        got[0] = (after["ops_committed"] - before["ops_committed"]) / commits if commits else None
+
+
 # -- a side of a cell: one server and how to drive it ---------------------------------------
 
 
@@ -318,7 +337,10 @@ class RespSide:
                 n = max(n * 2, int(r.ops_per_s * probe_s * 1.2))
             self.sized[key] = max(8 * conns * depth, int(r.ops_per_s * args.seconds))
         n = self.sized[key]
-        return go(n, args.seconds)
+        with _commits(self.handle if self.name == "resp" and op != "get" else None) as wpc:
+            res = go(n, args.seconds)
+        res.writes_per_commit = wpc()
+        return res
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -420,7 +442,8 @@ def _cell(
                 continue  # an error (or a hang) once is the cell's finding: no repeats
             runs[s.name].append(s.measure(args, op, conns, depth).to_json())
         if spec is not None:
-            res = loadgen.run_load(msgpack_target, spec, tkv.cpu_seconds)
+            with _commits(tkv if op != "get" else None) as wpc:
+                res = loadgen.run_load(msgpack_target, spec, tkv.cpu_seconds)
             runs["msgpack"].append(
                 {
                     "ops_per_s": round(res.ops_per_s, 1),
@@ -435,6 +458,7 @@ def _cell(
                     "p99_ms": _r(_ms(res.percentile_us(0.99)), 3),
                     "errors": res.errors,
                     "error": res.error_sample,
+                    "writes_per_commit": _r(wpc(), 1),
                 }
             )
     for name, rounds in runs.items():
@@ -445,6 +469,7 @@ def _cell(
             "client_cpu_pct": cpu._median(rounds, "client_cpu_pct"),
             "p50_ms": cpu._median(rounds, "p50_ms"),
             "p99_ms": cpu._median(rounds, "p99_ms"),
+            "writes_per_commit": cpu._median(rounds, "writes_per_commit"),
             "errors": sum(r.get("errors", 1 if r.get("error") else 0) for r in rounds),
             "error_sample": errors[0] if errors else None,
             "rounds": rounds,
@@ -529,7 +554,8 @@ def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
 def _table(cells: list[dict[str, Any]]) -> str:
     head = (
         "| op | c x P | RESP ops/s | redis ops/s | RESP ÷ redis | MessagePack ops/s "
-        "| RESP ÷ MessagePack | RESP µs/op | MessagePack µs/op | redis µs/op |\n|" + "---|" * 10
+        "| RESP ÷ MessagePack | RESP µs/op | MessagePack µs/op | redis µs/op "
+        "| writes/commit RESP, MessagePack |\n|" + "---|" * 11
     )
     rows = [head]
     for c in cells:
@@ -540,9 +566,20 @@ def _table(cells: list[dict[str, Any]]) -> str:
             f"| {_f(r['ops_per_s'], ',.0f')}{bang} | {_f(rd.get('ops_per_s'), ',.0f')} "
             f"| {_f(c['resp_over_redis'], '.2f')} | {_f(mp.get('ops_per_s'), ',.0f')} "
             f"| {_f(c['resp_over_msgpack'], '.2f')} | {_f(r['server_us_per_op'], '.1f')} "
-            f"| {_f(mp.get('server_us_per_op'), '.1f')} | {_f(rd.get('server_us_per_op'), '.2f')} |"
+            f"| {_f(mp.get('server_us_per_op'), '.1f')} | {_f(rd.get('server_us_per_op'), '.2f')} "
+            f"| {commits_text(c)} |"
         )
     return "\n".join(rows)
+
+
+def commits_text(cell: dict[str, Any]) -> str:
+    """``RESP, MessagePack`` writes per group commit of a write cell, '' for reads."""
+    if cell["op"] == "get":
+        return ""
+    mp = cell.get("msgpack", {}).get("writes_per_commit")
+    return f"{_f(cell['resp'].get('writes_per_commit'), '.0f')}" + (
+        f", {_f(mp, '.0f')}" if "msgpack" in cell else ""
+    )
 
 
 def _print_checks(checks: list[dict[str, Any]], cells: list[dict[str, Any]], out: Any) -> None:
