@@ -121,6 +121,23 @@ def _hard_limit(result: Result) -> Verdict:
     return f"{c['value']:+.2f} % of the hard limit", bool(c["met"])
 
 
+def _resp_vs_msgpack(op: str) -> Callable[[Result], Verdict]:
+    """RESP ops/s over MessagePack ops/s in every load shape of ``op`` (bench/resp.py)."""
+
+    def measure(result: Result) -> Verdict:
+        cells = [
+            c
+            for c in result.get("cells", [])
+            if c["op"] == op and c.get("resp_over_msgpack") is not None
+        ]
+        if not cells:
+            return "not measured", None
+        text = ", ".join(f"{c['conns']}x{c['depth']}: {c['resp_over_msgpack']:.2f}x" for c in cells)
+        return text, all(c["resp_over_msgpack"] >= 1.0 for c in cells)
+
+    return measure
+
+
 def _reservation(result: Result) -> Verdict:
     c = find_check(result, "reservation", "Q achieved / reserved")
     if c is None:
@@ -444,5 +461,28 @@ GOALS: tuple[Goal, ...] = (
         "RSS after 100,000 connect/close cycles within 10 % of after 10,000",
         "attack",
         lambda r: (f"{r['churn']['growth_pct']:+} %", r["churn"]["growth_pct"] <= 10),
+    ),
+    Goal(
+        "t-resp-get",
+        "18",
+        "redis-benchmark GET on the RESP port ≥ the MessagePack-RPC port's ops/s, "
+        "each load shape (1/16 connections x pipeline 1/64)",
+        "resp",
+        _resp_vs_msgpack("get"),
+    ),
+    Goal(
+        "t-resp-set",
+        "18",
+        "redis-benchmark durable SET on the RESP port ≥ the MessagePack-RPC port's ops/s, "
+        "each load shape",
+        "resp",
+        _resp_vs_msgpack("set"),
+    ),
+    Goal(
+        "t-resp-hard-limit",
+        "18",
+        "Hard limit held within ±3 % over 10 s through RESP (redis-benchmark)",
+        "throttle-accuracy-resp",
+        _hard_limit,
     ),
 )

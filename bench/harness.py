@@ -149,6 +149,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         issues=(3,),
     ),
     Scenario(
+        "throttle-accuracy-resp",
+        "Hard-limit accuracy through RESP",
+        "units/s of a bucket driven past its hard limit by redis-benchmark on the RESP port, "
+        "per second over 10 s",
+        ("throttle", "--scenario", "hard-limit", "--client", "resp"),
+        0.5,
+        0.15,
+        issues=(18,),
+    ),
+    Scenario(
         "probing",
         "Throughput probing convergence",
         "fixed ticket-pool sweep, then probing from the minimum and after a workload switch",
@@ -205,6 +215,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         0.3,
         redis=False,
         issues=(17,),
+    ),
+    Scenario(
+        "resp",
+        "RESP front door under redis-benchmark: vs redis-server and the MessagePack door",
+        "redis-benchmark GET/SET/INCR/MSET, 1 and 16 connections x pipeline 1 and 64, 64 B, "
+        "on tenantkv's RESP port and redis-server; GET and SET also on the MessagePack-RPC "
+        "port (bench/loadgen.py), same shape; server CPU µs/op",
+        ("resp", "--pin", "split"),
+        4.5,
+        0.8,
+        redis=True,
+        issues=(18,),
     ),
     Scenario(
         "attack",

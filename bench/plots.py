@@ -70,7 +70,7 @@ def overload(env: Env, out: Path) -> list[Path]:
     return paths
 
 
-def throttle_accuracy(env: Env, out: Path) -> list[Path]:
+def _hard_limit(env: Env, out: Path, png: str) -> list[Path]:
     s = _part(env["result"], "scenarios", "hard-limit")
     if not s or not s.get("per_interval_units_per_s"):
         return []
@@ -81,14 +81,26 @@ def throttle_accuracy(env: Env, out: Path) -> list[Path]:
     ax.plot(t, per, "o-", label="bucket units/s (server)")
     ax.axhline(limit, color="red", lw=1, label=f"hard limit {limit:,}")
     ax.axhspan(limit * 0.97, limit * 1.03, color="red", alpha=0.1, label="±3 %")
-    offered = s["settings"]["offered_ops_per_s"] * s["settings"].get("unit_cost", 1)
-    ax.axhline(offered, color="grey", ls=":", label=f"offered {offered:,.0f}")
-    ax.set_ylim(0, offered * 1.1)
+    if s["settings"].get("offered_ops_per_s") is not None:
+        offered = s["settings"]["offered_ops_per_s"] * s["settings"].get("unit_cost", 1)
+        ax.axhline(offered, color="grey", ls=":", label=f"offered {offered:,.0f}")
+        ax.set_ylim(0, offered * 1.1)
+        ax.set_title("A bucket pushed to 3x its hard limit")
+    else:  # closed loop: demand bounded only by the throttle
+        ax.set_ylim(0, limit * 1.5)
+        ax.set_title(f"A bucket driven past its hard limit by {s['settings'].get('client')}")
     ax.set_xlabel("second")
     ax.set_ylabel("units/s")
-    ax.set_title("A bucket pushed to 3x its hard limit")
     ax.legend(fontsize=8, loc="lower center", ncol=2)
-    return [_save(fig, out / "throttle-accuracy.png")]
+    return [_save(fig, out / png)]
+
+
+def throttle_accuracy(env: Env, out: Path) -> list[Path]:
+    return _hard_limit(env, out, "throttle-accuracy.png")
+
+
+def throttle_accuracy_resp(env: Env, out: Path) -> list[Path]:
+    return _hard_limit(env, out, "throttle-accuracy-resp.png")
 
 
 def isolation(env: Env, out: Path) -> list[Path]:
@@ -161,6 +173,7 @@ def soak(env: Env, out: Path) -> list[Path]:
 PLOTS: dict[str, Callable[[Env, Path], list[Path]]] = {
     "overload": overload,
     "throttle-accuracy": throttle_accuracy,
+    "throttle-accuracy-resp": throttle_accuracy_resp,
     "isolation": isolation,
     "probing": probing,
     "soak": soak,
