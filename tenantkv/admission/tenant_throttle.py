@@ -535,6 +535,11 @@ class TenantThrottle:
         return self._capacity
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the throttle reads (Trio's in the server)."""
+        return self._clock
+
+    @property
     def slice_secs(self) -> float:
         """Length of one refill slice."""
         return self._slice
@@ -694,7 +699,14 @@ class TenantThrottle:
         return max(b.hard_rate * self.max_debt_secs, 1.0)
 
     def charge(
-        self, bucket: str, ru: int, wu: int, *, unthrottled: bool = False, min_cost: int = 0
+        self,
+        bucket: str,
+        ru: int,
+        wu: int,
+        *,
+        unthrottled: bool = False,
+        min_cost: int = 0,
+        now: float | None = None,
     ) -> None:
         """Account an operation that ran: ``ru`` read and ``wu`` write units.
 
@@ -703,14 +715,17 @@ class TenantThrottle:
         that ran always spends something (``min_op_units``: misses and failed
         writes are held to the limits like hits). Pass ``unthrottled=True`` for
         operations admitted with the privilege, so their usage is set aside from
-        the free pool before it is shared.
+        the free pool before it is shared. ``now`` is the throttle clock's reading
+        when the caller has one (the operations of one received chunk are charged
+        at the chunk's instant: one clock read per chunk, not per operation).
         """
         cost = ru + self._write_weight * wu
         if cost < min_cost:
             cost = min_cost
         self._ru_total += ru
         self._wu_total += wu
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         if now >= self._next_slice:
             self._advance(now)
         b = self._buckets.get(bucket)

@@ -175,11 +175,11 @@ def record_out(rec: Record) -> dict[str, Any]:
 def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """{value, cas, flags, expiry_ms} or nil when the key does not exist."""
     key = key_param(p)
-    rec = s.node.engine.get_in(s.read_txn(), b, key)
-    if rec is None:
+    found = s.node.engine.get_reply_in(s.read_txn(), b, key)
+    if found is None:
         return None
-    s.read_sizes.append(len(key) + rec.stored_bytes)
-    return record_out(rec)
+    s.read_sizes.append(len(key) + found[1])
+    return found[0]
 
 
 @command("exists", "read", "key")

@@ -89,6 +89,8 @@ class Execution:
         #: when the chunk being handled was received (perf_counter), and its inline
         #: reads per (bucket, operation): counted and timed once per chunk
         self._chunk_t0 = 0.0
+        #: the throttle clock's reading for the chunk being handled (one per chunk)
+        self._chunk_now = 0.0
         self._chunk_reads: dict[tuple[str, str], int] = {}
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
@@ -263,7 +265,13 @@ class Execution:
                 else:
                     holds.release(method)
                     h = None
-                node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
+                node.charge_read(
+                    b.name,
+                    self.read_sizes,
+                    prep.user.unthrottled,
+                    self.read_keys,
+                    self._chunk_now if t0 is None else None,
+                )
                 self._reply(msgid, result)
                 if t0 is None:
                     key = (b.name, method)

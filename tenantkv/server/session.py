@@ -244,6 +244,7 @@ class Session(Execution):
         idle = cfg.idle_timeout_secs or math.inf
         frame_deadline = math.inf
         buffers = node.receive_buffers
+        clock = node.throttle.clock
         try:
             while self._reading:
                 if self.user is None:
@@ -271,6 +272,7 @@ class Session(Execution):
                     return
                 frames = decoder.frames
                 self._chunk_t0 = time.perf_counter()
+                self._chunk_now = clock()
                 decoder.feed(data)
                 self._track_held(decoder)
                 if not await self._handle_chunk(decoder):

@@ -7,7 +7,8 @@ Kept as raw bytes rather than MessagePack so a read decodes with one
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 # cas u64, expiry in epoch milliseconds u64 (0 = never), client flags u32
 HEADER = struct.Struct(">QQI")
@@ -45,6 +46,16 @@ _unpack_header = HEADER.unpack_from
 def decode(raw: bytes | memoryview) -> Record:
     cas, expiry_ms, flags = _unpack_header(raw)
     return Record(bytes(raw[HEADER_BYTES:]), cas, expiry_ms, flags)
+
+
+def live_reply(raw: bytes | memoryview, now_ms: Callable[[], int]) -> dict[str, Any] | None:
+    """A stored record as the reply map of ``get`` (``{value, cas, flags,
+    expiry_ms}``), or None when it has expired: the read path's decode, one header
+    unpack and one slice, no :class:`Record` in between."""
+    cas, expiry_ms, flags = _unpack_header(raw)
+    if expiry_ms and expiry_ms <= now_ms():
+        return None
+    return {"value": raw[HEADER_BYTES:], "cas": cas, "flags": flags, "expiry_ms": expiry_ms}
 
 
 def expiry_key(expiry_ms: int, bucket: str, key: bytes) -> bytes:
