@@ -124,6 +124,9 @@ class Node:
         self.connection_bypass: CidrMatcher
         self.queues: BucketQueueGate
         self.permits: WritePermitGate
+        #: the throttle clock's reading while a commit's writes are delivered
+        #: (their charges share it); None outside a delivery
+        self.batch_now: float | None = None
         self.writer = GroupCommitWriter(
             engine, self._deliver_threadsafe, taken=self._taken_threadsafe
         )
@@ -318,7 +321,9 @@ class Node:
         """Charge a write that ran, succeeded or not (a CAS mismatch, ``add`` on an
         existing key, a miss still cost a commit): WU metered per record it wrote,
         throttle cost at least ``min_op_units x write_weight`` per key it touched
-        (an MSET or DEL of many keys costs what those writes would one by one)."""
+        (an MSET or DEL of many keys costs what those writes would one by one).
+        Charged at the instant the write's batch was delivered (:attr:`batch_now`:
+        one clock read per commit, not per write)."""
         if bucket in self.throttle:
             cfg = self.config
             unit = cfg.write_unit_size
@@ -329,7 +334,9 @@ class Node:
                 elif op.nbytes:
                     wu = write_units(op.nbytes, unit)
             floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
-            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=floor)
+            self.throttle.charge(
+                bucket, 0, wu, unthrottled=unthrottled, min_cost=floor, now=self.batch_now
+            )
 
     def _expiry_written_threadsafe(self, expiry_ms: int) -> None:
         if self._token is not None:
@@ -353,10 +360,13 @@ class Node:
         with contextlib.suppress(trio.RunFinishedError):  # loop already gone
             self._token.run_sync_soon(self._deliver, batch)
 
-    @staticmethod
-    def _deliver(batch: list[Pending]) -> None:
-        for p in batch:
-            p.callback(p.result, p.error)
+    def _deliver(self, batch: list[Pending]) -> None:
+        self.batch_now = self.throttle.clock()
+        try:
+            for p in batch:
+                p.callback(p.result, p.error)
+        finally:
+            self.batch_now = None
 
     def submit(self, op: WriteOp, callback: Any, taken: Callable[[], None] | None = None) -> None:
         self.writer.submit(op, callback, taken)
