@@ -405,8 +405,9 @@ def _resp(result: dict[str, Any], plots: str) -> list[str]:
         "RESP and redis columns: `redis-benchmark` (the same binary and flags for both); "
         "MessagePack: `bench/loadgen.py` on the daemon's other port, same connections, "
         "pipeline depth, keys and value bytes. µs/op is the server's CPU (all threads) per "
-        "request over the run; an MSET request sets 10 keys. writes/commit: records per group "
-        "commit of tenantkv's writer over the run. A `!` marks a cell with errors.",
+        "request over the run; an MSET request sets 10 keys. writes/commit: write commands per "
+        "group commit of tenantkv's writer over the run (an MSET is one). A `!` marks a "
+        "cell with errors.",
         "",
         *lines,
     ]

@@ -140,7 +140,7 @@ class BenchRun:
     p50_ms: float | None = None
     p99_ms: float | None = None
     error: str | None = None
-    #: tenantkv writes: records committed per group commit over the run
+    #: tenantkv writes: write commands per group commit over the run (an MSET is one)
     writes_per_commit: float | None = None
 
     @property
@@ -547,7 +547,8 @@ def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
         f"-n sized for ~{args.seconds:g} s, median of {args.rounds} round(s); MessagePack "
         f"column: bench/loadgen.py, same shape, same keys\n"
         f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by servers and clients{pin}; "
-        "µs/op = server CPU per request (MSET: per 10-key command)\n"
+        "µs/op = server CPU per request (MSET: per 10-key command); writes/commit = "
+        "write commands per group commit\n"
     )
 
 
