@@ -224,6 +224,11 @@ class Verbatim(str):
     """A RESP3 verbatim string (``=``; INFO's reply), a bulk string on RESP2."""
 
 
+class Status(str):
+    """A simple string (``+``) inside a nested reply: ``COMMAND DOCS`` flags, which
+    redis-cli requires to be status replies."""
+
+
 class Encoder:
     """Replies for one connection; ``version`` 2 or 3 (``HELLO`` may switch it)."""
 
@@ -292,6 +297,8 @@ class Encoder:
             return self.double(v)
         if isinstance(v, Verbatim):
             return self.verbatim(v)
+        if isinstance(v, Status):
+            return self.simple(v)
         if isinstance(v, (bytes, str)):
             return self.bulk(v)
         if isinstance(v, Mapping):

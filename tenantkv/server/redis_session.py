@@ -31,6 +31,7 @@ import trio
 
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
+from tenantkv.server import redis_docs
 from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
@@ -513,10 +514,16 @@ def _command_info(enc: resp.Encoder, name: str) -> bytes:
 
 
 def _command_docs(name: str) -> dict[str, Any]:
+    """What ``COMMAND DOCS`` says of ``name``; redis-cli's hints come from ``arguments``."""
     rc = REDIS_COMMANDS.get(name)
     if rc is not None:
-        return {"summary": rc.summary, "since": "1.0.0", "group": rc.group}
-    return {"summary": f"{name.upper()} (connection)", "since": "1.0.0", "group": "connection"}
+        doc: dict[str, Any] = {"summary": rc.summary, "since": "1.0.0", "group": rc.group}
+    else:
+        doc = {"summary": f"{name.upper()} (connection)", "since": "1.0.0", "group": "connection"}
+    args = redis_docs.arguments(name)
+    if args:
+        doc["arguments"] = args
+    return doc
 
 
 @local("command")

@@ -207,6 +207,9 @@ def test_connection_and_server_commands(d: Daemon, r: redis.Redis) -> None:
     assert info["get"]["arity"] == 2 and info["set"]["arity"] == -3
     docs = raw(d, b"AUTH alice " + PW.encode() + b"\r\nCOMMAND DOCS get\r\nQUIT\r\n")
     assert b"summary" in docs and b"Get the value of a key." in docs  # redis-cli's hints
+    # redis-cli builds its hints from the arguments, and aborts unless flags are status replies
+    docs = raw(d, b"AUTH alice " + PW.encode() + b"\r\nCOMMAND DOCS set\r\nQUIT\r\n")
+    assert b"arguments" in docs and b"KEEPTTL" in docs and b"+optional\r\n" in docs
     with pytest.raises(redis.ResponseError, match="tenantkv stores strings"):
         r.lpush("l", "a")
     with pytest.raises(redis.ResponseError, match="unknown command 'nosuch'"):

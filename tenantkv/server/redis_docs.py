@@ -1,0 +1,152 @@
+"""The arguments of each RESP command, as ``COMMAND DOCS`` reports them.
+
+redis-cli builds its inline hints (``SET key value [NX|XX] [GET] …``) and its
+``HELP`` pages from ``COMMAND DOCS``: without the ``arguments`` entry it shows
+no hint at all. Each command's syntax is written once below, in Redis's own
+notation with every argument's type spelled out (``name:type``), and
+:func:`arguments` turns it into the nested maps Redis sends:
+
+    key:key value:string [NX|XX] [EX seconds:integer|KEEPTTL] [key:key ...]
+
+- ``name:type`` — an argument (types as Redis names them: ``key``, ``string``,
+  ``integer``, ``pattern``, ``unix-time``);
+- ``TOKEN name:type`` — an argument introduced by a token (``EX seconds``);
+- ``TOKEN`` alone — a ``pure-token``;
+- ``[ … ]`` — optional; ``( … )`` — a group that is not; ``a|b`` — one of;
+  several items in one alternative — a ``block``; ``...`` after an item — it
+  repeats (``multiple``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tenantkv.resp import Status
+
+#: Each command's arguments (commands without an entry take none).
+SYNTAX: dict[str, str] = {
+    "get": "key:key",
+    "getdel": "key:key",
+    "getex": (
+        "key:key [EX seconds:integer|PX milliseconds:integer|EXAT unix-time-seconds:unix-time"
+        "|PXAT unix-time-milliseconds:unix-time|PERSIST]"
+    ),
+    "getset": "key:key value:string",
+    "set": (
+        "key:key value:string [NX|XX] [GET] [EX seconds:integer|PX milliseconds:integer"
+        "|EXAT unix-time-seconds:unix-time|PXAT unix-time-milliseconds:unix-time|KEEPTTL]"
+    ),
+    "setnx": "key:key value:string",
+    "setex": "key:key seconds:integer value:string",
+    "psetex": "key:key milliseconds:integer value:string",
+    "mget": "key:key ...",
+    "mset": "(key:key value:string) ...",
+    "msetnx": "(key:key value:string) ...",
+    "append": "key:key value:string",
+    "strlen": "key:key",
+    "incr": "key:key",
+    "decr": "key:key",
+    "incrby": "key:key increment:integer",
+    "decrby": "key:key decrement:integer",
+    "del": "key:key ...",
+    "unlink": "key:key ...",
+    "exists": "key:key ...",
+    "type": "key:key",
+    "ttl": "key:key",
+    "pttl": "key:key",
+    "persist": "key:key",
+    "expire": "key:key seconds:integer [NX|XX|GT|LT]",
+    "pexpire": "key:key milliseconds:integer [NX|XX|GT|LT]",
+    "expireat": "key:key unix-time-seconds:unix-time [NX|XX|GT|LT]",
+    "pexpireat": "key:key unix-time-milliseconds:unix-time [NX|XX|GT|LT]",
+    "scan": "cursor:integer [MATCH pattern:pattern] [COUNT count:integer] [TYPE type:string]",
+    "keys": "pattern:pattern",
+    "flushdb": "[ASYNC|SYNC]",
+    "auth": "[username:string] password:string",
+    "hello": (
+        "[protover:integer [AUTH username:string password:string] [SETNAME clientname:string]]"
+    ),
+    "ping": "[message:string]",
+    "echo": "message:string",
+    "select": "index:string",
+    "client": "subcommand:string [arg:string ...]",
+    "info": "[section:string ...]",
+    "config": "subcommand:string [parameter:pattern ...]",
+    "command": "[subcommand:string [command-name:string ...]]",
+}
+
+_TOKENS = re.compile(r"[][()|]|\.\.\.|[^\s\[\]()|]+")
+_CLOSE = {"[": "]", "(": ")"}
+
+
+def arguments(name: str) -> list[dict[str, Any]]:
+    """``COMMAND DOCS``'s ``arguments`` of command ``name`` (empty when it takes none)."""
+    syntax = SYNTAX.get(name)
+    if not syntax:
+        return []
+    tokens = _TOKENS.findall(syntax)
+    args, pos = _sequence(tokens, 0, name)
+    if pos != len(tokens):
+        raise ValueError(f"{name}: unexpected {tokens[pos]!r} in {syntax!r}")
+    return args
+
+
+def _sequence(tokens: list[str], pos: int, name: str) -> tuple[list[dict[str, Any]], int]:
+    """Items up to a closing ``]`` or ``)``, a ``|`` or the end."""
+    out: list[dict[str, Any]] = []
+    while pos < len(tokens) and tokens[pos] not in ("]", ")", "|"):
+        tok = tokens[pos]
+        if tok in _CLOSE:
+            arg, pos = _alternatives(tokens, pos + 1, name)
+            if pos >= len(tokens) or tokens[pos] != _CLOSE[tok]:
+                raise ValueError(f"{name}: unclosed {tok!r}")
+            pos += 1
+            if tok == "[":
+                arg["flags"] = [*arg.get("flags", []), Status("optional")]
+        elif tok == "...":
+            if not out:
+                raise ValueError(f"{name}: '...' follows nothing")
+            out[-1]["flags"] = [*out[-1].get("flags", []), Status("multiple")]
+            pos += 1
+            continue
+        elif tok.isupper():
+            arg, pos = {"name": tok.lower(), "type": "pure-token", "token": tok}, pos + 1
+            nxt = tokens[pos] if pos < len(tokens) else ""
+            if ":" in nxt:  # TOKEN name:type
+                arg = {**_typed(nxt), "token": tok}
+                pos += 1
+        else:
+            arg, pos = _typed(tok), pos + 1
+        out.append(arg)
+    return out, pos
+
+
+def _alternatives(tokens: list[str], pos: int, name: str) -> tuple[dict[str, Any], int]:
+    """One item, a ``block`` of several, or a ``oneof`` of ``|``-separated ones."""
+    choices: list[dict[str, Any]] = []
+    while True:
+        seq, pos = _sequence(tokens, pos, name)
+        if not seq:
+            raise ValueError(f"{name}: empty alternative")
+        choices.append(seq[0] if len(seq) == 1 else _group("block", seq))
+        if pos < len(tokens) and tokens[pos] == "|":
+            pos += 1
+            continue
+        break
+    if len(choices) == 1:
+        return choices[0], pos
+    return _group("oneof", choices), pos
+
+
+def _group(kind: str, members: list[dict[str, Any]]) -> dict[str, Any]:
+    label = "-".join(str(m.get("token") or m["name"]).lower() for m in members[:2])
+    return {"name": label, "type": kind, "arguments": members}
+
+
+def _typed(tok: str) -> dict[str, Any]:
+    name, _, kind = tok.partition(":")
+    arg: dict[str, Any] = {"name": name, "type": kind}
+    if kind == "key":
+        arg["key_spec_index"] = 0
+    return arg
