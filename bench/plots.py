@@ -88,7 +88,8 @@ def _hard_limit(env: Env, out: Path, png: str) -> list[Path]:
         ax.set_title("A bucket pushed to 3x its hard limit")
     else:  # closed loop: demand bounded only by the throttle
         ax.set_ylim(0, limit * 1.5)
-        ax.set_title(f"A bucket driven past its hard limit by {s['settings'].get('client')}")
+        client = str(s["settings"].get("client") or "closed loop").split()[0]
+        ax.set_title(f"A bucket driven past its hard limit by {client}")
     ax.set_xlabel("second")
     ax.set_ylabel("units/s")
     ax.legend(fontsize=8, loc="lower center", ncol=2)
