@@ -505,19 +505,19 @@ class BucketQueues:
             return q
         return None
 
-    def try_pass(self, bucket: str, cls: str) -> bool:
-        """Admit a request that completes before anything else runs (an inline
-        read): a slot taken and given back at once, with nothing held. True when a
-        slot is free and nobody waits (counted); False: take the waiting path.
-        Raises like :meth:`try_acquire`. Tell watchers how it ended with
-        :meth:`handled` (only when :attr:`watched`).
+    def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
+        """Admit ``n`` requests that run one after another, each completed before
+        anything else runs (inline reads): a slot taken and given back at once,
+        nothing held. True when a slot is free and nobody waits (counted ``n``
+        times); False: take the waiting path. Raises like :meth:`try_acquire`.
+        Tell watchers how each ended with :meth:`handled` (when :attr:`watched`).
         """
         per = self._queues.get(cls)
         q = per.get(bucket) if per is not None else None
         if q is None:
             q = self.queue(bucket, cls)  # raises
         if q.running < q.concurrency and not q.waiters:
-            q.admitted += 1
+            q.admitted += n
             return True
         return False
 
@@ -778,9 +778,9 @@ class BucketQueueGate:
         """:meth:`BucketQueues.try_acquire`: a slot now, or ``None``."""
         return self.queues.try_acquire(bucket, cls)
 
-    def try_pass(self, bucket: str, cls: str) -> bool:
-        """:meth:`BucketQueues.try_pass`: a request that completes at once, admitted."""
-        return self.queues.try_pass(bucket, cls)
+    def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
+        """:meth:`BucketQueues.try_pass`: requests that complete at once, admitted."""
+        return self.queues.try_pass(bucket, cls, n)
 
     @property
     def watched(self) -> bool:

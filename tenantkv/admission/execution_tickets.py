@@ -381,14 +381,14 @@ class TicketHolder:
         return None
 
     def try_pass(self, n: int = 1) -> bool:
-        """Admit ``n`` operations that finish before anything else runs (inline
-        reads: they never leave the event loop, so a ticket taken and given back
-        around them could never be seen by another task). True when ``n`` tickets
-        are free and nobody is queued: counted as taken and released at once (the
-        prober's throughput counter sees them), with no ticket object and no clock
-        read; False: take the waiting path.
+        """Admit ``n`` operations that run one after another, each finished before
+        anything else runs (inline reads: they never leave the event loop, so a
+        ticket taken and given back around one could never be seen by another
+        task). True when a ticket is free and nobody is queued: counted as ``n``
+        taken and released at once (the prober's throughput counter sees them),
+        with no ticket object and no clock read; False: take the waiting path.
         """
-        out = self._out + n
+        out = self._out + 1
         if out <= self._total and not self._waiters:
             if out > self._peak:
                 self._peak = out

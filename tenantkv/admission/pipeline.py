@@ -178,6 +178,19 @@ class Pipeline:
             return False
         return self.read_tickets.try_pass()
 
+    def passed_reads(self, bucket: str, n: int) -> None:
+        """Count ``n`` more inline reads through the gates that :meth:`try_pass_read`
+        admitted just before them, in the same run: nothing else ran in between,
+        so each gate would have answered as it did for the first (the run's
+        throttle allowance, :meth:`TenantThrottle.run_allowance`, is the caller's)."""
+        if n <= 0:
+            return
+        if self.ingress_enabled:
+            self.ingress.try_pass(n)
+        if self.queues_enabled:
+            self.queues.try_pass(bucket, READ, n)
+        self.read_tickets.try_pass(n)
+
     def try_acquire(
         self, bucket: str, kind: str, *, unthrottled: bool, nonblocking: bool = False
     ) -> Holds | None:

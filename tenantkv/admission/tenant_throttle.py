@@ -689,6 +689,26 @@ class TenantThrottle:
             return 0.0
         return self._throttled(b, now)
 
+    def run_allowance(self, bucket: str, *, unthrottled: bool = False) -> float:
+        """Just after an operation on ``bucket`` was admitted: the units the
+        operations run right after it — back to back, with nothing else touching
+        the throttle in between — may cost in all before one of them would need
+        more than the fast check. Operation ``i`` of such a run is admitted, as
+        :meth:`admission_wait` would admit it, exactly when the costs of the
+        operations before it sum to less than this (credit and hard allowance both
+        still positive); ``inf`` when nothing limits them (throttling off, an
+        unthrottled user). Charging the run's total once then leaves the same
+        state as charging each operation: before the crossing one, no charge can
+        dip into the spare pool or the debt bound.
+        """
+        if unthrottled or not self._enabled:
+            return _INF
+        b = self._buckets.get(bucket)
+        if b is None:
+            return 0.0
+        c, h = b.credit, b.hard
+        return (c if c < h else h) if c > 0.0 and h > 0.0 else 0.0
+
     def max_request_units(self, bucket: str) -> float:
         """The most one request on ``bucket`` may cost: ``max_debt_secs`` of its hard
         limit (``inf`` when the hard limit is unlimited or 0: a 0 limit throttles

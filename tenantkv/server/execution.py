@@ -91,6 +91,14 @@ class Execution:
         self._chunk_t0 = 0.0
         #: the throttle clock's reading for the chunk being handled (one per chunk)
         self._chunk_now = 0.0
+        #: the run of inline reads being admitted (see _admit_read): its bucket
+        #: (None: no run), user privilege, throttle allowance, reads and their units
+        self._run_bucket: str | None = None
+        self._run_unthrottled = False
+        self._run_allowance = 0.0
+        self._run_reads = 0
+        self._run_ru = 0
+        self._run_cost = 0
         self._chunk_reads: dict[tuple[str, str], int] = {}
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
@@ -143,21 +151,18 @@ class Execution:
         try:
             prep = self._prepare(cmd, params)
             if prep.op is None:  # a read: runs to completion now, holds nothing
-                if not pipeline.try_pass_read(
-                    prep.bucket.name,
-                    unthrottled=prep.user.unthrottled,
-                    nonblocking=self.nonblocking_throttle,
-                ):
+                if not self._admit_read(prep):
                     return False
-            elif (
-                holds := pipeline.try_acquire(
+            else:
+                self._end_read_run()  # the throttle must see the reads before it
+                holds = pipeline.try_acquire(
                     prep.bucket.name,
                     cmd.kind,
                     unthrottled=prep.user.unthrottled,
                     nonblocking=self.nonblocking_throttle,
                 )
-            ) is None:
-                return False
+                if holds is None:
+                    return False
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
@@ -166,6 +171,48 @@ class Execution:
             return True
         self._execute(msgid, prep, holds, None)
         return True
+
+    def _admit_read(self, prep: Prepared) -> bool:
+        """Admit an inline read; False when it must take the waiting path.
+
+        The reads of a chunk are admitted as a run: the first through every gate
+        (:meth:`Pipeline.try_pass_read`), which also gives the run its throttle
+        allowance (:meth:`TenantThrottle.run_allowance`); each next read on the
+        same bucket joins the run while the costs so far stay below it — the
+        answer every gate would give that read on its own, since nothing else
+        ran in between. :meth:`_end_read_run` then counts and charges the run
+        once. Any other request, and anything that awaits, ends the run first.
+        """
+        bucket = prep.bucket.name
+        unthrottled = prep.user.unthrottled
+        if (
+            bucket == self._run_bucket
+            and unthrottled == self._run_unthrottled
+            and self._run_cost < self._run_allowance
+        ):
+            self._run_reads += 1
+            return True
+        self._end_read_run()
+        if not self.node.pipeline.try_pass_read(
+            bucket, unthrottled=unthrottled, nonblocking=self.nonblocking_throttle
+        ):
+            return False
+        self._run_bucket, self._run_unthrottled = bucket, unthrottled
+        self._run_allowance = self.node.throttle.run_allowance(bucket, unthrottled=unthrottled)
+        self._run_reads, self._run_ru, self._run_cost = 1, 0, 0
+        return True
+
+    def _end_read_run(self) -> None:
+        """Count the run's reads through the gates and charge their units at once."""
+        bucket = self._run_bucket
+        if bucket is None:
+            return
+        self._run_bucket = None
+        node = self.node
+        node.pipeline.passed_reads(bucket, self._run_reads - 1)  # the first was counted
+        node.charge_reads(
+            bucket, self._run_ru, self._run_cost, self._run_unthrottled, self._chunk_now
+        )
 
     async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
         """Run any command after hello, waiting where it must; False when the
@@ -265,13 +312,12 @@ class Execution:
                 else:
                     holds.release(method)
                     h = None
-                node.charge_read(
-                    b.name,
-                    self.read_sizes,
-                    prep.user.unthrottled,
-                    self.read_keys,
-                    self._chunk_now if t0 is None else None,
-                )
+                if t0 is None:  # inline: charged with its run
+                    ru, cost = node.read_cost(self.read_sizes, self.read_keys)
+                    self._run_ru += ru
+                    self._run_cost += cost
+                else:
+                    node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
                 self._reply(msgid, result)
                 if t0 is None:
                     key = (b.name, method)
@@ -332,7 +378,9 @@ class Execution:
         return txn
 
     def _end_chunk_reads(self) -> None:
-        """Close the chunk's read transaction and record its reads' counts and latency."""
+        """End the run of inline reads, close the chunk's read transaction and record
+        its reads' counts and latency (before anything awaits)."""
+        self._end_read_run()
         if self._rtxn is not None:
             self.node.engine.end_read(self._rtxn)
             self._rtxn = None

@@ -275,19 +275,11 @@ class Node:
         _, reserved, hard = self.throttle.node_limits()
         return {"reserved": limit_to_wire(reserved), "hard_limit": limit_to_wire(hard)}
 
-    def charge_read(
-        self,
-        bucket: str,
-        sizes: list[int],
-        unthrottled: bool,
-        keys: int = 1,
-        now: float | None = None,
-    ) -> None:
-        """Charge a read after it ran: RU per record returned are metered (a miss
-        reads none). The throttle cost is at least ``min_op_units`` per key looked
-        up, so a multi-key read costs what its keys read one by one would (an MGET
-        of 1,000 missing keys is not one unit). ``now``: the chunk's throttle-clock
-        instant, when the read ran inline in a received chunk."""
+    def read_cost(self, sizes: list[int], keys: int = 1) -> tuple[int, int]:
+        """``(ru, cost)`` of a read that ran: RU per record returned are metered (a
+        miss reads none); the throttle cost is at least ``min_op_units`` per key
+        looked up, so a multi-key read costs what its keys read one by one would
+        (an MGET of 1,000 missing keys is not one unit)."""
         cfg = self.config
         unit, floor = cfg.read_unit_size, cfg.min_op_units
         if not sizes:
@@ -299,7 +291,20 @@ class Node:
         if keys > 1:
             hits = [read_units(n, unit) for n in sizes]
             floor = sum(max(r, floor) for r in hits) + max(0, keys - len(hits)) * floor
-        self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled, min_cost=floor, now=now)
+        return ru, ru if ru > floor else floor
+
+    def charge_reads(
+        self, bucket: str, ru: int, cost: int, unthrottled: bool, now: float | None = None
+    ) -> None:
+        """Charge reads that ran: ``ru`` metered, ``cost`` units to the throttle (the
+        sums of :meth:`read_cost` over a run of reads, or one read's). ``now``: the
+        throttle-clock instant of the chunk the reads ran in, if they ran inline."""
+        self.throttle.charge(bucket, ru, 0, unthrottled=unthrottled, min_cost=cost, now=now)
+
+    def charge_read(self, bucket: str, sizes: list[int], unthrottled: bool, keys: int = 1) -> None:
+        """Charge one read that ran (:meth:`read_cost`, :meth:`charge_reads`)."""
+        ru, cost = self.read_cost(sizes, keys)
+        self.charge_reads(bucket, ru, cost, unthrottled)
 
     def check_write_cost(self, bucket: str, op: WriteOp) -> None:
         """Refuse, before it runs, a write costing more than its bucket may spend in

@@ -199,6 +199,7 @@ class RedisSession(Session):
         handler = LOCAL.get(name)
         try:
             if handler is not None:
+                self._end_chunk_reads()  # INFO and SELECT see the reads before them
                 return await handler(self, msgid, args)
             raise _unknown(name, args)
         except errors.TenantKVError as exc:

@@ -141,3 +141,56 @@ async def test_a_connection_that_ends_mid_frame_releases_its_buffer(node: Node) 
         assert node.receive_buffers.buffered == 30_000
         await peer.stream.aclose()
     assert node.receive_buffers.buffered == 0
+
+
+async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_split_it(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """The reads of one received chunk are admitted as a run and charged once; the
+    outcome per read and the throttle's state afterwards are those of admitting and
+    charging each read on its own (the reference below), across the hard limit."""
+    import copy
+
+    from tenantkv.admission.tenant_throttle import TenantThrottleGate
+
+    sizes = [10, 5000, 9000, 0, 100, 13000, 0, 4096, 1, 0] * 3  # 0: a miss
+    unit, floor = node.config.read_unit_size, node.config.min_op_units
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        hello = {"user": "u", "password": "pw", "bucket": "b", "nonblocking_throttle": True}
+        await peer.send((0, "hello", hello))
+        await peer.responses(1)
+        for i, n in enumerate(sizes):
+            if n:
+                await peer.send((100 + i, "set", {"key": b"k%d" % i, "value": b"x" * n}))
+                await peer.responses(1)
+        node.throttle.set_bucket("b", hard_limit=200)  # 20 units a 100 ms slice
+        mock_clock.jump(1.0)  # past the sets' window: a fresh slice for the reads
+        ref = copy.copy(node.throttle)  # the per-operation reference, same state
+        ref._buckets = copy.deepcopy(node.throttle._buckets)
+        now = trio.current_time()
+        ref._clock = lambda: now
+        gate = TenantThrottleGate(ref)
+        expected = []
+        for i, n in enumerate(sizes):
+            try:
+                gate.try_acquire("b", nonblocking=True)
+            except Exception:
+                expected.append("Throttled")
+                continue
+            ru = -(-(len(b"k%d" % i) + 20 + n) // unit) if n else 0
+            ref.charge("b", ru, 0, min_cost=floor)
+            expected.append("ok")
+        assert "ok" in expected and "Throttled" in expected  # the limit falls mid-chunk
+        await peer.send(*((i, "get", {"key": b"k%d" % i}) for i in range(len(sizes))))
+        got = await peer.responses(len(sizes))
+        assert [r.msgid for r in got] == list(range(len(sizes)))
+        assert ["ok" if r.error is None else r.error["codeName"] for r in got] == expected
+        b, r = node.throttle._buckets["b"], ref._buckets["b"]
+        assert (b.credit, b.hard, b.ru_total, b.used_window) == (
+            r.credit,
+            r.hard,
+            r.ru_total,
+            r.used_window,
+        )
+        await peer.stream.aclose()
