@@ -19,6 +19,7 @@ version-2 connection, exactly as Redis does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ _MAX_HEADER = 32
 #: many times its size in memory).
 ARG_OVERHEAD = 16
 _CRLF = b"\r\n"
+#: A well-formed ``*N`` / ``$N`` header's number and CRLF (the fast path of _parse).
+_number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
 
 
 class RequestDecoder:
@@ -93,43 +96,64 @@ class RequestDecoder:
         self._pos = self._cursor = 0
 
     def _parse(self, pos: int) -> tuple[list[bytes], int] | None:
-        """One command from ``pos``: (arguments, end) or None if incomplete."""
+        """One command from ``pos``: (arguments, end) or None if incomplete.
+
+        Hot: the state lives in locals and goes back to ``self`` only when the
+        command is incomplete; a well-formed header is read by one regex match,
+        and anything else by :meth:`_header`, which says what is wrong."""
         buf = self._buf
+        blen = len(buf)
         if self._cursor <= pos:  # a new command
             if buf[pos] != 0x2A:  # '*'
                 return self._inline(pos)
-            got = self._header(pos, "*")
-            if got is None:
-                return None
-            n, self._cursor = got
+            m = _number(buf, pos + 1)
+            if m is not None:
+                n, cur = int(m[1]), m.end()
+            else:
+                got = self._header(pos, "*")
+                if got is None:
+                    return None
+                n, cur = got
             if n > MAX_ARGS:
                 raise errors.ProtocolError(f"invalid multibulk length (more than {MAX_ARGS})")
-            self._args, self._left, self._cost = [], max(n, 0), 0
-        cur = self._cursor
-        while self._left:
-            if cur >= len(buf):
-                return None
+            args: list[bytes] = []
+            left, cost = max(n, 0), 0
+        else:  # resumed where the last chunk ended
+            args, left, cost, cur = self._args, self._left, self._cost, self._cursor
+        max_bulk, limit = self.max_bulk_bytes, self.frame_limit
+        while left:
+            if cur >= blen:
+                break
             if buf[cur] != 0x24:  # '$'
                 raise errors.ProtocolError(f"expected '$', got {chr(buf[cur])!r}")
-            got = self._header(cur, "$")
-            if got is None:
-                return None
-            size, start = got
-            if size < 0 or size > self.max_bulk_bytes:
+            m = _number(buf, cur + 1)
+            if m is not None:
+                size, start = int(m[1]), m.end()
+            else:
+                got = self._header(cur, "$")
+                if got is None:
+                    break
+                size, start = got
+            if size < 0 or size > max_bulk:
                 raise errors.ProtocolError("invalid bulk length")
-            if self._cost + size + ARG_OVERHEAD > self.frame_limit:
-                raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+            cost += size + ARG_OVERHEAD
+            if cost > limit:
+                raise errors.FrameTooLarge(f"command larger than {limit} bytes")
             end = start + size
-            if end + 2 > len(buf):
-                return None  # the header is read again next time: cheap
-            if buf[end : end + 2] != _CRLF:
+            if end + 2 > blen:
+                cost -= size + ARG_OVERHEAD  # the header is read again next time: cheap
+                break
+            if buf[end] != 13 or buf[end + 1] != 10:
                 raise errors.ProtocolError("a bulk string must end with CRLF")
-            self._args.append(bytes(buf[start:end]))
-            self._cost += size + ARG_OVERHEAD
-            self._left -= 1
-            cur = self._cursor = end + 2
-        args, self._args = self._args, []
-        return args, cur
+            args.append(bytes(buf[start:end]))
+            left -= 1
+            cur = end + 2
+        else:
+            self._args, self._cursor = [], cur
+            return args, cur
+        # Incomplete: keep what was decoded, resume at ``cur`` with the next chunk.
+        self._args, self._left, self._cost, self._cursor = args, left, cost, cur
+        return None
 
     def _header(self, pos: int, kind: str) -> tuple[int, int] | None:
         """``*N\\r\\n`` / ``$N\\r\\n`` at ``pos``: (N, position after it) or None."""

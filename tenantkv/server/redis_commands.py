@@ -165,8 +165,12 @@ def _many_keys(args: list[bytes]) -> dict[str, Any]:
 
 
 def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    rec = _get_record(s, b, p["key"])
-    return None if rec is None else rec.value
+    key = p["key"]
+    found = s.node.engine.get_value_in(s.read_txn(), b, key)
+    if found is None:
+        return None
+    s.read_sizes.append(len(key) + found[1])
+    return found[0]
 
 
 def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:

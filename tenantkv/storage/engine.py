@@ -268,6 +268,17 @@ class Engine:
         out = records.live_reply(raw, self.now_ms)
         return None if out is None else (out, len(raw))
 
+    def get_value_in(
+        self, txn: lmdb.Transaction, h: BucketHandle, key: bytes
+    ) -> tuple[bytes, int] | None:
+        """The value of the live record of ``key`` read in ``txn`` and its stored size
+        (metered), or None: :meth:`get_in` for a reader that wants the value only."""
+        raw = txn.get(key, db=h.db)
+        if raw is None:
+            return None
+        value = records.live_value(raw, self.now_ms)
+        return None if value is None else (value, len(raw))
+
     def mget(
         self, h: BucketHandle, keys: list[bytes], *, max_bytes: int = MAX_RESULT_BYTES
     ) -> list[Record | None]:

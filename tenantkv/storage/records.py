@@ -58,6 +58,14 @@ def live_reply(raw: bytes | memoryview, now_ms: Callable[[], int]) -> dict[str, 
     return {"value": raw[HEADER_BYTES:], "cas": cas, "flags": flags, "expiry_ms": expiry_ms}
 
 
+def live_value(raw: bytes | memoryview, now_ms: Callable[[], int]) -> bytes | None:
+    """A stored record's value, or None when it has expired (Redis GET's read)."""
+    expiry_ms = _unpack_header(raw)[1]
+    if expiry_ms and expiry_ms <= now_ms():
+        return None
+    return bytes(raw[HEADER_BYTES:])
+
+
 def expiry_key(expiry_ms: int, bucket: str, key: bytes) -> bytes:
     b = bucket.encode()
     return _EXP.pack(expiry_ms, len(b)) + b + key
