@@ -46,6 +46,9 @@ from tenantkv.server.session import Session
 log = logging.getLogger("tenantkv.session")
 
 PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: Command names as clients send them (upper or lower case) -> the lower-case name:
+#: a dict lookup per command instead of a decode and a lower().
+_NAMES: dict[bytes, str] = {}
 #: What ``CONFIG GET`` answers (read-only): enough for tools that ask about persistence.
 CONFIG_VALUES = {
     "save": "",
@@ -171,8 +174,9 @@ class RedisSession(Session):
         return True
 
     async def _command(self, args: list[bytes]) -> bool:
-        msgid = self._new_id()
-        name = args[0].decode("latin-1").lower()
+        self._last_id = msgid = self._last_id + 1
+        raw = args[0]
+        name = _NAMES.get(raw) or raw.decode("latin-1").lower()
         if self.user is None and name not in PRE_AUTH:
             self._fail(msgid, name, errors.HelloRequired("authentication required"))
             return True
@@ -551,3 +555,10 @@ async def _command(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         )
     s._fill(msgid, reply)
     return True
+
+
+_NAMES.update(
+    (spelling.encode(), name)
+    for name in (*REDIS_COMMANDS, *LOCAL)
+    for spelling in (name, name.upper())
+)
