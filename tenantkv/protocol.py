@@ -341,9 +341,24 @@ def encode_result(msgid: int, result: Any) -> bytes:
     return _packer.pack([RESPONSE, msgid, None, result])
 
 
+#: Encoded error maps by what they say: a flood of the same rejection (462, 25)
+#: is answered from a template — the msgid packed, the map copied — not
+#: rebuilt and re-packed each time. Bounded: emptied when full.
+_ERROR_MAPS: dict[tuple[Any, ...], bytes] = {}
+_ERROR_MAPS_MAX = 4096
+_RESPONSE_HEAD = _packer.pack([RESPONSE, 0, None, None])[:2]  # array of 4, then 1
+_NIL = _packer.pack(None)
+
+
 def encode_error(msgid: int | None, exc: errors.TenantKVError) -> bytes:
     """An error response; ``msgid`` None (the frame was unreadable) encodes as nil."""
-    return _packer.pack([RESPONSE, msgid, exc.to_wire(), None])
+    key = (exc.code, exc.code_name, exc.errmsg, exc.labels, exc.retry_after_ms)
+    body = _ERROR_MAPS.get(key)
+    if body is None:
+        if len(_ERROR_MAPS) >= _ERROR_MAPS_MAX:
+            _ERROR_MAPS.clear()
+        body = _ERROR_MAPS[key] = _packer.pack(exc.to_wire())
+    return _RESPONSE_HEAD + _packer.pack(msgid) + body + _NIL
 
 
 def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:

@@ -205,3 +205,23 @@ def test_every_error_code_is_unique_and_documented() -> None:
     table = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
     for code, cls in errors.error_classes().items():
         assert f"| {code} | `{cls.code_name}` |" in table, cls.code_name
+
+
+@pytest.mark.parametrize("msgid", [None, 0, 1, 127, 128, 65535, 2**32 - 1])
+def test_error_responses_from_the_template_are_what_packing_gives(msgid: int | None) -> None:
+    """encode_error answers a repeated rejection from a cached error map: the bytes
+    must be exactly those of packing the response whole."""
+    for exc in (
+        errors.Throttled("bucket 'b' is over its unit allowance", retry_after_ms=40),
+        errors.Throttled("bucket 'b' is over its unit allowance", retry_after_ms=41),
+        errors.BadValue("no"),
+    ):
+        for _ in range(2):  # the second answer comes from the template
+            wire = protocol.encode_error(msgid, exc)
+            assert wire == msgpack.packb([1, msgid, exc.to_wire(), None], use_bin_type=True)
+
+
+def test_the_error_template_cache_is_bounded() -> None:
+    for n in range(protocol._ERROR_MAPS_MAX + 10):
+        protocol.encode_error(1, errors.Throttled("x", retry_after_ms=n))
+    assert len(protocol._ERROR_MAPS) <= protocol._ERROR_MAPS_MAX
