@@ -272,6 +272,12 @@ class TokenBucket:
         """Count one exempt caller (never limited)."""
         self._exempted += 1
 
+    def record_rejection(self) -> None:
+        """Count a caller refused without a new look at the clock: the caller's
+        decision for a batch of requests (one received chunk) already said no."""
+        self._attempted += 1
+        self._rejected += 1
+
     # ------------------------------------------------------------------ borrowing
 
     def borrow(self, deadline: float | None = None) -> Waiter | None:
@@ -513,6 +519,12 @@ class RateLimiter:
     def rejection(self) -> ServerError:
         """The error for the last :meth:`try_acquire` that answered None."""
         return self.bucket.rejection(self._refused_wait)
+
+    def refuse_again(self) -> None:
+        """Count a refusal that repeats one made for the same batch of requests (the
+        rest of a received chunk after its first refusal): no clock read, no token
+        looked at — the batch's single decision stands."""
+        self.bucket.record_rejection()
 
     def release(self, hold: Admitted, /) -> None:
         """Nothing to give back: a token is spent once taken."""

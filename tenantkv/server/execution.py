@@ -91,6 +91,8 @@ class Execution:
         self._chunk_t0 = 0.0
         #: the throttle clock's reading for the chunk being handled (one per chunk)
         self._chunk_now = 0.0
+        #: the request rate limiter's refusal in the chunk being handled, if any
+        self._chunk_refusal: errors.ServerError | None = None
         #: the run of inline reads being admitted (see _admit_read): its bucket
         #: (None: no run), user privilege, throttle allowance, reads and their units
         self._run_bucket: str | None = None
@@ -123,10 +125,20 @@ class Execution:
     def _refused_by_rate(self, msgid: int, method: str, *, admin: bool) -> bool:
         """The ingress request rate limiter, first on every request after hello
         (call it when ``pipeline.request_rate_enabled``): True when it refused the
-        request, answered with 462."""
-        refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
-        if refused is None:
-            return False
+        request, answered with 462.
+
+        One decision per chunk: once it refused a request of the chunk being
+        handled, the rest of that chunk (admin commands aside) is refused with the
+        same answer and counted, without asking the limiter again — as at the
+        chunk's instant, when no token can have come back in between."""
+        refused = self._chunk_refusal
+        if refused is not None and not admin:
+            self.node.pipeline.request_limiter.refuse_again()
+        else:
+            refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
+            if refused is None:
+                return False
+            self._chunk_refusal = refused
         self._fail(msgid, method, refused)
         return True
 
@@ -381,6 +393,7 @@ class Execution:
         """End the run of inline reads, close the chunk's read transaction and record
         its reads' counts and latency (before anything awaits)."""
         self._end_read_run()
+        self._chunk_refusal = None  # time will pass: the next refusal is decided anew
         if self._rtxn is not None:
             self.node.engine.end_read(self._rtxn)
             self._rtxn = None

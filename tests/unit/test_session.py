@@ -194,3 +194,28 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
             r.used_window,
         )
         await peer.stream.aclose()
+
+
+async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """The request rate limiter decides once per chunk: the requests after its first
+    refusal get the same 462 without a new look; every one is counted."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 5.0)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    mock_clock.jump(10)  # a full burst: 5 tokens
+    before = node.pipeline.request_limiter.statistics()
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 21)))
+        got = await peer.responses(20)
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        assert codes == ["ok"] * 5 + ["IngressRequestRateLimitExceeded"] * 15
+        assert len({r.error["retryAfterMs"] for r in got[5:]}) == 1  # one decision
+        await peer.stream.aclose()
+    st = node.pipeline.request_limiter.statistics()
+    assert st.rejected - before.rejected == 15
+    assert st.attempted - before.attempted == 20
