@@ -24,7 +24,7 @@ import fnmatch
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import trio
@@ -165,47 +165,57 @@ class RedisSession(Session):
                     if not node.shutting_down:
                         return False
                     self._refuse_shutting_down(args)
-                elif not await self._command(args):
-                    return False
+                else:
+                    waiting = self._command(args)
+                    if waiting is not None and not await waiting:
+                        return False
                 if self._should_pause(handled):
                     await self._pause()
         finally:
             self._end_chunk_reads()
         return True
 
-    async def _command(self, args: list[bytes]) -> bool:
+    def _command(self, args: list[bytes]) -> Coroutine[Any, Any, bool] | None:
+        """Run one command: None when it was handled without awaiting (a data command
+        run inline, a refusal, an error), else the coroutine to await — a command
+        that waits at a gate, or a local one (AUTH, INFO, ...) — which answers False
+        when the connection must close. No coroutine per command on the fast path."""
         self._last_id = msgid = self._last_id + 1
         raw = args[0]
         name = _NAMES.get(raw) or raw.decode("latin-1").lower()
         if self.user is None and name not in PRE_AUTH:
             self._fail(msgid, name, errors.HelloRequired("authentication required"))
-            return True
+            return None
         pipeline = self.node.pipeline
         if (
             self.user is not None
             and pipeline.request_rate_enabled
             and self._refused_by_rate(msgid, name, admin=False)
         ):
-            return True
+            return None
         rc = REDIS_COMMANDS.get(name)
         if rc is not None:
             try:
                 params, reply = parse_call(rc, args)
             except errors.TenantKVError as exc:
                 self._fail(msgid, name, exc)
-                return True
+                return None
             self._convert[msgid] = reply
             req = protocol.Request(msgid, rc.command.name, params)
             if self._run_inline(rc.command, req):
-                return True
+                return None
             self._end_chunk_reads()
-            return await self._run(rc.command, req)
+            return self._run(rc.command, req)
         handler = LOCAL.get(name)
+        if handler is None:
+            self._fail(msgid, name, _unknown(name, args))
+            return None
+        self._end_chunk_reads()  # INFO and SELECT see the reads before them
+        return self._local(handler, msgid, name, args)
+
+    async def _local(self, handler: LocalHandler, msgid: int, name: str, args: list[bytes]) -> bool:
         try:
-            if handler is not None:
-                self._end_chunk_reads()  # INFO and SELECT see the reads before them
-                return await handler(self, msgid, args)
-            raise _unknown(name, args)
+            return await handler(self, msgid, args)
         except errors.TenantKVError as exc:
             self._fail(msgid, name, exc)
             return True
