@@ -51,7 +51,7 @@ class RequestDecoder:
         self.max_bulk_bytes = max_bulk_bytes
         self.max_frame_bytes = max_frame_bytes
         self.frame_limit = max_frame_bytes
-        self._buf = bytearray()
+        self._buf: bytes | bytearray = b""
         self._pos = 0  # where the command being decoded starts in _buf
         # A multibulk command being decoded, resumed where the last chunk ended (so
         # a 20 MiB MSET arriving in many chunks is parsed once, not once per chunk):
@@ -72,11 +72,20 @@ class RequestDecoder:
         return len(self._buf) > self._pos
 
     def feed(self, data: bytes | bytearray) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._cursor -= self._pos
-            self._pos = 0
-        self._buf += data
+        if not self._buf:
+            # Nothing pending (the usual case): keep the chunk as received, so each
+            # argument is sliced straight out of it (one copy, not two).
+            self._buf = bytes(data)
+            return
+        buf = self._buf
+        if not isinstance(buf, bytearray):  # a command continues: grow a bytearray
+            buf = bytearray(buf[self._pos :])
+        elif self._pos:
+            del buf[: self._pos]
+        self._cursor -= self._pos
+        self._pos = 0
+        buf += data
+        self._buf = buf
 
     def __iter__(self) -> Iterator[list[bytes]]:
         while self._pos < len(self._buf):
@@ -92,7 +101,7 @@ class RequestDecoder:
             self.frames += 1
             if args:  # an empty inline line is skipped, as Redis does
                 yield args
-        self._buf = bytearray()  # idle: hold no buffer
+        self._buf = b""  # idle: hold no buffer
         self._pos = self._cursor = 0
 
     def _parse(self, pos: int) -> tuple[list[bytes], int] | None:
