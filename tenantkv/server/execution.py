@@ -469,11 +469,8 @@ class Execution:
         holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
         self.pending_writes -= 1
         self.pending_write_bytes -= op.size_hint
-        stats = self.node.bucket_stats.get(b.name)
         if error is None:
-            if stats is not None:
-                stats.ops[method] += 1
-                self.node.latency.observe(b.name, method, time.perf_counter() - t0)
+            self.node.count_write(b.name, method, t0)
             user = self.user
             self.node.charge_write(b.name, op, user is not None and user.unthrottled, wrote=True)
             self._reply(msgid, result)

@@ -79,6 +79,18 @@ class BucketStats:
     errors: Counter[str] = field(default_factory=Counter)
 
 
+class WriteTally:
+    """The writes of one delivered commit: their charges per (bucket, unthrottled)
+    as ``[wu, cost]`` and their counts per (bucket, operation, start time), settled
+    once for the commit instead of once per write."""
+
+    __slots__ = ("charges", "timed")
+
+    def __init__(self) -> None:
+        self.charges: dict[tuple[str, bool], list[int]] = {}
+        self.timed: dict[tuple[str, str, float], int] = {}
+
+
 class Node:
     def __init__(self, config: Config, engine: Engine) -> None:
         self.engine = engine
@@ -124,9 +136,8 @@ class Node:
         self.connection_bypass: CidrMatcher
         self.queues: BucketQueueGate
         self.permits: WritePermitGate
-        #: the throttle clock's reading while a commit's writes are delivered
-        #: (their charges share it); None outside a delivery
-        self.batch_now: float | None = None
+        #: what the writes of the commit being delivered add up to (see _deliver)
+        self._tally: WriteTally | None = None
         self.writer = GroupCommitWriter(
             engine, self._deliver_threadsafe, taken=self._taken_threadsafe
         )
@@ -327,21 +338,45 @@ class Node:
         existing key, a miss still cost a commit): WU metered per record it wrote,
         throttle cost at least ``min_op_units x write_weight`` per key it touched
         (an MSET or DEL of many keys costs what those writes would one by one).
-        Charged at the instant the write's batch was delivered (:attr:`batch_now`:
-        one clock read per commit, not per write)."""
-        if bucket in self.throttle:
-            cfg = self.config
-            unit = cfg.write_unit_size
-            wu = 0
-            if wrote:
-                if op.record_bytes:
-                    wu = sum(write_units(n, unit) for n in op.record_bytes)
-                elif op.nbytes:
-                    wu = write_units(op.nbytes, unit)
-            floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
-            self.throttle.charge(
-                bucket, 0, wu, unthrottled=unthrottled, min_cost=floor, now=self.batch_now
-            )
+        Within a delivered commit the charges add up per bucket and go to the
+        throttle once, at the delivery's instant (:meth:`_deliver`)."""
+        if bucket not in self.throttle:
+            return
+        cfg = self.config
+        unit = cfg.write_unit_size
+        wu = 0
+        if wrote:
+            if op.record_bytes:
+                wu = sum(write_units(n, unit) for n in op.record_bytes)
+            elif op.nbytes:
+                wu = write_units(op.nbytes, unit)
+        floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
+        cost = floor if floor > cfg.write_weight * wu else cfg.write_weight * wu
+        tally = self._tally
+        if tally is None:
+            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost)
+            return
+        key = (bucket, unthrottled)
+        sums = tally.charges.get(key)
+        if sums is None:
+            tally.charges[key] = [wu, cost]
+        else:
+            sums[0] += wu
+            sums[1] += cost
+
+    def count_write(self, bucket: str, method: str, t0: float) -> None:
+        """Count a write that succeeded and time it from ``t0`` (perf_counter) to its
+        acknowledgement: once per commit for the writes that share a start (one
+        received chunk's), as a chunk's reads are."""
+        tally = self._tally
+        if tally is None:
+            stats = self.bucket_stats.get(bucket)
+            if stats is not None:
+                stats.ops[method] += 1
+                self.latency.observe(bucket, method, time.perf_counter() - t0)
+            return
+        key = (bucket, method, t0)
+        tally.timed[key] = tally.timed.get(key, 0) + 1
 
     def _expiry_written_threadsafe(self, expiry_ms: int) -> None:
         if self._token is not None:
@@ -366,12 +401,28 @@ class Node:
             self._token.run_sync_soon(self._deliver, batch)
 
     def _deliver(self, batch: list[Pending]) -> None:
-        self.batch_now = self.throttle.clock()
+        """Answer a committed batch's writes, then charge and count them together:
+        nothing else runs in between (a woken task runs after this returns), so the
+        throttle and the metrics end as if each write had been taken one by one."""
+        self._tally = tally = WriteTally()
         try:
             for p in batch:
                 p.callback(p.result, p.error)
         finally:
-            self.batch_now = None
+            self._tally = None
+            self._settle(tally)
+
+    def _settle(self, tally: WriteTally) -> None:
+        now = self.throttle.clock()
+        for (bucket, unthrottled), (wu, cost) in tally.charges.items():
+            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost, now=now)
+        if tally.timed:
+            done = time.perf_counter()
+            for (bucket, method, t0), n in tally.timed.items():
+                stats = self.bucket_stats.get(bucket)
+                if stats is not None:  # not deleted meanwhile
+                    stats.ops[method] += n
+                    self.latency.observe_many(bucket, method, done - t0, n)
 
     def submit(self, op: WriteOp, callback: Any, taken: Callable[[], None] | None = None) -> None:
         self.writer.submit(op, callback, taken)

@@ -219,3 +219,46 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     st = node.pipeline.request_limiter.statistics()
     assert st.rejected - before.rejected == 15
     assert st.attempted - before.attempted == 20
+
+
+async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """The writes a commit delivers are charged to the throttle in one sum per
+    bucket; the state afterwards is that of charging each write on its own,
+    debt bound included."""
+    import copy
+
+    from tenantkv.admission.tenant_throttle import write_units
+    from tenantkv.storage.records import HEADER_BYTES
+
+    cfg = node.config
+    sizes = [10, 5000, 9000, 100, 13000, 1, 4096, 20000] * 2
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        node.throttle.set_bucket("b", hard_limit=300)  # 30 units a slice: into debt
+        mock_clock.jump(1.0)
+        ref = copy.copy(node.throttle)
+        ref._buckets = copy.deepcopy(node.throttle._buckets)
+        now = trio.current_time()
+        ref._clock = lambda: now
+        for i, n in enumerate(sizes):
+            wu = write_units(len(b"w%d" % i) + HEADER_BYTES + n, cfg.write_unit_size)
+            floor = cfg.min_op_units * cfg.write_weight
+            ref.charge("b", 0, wu, min_cost=max(floor, cfg.write_weight * wu))
+        reqs = [(i, "set", {"key": b"w%d" % i, "value": b"x" * n}) for i, n in enumerate(sizes)]
+        await peer.send(*reqs)
+        got = await peer.responses(len(sizes))
+        assert all(r.error is None for r in got)
+        b, r = node.throttle._buckets["b"], ref._buckets["b"]
+        assert r.hard < 0  # the writes went into debt: the bound was in play
+        assert (b.credit, b.hard, b.wu_total, b.used_window) == (
+            r.credit,
+            r.hard,
+            r.wu_total,
+            r.used_window,
+        )
+        assert node.bucket_stats["b"].ops["set"] == len(sizes)
+        await peer.stream.aclose()
