@@ -82,25 +82,35 @@ async def test_rate_limiter_and_throttle_answer_with_a_hold_not_a_float(
     assert gate.try_acquire("a", unthrottled=True) is ADMITTED
 
 
-async def test_pipeline_fast_and_slow_paths_hold_the_same_gates(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def _pipeline(
+    *,
+    exemptions: str = "",
+    ingress: TicketHolder | None = None,
+    read_tickets: TicketHolder | None = None,
+) -> Pipeline:
+    """Every gate for one bucket ``b``, on Trio's clock, generous unless given."""
     throttle = TenantThrottle(trio.current_time)
     throttle.add_bucket("b")
     queues = BucketQueueGate.create()
     queues.add_bucket("b")
     permits = WritePermitGate.create(lambda: 0)
     permits.add_bucket("b")
-    p = Pipeline(
+    return Pipeline(
         request_limiter=RateLimiter.create(rate_per_sec=1, burst_capacity_secs=1),
-        request_exemptions=CidrMatcher("127.0.0.0/8", name="x"),
-        ingress=TicketHolder(10, name="ingress"),
+        request_exemptions=CidrMatcher(exemptions, name="x"),
+        ingress=ingress or TicketHolder(10, name="ingress"),
         throttle=TenantThrottleGate(throttle),
         queues=queues,
         permits=permits,
-        read_tickets=TicketHolder(10, name="read"),
+        read_tickets=read_tickets or TicketHolder(10, name="read"),
         write_tickets=TicketHolder(10, name="write"),
     )
+
+
+async def test_pipeline_fast_and_slow_paths_hold_the_same_gates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    p = _pipeline(exemptions="127.0.0.0/8")
     assert p.check_request_rate("10.0.0.1", admin=False) is None
     assert p.check_request_rate("10.0.0.1", admin=False) is not None  # 462, 1/s
     assert p.check_request_rate("127.0.0.1", admin=False) is None  # exempt address
@@ -131,23 +141,9 @@ async def test_an_inline_read_passes_every_gate_holding_nothing_and_counted(
     """try_pass_read: each gate checks a slot is free and nobody waits, counts the
     read as taken and given back, and holds nothing afterwards; when any gate is
     full (or has waiters) it answers False so the read takes the waiting path."""
-    throttle = TenantThrottle(trio.current_time)
-    throttle.add_bucket("b")
-    queues = BucketQueueGate.create()
-    queues.add_bucket("b")
-    permits = WritePermitGate.create(lambda: 0)
-    permits.add_bucket("b")
     ingress, reads = TicketHolder(2, name="ingress"), TicketHolder(2, name="read")
-    p = Pipeline(
-        request_limiter=RateLimiter.create(rate_per_sec=1, burst_capacity_secs=1),
-        request_exemptions=CidrMatcher("", name="x"),
-        ingress=ingress,
-        throttle=TenantThrottleGate(throttle),
-        queues=queues,
-        permits=permits,
-        read_tickets=reads,
-        write_tickets=TicketHolder(10, name="write"),
-    )
+    p = _pipeline(ingress=ingress, read_tickets=reads)
+    queues = p.queues
     for _ in range(5):
         assert p.try_pass_read("b", unthrottled=False)
     st = p.statistics()

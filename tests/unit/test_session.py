@@ -9,6 +9,7 @@ returning to zero when a connection ends mid-frame.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import trio
 import trio.testing
 
 from tenantkv import protocol
+from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.node import Node
@@ -81,6 +83,16 @@ async def run_session(node: Node, nursery: trio.Nursery) -> Peer:
     )
     nursery.start_soon(Session(node, server, "127.0.0.1:5555", conn_id).run)
     return Peer(client)
+
+
+def frozen_copy(throttle: TenantThrottle) -> TenantThrottle:
+    """A copy of ``throttle``'s state whose clock stays at now: the reference a
+    per-operation replay is checked against."""
+    ref = copy.copy(throttle)
+    ref._buckets = copy.deepcopy(throttle._buckets)
+    now = trio.current_time()
+    ref._clock = lambda: now
+    return ref
 
 
 async def test_pipelined_requests_are_answered_in_order(node: Node) -> None:
@@ -149,8 +161,6 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
     """The reads of one received chunk are admitted as a run and charged once; the
     outcome per read and the throttle's state afterwards are those of admitting and
     charging each read on its own (the reference below), across the hard limit."""
-    import copy
-
     from tenantkv.admission.tenant_throttle import TenantThrottleGate
 
     sizes = [10, 5000, 9000, 0, 100, 13000, 0, 4096, 1, 0] * 3  # 0: a miss
@@ -166,10 +176,7 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
                 await peer.responses(1)
         node.throttle.set_bucket("b", hard_limit=200)  # 20 units a 100 ms slice
         mock_clock.jump(1.0)  # past the sets' window: a fresh slice for the reads
-        ref = copy.copy(node.throttle)  # the per-operation reference, same state
-        ref._buckets = copy.deepcopy(node.throttle._buckets)
-        now = trio.current_time()
-        ref._clock = lambda: now
+        ref = frozen_copy(node.throttle)  # the per-operation reference, same state
         gate = TenantThrottleGate(ref)
         expected = []
         for i, n in enumerate(sizes):
@@ -227,8 +234,6 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     """The writes a commit delivers are charged to the throttle in one sum per
     bucket; the state afterwards is that of charging each write on its own,
     debt bound included."""
-    import copy
-
     from tenantkv.admission.tenant_throttle import write_units
     from tenantkv.storage.records import HEADER_BYTES
 
@@ -240,10 +245,7 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
         await peer.responses(1)
         node.throttle.set_bucket("b", hard_limit=300)  # 30 units a slice: into debt
         mock_clock.jump(1.0)
-        ref = copy.copy(node.throttle)
-        ref._buckets = copy.deepcopy(node.throttle._buckets)
-        now = trio.current_time()
-        ref._clock = lambda: now
+        ref = frozen_copy(node.throttle)
         for i, n in enumerate(sizes):
             wu = write_units(len(b"w%d" % i) + HEADER_BYTES + n, cfg.write_unit_size)
             floor = cfg.min_op_units * cfg.write_weight
