@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from tenantkv import protocol
-from tenantkv.admission.tenant_throttle import TenantThrottle
+from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.node import Node
@@ -161,8 +161,6 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
     """The reads of one received chunk are admitted as a run and charged once; the
     outcome per read and the throttle's state afterwards are those of admitting and
     charging each read on its own (the reference below), across the hard limit."""
-    from tenantkv.admission.tenant_throttle import TenantThrottleGate
-
     sizes = [10, 5000, 9000, 0, 100, 13000, 0, 4096, 1, 0] * 3  # 0: a miss
     unit, floor = node.config.read_unit_size, node.config.min_op_units
     async with trio.open_nursery() as nursery:
@@ -234,7 +232,6 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     """The writes a commit delivers are charged to the throttle in one sum per
     bucket; the state afterwards is that of charging each write on its own,
     debt bound included."""
-    from tenantkv.admission.tenant_throttle import write_units
     from tenantkv.storage.records import HEADER_BYTES
 
     cfg = node.config
