@@ -272,11 +272,26 @@ class TokenBucket:
         """Count one exempt caller (never limited)."""
         self._exempted += 1
 
-    def record_rejection(self) -> None:
-        """Count a caller refused without a new look at the clock: the caller's
-        decision for a batch of requests (one received chunk) already said no."""
-        self._attempted += 1
-        self._rejected += 1
+    def lend(self) -> float | None:
+        """Every token the bucket holds now, lent to a batch of callers that run one
+        after another with nothing else taking in between (one received chunk's
+        requests). Each takes one while at least one is left (``>= 1 - 1e-9``, as
+        :meth:`take`) and is refused otherwise, waiting ``(1 - left) / rate``: the
+        answers :meth:`take` would give them at this instant, for one clock read.
+        None while callers wait to borrow (they come first: take one by one).
+        Give back what is left, with the counts, by :meth:`settle`."""
+        if self._waiters:
+            return None
+        t = self._refill(self._clock())
+        self._tokens = 0.0
+        return t
+
+    def settle(self, left: float, admitted: int, refused: int) -> None:
+        """End a loan of :meth:`lend`: ``left`` tokens come back; count the batch."""
+        self._tokens += left
+        self._attempted += admitted + refused
+        self._successful += admitted
+        self._rejected += refused
 
     # ------------------------------------------------------------------ borrowing
 
@@ -520,11 +535,17 @@ class RateLimiter:
         """The error for the last :meth:`try_acquire` that answered None."""
         return self.bucket.rejection(self._refused_wait)
 
-    def refuse_again(self) -> None:
-        """Count a refusal that repeats one made for the same batch of requests (the
-        rest of a received chunk after its first refusal): no clock read, no token
-        looked at — the batch's single decision stands."""
-        self.bucket.record_rejection()
+    def lend(self) -> float | None:
+        """:meth:`TokenBucket.lend`: the tokens for one received chunk's requests."""
+        return self.bucket.lend()
+
+    def settle(self, left: float, admitted: int, refused: int) -> None:
+        """:meth:`TokenBucket.settle`."""
+        self.bucket.settle(left, admitted, refused)
+
+    def rejection_when(self, left: float) -> ServerError:
+        """The error for a caller of a loan refused with ``left`` tokens remaining."""
+        return self.bucket.rejection((1.0 - left) / self.bucket.rate_per_sec)
 
     def release(self, hold: Admitted, /) -> None:
         """Nothing to give back: a token is spent once taken."""

@@ -41,6 +41,8 @@ from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
 
+#: A whole token of a request-rate loan (the token bucket's own float tolerance).
+RATE_TOKEN = 1.0 - 1e-9
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
 
@@ -91,7 +93,11 @@ class Execution:
         self._chunk_t0 = 0.0
         #: the throttle clock's reading for the chunk being handled (one per chunk)
         self._chunk_now = 0.0
-        #: the request rate limiter's refusal in the chunk being handled, if any
+        #: the request rate limiter's tokens lent to the chunk being handled (None:
+        #: no loan), the requests admitted and refused with them, and the refusal
+        self._rate_left: float | None = None
+        self._rate_admitted = 0
+        self._rate_refused = 0
         self._chunk_refusal: errors.ServerError | None = None
         #: the run of inline reads being admitted (see _admit_read): its bucket
         #: (None: no run), user privilege, throttle allowance, reads and their units
@@ -127,20 +133,43 @@ class Execution:
         (call it when ``pipeline.request_rate_enabled``): True when it refused the
         request, answered with 462.
 
-        One decision per chunk: once it refused a request of the chunk being
-        handled, the rest of that chunk (admin commands aside) is refused with the
-        same answer and counted, without asking the limiter again — as at the
-        chunk's instant, when no token can have come back in between."""
-        refused = self._chunk_refusal
-        if refused is not None and not admin:
-            self.node.pipeline.request_limiter.refuse_again()
-        else:
-            refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
-            if refused is None:
-                return False
-            self._chunk_refusal = refused
+        Decided per chunk: the first request of a chunk borrows every token the
+        limiter holds (:meth:`Pipeline.lend_request_tokens`, one clock read); each
+        request of the chunk then takes one from the loan while one is left and is
+        refused otherwise — all with the same answer, as at the chunk's instant —
+        and :meth:`_settle_rate` gives back the rest and counts them when the chunk
+        ends or anything awaits. Admin commands and exempt addresses pass, counted,
+        as :meth:`Pipeline.check_request_rate` says."""
+        if not admin:
+            left = self._rate_left
+            if left is None:
+                left = self._rate_left = self.node.pipeline.lend_request_tokens(self.peer_ip)
+            if left is not None:
+                if left >= RATE_TOKEN:
+                    self._rate_left = left - 1.0
+                    self._rate_admitted += 1
+                    return False
+                refused = self._chunk_refusal
+                if refused is None:
+                    limiter = self.node.pipeline.request_limiter
+                    refused = self._chunk_refusal = limiter.rejection_when(left)
+                self._rate_refused += 1
+                self._fail(msgid, method, refused)
+                return True
+        refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
+        if refused is None:
+            return False
         self._fail(msgid, method, refused)
         return True
+
+    def _settle_rate(self) -> None:
+        """Give the chunk's unused request tokens back and count its requests."""
+        left = self._rate_left
+        if left is not None:
+            self._rate_left = None
+            self.node.pipeline.request_limiter.settle(left, self._rate_admitted, self._rate_refused)
+            self._rate_admitted = self._rate_refused = 0
+        self._chunk_refusal = None
 
     def _backlogged(self, cmd: Command | None) -> bool:
         """Must this command wait for the connection's earlier writes? Reads and admin
@@ -393,7 +422,7 @@ class Execution:
         """End the run of inline reads, close the chunk's read transaction and record
         its reads' counts and latency (before anything awaits)."""
         self._end_read_run()
-        self._chunk_refusal = None  # time will pass: the next refusal is decided anew
+        self._settle_rate()  # time will pass: the next chunk's requests decide anew
         if self._rtxn is not None:
             self.node.engine.end_read(self._rtxn)
             self._rtxn = None

@@ -273,7 +273,6 @@ class Session(Execution):
                 frames = decoder.frames
                 self._chunk_t0 = time.perf_counter()
                 self._chunk_now = clock()
-                self._chunk_refusal = None
                 decoder.feed(data)
                 self._track_held(decoder)
                 if not await self._handle_chunk(decoder):

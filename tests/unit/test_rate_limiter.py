@@ -490,3 +490,41 @@ def test_rejection_hints_spread_and_are_never_sooner_than_the_wait() -> None:
     hints = {tb.rejection(wait).retry_after_ms for _ in range(200)}
     assert len(hints) > 20
     assert min(h or 0 for h in hints) >= round(wait * 1000)
+
+
+@given(
+    tokens_at=st.floats(0.0, 10.0),
+    n=st.integers(0, 30),
+    rate=st.sampled_from([0.5, 1.0, 3.0, 100.0]),
+)
+def test_a_loan_answers_each_caller_as_take_would_at_that_instant(
+    tokens_at: float, n: int, rate: float
+) -> None:
+    """lend/settle (one received chunk's requests): the same admissions, refusal
+    waits, tokens left and counters as n calls of take at the same instant."""
+    buckets = []
+    for _ in range(2):
+        now = [0.0]
+        b = TokenBucket(lambda now=now: now[0], rate_per_sec=rate, burst_capacity_secs=10)
+        b._tokens, b._last = tokens_at, 0.0
+        now[0] = 0.0
+        buckets.append(b)
+    one, lent = buckets
+    by_take = [one.take() for _ in range(n)]
+    left = lent.lend()
+    assert left is not None
+    by_loan = []
+    admitted = refused = 0
+    for _ in range(n):
+        if left >= 1.0 - 1e-9:
+            left -= 1.0
+            admitted += 1
+            by_loan.append(0.0)
+        else:
+            refused += 1
+            by_loan.append((1.0 - left) / rate)
+    lent.settle(left, admitted, refused)
+    assert by_loan == pytest.approx(by_take)
+    assert lent._tokens == pytest.approx(one._tokens)
+    a, b = one.statistics(), lent.statistics()
+    assert (a.attempted, a.successful, a.rejected) == (b.attempted, b.successful, b.rejected)
