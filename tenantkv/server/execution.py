@@ -418,11 +418,13 @@ class Execution:
             txn = self._rtxn = self.node.engine.begin_read()
         return txn
 
-    def _end_chunk_reads(self) -> None:
-        """End the run of inline reads, close the chunk's read transaction and record
-        its reads' counts and latency (before anything awaits)."""
+    def _settle_chunk(self) -> None:
+        """Settle what the chunk decided at once, before anything awaits (time will
+        pass, other tasks run): charge and count the run of inline reads, give the
+        request-rate loan back, close the read transaction, record the reads'
+        counts and latency."""
         self._end_read_run()
-        self._settle_rate()  # time will pass: the next chunk's requests decide anew
+        self._settle_rate()
         if self._rtxn is not None:
             self.node.engine.end_read(self._rtxn)
             self._rtxn = None

@@ -172,7 +172,7 @@ class RedisSession(Session):
                 if self._should_pause(handled):
                     await self._pause()
         finally:
-            self._end_chunk_reads()
+            self._settle_chunk()
         return True
 
     def _command(self, args: list[bytes]) -> Coroutine[Any, Any, bool] | None:
@@ -204,13 +204,13 @@ class RedisSession(Session):
             req = protocol.Request(msgid, rc.command.name, params)
             if self._run_inline(rc.command, req):
                 return None
-            self._end_chunk_reads()
+            self._settle_chunk()
             return self._run(rc.command, req)
         handler = LOCAL.get(name)
         if handler is None:
             self._fail(msgid, name, _unknown(name, args))
             return None
-        self._end_chunk_reads()  # INFO and SELECT see the reads before them
+        self._settle_chunk()  # INFO and SELECT see the reads before them
         return self._local(handler, msgid, name, args)
 
     async def _local(self, handler: LocalHandler, msgid: int, name: str, args: list[bytes]) -> bool:

@@ -314,7 +314,7 @@ class Session(Execution):
                         return False  # its user was deleted: nothing more of theirs runs
                     self._refuse_shutting_down(req)
                 elif self.user is None:
-                    self._end_chunk_reads()
+                    self._settle_chunk()
                     if not await self._hello(req):
                         return False
                 else:
@@ -324,13 +324,13 @@ class Session(Execution):
                     ):
                         pass  # answered with 462
                     elif not self._run_inline(cmd, req):
-                        self._end_chunk_reads()
+                        self._settle_chunk()
                         if not await self._run(cmd, req):
                             return False
                 if self._should_pause(handled):
                     await self._pause()
         finally:
-            self._end_chunk_reads()
+            self._settle_chunk()
         return True
 
     def _should_pause(self, handled: int) -> bool:
@@ -346,7 +346,7 @@ class Session(Execution):
     async def _pause(self) -> None:
         """Send what is ready, wait for this connection's writes while too many are
         unanswered, and yield: a long pipelined chunk cannot hold the loop."""
-        self._end_chunk_reads()
+        self._settle_chunk()
         await self._wait_drained()
         await trio.lowlevel.checkpoint()
 
