@@ -19,6 +19,14 @@ order, bounded by the request's deadline. Either way the caller gets
 a :class:`Holds` and releases it exactly once when the operation is over — a
 read right after it ran, a write when its group commit is durable.
 
+A read that runs inline (to completion, on the event loop) takes
+:meth:`Pipeline.try_pass_read` instead: every gate checks and counts it, nothing
+is held. The session admits the requests of one received chunk together where
+that cannot change an answer (``server/execution.py``): a run of inline reads
+through one ``try_pass_read`` and the throttle's run allowance, charged once
+(:meth:`passed_reads` counts the rest of the run), and the request rate limiter's
+tokens lent to the chunk (:meth:`lend_request_tokens`).
+
 A rejection anywhere happens before storage, so the operation had no effect.
 Exempt work (admin commands, the expiry pager) does not come through here.
 """
