@@ -102,6 +102,28 @@ def _put(
     return cas
 
 
+def upsert(
+    w: WriteContext, h: BucketHandle, key: bytes, value: bytes, expiry_ms: int, flags: int
+) -> tuple[int, bytes | memoryview | None]:
+    """Put a record whatever was there: one B-tree operation that also returns the
+    old record (``replace``), which is only needed to keep the expiry index in
+    step. Returns ``(cas, the old stored record or None)``; ``expiry_ms`` must be 0
+    or in the future."""
+    cas = w.next_cas()
+    old_raw = w.txn.replace(key, records.encode(value, cas, expiry_ms, flags), db=h.db)
+    if old_raw is not None:
+        old_expiry = records.HEADER.unpack_from(old_raw)[1]
+        if old_expiry and old_expiry != expiry_ms:
+            w.txn.delete(records.expiry_key(old_expiry, h.name, key), db=w.engine.expiry)
+        elif old_expiry == expiry_ms and expiry_ms:
+            return cas, old_raw
+    if expiry_ms:
+        w.txn.put(records.expiry_key(expiry_ms, h.name, key), b"", db=w.engine.expiry)
+        if not w.earliest_expiry_ms or expiry_ms < w.earliest_expiry_ms:
+            w.earliest_expiry_ms = expiry_ms
+    return cas, old_raw
+
+
 def _delete(w: WriteContext, h: BucketHandle, key: bytes, old: Record) -> None:
     w.txn.delete(key, db=h.db)
     if old.expiry_ms:
@@ -150,23 +172,7 @@ class SetOp(WriteOp):
         return {"cas": cas}
 
     def _upsert(self, w: WriteContext, h: BucketHandle) -> Any:
-        """Unconditional set: one B-tree operation that also returns the old record
-        (``replace``), which is only needed to keep the expiry index in step."""
-        cas = w.next_cas()
-        expiry = expiry_from_ttl(w.now_ms, self.ttl)
-        old_raw = w.txn.replace(
-            self.key, records.encode(self.value, cas, expiry, self.flags), db=h.db
-        )
-        if old_raw is not None:
-            old_expiry = records.HEADER.unpack_from(old_raw)[1]
-            if old_expiry and old_expiry != expiry:
-                w.txn.delete(records.expiry_key(old_expiry, h.name, self.key), db=w.engine.expiry)
-            elif old_expiry == expiry and expiry:
-                return {"cas": cas}
-        if expiry:
-            w.txn.put(records.expiry_key(expiry, h.name, self.key), b"", db=w.engine.expiry)
-            if not w.earliest_expiry_ms or expiry < w.earliest_expiry_ms:
-                w.earliest_expiry_ms = expiry
+        cas, _ = upsert(w, h, self.key, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
         return {"cas": cas}
 
 

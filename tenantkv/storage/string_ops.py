@@ -28,6 +28,7 @@ from tenantkv.storage.ops import (
     _put,
     _stored,
     parse_int64,
+    upsert,
 )
 from tenantkv.storage.records import Record
 
@@ -105,6 +106,18 @@ class StringSetOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
+        if not self.only and self.expiry.mode != "keep":
+            expiry = self.expiry.at(w.now_ms, None)
+            if not expiry or expiry > w.now_ms:
+                # A plain SET (maybe with EX/PX/EXAT/PXAT): no condition on the old
+                # record, so one B-tree operation writes it and returns the old one.
+                _, old_raw = upsert(w, h, self.key, self.value, expiry, 0)
+                self.nbytes = len(self.key) + records.HEADER_BYTES + len(self.value)
+                if old_raw is None:
+                    return True, None
+                old_expiry = records.HEADER.unpack_from(old_raw)[1]
+                live = not old_expiry or old_expiry > w.now_ms
+                return True, bytes(old_raw[records.HEADER_BYTES :]) if live else None
         old, live = _live(w, h, self.key)
         previous = live.value if live is not None else None
         if (self.only == "nx" and live is not None) or (self.only == "xx" and live is None):

@@ -303,3 +303,28 @@ def test_a_backward_clock_step_resurrects_no_expired_key(store: Store) -> None:
     store.ok(SetOp(b, b"new", b"v", ttl=10))
     store.clock.ms += 3_600_000 + 11_000
     assert store.get(b"new") is None
+
+
+def test_a_plain_redis_set_upserts_and_keeps_the_expiry_index_in_step(store: Store) -> None:
+    """Redis SET without NX/XX/KEEPTTL writes in one B-tree operation: it returns the
+    old live value (for SET ... GET), clears or moves the expiry index entry, and an
+    expiry already past still deletes the key."""
+    from tenantkv.storage.string_ops import CLEAR, Expiry, StringSetOp
+
+    b = store.bucket()
+    assert store.ok(StringSetOp(b, b"k", b"v1", Expiry("relative", 10_000))) == (True, None)
+    assert store.ok(StringSetOp(b, b"k", b"v2")) == (True, b"v1")  # the TTL is cleared
+    assert store.ok(StringSetOp(b, b"m", b"v1", Expiry("relative", 10_000))) == (True, None)
+    assert store.ok(StringSetOp(b, b"m", b"v2", Expiry("relative", 100_000))) == (True, b"v1")
+    assert store.ok(StringSetOp(b, b"x", b"v1", Expiry("relative", 1_000))) == (True, None)
+    store.clock.ms += 20_000
+    assert store.ok(StringSetOp(b, b"x", b"v2", CLEAR)) == (True, None)  # old one expired
+    assert store.ok(ExpireDueOp())["removed"] == 0
+    assert store.get(b"k").value == b"v2" and store.get(b"k").expiry_ms == 0
+    assert store.get(b"m").value == b"v2" and store.get(b"x").value == b"v2"
+    store.clock.ms += 100_000
+    assert store.ok(ExpireDueOp())["removed"] == 1
+    assert store.get(b"m") is None and store.get(b"k") is not None
+    past = Expiry("absolute", store.clock.ms - 1)
+    assert store.ok(StringSetOp(b, b"k", b"v3", past)) == (True, b"v2")
+    assert store.get(b"k") is None  # an expiry already past deletes the key, as Redis does
