@@ -186,13 +186,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
     p.add_argument("--keys", type=int, help="distinct keys, all preloaded [10000; quick 1000]")
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="CPU placement: none = the OS decides; split = the daemon on the first CPU, "
-        "the load generator on the others [none]",
-    )
+    report.pin_flag(p)
     report.json_flag(p)
     report.quick_flag(p)
     p.set_defaults(func=run)
@@ -213,10 +207,7 @@ def _finish_args(args: argparse.Namespace) -> None:
     if args.reps < 1 or args.keys < 1:
         raise BenchError("--reps and --keys must be >= 1")
     args.pool = max(MIN_POOL, 2 * max(args.conns) * max(args.depths))
-    args.server_cpus, args.client_cpus = None, None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        args.server_cpus, args.client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
 
 
 # -- modes -------------------------------------------------------------------------

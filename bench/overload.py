@@ -148,13 +148,7 @@ def add_parser(sub: Any) -> None:
     )
     report.quick_flag(p)
     report.json_flag(p)
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="none = the OS places processes; split = daemon on the first CPU, load on "
-        "the others [none]",
-    )
+    report.pin_flag(p)
     p.add_argument("--seconds", type=float, help="window per run [8; quick 2]")
     p.add_argument("--warmup", type=float, help="load before each window [1; quick 0.5]")
     p.add_argument(
@@ -211,10 +205,7 @@ def _finish_args(args: argparse.Namespace) -> None:
         raise BenchError("--capacity must be > 0")
     if args.storm_rate <= 0 or args.conn_rate <= 0 or args.burst_secs <= 0:
         raise BenchError("--storm-rate, --conn-rate and --burst-secs must be > 0")
-    args.server_cpus, args.client_cpus = None, None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        args.server_cpus, args.client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
 
 
 # -- helpers -----------------------------------------------------------------------

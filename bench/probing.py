@@ -131,13 +131,7 @@ def add_parser(sub: Any) -> None:
     )
     report.quick_flag(p)
     report.json_flag(p)
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="none = the OS places processes; split = daemon on the first CPU, load on "
-        "the others [none]",
-    )
+    report.pin_flag(p)
     p.add_argument(
         "--sizes", type=_size_list, help="pool sizes swept [1,2,4,...,512; quick 1,16,256]"
     )
@@ -219,10 +213,7 @@ def _finish_args(args: argparse.Namespace) -> None:
         raise BenchError("--overhead-seconds must be > 0, --value-size >= 0")
     if "probing" in args.part and "sweep" not in args.part:
         args.part = ["sweep", *args.part]  # probing's reference is the sweep's best
-    args.server_cpus, args.client_cpus = None, None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        args.server_cpus, args.client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
 
 
 # -- daemons and samples ---------------------------------------------------------------

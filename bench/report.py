@@ -229,6 +229,20 @@ def quick_flag(p: argparse.ArgumentParser, what: str = "a fast smoke run, < 40 s
     p.add_argument("--quick", action="store_true", help=what)
 
 
+def pin_flag(
+    p: argparse.ArgumentParser,
+    what: str = "split = the daemon on the first CPU, the load generator on the others",
+) -> None:
+    """``--pin none|split``, as the subcommands that compare CPU placements have it
+    (resolved by :func:`bench.servers.pin_cpus`)."""
+    p.add_argument(
+        "--pin",
+        choices=("none", "split"),
+        default="none",
+        help=f"CPU placement: none = the OS decides; {what} [none]",
+    )
+
+
 def write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
     if path == "-":

@@ -95,12 +95,9 @@ def add_parser(sub: Any) -> None:
         "--warmup", type=float, help="MessagePack load: warm-up before the window [0.5; quick 0.2]"
     )
     p.add_argument("--rounds", type=int, help="rounds per cell, median kept [3; quick 1]")
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="CPU placement: split = servers on the first CPU, redis-benchmark and the "
-        "load generator on the others [none]",
+    report.pin_flag(
+        p,
+        "split = servers on the first CPU, redis-benchmark and the load generator on the others",
     )
     report.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
     report.json_flag(p)
@@ -119,10 +116,7 @@ def _finish_args(args: argparse.Namespace) -> None:
         raise BenchError("--seconds > 0, --warmup >= 0, --rounds >= 1")
     if args.value_size < 1 or args.keys < 1:
         raise BenchError("--value-size and --keys must be >= 1")
-    args.server_cpus, args.client_cpus = None, None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        args.server_cpus, args.client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
 
 
 # -- one redis-benchmark run ----------------------------------------------------------

@@ -10,6 +10,7 @@ client one.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -95,6 +96,15 @@ def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
     if not cpus:
         return None
     return lambda: os.sched_setaffinity(0, cpus)
+
+
+def pin_cpus(args: argparse.Namespace) -> None:
+    """Resolve ``--pin`` (:func:`bench.report.pin_flag`) into ``args.server_cpus``
+    and ``args.client_cpus`` (None: the OS decides)."""
+    args.server_cpus, args.client_cpus = None, None
+    if args.pin == "split":
+        srv, cli = split_cpus()
+        args.server_cpus, args.client_cpus = srv, frozenset(cli)
 
 
 def split_cpus() -> tuple[set[int], set[int]]:

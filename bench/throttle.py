@@ -110,13 +110,7 @@ def add_parser(sub: Any) -> None:
     )
     report.quick_flag(p)
     report.json_flag(p)
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="CPU placement: none = the OS decides; split = the daemon on the first CPU, "
-        "the load generator on the others [none]",
-    )
+    report.pin_flag(p)
     p.add_argument(
         "--seconds",
         type=float,
@@ -191,10 +185,7 @@ def _finish_args(args: argparse.Namespace) -> None:
             raise BenchError("--client resp drives the hard-limit scenario only")
         if resp.find_redis_benchmark() is None:
             raise BenchError("--client resp needs redis-benchmark (apt-get install redis-tools)")
-    args.server_cpus, args.client_cpus = None, None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        args.server_cpus, args.client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
 
 
 # -- a daemon per scenario -------------------------------------------------------

@@ -70,12 +70,10 @@ def add_parser(sub: Any) -> None:
         help="open loop: total target ops/s per cell, spread evenly over the connections; "
         "latency counts from the scheduled send time [closed loop, max rate]",
     )
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="CPU placement: none = the OS decides; split = servers on the first CPU, "
-        "load generator on the others (repeatable 1-connection cells) [none]",
+    report.pin_flag(
+        p,
+        "split = servers on the first CPU, the load generator on the others "
+        "(repeatable 1-connection cells)",
     )
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
     report.json_flag(p)
@@ -125,11 +123,8 @@ def _log(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = _value(args.value_size)
-    server_cpus: set[int] | None = None
-    client_cpus: frozenset[int] | None = None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        server_cpus, client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
+    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta: dict[str, Any] = {
         "machine": report.machine_info(),
         "source": report.source_info(),

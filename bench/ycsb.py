@@ -128,12 +128,9 @@ def add_parser(sub: Any) -> None:
         help="most load-generator processes per cell [CPU count]",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the workload plans [1]")
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help="CPU placement: none = the OS decides; split = servers on the first CPU, "
-        "load generator on the others [none]",
+    report.pin_flag(
+        p,
+        "split = servers on the first CPU, the load generator on the others",
     )
     p.add_argument(
         "--vs-redis",
@@ -288,11 +285,8 @@ def _prefix(workload: str, distribution: str) -> bytes:
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"ycsb")
-    server_cpus: set[int] | None = None
-    client_cpus: frozenset[int] | None = None
-    if args.pin == "split":
-        srv, cli = servers.split_cpus()
-        server_cpus, client_cpus = srv, frozenset(cli)
+    servers.pin_cpus(args)
+    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta = report.run_meta(args)
     meta["settings"]["server_cpus"] = sorted(server_cpus) if server_cpus else None
     meta["settings"]["client_cpus"] = sorted(client_cpus) if client_cpus else None
