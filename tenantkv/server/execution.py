@@ -341,16 +341,14 @@ class Execution:
             if prep.op is None:
                 self.read_sizes.clear()
                 self.read_keys = 1
+                outcome = "error"
                 try:
                     result = cmd.handler(self, b, prep.params)
-                except BaseException:
+                    outcome = "ok"
+                finally:
                     if holds is None and node.queues.watched:
-                        self._read_handled(prep, "error")
-                    raise
-                if holds is None:
-                    if node.queues.watched:
-                        self._read_handled(prep, "ok")
-                else:
+                        self._read_handled(prep, outcome)
+                if holds is not None:
                     holds.release(method)
                     h = None
                 if t0 is None:  # inline: charged with its run
