@@ -1,216 +1,380 @@
-"""Leased tenant quota: one bucket's rate shared by several consumers (sans-IO).
+"""Rate leases: one node's tenant limits kept by several worker processes (sans-IO).
 
-The groundwork of ``serve --workers N`` (issue 19): a bucket's limit is a promise
-about the node, but each worker process sees only its own connections. As in
-CockroachDB's distributed token bucket (RFC 20210604), a **global bucket** per
-tenant lives in one place (:class:`QuotaServer`, the supervisor's) and each
-worker keeps a **local bucket** (:class:`QuotaClient`) that asks for grants
-ahead of need, one target period at a time, reporting what it consumed and
-what waits. Nothing here does I/O or reads a clock: callers pass ``now`` and
-carry the messages (:class:`GrantRequest`, :class:`Grant`) however they like,
-so the same protocol can later run between nodes.
+``serve --workers N`` (issue 19) runs N workers, each with its own
+:class:`~tenantkv.admission.tenant_throttle.TenantThrottle` admitting the
+requests of the connections the kernel gave it. A bucket's reservation and hard
+limit and the node capacity are promises about the node, so the supervisor
+decides how much of each bucket every worker may spend. In the spirit of
+CockroachDB's distributed token bucket, but leasing **rates** rather than
+tokens, because the throttle is rate-based (every bucket's counter is refilled
+each slice at its allowance rate):
 
-The rules, and why they keep the limit:
+Reports (worker -> supervisor, :func:`usage_to_wire`)
+    Every slice (100 ms), and at once when a bucket gets its first connection on
+    the worker or newly turns hungry there (``TenantThrottle.on_demand_event``),
+    a worker sends :meth:`TenantThrottle.usage`: per bucket its connections, whether
+    it is hungry (throttled recently or has waiters), its demand rate and its
+    unthrottled rate, the same measures a single process allocates by.
 
-- The global bucket refills at ``rate`` up to ``burst`` and may lend ahead by
-  at most ``LEND_PERIODS`` periods of refill. Over any interval the node admits
-  at most ``burst + rate x (interval + 2 periods)`` — the ideal single bucket's
-  bound plus 0.2 s of the rate, 2 % of a 10 s window at the default 100 ms.
-- A grant is delivered at once while the global bucket is comfortably full, and
-  as a **trickle** (tokens spread over the period) once it runs low, so a
-  consumer cannot burn a large grant in a burst while the others starve.
-- When the bucket cannot cover every request, each consumer gets its share of
-  the refill since its own last grant — time-based, so asking first or often
-  gains nothing — shared by **recent demand**: what each consumer's clients
-  asked for per second, admitted or not, plus its waiting backlog drained over
-  one period. (Sharing by what was consumed would feed back: the consumer that
-  got more would ask for more.) Consumers whose requests stop (a worker that
-  died) drop out of the shares after ``LEASE_PERIODS`` periods; whatever a dead
-  consumer held is lost, never more than its last grant.
-- A consumer returns what it holds beyond two periods of its own use with its
-  next request, so idle workers do not sit on the node's tokens.
+Allocation (the supervisor, :class:`QuotaAllocator`)
+    The reports of the live workers are summed per bucket (connections, demand,
+    unthrottled; hungry if any worker is) and each bucket's **node rate** comes
+    from :func:`~tenantkv.admission.tenant_throttle.allocate_rates`, the very
+    function a single process uses: reservation + water-filled share of the free
+    pool, capped at the hard limit, slow start for a bucket nobody is connected
+    to. So the node behaves as one throttle would.
+
+Split (one bucket's node rate between the workers)
+    Each worker first gets its unthrottled rate (it cannot be held back), then
+    the rest is water-filled: a worker hungry on the bucket may take any amount,
+    any other at most ``DEMAND_HEADROOM x`` its demand + one unit per slice, in
+    proportion to its connections to the bucket. What is left after those caps
+    goes to the workers in proportion to their connections (a reservation is
+    there the moment a connection wants it, wherever it landed). The shares add
+    up to the node rate exactly, so neither the capacity nor a hard limit can be
+    exceeded by their sum. The reserved and hard rates are split in the same
+    proportions. A worker with no connection, demand or hunger on a bucket gets
+    nothing, and its lease does not mention the bucket.
+
+Leases (supervisor -> worker, :func:`lease_to_wire`)
+    Per bucket a :class:`BucketLease` (rate, reserved rate, hard rate), applied
+    with :meth:`TenantThrottle.apply_lease`: the worker's throttle takes those
+    rates instead of computing them and otherwise runs as before (pro-rata
+    credit for the rest of the slice, refill, spill of its own unused share to
+    its own hungry buckets, debt), so the per-request path does not change.
+
+Why the limits hold, and the bounds where they lag
+    * Every lease's shares of a bucket sum to its node rate, and the node rates
+      sum to at most the capacity, so leases computed together never promise
+      more than one throttle would. A worker's counters stay within one slice
+      of its shares; a lowered hard share clips its counter at once.
+    * One round trip of lag: a worker that turns hungry keeps its old share
+      until its report's answer arrives; the shares other workers give up are
+      given up at their next report, at most a slice later. So after a change
+      the node may run up to one slice (plus the round trip) at the old split.
+    * Provisional share: a bucket a worker's lease does not mention (new, or
+      first connected there) runs at ``1/N`` of what the worker alone would
+      allocate it (``apply_lease(workers=N)``), until the answer to its event
+      report arrives. Each such share is at most ``1/N`` of the hard limit and
+      the worker's provisional shares together at most ``1/N`` of the capacity,
+      so all N workers together add at most one node rate (one hard limit) for
+      one round trip plus one slice of counter.
+    * A dead worker: the supervisor is told (:meth:`QuotaAllocator.forget`), or
+      it stops reporting and is dropped after ``LEASE_SLICES`` slices. Either
+      way its share goes to the others with their next reports; nothing it
+      held can be spent again (its counters died with it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
-#: How far ahead a consumer asks: one period of its use (CockroachDB uses 10 s
-#: across nodes; workers on one machine can afford much shorter periods).
-TARGET_PERIOD: Final = 0.1
-#: A consumer that has not asked for this many periods drops out of the shares.
-LEASE_PERIODS: Final = 3
-#: The global bucket lends at most this many periods of refill ahead.
-LEND_PERIODS: Final = 2
-#: Below this fraction of the burst, grants trickle instead of arriving at once.
-TRICKLE_BELOW: Final = 0.5
-#: Weight of the newest period in a consumer's demand-rate average.
-RATE_ALPHA: Final = 0.5
+from tenantkv.admission.tenant_throttle import (
+    DEMAND_HEADROOM,
+    BucketLease,
+    BucketUse,
+    TenantThrottle,
+    allocate_rates,
+    water_fill,
+)
 
+__all__ = [
+    "LEASE_SLICES",
+    "WIRE_VERSION",
+    "BucketLease",
+    "BucketUse",
+    "QuotaAllocator",
+    "lease_from_wire",
+    "lease_to_wire",
+    "usage_from_wire",
+    "usage_to_wire",
+]
 
-@dataclass(frozen=True, slots=True)
-class GrantRequest:
-    """What a consumer asks for: who it is, its recent use and what waits."""
+#: A worker that has not reported for this many slices is forgotten.
+LEASE_SLICES: Final = 3
+#: A worker's lease is pushed (:meth:`QuotaAllocator.pending`) once one of its
+#: shares moved by more than this fraction of the larger of old and new share.
+PUSH_TOLERANCE: Final = 0.02
+#: Version of the report and lease messages (``"v"``).
+WIRE_VERSION: Final = 1
+#: Split weight of a worker with demand but no connection left (its last
+#: requests draining): enough to be in the split, too little to matter.
+_DRAINING_WEIGHT: Final = 0.01
 
-    consumer: str
-    #: units asked for per second over the recent periods, admitted or not (a
-    #: moving average): what its clients offer, the basis of its share
-    demand_rate: float
-    #: units of requests waiting for tokens now (a blocking queue)
-    backlog: float = 0.0
-    #: tokens it gives back (held beyond its need)
-    returned: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """The answer: ``tokens`` to add, at once or spread evenly until ``until``."""
-
-    tokens: float
-    #: when the tokens have all arrived (== the request time: at once)
-    until: float
-
-
-@dataclass(slots=True)
-class _Consumer:
-    demand: float = 0.0
-    last_seen: float = 0.0
-    #: when it was last granted from a scarce bucket (None: never)
-    last_grant: float | None = None
+_INF: Final = math.inf
 
 
 @dataclass(slots=True)
-class QuotaServer:
-    """The global bucket of one tenant (see the module docstring)."""
+class _Report:
+    use: dict[str, BucketUse]
+    at: float
 
-    rate: float
-    burst: float
-    period: float = TARGET_PERIOD
-    tokens: float = field(init=False)
-    updated: float = 0.0
-    consumers: dict[str, _Consumer] = field(default_factory=dict)
-    #: every token granted so far (the accounting tests check)
-    granted_total: float = 0.0
 
-    def __post_init__(self) -> None:
-        self.tokens = self.burst
+class QuotaAllocator:
+    """The supervisor's side: turns the workers' reports into their leases.
 
-    def request(self, req: GrantRequest, now: float) -> Grant:
-        self._refill(now)
-        self.tokens = min(self.burst, self.tokens + max(req.returned, 0.0))
-        c = self.consumers.setdefault(req.consumer, _Consumer())
-        c.demand = max(req.demand_rate, 0.0) + max(req.backlog, 0.0) / self.period
-        c.last_seen = now
-        since = self.period if c.last_grant is None else now - c.last_grant
-        c.last_grant = now
-        wanted = c.demand * self.period
-        if wanted <= 0.0:
-            return Grant(0.0, now)
-        if self.tokens - wanted >= TRICKLE_BELOW * self.burst:
-            tokens, until = wanted, now  # plenty: all of it, at once
-        else:
-            # Scarce: this consumer's share (by demand) of the refill since its
-            # last grant, and of what the bucket still holds, spread over the
-            # period. Time-based, so neither asking first nor asking often gets
-            # more: the shares of the refill add up to the rate.
-            total = sum(
-                x.demand
-                for x in self.consumers.values()
-                if now - x.last_seen <= LEASE_PERIODS * self.period
+    ``throttle`` only carries the node's and the buckets' properties; the caller
+    keeps it in sync (``set_node``, ``add_bucket``, ``set_bucket``,
+    ``remove_bucket``) and never admits anything through it.
+    """
+
+    def __init__(self, throttle: TenantThrottle) -> None:
+        self.throttle = throttle
+        self._reports: dict[str, _Report] = {}
+        #: The latest lease of every live worker, and the last one it was sent.
+        self._leases: dict[str, dict[str, BucketLease]] = {}
+        self._sent: dict[str, dict[str, BucketLease]] = {}
+        #: Per bucket: (node rate, reserved rate, hard rate) of the latest allocation.
+        self._node: dict[str, tuple[float, float, float]] = {}
+
+    @property
+    def workers(self) -> list[str]:
+        """The live workers (those whose reports count), in the order they came."""
+        return list(self._reports)
+
+    def report(
+        self, worker: str, usage: Mapping[str, BucketUse], now: float
+    ) -> dict[str, BucketLease]:
+        """Take ``worker``'s report made at ``now`` and return its new lease.
+
+        Every worker's lease is recomputed from the latest report of every live
+        worker (:meth:`lease` has the others', for a caller that pushes them).
+        """
+        self._reports[worker] = _Report(dict(usage), now)
+        horizon = now - LEASE_SLICES * self.throttle.slice_secs
+        for name in [w for w, r in self._reports.items() if r.at < horizon]:
+            self.forget(name)
+        self._allocate()
+        lease = self._sent[worker] = self._leases.get(worker, {})
+        return dict(lease)
+
+    def pending(self) -> dict[str, dict[str, BucketLease]]:
+        """The other live workers' leases that moved since each was last sent (a
+        share by more than ``PUSH_TOLERANCE``, or a bucket came or went): the caller
+        pushes them after a report, so a change that one worker's report caused
+        (its hunger taking share from the others) holds everywhere within one
+        message delay, not at the others' next reports. Counted as sent."""
+        out: dict[str, dict[str, BucketLease]] = {}
+        for worker, lease in self._leases.items():
+            if _moved(self._sent.get(worker), lease):
+                out[worker] = dict(lease)
+                self._sent[worker] = lease
+        return out
+
+    def lease(self, worker: str) -> dict[str, BucketLease]:
+        """``worker``'s latest lease (empty for an unknown worker)."""
+        return dict(self._leases.get(worker, {}))
+
+    def forget(self, worker: str) -> None:
+        """``worker`` is gone: its share goes to the others with their next leases."""
+        self._reports.pop(worker, None)
+        self._leases.pop(worker, None)
+        self._sent.pop(worker, None)
+
+    def _allocate(self) -> None:
+        th = self.throttle
+        slice_secs = th.slice_secs
+        # Sum the reports per bucket: the node as one process would see it.
+        per_bucket: dict[str, list[tuple[str, BucketUse]]] = {}
+        for worker, rep in self._reports.items():
+            for name, use in rep.use.items():
+                per_bucket.setdefault(name, []).append((worker, use))
+        node_use = {
+            name: BucketUse(
+                connections=sum(u.connections for _, u in uses),
+                hungry=any(u.hungry for _, u in uses),
+                demand=sum(u.demand for _, u in uses),
+                unthrottled=sum(u.unthrottled for _, u in uses),
             )
-            share = c.demand / total if total > 0.0 else 1.0
-            accrued = self.rate * min(since, LEASE_PERIODS * self.period)
-            tokens = (max(self.tokens, 0.0) + accrued) * share
-            # Lending ahead stays bounded: at most LEND_PERIODS of refill.
-            floor = -LEND_PERIODS * self.rate * self.period
-            tokens = max(0.0, min(tokens, wanted, self.tokens - floor))
-            until = now + self.period
-        self.tokens -= tokens
-        self.granted_total += tokens
-        return Grant(tokens, until)
+            for name, uses in per_bucket.items()
+        }
+        needs = th.rate_needs(node_use)
+        names = list(needs)
+        alloc = allocate_rates(th.capacity, [needs[n] for n in names], slice_secs)
+        leases: dict[str, dict[str, BucketLease]] = {w: {} for w in self._reports}
+        self._node = {}
+        for i, name in enumerate(names):
+            rate, res, hard = alloc.rates[i], alloc.reserved_rates[i], needs[name].hard_rate
+            self._node[name] = (rate, res, hard)
+            for worker, share in _split(rate, res, hard, per_bucket.get(name, []), slice_secs):
+                leases[worker][name] = share
+        self._leases = leases
 
-    def forget(self, consumer: str) -> None:
-        """A consumer is gone for good (a worker that exited)."""
-        self.consumers.pop(consumer, None)
+    def statistics(self) -> dict[str, Any]:
+        """A JSON-ready dict for the status document: per bucket the node rates and
+        each worker's share (``"unlimited"`` for infinity)."""
+        buckets: dict[str, Any] = {}
+        for name, (rate, res, hard) in self._node.items():
+            shares = {
+                w: _json_rate(lease[name].rate)
+                for w, lease in self._leases.items()
+                if name in lease
+            }
+            buckets[name] = {
+                "node_rate": _json_rate(rate),
+                "reserved_rate": _json_rate(res),
+                "hard_rate": _json_rate(hard),
+                "shares": shares,
+            }
+        return {"workers": self.workers, "buckets": buckets}
 
-    def _refill(self, now: float) -> None:
-        if now > self.updated:
-            self.tokens = min(self.burst, self.tokens + self.rate * (now - self.updated))
-            self.updated = now
+
+def _split(
+    rate: float,
+    res: float,
+    hard: float,
+    uses: list[tuple[str, BucketUse]],
+    slice_secs: float,
+) -> list[tuple[str, BucketLease]]:
+    """One bucket's node rates split between the workers (the module docstring)."""
+    active = [
+        (w, u)
+        for w, u in uses
+        if u.connections > 0 or u.hungry or u.demand > 0.0 or u.unthrottled > 0.0
+    ]
+    if not active:
+        return []
+    if rate == _INF:
+        return [(w, BucketLease(_INF, _INF, hard)) for w, _ in active]
+    weights = [float(u.connections) if u.connections > 0 else _DRAINING_WEIGHT for _, u in active]
+    wsum = sum(weights)
+    # Unthrottled work cannot be held back: its rate first (scaled if it exceeds the rate).
+    floors = [u.unthrottled for _, u in active]
+    fsum = sum(floors)
+    if fsum > rate:
+        floors = [f * rate / fsum for f in floors]
+        fsum = rate
+    min_demand = 1.0 / slice_secs
+    caps = [
+        _INF if u.hungry else max(0.0, DEMAND_HEADROOM * u.demand + min_demand - f)
+        for (_, u), f in zip(active, floors, strict=True)
+    ]
+    rest = max(0.0, rate - fsum)
+    extras = water_fill(rest, caps, weights)
+    # What the caps left goes by connections, so the shares sum to the node rate.
+    left = rest - sum(extras)
+    shares = [f + e + left * wt / wsum for f, e, wt in zip(floors, extras, weights, strict=True)]
+    out: list[tuple[str, BucketLease]] = []
+    for (w, _), share, wt in zip(active, shares, weights, strict=True):
+        part = share / rate if rate > 0.0 else wt / wsum
+        out.append((w, BucketLease(share, _part(res, part), _part(hard, part))))
+    return out
 
 
-@dataclass(slots=True)
-class QuotaClient:
-    """One consumer's local bucket: admits while it holds tokens, asks ahead."""
+def _moved(sent: dict[str, BucketLease] | None, lease: dict[str, BucketLease]) -> bool:
+    if sent is None or sent.keys() != lease.keys():
+        return True
+    for name, new in lease.items():
+        old = sent[name]
+        for a, b in ((old.rate, new.rate), (old.hard_rate, new.hard_rate)):
+            if a != b and (
+                math.isinf(a) or math.isinf(b) or abs(a - b) > PUSH_TOLERANCE * max(a, b)
+            ):
+                return True
+    return False
 
-    name: str
-    period: float = TARGET_PERIOD
-    tokens: float = 0.0
-    #: a trickle in progress: tokens/s arriving until ``trickle_until``
-    trickle_rate: float = 0.0
-    trickle_until: float = 0.0
-    updated: float = 0.0
-    #: units asked for per second, admitted or not (a moving average)
-    demand_rate: float = 0.0
-    #: units waiting for tokens now (a caller with a blocking queue sets it)
-    backlog: float = 0.0
-    in_flight: bool = False
-    next_request: float = 0.0
-    _asked: float = 0.0
-    _window_start: float = 0.0
 
-    def try_spend(self, units: float, now: float) -> bool:
-        """Admit ``units`` if tokens are left (it may overdraw, as the throttle's
-        optimistic admission does: the next grants pay it back); else say no.
-        Either way the units count as demand."""
-        self._advance(now)
-        self._asked += units
-        if self.tokens > 0.0:
-            self.tokens -= units
-            return True
-        return False
+def _part(total: float, part: float) -> float:
+    """``total x part`` where a zero part of an infinite total is zero."""
+    return total * part if part > 0.0 else 0.0
 
-    def wants_grant(self, now: float) -> bool:
-        """Time to ask: tokens for less than one period of use, or the period is over."""
-        self._advance(now)
-        if self.in_flight or self.trickle_until - now > 0.2 * self.period:
-            return False  # a trickle is still arriving: ask again near its end
-        low = self.tokens < self.demand_rate * self.period or self.tokens <= 0.0
-        return low or now >= self.next_request
 
-    def make_request(self, now: float) -> GrantRequest:
-        self._advance(now)
-        self.in_flight = True
-        # What this window already asked for counts, as a rate over one period (a
-        # consumer that just started has no average yet but does have demand).
-        demand = max(self.demand_rate, self._asked / self.period)
-        keep = 2 * demand * self.period
-        returned = self.tokens - keep if self.tokens > keep else 0.0
-        self.tokens -= returned
-        return GrantRequest(self.name, demand, self.backlog, returned)
+def _json_rate(value: float) -> float | str:
+    return "unlimited" if math.isinf(value) else value
 
-    def apply(self, grant: Grant, now: float) -> None:
-        self._advance(now)
-        self.in_flight = False
-        self.next_request = now + self.period
-        if grant.until <= now:
-            self.tokens += grant.tokens
-        else:
-            # Whatever of an earlier trickle is still to come stays owed.
-            owed = self.trickle_rate * max(self.trickle_until - now, 0.0)
-            self.trickle_rate = (grant.tokens + owed) / (grant.until - now)
-            self.trickle_until = grant.until
 
-    def _advance(self, now: float) -> None:
-        if now <= self.updated:
-            return
-        if self.trickle_until > self.updated:
-            upto = min(now, self.trickle_until)
-            self.tokens += self.trickle_rate * (upto - self.updated)
-        self.updated = now
-        if now - self._window_start >= self.period:
-            rate = self._asked / (now - self._window_start)
-            self.demand_rate += RATE_ALPHA * (rate - self.demand_rate)
-            self._asked = 0.0
-            self._window_start = now
+# --------------------------------------------------------------------------- wire
+
+
+def usage_to_wire(usage: Mapping[str, BucketUse]) -> dict[str, Any]:
+    """A report as a plain msgpack-able dict::
+
+    {"v": 1, "buckets": {name: [connections, hungry, demand, unthrottled]}}
+    """
+    return {
+        "v": WIRE_VERSION,
+        "buckets": {
+            name: [u.connections, u.hungry, float(u.demand), float(u.unthrottled)]
+            for name, u in usage.items()
+        },
+    }
+
+
+def usage_from_wire(d: object) -> dict[str, BucketUse]:
+    """The report :func:`usage_to_wire` made; :class:`ValueError` if malformed."""
+    out: dict[str, BucketUse] = {}
+    for name, item in _buckets(d, "report", 4):
+        connections, hungry, demand, unthrottled = item
+        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
+            raise ValueError(
+                f"report: bucket {name!r}: connections must be an int >= 0, got {connections!r}"
+            )
+        if not isinstance(hungry, bool):
+            raise ValueError(f"report: bucket {name!r}: hungry must be a bool, got {hungry!r}")
+        out[name] = BucketUse(
+            connections,
+            hungry,
+            _rate_in(demand, f"report: bucket {name!r}: demand", finite=True),
+            _rate_in(unthrottled, f"report: bucket {name!r}: unthrottled", finite=True),
+        )
+    return out
+
+
+def lease_to_wire(lease: Mapping[str, BucketLease]) -> dict[str, Any]:
+    """A lease as a plain msgpack-able dict (rates may be ``inf``)::
+
+    {"v": 1, "buckets": {name: [rate, reserved_rate, hard_rate]}}
+    """
+    return {
+        "v": WIRE_VERSION,
+        "buckets": {
+            name: [float(x.rate), float(x.reserved_rate), float(x.hard_rate)]
+            for name, x in lease.items()
+        },
+    }
+
+
+def lease_from_wire(d: object) -> dict[str, BucketLease]:
+    """The lease :func:`lease_to_wire` made; :class:`ValueError` if malformed."""
+    out: dict[str, BucketLease] = {}
+    for name, item in _buckets(d, "lease", 3):
+        where = f"lease: bucket {name!r}"
+        out[name] = BucketLease(
+            _rate_in(item[0], f"{where}: rate", finite=False),
+            _rate_in(item[1], f"{where}: reserved_rate", finite=False),
+            _rate_in(item[2], f"{where}: hard_rate", finite=False),
+        )
+    return out
+
+
+def _buckets(d: object, what: str, fields: int) -> list[tuple[str, list[Any] | tuple[Any, ...]]]:
+    """Check the envelope; return ``(name, fields)`` per bucket."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{what}: expected a map, got {type(d).__name__}")
+    if d.get("v") != WIRE_VERSION:
+        raise ValueError(f"{what}: unsupported version {d.get('v')!r} (expected {WIRE_VERSION})")
+    buckets = d.get("buckets")
+    if not isinstance(buckets, dict):
+        raise ValueError(f"{what}: 'buckets' must be a map, got {type(buckets).__name__}")
+    out: list[tuple[str, list[Any] | tuple[Any, ...]]] = []
+    for name, item in buckets.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{what}: a bucket name must be a non-empty string, got {name!r}")
+        if not isinstance(item, list | tuple) or len(item) != fields:
+            raise ValueError(f"{what}: bucket {name!r}: expected {fields} fields, got {item!r}")
+        out.append((name, item))
+    return out
+
+
+def _rate_in(value: object, where: str, *, finite: bool) -> float:
+    """A rate from the wire: a number >= 0, not NaN (and finite where asked)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where} must be a number, got {value!r}")
+    x = float(value)
+    if math.isnan(x) or x < 0.0 or (finite and math.isinf(x)):
+        bound = "a finite number >= 0" if finite else "a number >= 0 (inf allowed)"
+        raise ValueError(f"{where} must be {bound}, got {value!r}")
+    return x

@@ -250,6 +250,111 @@ def water_fill(total: float, caps: Sequence[float], weights: Sequence[float]) ->
     return out
 
 
+# --------------------------------------------------------------------------- allocation
+
+
+@dataclass(frozen=True, slots=True)
+class RateNeed:
+    """What the allocation of allowance rates knows of one bucket: its properties and
+    what its users did lately (one process's view, or the sum over every worker's)."""
+
+    #: configured reservation (``None``: exempt from node capacity)
+    reserved: Limit
+    #: hard limit as a rate (``inf``: unlimited)
+    hard_rate: float
+    weight: float
+    #: has at least one open connection (else slow start)
+    connected: bool
+    #: throttled recently or has waiters: its demand is unlimited
+    hungry: bool
+    #: recent usage in units/s (the larger of the moving average and the last slice)
+    demand: float
+    #: recent usage with the ``Unthrottled`` privilege in units/s (set aside first)
+    unthrottled: float
+
+
+@dataclass(frozen=True, slots=True)
+class RateAllocation:
+    """What :func:`allocate_rates` returns, item ``i`` for ``needs[i]``."""
+
+    #: allowance rates (units/s; ``inf``: unlimited)
+    rates: list[float]
+    #: reservations in force (after slow start and over-reservation scaling)
+    reserved_rates: list[float]
+    #: the free pool left after reservations and unthrottled use (``inf``: no capacity)
+    free_rate: float
+    #: what of it no bucket wanted
+    unallocated_rate: float
+
+
+def allocate_rates(capacity: Limit, needs: Sequence[RateNeed], slice_secs: float) -> RateAllocation:
+    """Every bucket's allowance rate: reservation + water-filled free share, capped at
+    its hard limit (the module docstring's rules). Pure: :meth:`TenantThrottle._recompute`
+    calls it with the process's own view, the multi-worker allocator
+    (:mod:`tenantkv.admission.quota_lease`) with the node's, so they cannot diverge.
+    """
+    n = len(needs)
+    if capacity is None:
+        # No free pool: everything counts as reserved, each bucket runs to its hard limit.
+        return RateAllocation([b.hard_rate for b in needs], [_INF] * n, _INF, 0.0)
+    cap = float(capacity)
+    rates = [0.0] * n
+    res_rates = [_INF] * n
+    members = [i for i in range(n) if needs[i].reserved is not None]
+    wanted = [
+        float(needs[i].reserved or 0) * (1.0 if needs[i].connected else SLOW_START_FRACTION)
+        for i in members
+    ]
+    total = sum(wanted)
+    scale = cap / total if total > cap else 1.0
+    floors: list[float] = []
+    for i, r in zip(members, wanted, strict=True):
+        res_rates[i] = r * scale
+        # Unthrottled usage cannot be held back: set it aside first.
+        floors.append(max(res_rates[i], needs[i].unthrottled))
+    free = max(0.0, cap - sum(floors))
+    min_demand = 1.0 / slice_secs  # one unit per slice: room to start
+    caps: list[float] = []
+    for i, floor in zip(members, floors, strict=True):
+        b = needs[i]
+        want = _INF if b.hungry else DEMAND_HEADROOM * b.demand + min_demand
+        caps.append(max(0.0, min(b.hard_rate, want) - floor))
+    extras = water_fill(free, caps, [needs[i].weight for i in members])
+    for i, floor, extra in zip(members, floors, extras, strict=True):
+        rates[i] = floor + extra
+    for i in range(n):
+        if needs[i].reserved is None:  # exempt from node capacity
+            rates[i] = needs[i].hard_rate
+    return RateAllocation(rates, res_rates, free, max(0.0, free - sum(extras)))
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@dataclass(frozen=True, slots=True)
+class BucketUse:
+    """One process's use of one bucket, now (what a worker reports each slice)."""
+
+    connections: int
+    #: throttled recently or has waiters
+    hungry: bool
+    #: units/s it used lately: the demand measure of :func:`allocate_rates`
+    demand: float
+    #: units/s of that with the ``Unthrottled`` privilege
+    unthrottled: float
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLease:
+    """One worker's share of one bucket's node allowance, until the next lease
+    (units/s; ``inf`` allowed): its allowance rate, the part of it that is
+    reservation, and its share of the bucket's hard limit."""
+
+    rate: float
+    reserved_rate: float
+    hard_rate: float
+
+
 def _check_limit(name: str, value: object) -> Limit:
     """Validate a :data:`Limit` given through the Python API."""
     if value is None:
@@ -519,6 +624,15 @@ class TenantThrottle:
         self._free_used_window = 0
         self._throttle_count = 0
         self._reject_count = 0
+        #: Lease mode (``serve --workers N``): each bucket's rates as the supervisor
+        #: leased them to this worker (None: this process allocates on its own).
+        self._lease: dict[str, BucketLease] | None = None
+        #: How many workers share the node: a bucket the lease does not mention
+        #: runs on 1/N of what this process alone would give it.
+        self._lease_workers = 1
+        #: Called in lease mode when a bucket gets its first connection or newly
+        #: turns hungry: the caller reports :meth:`usage` at once, not a slice later.
+        self.on_demand_event: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -559,6 +673,67 @@ class TenantThrottle:
 
     def __contains__(self, name: object) -> bool:
         return name in self._buckets
+
+    # ------------------------------------------------------------------ leases (workers)
+
+    def rate_needs(self, use: Mapping[str, BucketUse]) -> dict[str, RateNeed]:
+        """Every bucket's properties joined with ``use`` (a bucket missing from it
+        counts as unused): the input of :func:`allocate_rates` for the node."""
+        idle = BucketUse(0, False, 0.0, 0.0)
+        needs: dict[str, RateNeed] = {}
+        for name, b in self._buckets.items():
+            u = use.get(name, idle)
+            needs[name] = RateNeed(
+                reserved=b.reserved,
+                hard_rate=_rate(b.hard_limit),
+                weight=b.weight,
+                connected=u.connections > 0,
+                hungry=u.hungry,
+                demand=u.demand,
+                unthrottled=u.unthrottled,
+            )
+        return needs
+
+    @property
+    def leased(self) -> bool:
+        """True once :meth:`apply_lease` was called: the rates come from the lease."""
+        return self._lease is not None
+
+    def usage(self) -> dict[str, BucketUse]:
+        """This process's use of every bucket, now: what a worker reports to the
+        supervisor (:class:`~tenantkv.admission.quota_lease.QuotaAllocator`)."""
+        now = self._catch_up()
+        return {
+            name: BucketUse(
+                connections=b.connections,
+                hungry=b.hungry_until > now,
+                demand=max(b.demand_ewma, b.demand_last),
+                unthrottled=max(b.prio_ewma, b.prio_last),
+            )
+            for name, b in self._buckets.items()
+        }
+
+    def apply_lease(self, lease: Mapping[str, BucketLease], *, workers: int | None = None) -> None:
+        """Enter (or refresh) lease mode: take each bucket's rates from ``lease``.
+
+        A bucket the lease does not mention (created, or first used here, since the
+        supervisor computed it) runs on a provisional share until the next lease:
+        1/``workers`` of what this process alone would allocate it (``workers``:
+        how many workers share the node; None keeps the last value, at first 1).
+        The rest of the current slice is credited or debited pro rata, as for any
+        rate change; waiters are woken by the caller (``TenantThrottleGate.wake``).
+        """
+        if workers is not None:
+            if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+                raise ValueError(f"workers must be a positive int, got {workers!r}")
+            self._lease_workers = workers
+        now = self._catch_up()
+        if self._lease is None:
+            # The spare came from this process's own allocation of the whole node;
+            # from now on only the worker's unused share feeds it.
+            self._spare = 0.0
+        self._lease = dict(lease)
+        self._recompute(now)
 
     # ------------------------------------------------------------------ configuration
 
@@ -654,6 +829,8 @@ class TenantThrottle:
         b.connections += 1
         if b.connections == 1:
             self._recompute(self._catch_up())
+            if self._lease is not None and self.on_demand_event is not None:
+                self.on_demand_event()
 
     def connection_closed(self, bucket: str) -> None:
         """A connection left ``bucket``; with none left it falls back to slow start."""
@@ -714,9 +891,13 @@ class TenantThrottle:
         limit (``inf`` when the hard limit is unlimited or 0: a 0 limit throttles
         everything anyway)."""
         b = self._buckets.get(bucket)
-        if b is None or b.hard_rate == _INF or b.hard_rate <= 0.0:
+        if b is None:
             return _INF
-        return max(b.hard_rate * self.max_debt_secs, 1.0)
+        # The configured limit, not a worker's leased share of it.
+        hard_rate = b.hard_rate if self._lease is None else _rate(b.hard_limit)
+        if hard_rate == _INF or hard_rate <= 0.0:
+            return _INF
+        return max(hard_rate * self.max_debt_secs, 1.0)
 
     def charge(
         self,
@@ -927,6 +1108,8 @@ class TenantThrottle:
             # Newly hungry: its share grows from this instant, not the next slice.
             b.hungry_until = now + self._hold
             self._recompute(now)
+            if self._lease is not None and self.on_demand_event is not None:
+                self.on_demand_event()
             if b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0):
                 return 0.0
         wait = self._predict(b, now)
@@ -1037,55 +1220,41 @@ class TenantThrottle:
                     pool -= g
         self._spare = max(0.0, min(pool, free * burst))
 
+    def _need(self, b: _Bucket, now: float, hard_rate: float) -> RateNeed:
+        return RateNeed(
+            reserved=b.reserved,
+            hard_rate=hard_rate,
+            weight=b.weight,
+            connected=b.connections > 0,
+            hungry=b.hungry_until > now,
+            demand=max(b.demand_ewma, b.demand_last),
+            unthrottled=max(b.prio_ewma, b.prio_last),
+        )
+
     def _recompute(self, now: float) -> None:
-        """Set every bucket's allowance rate: reservation + water-filled free share.
+        """Set every bucket's allowance rate: reservation + water-filled free share
+        (:func:`allocate_rates`), or in lease mode the leased rates.
 
         The current slice was credited at the old rates; the difference for the
         rest of it is credited (or debited) now, so a change takes effect at once.
         """
         buckets = list(self._buckets.values())
+        if self._lease is not None:
+            self._recompute_leased(buckets, now)
+            return
         old = [b.rate for b in buckets]
+        alloc = allocate_rates(
+            self._capacity, [self._need(b, now, b.hard_rate) for b in buckets], self._slice
+        )
+        for b, rate, res_rate in zip(buckets, alloc.rates, alloc.reserved_rates, strict=True):
+            b.rate = rate
+            b.res_rate = res_rate
+        free = self._free_rate = alloc.free_rate
+        self._unallocated_rate = alloc.unallocated_rate
         if self._capacity is None:
-            for b in buckets:
-                b.rate = b.hard_rate
-                b.res_rate = _INF  # no free pool: everything counts as reserved
-            self._free_rate = _INF
-            self._unallocated_rate = 0.0
             self._spare = 0.0
-        else:
-            capacity = float(self._capacity)
-            members = [b for b in buckets if b.reserved is not None]
-            wanted = [
-                float(b.reserved or 0) * (1.0 if b.connections else SLOW_START_FRACTION)
-                for b in members
-            ]
-            total = sum(wanted)
-            scale = capacity / total if total > capacity else 1.0
-            floors: list[float] = []
-            for b, r in zip(members, wanted, strict=True):
-                b.res_rate = r * scale
-                # Unthrottled usage cannot be held back: set it aside first.
-                floors.append(max(b.res_rate, b.prio_ewma, b.prio_last))
-            free = max(0.0, capacity - sum(floors))
-            min_demand = 1.0 / self._slice  # one unit per slice: room to start
-            caps: list[float] = []
-            for b, floor in zip(members, floors, strict=True):
-                if b.hungry_until > now:
-                    want = _INF
-                else:
-                    want = DEMAND_HEADROOM * max(b.demand_ewma, b.demand_last) + min_demand
-                caps.append(max(0.0, min(b.hard_rate, want) - floor))
-            extras = water_fill(free, caps, [b.weight for b in members])
-            for b, floor, extra in zip(members, floors, extras, strict=True):
-                b.rate = floor + extra
-            for b in buckets:
-                if b.reserved is None:  # exempt from node capacity
-                    b.rate = b.hard_rate
-                    b.res_rate = _INF
-            self._free_rate = free
-            self._unallocated_rate = max(0.0, free - sum(extras))
-            if self._spare > free * self._slice:
-                self._spare = free * self._slice
+        elif self._spare > free * self._slice:
+            self._spare = free * self._slice
         burst = self._slice
         rest = self._next_slice - now
         for b, before in zip(buckets, old, strict=True):
@@ -1102,6 +1271,74 @@ class TenantThrottle:
                 b.hard = _INF
             elif b.hard == _INF:
                 b.hard = b.hard_rate * burst
+
+    def _recompute_leased(self, buckets: list[_Bucket], now: float) -> None:
+        """Lease mode: the rates come from the lease, a bucket it does not mention
+        gets its provisional share. The local refill (spill to hungry buckets, spare)
+        only moves this worker's own share around, so the node sums still hold."""
+        lease = self._lease
+        assert lease is not None
+        old = [b.rate for b in buckets]
+        old_hard = [b.hard_rate for b in buckets]
+        workers = float(self._lease_workers)
+        alone: RateAllocation | None = None
+        if any(b.name not in lease for b in buckets):
+            # What this process alone would give, with the configured hard limits.
+            alone = allocate_rates(
+                self._capacity,
+                [self._need(b, now, _rate(b.hard_limit)) for b in buckets],
+                self._slice,
+            )
+        free = 0.0
+        for i, b in enumerate(buckets):
+            limit = _rate(b.hard_limit)
+            share = lease.get(b.name)
+            if share is not None:
+                rate, res_rate, hard_rate = share.rate, share.reserved_rate, share.hard_rate
+            else:
+                assert alone is not None
+                rate = alone.rates[i] / workers
+                res_rate = alone.reserved_rates[i] / workers
+                hard_rate = limit / workers
+            b.rate = rate
+            b.res_rate = res_rate
+            # A limit lowered since the lease was computed applies at once.
+            b.hard_rate = hard_rate if hard_rate < limit else limit
+            if b.reserved is not None and rate > res_rate:
+                free += rate - res_rate
+        if self._capacity is None:
+            self._free_rate = _INF
+            self._spare = 0.0
+        else:
+            self._free_rate = free
+            if self._spare > free * self._slice:
+                self._spare = free * self._slice
+        # Capacity no bucket wanted stays with the supervisor: a worker that needs
+        # more turns hungry and gets it with the next lease.
+        self._unallocated_rate = 0.0
+        burst = self._slice
+        rest = self._next_slice - now
+        for b, before, hard_before in zip(buckets, old, old_hard, strict=True):
+            r = b.rate
+            if r == _INF:
+                b.credit = _INF
+            elif b.credit == _INF:
+                b.credit = r * burst
+            elif r != before and before != _INF:
+                b.credit += (r - before) * rest
+            hr = b.hard_rate
+            if hr == _INF:
+                b.hard = _INF
+            elif b.hard == _INF:
+                b.hard = hr * burst
+            else:
+                # A raised share counts from now; a lowered one clips the counter to
+                # one slice of it at once, so the workers' counters never hold more
+                # than one slice of the node's hard limit between them.
+                if hr > hard_before:
+                    b.hard += (hr - hard_before) * rest
+                if b.hard > hr * burst:
+                    b.hard = hr * burst
 
 
 # --------------------------------------------------------------------------- Trio adapter
