@@ -76,6 +76,8 @@ from tenantkv.admission.tenant_throttle import (
     DEMAND_HEADROOM,
     BucketLease,
     BucketUse,
+    RateAllocation,
+    RateNeed,
     TenantThrottle,
     allocate_rates,
     water_fill,
@@ -127,6 +129,11 @@ class QuotaAllocator:
         #: The latest lease of every live worker, and the last one it was sent.
         self._leases: dict[str, dict[str, BucketLease]] = {}
         self._sent: dict[str, dict[str, BucketLease]] = {}
+        self._computed_at = -_INF
+        #: An allocation ran since :meth:`pending` last looked.
+        self._fresh = False
+        #: Recompute at the next report whatever the time (a worker left, ...).
+        self._dirty = True
         #: Per bucket: (node rate, reserved rate, hard rate) of the latest allocation.
         self._node: dict[str, tuple[float, float, float]] = {}
 
@@ -141,15 +148,34 @@ class QuotaAllocator:
         """Take ``worker``'s report made at ``now`` and return its new lease.
 
         Every worker's lease is recomputed from the latest report of every live
-        worker (:meth:`lease` has the others', for a caller that pushes them).
+        worker (:meth:`pending` has the others' that moved, to push them). The
+        allocation costs O(buckets x workers), so it runs at once only on an
+        event (a bucket's first connection on the worker, a bucket newly hungry
+        there, a worker come or gone, :meth:`invalidate`) and otherwise at most
+        once a slice; in between a report gets the lease computed last.
         """
-        self._reports[worker] = _Report(dict(usage), now)
-        horizon = now - LEASE_SLICES * self.throttle.slice_secs
+        use = dict(usage)
+        previous = self._reports.get(worker)
+        self._reports[worker] = _Report(use, now)
+        slice_secs = self.throttle.slice_secs
+        horizon = now - LEASE_SLICES * slice_secs
         for name in [w for w, r in self._reports.items() if r.at < horizon]:
             self.forget(name)
-        self._allocate()
+        if (
+            self._dirty
+            or previous is None
+            or now - self._computed_at >= slice_secs
+            or _event(previous.use, use)
+        ):
+            self._allocate()
+            self._computed_at = now
+            self._dirty = False
         lease = self._sent[worker] = self._leases.get(worker, {})
         return dict(lease)
+
+    def invalidate(self) -> None:
+        """Recompute at the next report (after a property change on ``throttle``)."""
+        self._dirty = True
 
     def pending(self) -> dict[str, dict[str, BucketLease]]:
         """The other live workers' leases that moved since each was last sent (a
@@ -158,6 +184,9 @@ class QuotaAllocator:
         (its hunger taking share from the others) holds everywhere within one
         message delay, not at the others' next reports. Counted as sent."""
         out: dict[str, dict[str, BucketLease]] = {}
+        if not self._fresh:  # nothing moved since the last call
+            return out
+        self._fresh = False
         for worker, lease in self._leases.items():
             if _moved(self._sent.get(worker), lease):
                 out[worker] = dict(lease)
@@ -170,7 +199,8 @@ class QuotaAllocator:
 
     def forget(self, worker: str) -> None:
         """``worker`` is gone: its share goes to the others with their next leases."""
-        self._reports.pop(worker, None)
+        if self._reports.pop(worker, None) is not None:
+            self._dirty = True
         self._leases.pop(worker, None)
         self._sent.pop(worker, None)
 
@@ -194,14 +224,16 @@ class QuotaAllocator:
         needs = th.rate_needs(node_use)
         names = list(needs)
         alloc = allocate_rates(th.capacity, [needs[n] for n in names], slice_secs)
+        rates = _lend(alloc, [needs[n] for n in names])
         leases: dict[str, dict[str, BucketLease]] = {w: {} for w in self._reports}
         self._node = {}
         for i, name in enumerate(names):
-            rate, res, hard = alloc.rates[i], alloc.reserved_rates[i], needs[name].hard_rate
+            rate, res, hard = rates[i], alloc.reserved_rates[i], needs[name].hard_rate
             self._node[name] = (rate, res, hard)
             for worker, share in _split(rate, res, hard, per_bucket.get(name, []), slice_secs):
                 leases[worker][name] = share
         self._leases = leases
+        self._fresh = True
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready dict for the status document: per bucket the node rates and
@@ -220,6 +252,36 @@ class QuotaAllocator:
                 "shares": shares,
             }
         return {"workers": self.workers, "buckets": buckets}
+
+
+def _lend(alloc: RateAllocation, needs: list[RateNeed]) -> list[float]:
+    """The node rates plus what the hungry buckets are lent of the others' headroom.
+
+    A single process hands the share a bucket left unused (never its reservation)
+    to the hungry buckets at each refill. Across workers that unused share sits
+    on another worker's counter, so the supervisor lends it ahead instead: the
+    headroom a bucket that is not hungry has above its demand, water-filled
+    between the hungry buckets within their hard limits and the free pool.
+    """
+    rates = list(alloc.rates)
+    if math.isinf(alloc.free_rate):
+        return rates
+    lendable = 0.0
+    hungry: list[int] = []
+    for i, b in enumerate(needs):
+        if b.reserved is None or math.isinf(rates[i]):
+            continue
+        if b.hungry:
+            hungry.append(i)
+        else:
+            used = max(alloc.reserved_rates[i], b.demand, b.unthrottled)
+            lendable += max(0.0, rates[i] - used)
+    if lendable > 0.0 and hungry:
+        rooms = [max(0.0, min(needs[i].hard_rate - rates[i], alloc.free_rate)) for i in hungry]
+        gifts = water_fill(lendable, rooms, [needs[i].weight for i in hungry])
+        for i, gift in zip(hungry, gifts, strict=True):
+            rates[i] += gift
+    return rates
 
 
 def _split(
@@ -262,6 +324,20 @@ def _split(
         part = share / rate if rate > 0.0 else wt / wsum
         out.append((w, BucketLease(share, _part(res, part), _part(hard, part))))
     return out
+
+
+def _event(before: dict[str, BucketUse], now: dict[str, BucketUse]) -> bool:
+    """A bucket got its first connection or turned hungry between two reports."""
+    for name, u in now.items():
+        if u.connections > 0 or u.hungry:
+            b = before.get(name)
+            if (
+                b is None
+                or (u.connections > 0 and b.connections == 0)
+                or (u.hungry and not b.hungry)
+            ):
+                return True
+    return False
 
 
 def _moved(sent: dict[str, BucketLease] | None, lease: dict[str, BucketLease]) -> bool:

@@ -262,6 +262,8 @@ def test_reservation_holds_under_a_10x_neighbour_on_another_worker(workers: int)
     assert got >= 0.97 * 2000, (got, ideal.rate("R", 0.0, 10.0))
     node = [r + n for r, n in zip(leased.per_second("R"), leased.per_second("N"), strict=True)]
     assert max(node[1:]) <= 10_000 * 1.03, node
+    # What R leaves of its headroom is lent to N across workers, as one process spills it.
+    assert leased.rate("N", 1.0, 10.0) >= 0.97 * ideal.rate("N", 1.0, 10.0)
 
 
 @pytest.mark.parametrize("workers", [2, 4, 16])
@@ -435,11 +437,33 @@ def test_split_caps_by_demand_unless_hungry_then_by_connections() -> None:
     assert l0.rate == pytest.approx(1.25 * 100 + 10)  # its demand + headroom
     assert l0.rate + l1.rate == pytest.approx(9000)  # A is hungry: the whole hard limit
     assert l0.hard_rate + l1.hard_rate == pytest.approx(9000)
-    # Nobody hungry: what the caps leave goes by connections.
-    qa.report("w1", {"A": use(1, demand=100.0)}, 0.0)
+    # Nobody hungry: what the caps leave goes by connections (no event: the
+    # allocation waits for the next slice, then applies).
+    qa.report("w1", {"A": use(1, demand=100.0)}, 0.05)
+    assert qa.lease("w1")["A"] == l1
+    qa.report("w1", {"A": use(1, demand=100.0)}, 0.1)
     l0, l1 = qa.lease("w0")["A"], qa.lease("w1")["A"]
     assert l0.rate + l1.rate == pytest.approx(qa.statistics()["buckets"]["A"]["node_rate"])
     assert l0.rate > l1.rate
+
+
+def test_events_and_invalidate_reallocate_at_once() -> None:
+    qa = allocator(A={}, B={})
+    qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.0)
+    assert qa.lease("w0")["A"].rate == pytest.approx(5000)
+    # A property change on the allocator's throttle applies at the next report...
+    qa.throttle.set_bucket("A", hard_limit=1000)
+    qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.01)
+    assert qa.lease("w0")["A"].rate == pytest.approx(5000)
+    qa.invalidate()  # ... at once when the caller says so
+    qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.02)
+    assert qa.lease("w0")["A"].rate == pytest.approx(1000)
+    # A bucket newly hungry on a worker is an event: reallocated at once.
+    qa.report("w1", {"B": use(1)}, 0.03)
+    lease = qa.report("w1", {"B": use(1, True)}, 0.04)
+    assert lease["B"].rate + qa.lease("w0")["B"].rate == pytest.approx(9000)
+    assert set(qa.pending()) == {"w0"}  # w0's B share moved: push it
+    assert qa.pending() == {}
 
 
 def test_unused_bucket_is_left_out_of_the_lease_and_unlimited_stays_unlimited() -> None:
