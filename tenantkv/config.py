@@ -127,6 +127,14 @@ class Config:
         65535,
     )
     resp_enabled: bool = declare(True, "Serve the RESP (Redis protocol) front door on resp_port.")
+    workers: int = declare(
+        1,
+        "Worker processes serving the one port and data directory, each on its own core "
+        "(docs/scaling.md); 1 is a single process; 0 is one per usable core "
+        "(--workers auto).",
+        0,
+        256,
+    )
     metrics_port: int | None = declare(
         None,
         "Prometheus metrics port (/metrics and /healthz; off when unset).",

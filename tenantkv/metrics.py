@@ -27,10 +27,11 @@ What is exported, under which name, kind, unit and help, is declared in
 
 from __future__ import annotations
 
+import inspect
 import platform
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 #: Where the collector reads from: the node's status document (``Node.status``).
 #: A callable, not the node, so metrics depend on a document, not on the server.
-StatusSource = Callable[[], dict[str, Any]]
+StatusSource = Callable[[], dict[str, Any]] | Callable[[], Awaitable[dict[str, Any]]]
 
 #: Upper bounds (µs) of the operation and commit latency histograms: 10 µs (an
 #: inline read) to 5 s (a write stuck behind a slow disk), 1-2.5-5 steps.
@@ -217,7 +218,11 @@ class NodeCollector(Collector):
 
     def _snapshot(self) -> dict[str, Any]:
         try:
-            return trio.from_thread.run_sync(self.status, trio_token=self.token)
+            status: Any = self.status
+            if inspect.iscoroutinefunction(status):
+                # The supervisor of ``serve --workers N`` asks its workers.
+                return trio.from_thread.run(status, trio_token=self.token)
+            return trio.from_thread.run_sync(status, trio_token=self.token)
         except trio.RunFinishedError:
             return {}
 

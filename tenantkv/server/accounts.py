@@ -22,6 +22,7 @@ import trio
 from tenantkv import errors
 from tenantkv.config import Config
 from tenantkv.server import auth
+from tenantkv.storage.engine import Engine
 from tenantkv.storage.ops import PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
@@ -29,6 +30,14 @@ log = logging.getLogger("tenantkv.server")
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
 ADMIN_PASSWORD_FILE = "admin-password"
+
+
+def stored_users(engine: Engine) -> dict[str, auth.User]:
+    """Every user as committed (``user:<name>`` system records)."""
+    return {
+        raw.decode(): auth.User.from_record(raw.decode(), rec)
+        for raw, rec in engine.system_items(b"user:")
+    }
 
 
 class Connection(Protocol):
@@ -224,6 +233,21 @@ class Accounts:
         for s in list(self._sessions):
             if s.user is not None and s.user.name == name:
                 s.begin_shutdown()  # a deleted user's connections close
+
+    def reload(self, users: dict[str, auth.User]) -> None:
+        """Another worker changed users (``serve --workers N``): take the committed
+        registry. Sessions re-check their user at the next command (the epoch),
+        and a deleted user's connections close, as with a local change."""
+        gone = self.users.keys() - users.keys()
+        changed = {n for n, u in users.items() if self.users.get(n) != u}
+        self.users = users
+        for name in gone | changed:
+            self._forget(name)
+        if gone or changed:
+            self.epoch += 1
+        for s in list(self._sessions):
+            if s.user is not None and s.user.name in gone:
+                s.begin_shutdown()
 
     def _forget(self, name: str) -> None:
         self._verified = {k: v for k, v in self._verified.items() if v != name}

@@ -10,18 +10,17 @@ per line for machines.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 import trio
 
 from tenantkv import config as config_mod
 from tenantkv._version import __version__
+from tenantkv.server.log_setup import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="serve Prometheus /metrics and /healthz on this port, on metrics_host (loopback "
         "by default; 0 = any free port; default: off)",
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N|auto",
+        type=_workers_arg,
+        help="worker processes sharing the port and the data directory, one per core "
+        "(auto: one per usable core; default 1: a single process; see docs/scaling.md)",
     )
     serve.add_argument(
         "--ready-file",
@@ -119,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workers_arg(text: str) -> int:
+    """``auto`` is 0 (one per usable core); otherwise a number from 1 to 256."""
+    if text == "auto":
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"expected 1 to 256 workers, got {n}")
+    return n
+
+
 def _config_command(args: argparse.Namespace) -> int:
     if args.config_command == "docs":
         print(config_mod.render_markdown(), end="")
@@ -151,54 +170,6 @@ def _restore_command(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Attributes every LogRecord has; anything else on a record is an extra field.
-_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message",
-    "asctime",
-    "taskName",
-}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``time`` (UTC, RFC 3339, ms), ``level``, ``logger``,
-    ``message``, then any extra fields (``log.info(..., extra={...})``) and
-    ``exception`` / ``stack`` when present."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_ATTRS and not key.startswith("_") and key not in doc:
-                doc[key] = value
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        if record.stack_info:
-            doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, default=repr, ensure_ascii=False)
-
-
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def configure_logging(level: str, fmt: str = "text", stream: IO[str] | None = None) -> None:
-    """Log to ``stream`` (stderr) at ``level`` in ``fmt`` (text or json). Audit lines
-    (``tenantkv.audit``, INFO) are kept whatever the level."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-    logging.getLogger("tenantkv.audit").setLevel(logging.INFO)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -218,13 +189,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_level": args.log_level,
         "log_format": args.log_format,
         "enable_test_commands": args.enable_test_commands,
+        "workers": args.workers,
     }
+
+    def load() -> config_mod.Config:
+        return config_mod.load(args.config, overrides, environ=os.environ)
+
     try:
-        cfg = config_mod.load(args.config, overrides, environ=os.environ)
+        cfg = load()
     except config_mod.ConfigError as exc:
         print(f"tenantkv: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, cfg.log_format)
+    from tenantkv.server.supervisor import usable_cores
+
+    workers = cfg.workers or usable_cores()
+    if workers > 1:
+        return _supervise(cfg, workers, load, args.ready_file)
     from tenantkv.server.server import ListenError, Server, TLSConfigError
 
     try:
@@ -246,6 +227,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:
         logging.getLogger("tenantkv").error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
+        return 1
+    return 0
+
+
+def _supervise(cfg: config_mod.Config, workers: int, load: Any, ready_file: str | None) -> int:
+    """``serve --workers N`` (N > 1): the supervisor of N worker processes."""
+    from tenantkv.server.server import ListenError
+    from tenantkv.server.supervisor import Supervisor, WorkerStartError
+
+    log = logging.getLogger("tenantkv")
+    try:
+        supervisor = Supervisor(cfg, workers, reload_config=load)
+    except Exception as exc:  # e.g. lock held by another process
+        log.error("cannot open data directory %s: %s", cfg.data_dir, exc)
+        return 1
+    try:
+        trio.run(supervisor.run, ready_file)
+    except ListenError as exc:
+        log.error("cannot listen on the %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
+        return 1
+    except WorkerStartError as exc:
+        log.error("%s", exc)
         return 1
     return 0
 

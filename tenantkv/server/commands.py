@@ -25,7 +25,7 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
-from tenantkv.server.status import status_document
+from tenantkv.server.status import node_document, status_document
 from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
@@ -443,7 +443,11 @@ async def list_users(s: Session, p: dict[str, Any]) -> Any:
 @command("server_status", "admin")
 async def server_status(s: Session, p: dict[str, Any]) -> Any:
     """The status document: version, uptime, connections, storage, buckets, and a
-    section per admission gate."""
+    section per admission gate. With ``serve --workers N``: node totals, and
+    ``workers``, a line per worker."""
+    link = s.node.link
+    if link is not None:
+        return node_document(await link.node_documents())
     return status_document(s.node)
 
 

@@ -38,7 +38,7 @@ from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, Throughput
 from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
-from tenantkv.server.accounts import Accounts
+from tenantkv.server.accounts import Accounts, stored_users
 from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.server.parameters import RuntimeParameters, prefixed
@@ -47,6 +47,19 @@ from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import DropBucketOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
+
+
+class WorkerLink(Protocol):
+    """What the node needs of its control channel when it is a worker of
+    ``serve --workers N`` (:class:`tenantkv.server.worker.WorkerLink`)."""
+
+    index: int
+    leases_applied: int
+    lease_failures: int
+
+    async def changed(self) -> None: ...
+
+    async def node_documents(self) -> list[dict[str, Any]]: ...
 
 
 class Session(Protocol):
@@ -92,8 +105,12 @@ class WriteTally:
 
 
 class Node:
-    def __init__(self, config: Config, engine: Engine) -> None:
+    def __init__(self, config: Config, engine: Engine, *, link: WorkerLink | None = None) -> None:
         self.engine = engine
+        #: the control channel when this process is a worker of ``serve --workers N``
+        self.link = link
+        #: stops the server this node belongs to (set by the Server)
+        self.request_stop: Callable[[], None] = lambda: None
         #: the configuration in force: as started, plus runtime parameters
         self.config: Config = config
         self.parameters = RuntimeParameters(config, engine, self.write, self._config_changed)
@@ -104,10 +121,7 @@ class Node:
         self.receive_buffers = ReceiveBuffers(config.max_receive_buffer_bytes)
         self.sessions: set[Session] = set()
         self.accounts = Accounts(
-            {
-                raw.decode(): auth.User.from_record(raw.decode(), rec)
-                for raw, rec in engine.system_items(b"user:")
-            },
+            stored_users(engine),
             config=lambda: self.config,
             write=self.write,
             sessions=self.sessions,
@@ -446,7 +460,15 @@ class Node:
         ticket.release()
         if box[1] is not None:
             raise box[1]
+        if op.shared_state and self.link is not None:
+            await self.link.changed()
         return box[0]
+
+    def reload_config(self, config: Config) -> None:
+        """SIGHUP: the config file was read again. Runtime settings that changed
+        apply now (unless set_parameter overrides them); others need a restart."""
+        for name in self.parameters.rebase(config):
+            log.warning("setting %s changed in the config; it applies after a restart", name)
 
     async def stop_writer(self) -> None:
         """Commit what is queued, then stop the writer thread."""

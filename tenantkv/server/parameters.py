@@ -55,8 +55,11 @@ class RuntimeParameters:
         #: the configuration as started (defaults < file < command line)
         self.base = base
         self._write = write
+        self._engine = engine
         self._on_change = on_change
-        self.config = self._with_saved(base, engine)
+        #: names of the parameters saved by set_parameter (they override the file)
+        self.saved: set[str] = set()
+        self.config = self._with_saved(base, engine, self.saved)
         #: name -> how to apply it to a live object (filled in when the gates exist)
         self.table: ParameterTable = {}
 
@@ -67,7 +70,7 @@ class RuntimeParameters:
             self.table.update(t)
 
     @staticmethod
-    def _with_saved(config: Config, engine: Engine) -> Config:
+    def _with_saved(config: Config, engine: Engine, saved: set[str], quiet: bool = False) -> Config:
         """Apply parameters saved by set_parameter (they outlive a restart)."""
         for key, value in engine.system_items(PARAM_PREFIX):
             name = key.decode()
@@ -78,8 +81,46 @@ class RuntimeParameters:
             except config_mod.ConfigError as exc:
                 log.warning("ignoring saved parameter %s=%r: %s", name, value, exc)
                 continue
-            log.info("parameter %s=%r (set at runtime; overrides the config)", name, value)
+            saved.add(name)
+            if not quiet:
+                log.info("parameter %s=%r (set at runtime; overrides the config)", name, value)
         return config
+
+    def rebase(self, base: Config) -> list[str]:
+        """The config file was read again (SIGHUP): apply the runtime settings it
+        changes, except those set_parameter overrides. Returns the names of
+        changed settings that only a restart applies."""
+        restart = [
+            s.name
+            for s in config_mod.SETTINGS
+            if not s.runtime and getattr(self.base, s.name) != getattr(base, s.name)
+        ]
+        self.base = base
+        self._apply_all(self._with_saved(base, self._engine, set(), quiet=True))
+        return restart
+
+    def reload(self, engine: Engine) -> None:
+        """Another worker changed a parameter: apply what is saved now."""
+        self.saved = set()
+        self._apply_all(self._with_saved(self.base, engine, self.saved, quiet=True))
+
+    def _apply_all(self, target: Config) -> None:
+        for s in config_mod.SETTINGS:
+            if not s.runtime:
+                continue
+            new = getattr(target, s.name)
+            if getattr(self.config, s.name) == new:
+                continue
+            apply = self.table.get(s.name)
+            try:
+                if apply is not None:
+                    apply(new)
+            except (errors.TenantKVError, ValueError) as exc:
+                log.warning("parameter %s=%r not applied: %s", s.name, new, exc)
+                continue
+            self.config = self.config.with_values({s.name: new})
+            log.info("parameter %s=%r", s.name, new)
+        self._on_change(self.config)
 
     def describe(self, name: str) -> dict[str, Any]:
         s = _setting(name)
@@ -120,6 +161,9 @@ class RuntimeParameters:
         self._on_change(self.config)
         if value is not None:
             await self._write(PutSystemOp(PARAM_PREFIX + name.encode(), new))
+            self.saved.add(name)
+        else:
+            self.saved.discard(name)
         return old, new
 
 

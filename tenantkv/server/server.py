@@ -27,7 +27,7 @@ import socket
 import ssl
 from functools import partial
 from itertools import count
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -40,6 +40,9 @@ from tenantkv.server.redis_session import RedisSession
 from tenantkv.server.session import Session
 from tenantkv.server.status import status_document
 from tenantkv.storage.engine import Engine
+
+if TYPE_CHECKING:
+    from tenantkv.server.worker import WorkerLink
 
 log = logging.getLogger("tenantkv.server")
 
@@ -86,22 +89,28 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def open_engine(config: Config) -> Engine:
+def open_engine(config: Config, *, shared: bool = False) -> Engine:
     return Engine(
         config.data_dir,
         map_size=config.map_size_mb * 1024 * 1024,
         max_map_size=config.max_map_size_mb * 1024 * 1024,
         sync=config.durability == "fsync",
         max_buckets=config.max_buckets,
+        shared=shared,
     )
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    """A whole server in one process, or (with ``link``) one worker of
+    ``serve --workers N`` (see :mod:`tenantkv.server.worker` for what differs)."""
+
+    def __init__(self, config: Config, *, link: WorkerLink | None = None) -> None:
         self.config = config
+        self.link = link
         self.ssl_context = server_ssl_context(config)  # before the data directory is locked
-        self.engine = open_engine(config)
-        self.node = Node(config, self.engine)
+        self.engine = open_engine(config, shared=link is not None)
+        self.node = Node(config, self.engine, link=link)
+        self.node.request_stop = self.shutdown
         #: connections accepted and not yet a session (connection limiter, TLS handshake)
         self.connections_pending = 0
         self._ids = count(1)
@@ -141,14 +150,24 @@ class Server:
         task_status: trio.TaskStatus[Server],
         ready_file: str | None,
     ) -> None:
+        link = self.link
         try:
             node.start()
-            await node.accounts.bootstrap_admin()
-            await node.accounts.drop_dangling_roles(node.engine.buckets)
-            self.listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            if link is None or link.bootstraps:
+                await node.accounts.bootstrap_admin()
+                await node.accounts.drop_dangling_roles(node.engine.buckets)
+            if link is not None:
+                self.listeners = link.listeners(link.listen_fds)
+                self.resp_listeners = link.listeners(link.resp_fds)
+            else:
+                self.listeners = await trio.open_tcp_listeners(
+                    self.config.port, host=self.config.host
+                )
             sockname = self.listeners[0].socket.getsockname()
             node.host, node.port = sockname[0], sockname[1]
-            if self.config.resp_enabled:
+            if self.resp_listeners:
+                node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
+            elif self.config.resp_enabled:
                 try:
                     self.resp_listeners = await trio.open_tcp_listeners(
                         self.config.resp_port, host=self.config.host
@@ -160,7 +179,7 @@ class Server:
                         " (set resp_port, or resp_enabled = false)"
                     ) from exc
                 node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
-            if self.config.metrics_port is not None:
+            if self.config.metrics_port is not None and link is None:
                 from tenantkv.metrics import start_metrics_server
 
                 self.metrics_port = start_metrics_server(
@@ -172,7 +191,10 @@ class Server:
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
-                outer.start_soon(node.expiry_pager.run)
+                if link is not None:
+                    await outer.start(link.run, node)
+                if link is None or link.expiry_pager:
+                    outer.start_soon(node.expiry_pager.run)
                 outer.start_soon(self._sweep)
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
@@ -192,8 +214,15 @@ class Server:
                             RedisSession,
                         )
                     tls = " (TLS)" if self.ssl_context is not None else ""
-                    log.info("listening on %s:%d%s", node.host, node.port, tls)
-                    if self.resp_listeners:
+                    if link is not None:
+                        # The supervisor says "listening on" once all workers serve.
+                        log.info(
+                            "worker %d serving on %s:%d%s", link.index, node.host, node.port, tls
+                        )
+                        await link.ready(node.host, node.port, node.resp_port or None)
+                    else:
+                        log.info("listening on %s:%d%s", node.host, node.port, tls)
+                    if self.resp_listeners and link is None:
                         log.info(
                             "RESP (Redis protocol) front door on %s:%d%s",
                             node.host,
@@ -208,7 +237,8 @@ class Server:
                             self.metrics_port,
                             node.resp_port if self.resp_listeners else None,
                         )
-                    sd_notify.ready(f"listening on {node.host}:{node.port}")
+                    if link is None:
+                        sd_notify.ready(f"listening on {node.host}:{node.port}")
                     task_status.started(self)
                     await self._stop.wait()
                     sd_notify.stopping()

@@ -28,8 +28,15 @@ def status_document(node: Node) -> dict[str, Any]:
             "ops": dict(st.ops),
             "errors": dict(st.errors),
         }
+    link = node.link
     return {
         "version": __version__,
+        **({"worker": link.index} if link is not None else {}),
+        **(
+            {"leases": {"applied": link.leases_applied, "failed": link.lease_failures}}
+            if link is not None
+            else {}
+        ),
         "pid": os.getpid(),
         "uptime_secs": round(time.monotonic() - node.started_monotonic, 3),
         "listening": f"{node.host}:{node.port}",
@@ -90,3 +97,97 @@ def status_document(node: Node) -> dict[str, Any]:
             "probing": node.prober.statistics().as_dict(),
         },
     }
+
+
+# -- serve --workers N: one document for the node --------------------------------------
+
+#: Leaves that are the same on every worker (settings, the shared LMDB
+#: environment): the node's value is any worker's (the largest, for the ones
+#: that move). Every other number is a count or a level of one worker's part of
+#: the node, and the node's figure is their sum.
+_SHARED_LEAVES = frozenset(
+    {
+        "uptime_secs",
+        "map_size_bytes",
+        "used_bytes",
+        "entries",
+        "users",
+        "max",
+        "max_per_address",
+        "admin_reserved",
+        "login_failure_limit",
+        "login_failure_user_limit",
+        "login_failure_window_secs",
+        "default_throttle_reserved_units",
+        "default_throttle_hard_limit",
+        "write_weight",
+        "slice_ms",
+        "throttle_max_wait_ms",
+        "reservation_scale",
+        "reserved",
+        "hard_limit",
+        "weight",
+        "burst_capacity_secs",
+        "p50_micros",
+        "p99_micros",
+        "average_time_queued_micros",
+        "last_commit_micros",
+        "last_batch_ops",
+        "max_batch_ops",
+    }
+)
+#: Whole sections that are settings, not counters.
+_SHARED_PATHS = frozenset({("throttle", "node", "capacity"), ("latency", "bounds_us")})
+
+
+def node_document(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``server_status`` of ``serve --workers N``: every worker's document
+    merged into node totals, plus ``workers``, a line per worker."""
+    docs = sorted(workers, key=lambda d: d.get("worker", 0))
+    merged = _merge(docs, ())
+    merged.pop("worker", None)
+    merged["pid"] = os.getppid()  # the supervisor: the process to signal
+    merged["workers"] = [
+        {
+            "worker": d.get("worker"),
+            "pid": d.get("pid"),
+            "uptime_secs": d.get("uptime_secs"),
+            "connections": d.get("connections", {}).get("current", 0),
+            "ops": sum(sum(b.get("ops", {}).values()) for b in d.get("buckets", {}).values()),
+            "commits": d.get("storage", {}).get("writer", {}).get("batches", 0),
+            "ops_committed": d.get("storage", {}).get("writer", {}).get("ops_committed", 0),
+            "leases": d.get("leases", {}),
+        }
+        for d in docs
+    ]
+    return merged
+
+
+def _merge(values: list[Any], path: tuple[str, ...]) -> Any:
+    first = values[0]
+    if isinstance(first, dict):
+        keys: dict[str, None] = {}
+        for v in values:
+            if isinstance(v, dict):
+                keys.update(dict.fromkeys(v))
+        return {
+            k: _merge([v[k] for v in values if isinstance(v, dict) and k in v], (*path, k))
+            for k in keys
+        }
+    if path in _SHARED_PATHS or (path and path[-1] in _SHARED_LEAVES):
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        return max(numbers) if len(numbers) == len(values) else first
+    if isinstance(first, bool):
+        return any(values) if path[-1:] == ("shutting_down",) else first
+    if isinstance(first, int | float):
+        return sum(v for v in values if isinstance(v, int | float))
+    if isinstance(first, list) and all(_is_histogram(v) for v in values):
+        # [[bound, count], ...]: the same bounds everywhere; counts add up.
+        return [[pair[0], sum(v[i][1] for v in values)] for i, pair in enumerate(first)]
+    return first
+
+
+def _is_histogram(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[1], int) for p in v
+    )

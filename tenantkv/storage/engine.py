@@ -57,6 +57,10 @@ CAS_KEY = b"meta:cas"
 #: the current block, so a commit writes it only once per CAS_BLOCK writes
 #: instead of dirtying the system database's pages in every batch.
 CAS_BLOCK = 100_000
+#: The map every worker process of ``serve --workers N`` sets at open when no
+#: ``max_map_size`` is configured: address space, not disk (the file grows as
+#: pages are used), so that no worker ever has to grow it under the others.
+SHARED_MAP_SIZE = 1 << 40
 #: System record holding the on-disk format version (ASCII decimal).
 FORMAT_KEY = b"meta:format"
 #: The format this build writes and the newest it reads. Raise it, with a
@@ -144,7 +148,12 @@ class Engine:
         sync: bool = True,
         max_buckets: int = 1000,
         now_ms: Callable[[], int] = wall_ms,
+        shared: bool = False,
     ) -> None:
+        """``shared``: a worker of ``serve --workers N``. The supervisor holds the
+        data directory's lock (this process inherited it), and every process maps
+        the same size from the start, so that no process grows the map under the
+        others (LMDB would fail their next transaction with ``MAP_RESIZED``)."""
         self.path = os.fspath(path)
         self.max_map_size = max_map_size
         self.now_ms = NonDecreasingClock(now_ms)
@@ -159,12 +168,15 @@ class Engine:
         self.cas_ceiling = 0
         #: the on-disk format version found (or written) at open
         self.format_version = FORMAT_VERSION
-        self._lock_fd: int | None = _lock_data_dir(self.path)
+        self._lock_fd: int | None = None if shared else _lock_data_dir(self.path)
         try:
             _reserve_space(self.path)
         except DataDirError:
-            os.close(self._lock_fd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             raise
+        if shared:
+            map_size = max(map_size, max_map_size or SHARED_MAP_SIZE)
         self.env: Any = None
         try:
             try:
@@ -177,6 +189,10 @@ class Engine:
                     max_readers=256,
                     mode=0o700,
                 )
+                if shared:
+                    # Reader slots left by a worker that was killed would pin old
+                    # pages (the file would only grow): free them.
+                    self.env.reader_check()
                 self.system = self.env.open_db(SYSTEM_DB)
                 self.expiry = self.env.open_db(EXPIRY_DB)
             except lmdb.Error as exc:
@@ -377,6 +393,29 @@ class Engine:
         return None if raw is None else msgpack.unpackb(raw)
 
     # -- map size ----------------------------------------------------------
+
+    def reserve_cas_block(self, txn: lmdb.Transaction) -> None:
+        """Reserve the next ``CAS_BLOCK`` CAS values in the write transaction ``txn``.
+
+        The ceiling is read from the system record, not from memory: worker
+        processes sharing the environment take their blocks one after another
+        (LMDB runs one write transaction at a time across processes), so CAS
+        values stay unique node-wide. The writer puts the counters back if the
+        transaction aborts.
+        """
+        raw = txn.get(CAS_KEY, db=self.system)
+        base = max(int(raw) if raw else 0, self.cas_ceiling)
+        self.cas_counter = base
+        self.cas_ceiling = base + CAS_BLOCK
+        txn.put(CAS_KEY, str(self.cas_ceiling).encode(), db=self.system)
+
+    def adopt_map_size(self) -> None:
+        """Another process grew the map: map the size it set (``set_mapsize(0)``).
+        Called by the writer between transactions; inline readers wait on
+        ``txn_lock`` meanwhile."""
+        with self.txn_lock:
+            self.env.set_mapsize(0)
+        log.info("adopted the map size another worker set: %d bytes", self.env.info()["map_size"])
 
     def map_usage(self) -> tuple[int, int]:
         """(bytes used, map size)."""

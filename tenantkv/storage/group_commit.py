@@ -27,7 +27,7 @@ from typing import Any
 import lmdb
 
 from tenantkv import errors
-from tenantkv.storage.engine import CAS_BLOCK, CAS_KEY, Engine, is_disk_full
+from tenantkv.storage.engine import Engine, is_disk_full
 from tenantkv.storage.ops import WriteContext, WriteOp
 
 log = logging.getLogger("tenantkv.storage")
@@ -178,6 +178,10 @@ class GroupCommitWriter:
                     for notify in self.expiry_observers:
                         notify(earliest)
                 break
+            except lmdb.MapResizedError:
+                # Another worker process grew the map: adopt its size (no
+                # transaction of this writer is open here) and try again.
+                eng.adopt_map_size()
             except lmdb.MapFullError:
                 try:
                     eng.force_grow(extra)
@@ -225,9 +229,6 @@ class GroupCommitWriter:
                     p.result = p.op.apply(w)
                 except errors.TenantKVError as exc:
                     p.error = exc
-            if eng.cas_counter > eng.cas_ceiling:
-                eng.cas_ceiling = eng.cas_counter + CAS_BLOCK
-                txn.put(CAS_KEY, str(eng.cas_ceiling).encode(), db=eng.system)
             txn.commit()
         except BaseException:
             txn.abort()

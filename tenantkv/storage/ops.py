@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lmdb
 import msgpack
@@ -47,14 +47,20 @@ class WriteContext:
         self.earliest_expiry_ms = 0
 
     def next_cas(self) -> int:
-        self.engine.cas_counter += 1
-        return self.engine.cas_counter
+        eng = self.engine
+        if eng.cas_counter >= eng.cas_ceiling:
+            eng.reserve_cas_block(self.txn)
+        eng.cas_counter += 1
+        return eng.cas_counter
 
 
 class WriteOp:
     """Base: subclasses implement ``apply``; ``exempt`` marks internal/admin work."""
 
     exempt: bool = False
+    #: commits a change other worker processes must reload (users, buckets,
+    #: throttle properties, parameters: see tenantkv.server.shared_state)
+    shared_state: ClassVar[bool] = False
     nbytes: int = 0
     #: Rough size for batch bounding and map growth.
     size_hint: int = 64
@@ -259,6 +265,7 @@ class CounterOp(WriteOp):
 class CreateBucketOp(WriteOp):
     name: str
     props: dict[str, Any]
+    shared_state: ClassVar[bool] = True
     exempt: bool = True
 
     def apply(self, w: WriteContext) -> Any:
@@ -274,6 +281,27 @@ class CreateBucketOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
+class OpenBucketOp(WriteOp):
+    """Open a bucket another process created (``serve --workers N``). LMDB shares
+    a database handle with later transactions only when the transaction that
+    opened it commits, and a read-only one does not: so it is opened here, in
+    the writer's transaction. None if the bucket is gone again."""
+
+    name: str
+    props: dict[str, Any]
+    exempt: bool = True
+
+    def apply(self, w: WriteContext) -> Any:
+        try:
+            db = w.engine.env.open_db(
+                BUCKET_DB_PREFIX + self.name.encode(), txn=w.txn, create=False
+            )
+        except lmdb.NotFoundError:
+            return None
+        return BucketHandle(self.name, db, dict(self.props))
+
+
+@dataclass(slots=True, eq=False)
 class DropBucketOp(WriteOp):
     """Drops the bucket's database; its expiry-index entries are left for the
     pager, which discards entries of buckets that no longer exist.
@@ -284,6 +312,7 @@ class DropBucketOp(WriteOp):
 
     handle: BucketHandle
     system_puts: dict[bytes, Any] = field(default_factory=dict)
+    shared_state: ClassVar[bool] = True
     exempt: bool = True
 
     def apply(self, w: WriteContext) -> Any:
@@ -302,6 +331,7 @@ class PutSystemOp(WriteOp):
     key: bytes
     value: Any
     expect: Literal["absent", "present"] | None = None
+    shared_state: ClassVar[bool] = True
     exempt: bool = True
     on_absent: type[errors.ServerError] = errors.InternalError
     on_present: type[errors.ServerError] = errors.InternalError

@@ -1,0 +1,364 @@
+"""The supervisor of ``serve --workers N``: one server made of N worker processes.
+
+Python runs one event loop per process, so a node uses more than one core only
+as several processes. The supervisor makes them one server from outside:
+
+- **One port.** It opens the listening sockets (the MessagePack port and the
+  RESP door) and every worker inherits them and accepts on them; the kernel
+  hands each connection to one worker.
+- **One data directory.** It takes the data directory's lock and the workers
+  inherit it, so a second server is refused while any of them lives; they
+  all open the one LMDB environment (LMDB serialises write transactions across
+  processes; each worker's group commit fills its transaction while another
+  worker's commit holds the lock — docs/scaling.md).
+- **One set of limits.** It keeps the node's tenant quota: each worker reports
+  per slice what its clients asked of each bucket and gets allowance rates back
+  (:mod:`tenantkv.admission.quota_lease`).
+- **One state.** A worker that changes users, buckets, throttle properties or
+  parameters says so; the supervisor tells the others to reload them
+  (:mod:`tenantkv.server.shared_state`).
+- **One view.** ``server_status`` and ``/metrics`` merge every worker's
+  document (:func:`tenantkv.server.status.node_document`).
+- **Lifecycle.** Worker 0 starts first (it creates the first admin user);
+  the ready file is written and ``listening on`` logged once every worker
+  serves. SIGTERM/SIGINT drain every worker; SIGHUP re-reads the config file
+  and hands it to every worker; a worker that dies is logged and restarted
+  (with a growing pause if it keeps dying) while the others serve on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import trio
+
+from tenantkv.admission.gate import trio_clock
+from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_from_wire
+from tenantkv.admission.tenant_throttle import TenantThrottle
+from tenantkv.config import Config
+from tenantkv.server import sd_notify
+from tenantkv.server.control import Channel, ChannelClosed, Message
+from tenantkv.server.server import ListenError, open_engine
+from tenantkv.server.shared_state import sync_throttle
+from tenantkv.server.status import node_document
+from tenantkv.server.worker import INIT_HEADER
+from tenantkv.storage.engine import _lock_data_dir
+
+log = logging.getLogger("tenantkv.supervisor")
+
+#: A worker that dies is restarted after this pause, doubled while it keeps
+#: dying within RESTART_RESET_SECS of its start, up to RESTART_MAX_SECS.
+RESTART_MIN_SECS = 0.2
+RESTART_MAX_SECS = 10.0
+RESTART_RESET_SECS = 30.0
+
+
+def usable_cores() -> int:
+    """What ``--workers auto`` means: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class WorkerStartError(Exception):
+    """A worker died before it served (its own log line says why)."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    index: int
+    process: trio.Process | None = None
+    channel: Channel | None = None
+    ready: trio.Event = dataclasses.field(default_factory=trio.Event)
+    started: float = 0.0
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        workers: int,
+        *,
+        reload_config: Callable[[], Config] | None = None,
+    ) -> None:
+        self.config = config
+        self.count = workers
+        self._reload_config = reload_config
+        # The data directory's lock, for the life of the node: the workers inherit it.
+        self._lock_fd = _lock_data_dir(config.data_dir)
+        os.set_inheritable(self._lock_fd, True)
+        # The supervisor reads the shared properties (never user data) for the
+        # quota allocator; the engine also creates a new directory's files once.
+        self.engine = open_engine(config, shared=True)
+        self.workers = [_Worker(i) for i in range(workers)]
+        self.allocator: QuotaAllocator
+        self.listen_socks: list[socket.socket] = []
+        self.resp_socks: list[socket.socket] = []
+        self.stopping = False
+        self.metrics_port: int | None = None
+        #: why the node could not start (a worker died before it served)
+        self.start_error: str | None = None
+        self._outer = trio.CancelScope()
+
+    async def run(self, ready_file: str | None = None) -> None:
+        with contextlib.ExitStack() as stack:
+            signals = stack.enter_context(
+                trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            )
+            throttle = TenantThrottle(trio_clock())
+            sync_throttle(throttle, self.engine)
+            self.allocator = QuotaAllocator(throttle)
+            await self._listen()
+            async with trio.open_nursery() as outer:
+                self._outer = outer.cancel_scope
+                outer.start_soon(self._watch_signals, signals)
+                async with trio.open_nursery() as nursery:
+                    await self._start(nursery, ready_file)
+                outer.cancel_scope.cancel()
+        self.engine.close()
+        os.close(self._lock_fd)
+        if self.start_error is not None:
+            raise WorkerStartError(self.start_error)
+        log.info("stopped: every worker exited")
+
+    async def _start(self, nursery: trio.Nursery, ready_file: str | None) -> None:
+        cfg = self.config
+        if cfg.metrics_port is not None:
+            from tenantkv.metrics import start_metrics_server
+
+            self.metrics_port = start_metrics_server(
+                self.node_status,
+                cfg.metrics_port,
+                addr=cfg.metrics_host,
+                healthy=lambda: not self.stopping,
+            )
+        # Worker 0 first: it creates the first admin user (once).
+        for w in self.workers:
+            await nursery.start(self._keep_worker, w)
+            if self.start_error is not None:
+                return
+        host, port = self.listen_socks[0].getsockname()[:2]
+        resp_port = self.resp_socks[0].getsockname()[1] if self.resp_socks else None
+        log.info("listening on %s:%d (%d workers)", host, port, self.count)
+        if resp_port is not None:
+            log.info("RESP (Redis protocol) front door on %s:%d", host, resp_port)
+        if ready_file:
+            from tenantkv.server.server import _write_ready_file
+
+            _write_ready_file(ready_file, host, port, self.metrics_port, resp_port)
+        sd_notify.ready(f"listening on {host}:{port} ({self.count} workers)")
+
+    async def _listen(self) -> None:
+        cfg = self.config
+        listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+        self.listen_socks = [_stdlib(listener) for listener in listeners]
+        if cfg.resp_enabled:
+            try:
+                resp = await trio.open_tcp_listeners(cfg.resp_port, host=cfg.host)
+            except OSError as exc:
+                raise ListenError(
+                    f"RESP port {cfg.host}:{cfg.resp_port}: {exc.strerror}"
+                    " (set resp_port, or resp_enabled = false)"
+                ) from exc
+            self.resp_socks = [_stdlib(listener) for listener in resp]
+
+    # -- workers ------------------------------------------------------------------
+
+    async def _keep_worker(self, w: _Worker, task_status: trio.TaskStatus[None]) -> None:
+        """Run worker ``w`` and restart it whenever it dies, until the node stops."""
+        pause = RESTART_MIN_SECS
+        first = True
+        while not self.stopping:
+            code = await self._run_worker(w, task_status if first else None)
+            first = False
+            if self.stopping:
+                return
+            alive = trio.current_time() - w.started
+            pause = (
+                RESTART_MIN_SECS if alive > RESTART_RESET_SECS else min(pause * 2, RESTART_MAX_SECS)
+            )
+            w.restarts += 1
+            log.error(
+                "worker %d exited with %s; restarting it in %.1fs (restart %d)",
+                w.index,
+                _exit_reason(code),
+                pause,
+                w.restarts,
+            )
+            self.allocator.forget(str(w.index))
+            await trio.sleep(pause)
+
+    async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.set_inheritable(True)
+        fds = [s.fileno() for s in (*self.listen_socks, *self.resp_socks)]
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        w.ready = trio.Event()
+        w.started = trio.current_time()
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "tenantkv.server.worker_main", str(theirs.fileno())],
+            pass_fds=[theirs.fileno(), self._lock_fd, *fds],
+            env=env,
+        )
+        theirs.close()
+        w.process = process
+        init = msgpack.packb(
+            {
+                "type": "init",
+                "index": w.index,
+                "workers": self.count,
+                "config": dataclasses.asdict(self.config),
+                "listen_fds": [s.fileno() for s in self.listen_socks],
+                "resp_fds": [s.fileno() for s in self.resp_socks],
+                "expiry_pager": w.index == 0,
+            }
+        )
+        mine.sendall(INIT_HEADER.pack(len(init)) + init)
+        mine.setblocking(False)
+        channel = Channel(
+            trio.SocketStream(trio.socket.from_stdlib_socket(mine)), f"worker {w.index}"
+        )
+        w.channel = channel
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(channel.run, lambda msg: self._handle(w, msg))
+            if task_status is not None:
+                # Startup waits for this worker to serve (or to die trying).
+                async with trio.open_nursery() as wait:
+
+                    async def ready() -> None:
+                        await w.ready.wait()
+                        wait.cancel_scope.cancel()
+
+                    async def died() -> None:
+                        await process.wait()
+                        wait.cancel_scope.cancel()
+
+                    wait.start_soon(ready)
+                    wait.start_soon(died)
+                if not w.ready.is_set():
+                    # Stop the node: the others are stopped, then run() raises.
+                    self.start_error = (
+                        f"worker {w.index} exited at start ({_exit_reason(process.returncode)})"
+                    )
+                    self.stopping = True
+                    self._signal_workers(signal.SIGTERM)
+                    nursery.cancel_scope.cancel()
+                task_status.started()
+            code = await process.wait()
+            nursery.cancel_scope.cancel()
+        with contextlib.suppress(OSError):
+            await channel.aclose()
+        w.channel = None
+        return code
+
+    async def _handle(self, w: _Worker, msg: Message) -> Message | None:
+        kind = msg.get("type")
+        if kind == "usage":
+            usage = usage_from_wire(msg["usage"])
+            lease = self.allocator.report(str(w.index), usage, trio.current_time())
+            return {"lease": lease_to_wire(lease)}
+        if kind == "ready":
+            w.ready.set()
+            return None
+        if kind == "changed":
+            sync_throttle(self.allocator.throttle, self.engine)
+            for other in self.workers:
+                if other is not w and other.channel is not None and other.ready.is_set():
+                    with contextlib.suppress(ChannelClosed):
+                        await other.channel.send({"type": "refresh"})
+            return None
+        if kind == "node_status":
+            return {"workers": await self._documents()}
+        log.warning("worker %d sent an unknown control message %r", w.index, kind)
+        return None
+
+    async def _documents(self) -> list[dict[str, Any]]:
+        """Every serving worker's status document, asked for in parallel."""
+        docs: list[dict[str, Any]] = []
+
+        async def one(w: _Worker) -> None:
+            if w.channel is None or not w.ready.is_set():
+                return
+            with contextlib.suppress(ChannelClosed):
+                answer = await w.channel.call({"type": "status"})
+                if "status" in answer:
+                    docs.append(answer["status"])
+
+        async with trio.open_nursery() as nursery:
+            for w in self.workers:
+                nursery.start_soon(one, w)
+        return docs
+
+    async def node_status(self) -> dict[str, Any]:
+        """The node's status document (``/metrics`` reads it)."""
+        docs = await self._documents()
+        return node_document(docs) if docs else {}
+
+    # -- signals --------------------------------------------------------------------
+
+    async def _watch_signals(self, signals: Any) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if signum == signal.SIGHUP:
+                self._reload()
+                continue
+            if self.stopping:
+                log.info("received %s again; already stopping", name)
+                continue
+            log.info("received %s; stopping %d workers", name, self.count)
+            self.stopping = True
+            sd_notify.stopping()
+            self._signal_workers(signal.SIGTERM)
+
+    def _signal_workers(self, signum: int) -> None:
+        for w in self.workers:
+            if w.process is not None and w.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.process.send_signal(signum)
+
+    def _reload(self) -> None:
+        if self._reload_config is None:
+            return
+        try:
+            config = self._reload_config()
+        except Exception as exc:  # a bad file: keep running with what is in force
+            log.error("SIGHUP: config not reloaded: %s", exc)
+            return
+        self.config = config
+        log.info("SIGHUP: config reloaded; handing it to %d workers", self.count)
+        for w in self.workers:
+            if w.channel is not None and w.ready.is_set():
+                msg = {"type": "reload_config", "config": dataclasses.asdict(config)}
+                trio.lowlevel.spawn_system_task(_send_quietly, w.channel, msg)
+
+
+async def _send_quietly(channel: Channel, msg: Message) -> None:
+    with contextlib.suppress(ChannelClosed):
+        await channel.send(msg)
+
+
+def _stdlib(listener: trio.SocketListener) -> socket.socket:
+    """The listening socket as a plain socket the workers can inherit."""
+    sock = socket.socket(fileno=os.dup(listener.socket.fileno()))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
