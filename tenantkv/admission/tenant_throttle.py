@@ -133,7 +133,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import trio
 
@@ -253,10 +253,10 @@ def water_fill(total: float, caps: Sequence[float], weights: Sequence[float]) ->
 # --------------------------------------------------------------------------- allocation
 
 
-@dataclass(frozen=True, slots=True)
-class RateNeed:
+class RateNeed(NamedTuple):
     """What the allocation of allowance rates knows of one bucket: its properties and
-    what its users did lately (one process's view, or the sum over every worker's)."""
+    what its users did lately (one process's view, or the sum over every worker's).
+    A named tuple: one is built per bucket at every recompute."""
 
     #: configured reservation (``None``: exempt from node capacity)
     reserved: Limit
@@ -293,38 +293,39 @@ def allocate_rates(capacity: Limit, needs: Sequence[RateNeed], slice_secs: float
     calls it with the process's own view, the multi-worker allocator
     (:mod:`tenantkv.admission.quota_lease`) with the node's, so they cannot diverge.
     """
-    n = len(needs)
     if capacity is None:
         # No free pool: everything counts as reserved, each bucket runs to its hard limit.
-        return RateAllocation([b.hard_rate for b in needs], [_INF] * n, _INF, 0.0)
+        return RateAllocation([b.hard_rate for b in needs], [_INF] * len(needs), _INF, 0.0)
     cap = float(capacity)
-    rates = [0.0] * n
-    res_rates = [_INF] * n
-    members = [i for i in range(n) if needs[i].reserved is not None]
-    wanted = [
-        float(needs[i].reserved or 0) * (1.0 if needs[i].connected else SLOW_START_FRACTION)
-        for i in members
-    ]
+    rates = [b.hard_rate for b in needs]  # what an exempt bucket (reserved None) keeps
+    res_rates = [_INF] * len(needs)
+    members: list[int] = []
+    wanted: list[float] = []
+    for i, b in enumerate(needs):
+        if b.reserved is not None:
+            members.append(i)
+            wanted.append(float(b.reserved) * (1.0 if b.connected else SLOW_START_FRACTION))
     total = sum(wanted)
     scale = cap / total if total > cap else 1.0
-    floors: list[float] = []
-    for i, r in zip(members, wanted, strict=True):
-        res_rates[i] = r * scale
-        # Unthrottled usage cannot be held back: set it aside first.
-        floors.append(max(res_rates[i], needs[i].unthrottled))
-    free = max(0.0, cap - sum(floors))
     min_demand = 1.0 / slice_secs  # one unit per slice: room to start
+    floors: list[float] = []
     caps: list[float] = []
-    for i, floor in zip(members, floors, strict=True):
+    weights: list[float] = []
+    for i, r in zip(members, wanted, strict=True):
         b = needs[i]
+        res = res_rates[i] = r * scale
+        # Unthrottled usage cannot be held back: set it aside first.
+        floor = b.unthrottled if b.unthrottled > res else res
+        floors.append(floor)
         want = _INF if b.hungry else DEMAND_HEADROOM * b.demand + min_demand
-        caps.append(max(0.0, min(b.hard_rate, want) - floor))
-    extras = water_fill(free, caps, [needs[i].weight for i in members])
+        if b.hard_rate < want:
+            want = b.hard_rate
+        caps.append(want - floor if want > floor else 0.0)
+        weights.append(b.weight)
+    free = max(0.0, cap - sum(floors))
+    extras = water_fill(free, caps, weights)
     for i, floor, extra in zip(members, floors, extras, strict=True):
         rates[i] = floor + extra
-    for i in range(n):
-        if needs[i].reserved is None:  # exempt from node capacity
-            rates[i] = needs[i].hard_rate
     return RateAllocation(rates, res_rates, free, max(0.0, free - sum(extras)))
 
 
@@ -1244,7 +1245,20 @@ class TenantThrottle:
             return
         old = [b.rate for b in buckets]
         alloc = allocate_rates(
-            self._capacity, [self._need(b, now, b.hard_rate) for b in buckets], self._slice
+            self._capacity,
+            [
+                RateNeed(
+                    b.reserved,
+                    b.hard_rate,
+                    b.weight,
+                    b.connections > 0,
+                    b.hungry_until > now,
+                    b.demand_ewma if b.demand_ewma > b.demand_last else b.demand_last,
+                    b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last,
+                )
+                for b in buckets
+            ],
+            self._slice,
         )
         for b, rate, res_rate in zip(buckets, alloc.rates, alloc.reserved_rates, strict=True):
             b.rate = rate
