@@ -7,14 +7,15 @@ limit and the node capacity are promises about the node, so the supervisor
 decides how much of each bucket every worker may spend. In the spirit of
 CockroachDB's distributed token bucket, but leasing **rates** rather than
 tokens, because the throttle is rate-based (every bucket's counter is refilled
-each slice at its allowance rate):
+each slice at its allowance rate). Nothing here does I/O or reads a clock: the
+caller passes ``now`` and carries the messages however it likes.
 
 Reports (worker -> supervisor, :func:`usage_to_wire`)
     Every slice (100 ms), and at once when a bucket gets its first connection on
     the worker or newly turns hungry there (``TenantThrottle.on_demand_event``),
-    a worker sends :meth:`TenantThrottle.usage`: per bucket its connections, whether
-    it is hungry (throttled recently or has waiters), its demand rate and its
-    unthrottled rate, the same measures a single process allocates by.
+    a worker sends :meth:`TenantThrottle.usage`: per bucket its connections,
+    whether it is hungry (throttled recently or has waiters), its demand rate and
+    its unthrottled rate, the measures a single process allocates by.
 
 Allocation (the supervisor, :class:`QuotaAllocator`)
     The reports of the live workers are summed per bucket (connections, demand,
@@ -22,7 +23,12 @@ Allocation (the supervisor, :class:`QuotaAllocator`)
     from :func:`~tenantkv.admission.tenant_throttle.allocate_rates`, the very
     function a single process uses: reservation + water-filled share of the free
     pool, capped at the hard limit, slow start for a bucket nobody is connected
-    to. So the node behaves as one throttle would.
+    to. So the node behaves as one throttle would. One step is added: a single
+    process hands what a bucket left unused of its share (never its reservation)
+    to the hungry buckets at each refill; across workers that share sits on
+    another worker's counter, so the supervisor **lends** it ahead: the headroom
+    a bucket that is not hungry has above its demand, water-filled between the
+    hungry buckets within their hard limits.
 
 Split (one bucket's node rate between the workers)
     Each worker first gets its unthrottled rate (it cannot be held back), then
@@ -31,38 +37,48 @@ Split (one bucket's node rate between the workers)
     proportion to its connections to the bucket. What is left after those caps
     goes to the workers in proportion to their connections (a reservation is
     there the moment a connection wants it, wherever it landed). The shares add
-    up to the node rate exactly, so neither the capacity nor a hard limit can be
-    exceeded by their sum. The reserved and hard rates are split in the same
-    proportions. A worker with no connection, demand or hunger on a bucket gets
-    nothing, and its lease does not mention the bucket.
+    up to the node rate exactly, so the sum can exceed neither the capacity nor
+    a hard limit. The reserved and hard rates are split in the same proportions.
+    A worker with no connection, demand or hunger on a bucket gets nothing, and
+    its lease does not mention the bucket.
 
 Leases (supervisor -> worker, :func:`lease_to_wire`)
     Per bucket a :class:`BucketLease` (rate, reserved rate, hard rate), applied
     with :meth:`TenantThrottle.apply_lease`: the worker's throttle takes those
     rates instead of computing them and otherwise runs as before (pro-rata
     credit for the rest of the slice, refill, spill of its own unused share to
-    its own hungry buckets, debt), so the per-request path does not change.
+    its own hungry buckets, debt), so the per-request path does not change. The
+    answer to a report is the reporter's lease; the leases of the other workers
+    that moved by more than ``PUSH_TOLERANCE`` (:meth:`QuotaAllocator.pending`)
+    are pushed with it, so a change one worker's report causes holds everywhere
+    within one message delay.
 
 Why the limits hold, and the bounds where they lag
-    * Every lease's shares of a bucket sum to its node rate, and the node rates
-      sum to at most the capacity, so leases computed together never promise
-      more than one throttle would. A worker's counters stay within one slice
-      of its shares; a lowered hard share clips its counter at once.
+    * Every allocation's shares of a bucket sum to its node rate, and the node
+      rates sum to at most the capacity (plus what is lent, below), so leases
+      computed together never promise more than one throttle would. A worker's
+      counters stay within one slice of its shares; a lowered hard share clips
+      its counter at once.
     * One round trip of lag: a worker that turns hungry keeps its old share
-      until its report's answer arrives; the shares other workers give up are
-      given up at their next report, at most a slice later. So after a change
-      the node may run up to one slice (plus the round trip) at the old split.
+      until the answer to its event report arrives; the shares the others give
+      up reach them by push in the same round trip.
+    * Lending is prospective: if a bucket that was lent from grows into its
+      headroom, the node may run over capacity by that growth until the next
+      allocation (at most a slice plus the round trip) sees its new demand.
     * Provisional share: a bucket a worker's lease does not mention (new, or
       first connected there) runs at ``1/N`` of what the worker alone would
       allocate it (``apply_lease(workers=N)``), until the answer to its event
       report arrives. Each such share is at most ``1/N`` of the hard limit and
-      the worker's provisional shares together at most ``1/N`` of the capacity,
-      so all N workers together add at most one node rate (one hard limit) for
-      one round trip plus one slice of counter.
-    * A dead worker: the supervisor is told (:meth:`QuotaAllocator.forget`), or
-      it stops reporting and is dropped after ``LEASE_SLICES`` slices. Either
-      way its share goes to the others with their next reports; nothing it
-      held can be spent again (its counters died with it).
+      a worker's provisional shares together at most ``1/N`` of the capacity, so
+      all N workers together add at most one node rate (one hard limit) for one
+      round trip plus one slice of counter.
+    * A dead worker: the supervisor is told (:meth:`QuotaAllocator.forget`) or
+      it stops reporting and is dropped after ``LEASE_SLICES`` slices; its share
+      goes to the others with the next allocation. What it had not spent dies
+      with it; what it spent in its last slice may be spent again by the others
+      in that slice (at most one slice of its share).
+    * The allocation costs O(buckets x workers); it runs on events and at most
+      once a slice otherwise (a report in between gets the last lease).
 """
 
 from __future__ import annotations

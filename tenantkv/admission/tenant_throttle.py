@@ -113,6 +113,15 @@ Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
     ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a bucket
     wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
 
+Across workers (``serve --workers N``, :mod:`tenantkv.admission.quota_lease`)
+    Each worker reports :meth:`TenantThrottle.usage` to the supervisor, which
+    allocates the node's rates with the same :func:`allocate_rates` and leases
+    each worker a share; :meth:`TenantThrottle.apply_lease` puts the throttle in
+    **lease mode**, where the rates come from the lease and everything else (the
+    refill, spill, debt and the per-request path) stays as described here.
+    ``on_demand_event`` asks for an early report (first connection, newly
+    hungry); the caller should report from its own task, not from inside it.
+
 Server integration (what :mod:`tenantkv.server` calls)
     ``TenantThrottle(trio.current_time, ...)`` once; ``add_bucket`` /
     ``remove_bucket`` via ``TenantThrottleGate.bucket_removed`` (wakes waiters);
