@@ -266,6 +266,23 @@ def test_reservation_holds_under_a_10x_neighbour_on_another_worker(workers: int)
     assert leased.rate("N", 1.0, 10.0) >= 0.97 * ideal.rate("N", 1.0, 10.0)
 
 
+@pytest.mark.parametrize("delay", [0.005, 0.02])
+def test_limits_hold_with_slower_messages(delay: float) -> None:
+    # 4 workers; the hard-limited bucket and the reserved one, messages 5 / 20 ms each way.
+    buckets = {"H": {"hard_limit": 2000}, "R": {"reserved": 2000}, "N": {}}
+    clients = [
+        *spread("H", 8, 4, rate=6000.0),
+        Clients("R", 0, 1, 2000.0),
+        *spread("N", 6, 3, rate=20_000.0),
+    ]
+    for c in clients[-3:]:
+        c.worker += 1
+    r = simulate(buckets, clients, workers=4, seconds=6.0, delay=delay)
+    assert abs(r.total("H") - 12_000) <= 0.03 * 12_000
+    assert max(r.per_second("H")[1:]) <= 2000 * 1.03
+    assert r.rate("R", 0.0, 6.0) >= 0.97 * 2000
+
+
 @pytest.mark.parametrize("workers", [2, 4, 16])
 def test_one_connection_and_64_connections_share_fairly(workers: int) -> None:
     def make() -> tuple[dict[str, dict[str, Any]], list[Clients]]:
