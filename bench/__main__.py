@@ -29,6 +29,7 @@ from bench import (
     soak,
     throttle,
     throughput,
+    workers,
     ycsb,
 )
 from bench.loadgen import BenchError
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ycsb.add_parser(sub)
     resp.add_parser(sub)
     micro.add_parser(sub)
+    workers.add_parser(sub)
     return parser
 
 

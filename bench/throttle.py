@@ -127,6 +127,15 @@ def add_parser(sub: Any) -> None:
         "--warmup", type=float, help="load before each window, not counted [1; quick 0.5]"
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve --workers N for every daemon: a supervisor and N worker processes, so "
+        "the limits are held across workers by leased quotas (docs/scaling.md); 1 = the "
+        "single process [1]",
+    )
+    p.add_argument(
         "--value-size", type=int, default=100, help="value bytes; 100 B makes a GET 1 unit [100]"
     )
     p.add_argument("--keys", type=int, default=1000, help="keys per bucket, all preloaded [1000]")
@@ -180,6 +189,8 @@ def _finish_args(args: argparse.Namespace) -> None:
         raise BenchError("--reserved can't exceed --capacity")
     if args.tickets < 0:
         raise BenchError("--tickets must be >= 0")
+    if not 1 <= args.workers <= 256:
+        raise BenchError("--workers is 1 to 256")
     if args.client == "resp":
         if args.scenario != ["hard-limit"]:
             raise BenchError("--client resp drives the hard-limit scenario only")
@@ -337,17 +348,23 @@ class Daemon:
 
 @contextlib.contextmanager
 def daemon(
-    buckets: Sequence[str], keys: int, value: bytes, cpus: set[int] | None = None
+    buckets: Sequence[str],
+    keys: int,
+    value: bytes,
+    cpus: set[int] | None = None,
+    workers: int = 1,
 ) -> Iterator[Daemon]:
     """Start a daemon, create ``buckets`` (no limits yet) and preload every key.
 
     Throttle properties are set by the scenario after the preload, so the
-    preload itself is never throttled.
+    preload itself is never throttled. ``workers`` > 1 runs ``serve --workers
+    N``: the status read for every rate is then the node's (all workers
+    summed), which is what a limit promises.
     """
     import tenantkv
 
-    _log("  starting tenantkv ...")
-    with servers.tenantkv_server(cpus=cpus) as handle:
+    _log("  starting tenantkv" + (f" --workers {workers}" if workers > 1 else "") + " ...")
+    with servers.tenantkv_server(cpus=cpus, workers=workers) as handle:
         assert handle.password is not None
         admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
         with admin:
@@ -623,7 +640,7 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
         f"{h:,} units/s (reserved 0, node capacity unlimited), {how}, {args.seconds:g} s",
     )
     mach = Machine()
-    with daemon(["limited"], args.keys, value, args.server_cpus) as d:
+    with daemon(["limited"], args.keys, value, args.server_cpus, args.workers) as d:
         if through_resp:
             # redis-benchmark reads its own key names; preloaded before the limit is set
             loadgen.preload(d.target("limited"), args.keys, value, key_prefix=resp.KEY_PREFIX)
@@ -833,7 +850,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
     others: list[tuple[float, ...]] = []
     srv_control: list[float] = []
     mach = Machine()
-    with daemon(["quiet", "noisy"], args.keys, value, args.server_cpus) as d:
+    with daemon(["quiet", "noisy"], args.keys, value, args.server_cpus, args.workers) as d:
         d.admin.set_node_throttle({"capacity": cap})
         d.admin.set_bucket_throttle("quiet", {"reserved": res_q, "hard_limit": "unlimited"})
         d.admin.set_bucket_throttle("noisy", {"reserved": 0, "hard_limit": hard_n})
@@ -1055,7 +1072,7 @@ def scenario_fairness(args: argparse.Namespace, value: bytes) -> Outcome:
         f"connection on 1 and {F_MANY} connections; {args.seconds:g} s",
     )
     mach = Machine()
-    with daemon(["one", "many"], args.keys, value, args.server_cpus) as d:
+    with daemon(["one", "many"], args.keys, value, args.server_cpus, args.workers) as d:
         d.admin.set_node_throttle({"capacity": cap})
         for b in ("one", "many"):
             d.admin.set_bucket_throttle(b, {"reserved": 0, "hard_limit": "unlimited"})
@@ -1132,7 +1149,7 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
     )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     mach = Machine()
-    with daemon(["bench"], args.keys, value, args.server_cpus) as d:
+    with daemon(["bench"], args.keys, value, args.server_cpus, args.workers) as d:
         d.admin.set_bucket_throttle("bench", {"reserved": 0, "hard_limit": "unlimited"})
         tickets = "throughput probing (server default)"
         if args.tickets:
@@ -1274,6 +1291,12 @@ def run(args: argparse.Namespace) -> int:
         f"load generator\n{args.value_size} B values, {args.keys} keys per bucket: a GET hit "
         f"costs {g} unit(s), a SET {s}; rates from the server's ru_total/wu_total over its "
         f"own clock; warm-up {args.warmup:g} s{' (quick)' if args.quick else ''}"
+        + (
+            f"\nserve --workers {args.workers}: a supervisor and {args.workers} worker "
+            "processes; rates are the node's (all workers), server CPU sums every process"
+            if args.workers > 1
+            else ""
+        )
         + (
             f"\npinned: daemon on CPU {sorted(args.server_cpus)}, load on "
             f"{sorted(args.client_cpus)}"
