@@ -29,10 +29,10 @@ Exit status 1 when a tenantkv cell failed.
 from __future__ import annotations
 
 import argparse
-import math
 import contextlib
 import csv
 import io
+import math
 import os
 import resource
 import shutil

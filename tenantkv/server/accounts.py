@@ -73,6 +73,10 @@ class Accounts:
         self._verifying: dict[bytes, tuple[trio.Event, list[bool | None]]] = {}
         #: failed logins per source address (docs/security.md)
         self.login_limiter = auth.LoginLimiter(time.monotonic)
+        #: ``serve --workers N``: tells the other workers of each login outcome
+        #: (``"failed"``/``"succeeded"``, source, user), so that the limiter's
+        #: windows are the node's, whatever worker a guess lands on
+        self.relay: Callable[[str, str, str | None], None] | None = None
 
     async def authenticate(self, name: Any, password: Any, peer: str | None = None) -> auth.User:
         """The user these credentials name, or AuthenticationFailed.
@@ -96,7 +100,7 @@ class Accounts:
             key = auth.digest(name, password)
             if user is not None and self._verified.get(key) == name:
                 if source is not None:
-                    self.login_limiter.succeeded(source, name)
+                    self._succeeded(source, name)
                 return user
             pending = self._verifying.get(key)
             if pending is None:
@@ -125,7 +129,7 @@ class Accounts:
             raise errors.AuthenticationFailed("unknown user or wrong password")
         assert user is not None
         if source is not None:
-            self.login_limiter.succeeded(source, name)
+            self._succeeded(source, name)
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[key] = name
@@ -157,6 +161,27 @@ class Accounts:
                 retry_after_ms=math.ceil(wait * 1000),
             )
 
+    def _succeeded(self, source: str, name: str) -> None:
+        self.login_limiter.succeeded(source, name)
+        if self.relay is not None:
+            self.relay("succeeded", source, name)
+
+    def remote_login(self, outcome: str, source: str, name: str | None) -> None:
+        """A login outcome on another worker (see ``relay``): counted in the windows,
+        not in this worker's ``failures`` total (the node's is the sum)."""
+        if outcome == "succeeded" and name is not None:
+            self.login_limiter.succeeded(source, name)
+        elif outcome == "failed":
+            cfg = self._config()
+            self.login_limiter.failed(
+                source,
+                cfg.login_failure_limit,
+                cfg.login_failure_window_secs,
+                name,
+                cfg.login_failure_user_limit,
+                count=False,
+            )
+
     def _login_failed(self, source: str | None, name: str | None) -> None:
         if source is None:
             return
@@ -168,6 +193,8 @@ class Accounts:
             name,
             cfg.login_failure_user_limit,
         )
+        if self.relay is not None:
+            self.relay("failed", source, name)
         if hit == "source":
             log.warning(
                 "%d failed logins from %s within %gs (login_failure_limit): refusing its "

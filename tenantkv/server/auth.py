@@ -351,10 +351,14 @@ class LoginLimiter:
         window: float,
         user: str | None = None,
         user_limit: int = 0,
+        *,
+        count: bool = True,
     ) -> str | None:
         """Count a failed login. Returns what this failure put at its limit —
-        ``"source"`` or ``"user"`` — once, for the caller to log; else None."""
-        self._failures_total += 1
+        ``"source"`` or ``"user"`` — once, for the caller to log; else None.
+        ``count=False``: a failure seen by another worker process (it counts it)."""
+        if count:
+            self._failures_total += 1
         now = self._clock()
         hit = "source" if self._sources.failed(source, limit, window, now) else None
         if user is not None:

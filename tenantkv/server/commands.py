@@ -447,7 +447,7 @@ async def server_status(s: Session, p: dict[str, Any]) -> Any:
     ``workers``, a line per worker."""
     link = s.node.link
     if link is not None:
-        return node_document(await link.node_documents())
+        return node_document(*await link.node_documents())
     return status_document(s.node)
 
 

@@ -21,9 +21,9 @@ import trio
 from tenantkv import errors, metrics
 from tenantkv.admission.bucket_queues import BucketQueueGate
 from tenantkv.admission.cidr import CidrMatcher
-from tenantkv.admission.connection_table import ConnectionTable
+from tenantkv.admission.connection_table import Admission, ConnectionTable
 from tenantkv.admission.execution_tickets import Priority, TicketHolder
-from tenantkv.admission.gate import trio_clock
+from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.pipeline import EXEMPTIONS_PARAMETER, Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.receive_buffers import ReceiveBuffers
@@ -59,7 +59,19 @@ class WorkerLink(Protocol):
 
     async def changed(self) -> None: ...
 
-    async def node_documents(self) -> list[dict[str, Any]]: ...
+    async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+
+    async def admit_connection(
+        self, conn_id: int, addr: str, *, max_connections: int, per_address: int
+    ) -> Admission: ...
+
+    async def connection_authenticated(
+        self, conn_id: int, *, admin: bool, max_connections: int, reserved_for_admins: int
+    ) -> str | None: ...
+
+    def connection_closed(self, conn_id: int) -> None: ...
+
+    def share_rate_parameters(self, table: ParameterTable) -> None: ...
 
 
 class Session(Protocol):
@@ -111,6 +123,8 @@ class Node:
         self.link = link
         #: stops the server this node belongs to (set by the Server)
         self.request_stop: Callable[[], None] = lambda: None
+        #: closes a connection without hello to make room (set by the Server)
+        self.evict_connection: Callable[[int], None] = lambda conn_id: None
         #: the configuration in force: as started, plus runtime parameters
         self.config: Config = config
         self.parameters = RuntimeParameters(config, engine, self.write, self._config_changed)
@@ -255,6 +269,8 @@ class Node:
                 "log_level": lambda level: logging.getLogger().setLevel(level.upper()),
             },
         )
+        if self.link is not None:
+            self.link.share_rate_parameters(self.parameters.table)
         self.writer.start()
 
     def _config_changed(self, config: Config) -> None:
@@ -463,6 +479,49 @@ class Node:
         if op.shared_state and self.link is not None:
             await self.link.changed()
         return box[0]
+
+    # -- the connection table: the node's, also with serve --workers N ---------------
+
+    async def admit_connection(self, conn_id: int, addr: str) -> Admission:
+        """The connection table's decision for a new connection (see
+        :mod:`tenantkv.admission.connection_table`); a worker asks the supervisor,
+        which holds the node's table."""
+        cfg = self.config
+        if self.link is not None:
+            return await self.link.admit_connection(
+                conn_id,
+                addr,
+                max_connections=cfg.max_connections,
+                per_address=cfg.max_connections_per_address,
+            )
+        return self.connection_table.admit(
+            conn_id,
+            addr,
+            trio.current_time(),
+            max_connections=cfg.max_connections,
+            per_address=cfg.max_connections_per_address,
+        )
+
+    async def connection_authenticated(self, conn_id: int, *, admin: bool) -> str | None:
+        """At hello: None if the connection may stay, else why not (admin slots)."""
+        cfg = self.config
+        reserved = min(cfg.admin_reserved_connections, cfg.max_connections - 1)
+        if self.link is not None:
+            return await self.link.connection_authenticated(
+                conn_id,
+                admin=admin,
+                max_connections=cfg.max_connections,
+                reserved_for_admins=reserved,
+            )
+        return self.connection_table.authenticated(
+            conn_id, admin=admin, max_connections=cfg.max_connections, reserved_for_admins=reserved
+        )
+
+    def connection_closed(self, conn_id: int) -> None:
+        if self.link is not None:
+            self.link.connection_closed(conn_id)
+        else:
+            self.connection_table.closed(conn_id)
 
     def reload_config(self, config: Config) -> None:
         """SIGHUP: the config file was read again. Runtime settings that changed

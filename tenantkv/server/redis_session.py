@@ -242,7 +242,7 @@ class RedisSession(Session):
         elif len(user.roles) == 1:
             bucket = next(iter(user.roles))
         if self.user is None:
-            self._take_authenticated_slot(user)
+            await self._take_authenticated_slot(user)
         self.user = user
         self._auth_epoch = node.accounts.epoch
         if self._decoder is not None:

@@ -111,6 +111,7 @@ class Server:
         self.engine = open_engine(config, shared=link is not None)
         self.node = Node(config, self.engine, link=link)
         self.node.request_stop = self.shutdown
+        self.node.evict_connection = self._evict
         #: connections accepted and not yet a session (connection limiter, TLS handshake)
         self.connections_pending = 0
         self._ids = count(1)
@@ -307,15 +308,7 @@ class Server:
             await self._refuse(conn, door, errors.ShuttingDown("the server is stopping"))
             return
         conn_id = next(self._ids)
-        cfg = node.config
-        table = node.connection_table
-        admitted = table.admit(
-            conn_id,
-            peer.rsplit(":", 1)[0],
-            trio.current_time(),
-            max_connections=cfg.max_connections,
-            per_address=cfg.max_connections_per_address,
-        )
+        admitted = await node.admit_connection(conn_id, peer.rsplit(":", 1)[0])
         if not admitted.ok:
             await self._refuse(conn, door, errors.TooManyConnections(admitted.reason))
             return
@@ -329,7 +322,7 @@ class Server:
                 log.exception("connection from %s failed", peer)
             finally:
                 del self._scopes[conn_id]
-                table.closed(conn_id)
+                node.connection_closed(conn_id)
 
     def _evict(self, conn_id: int) -> None:
         """Close a connection that has not said hello, to make room for a new one."""

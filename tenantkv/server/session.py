@@ -397,16 +397,10 @@ class Session(Execution):
 
     # -- hello ------------------------------------------------------------------------
 
-    def _take_authenticated_slot(self, user: auth.User) -> None:
+    async def _take_authenticated_slot(self, user: auth.User) -> None:
         """The connection table's check at authentication: a non-admin may not take
         the slots kept for admins (TooManyConnections)."""
-        cfg = self.node.config
-        refused = self.node.connection_table.authenticated(
-            self.conn_id,
-            admin=user.admin,
-            max_connections=cfg.max_connections,
-            reserved_for_admins=min(cfg.admin_reserved_connections, cfg.max_connections - 1),
-        )
+        refused = await self.node.connection_authenticated(self.conn_id, admin=user.admin)
         if refused is not None:
             raise errors.TooManyConnections(refused)
 
@@ -424,7 +418,7 @@ class Session(Execution):
             user = await self.node.accounts.authenticate(
                 p.get("user"), p.get("password"), peer=self.peer_ip
             )
-            self._take_authenticated_slot(user)
+            await self._take_authenticated_slot(user)
             bucket = p.get("bucket")
             if bucket is not None:
                 if not isinstance(bucket, str):

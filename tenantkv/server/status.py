@@ -134,17 +134,27 @@ _SHARED_LEAVES = frozenset(
         "last_commit_micros",
         "last_batch_ops",
         "max_batch_ops",
+        # every worker hears of every login outcome (Accounts.relay)
+        "tracked_sources",
+        "blocked_sources",
+        "tracked_users",
+        "blocked_users",
+        "known_good_pairs",
     }
 )
+#: Leaves named so are settings of a gate: the same on every worker.
+_SHARED_PREFIXES = ("bucket_queue_", "write_permit_", "login_failure_")
 #: Whole sections that are settings, not counters.
 _SHARED_PATHS = frozenset({("throttle", "node", "capacity"), ("latency", "bounds_us")})
 
 
-def node_document(workers: list[dict[str, Any]]) -> dict[str, Any]:
+def node_document(workers: list[dict[str, Any]], table: dict[str, Any]) -> dict[str, Any]:
     """The ``server_status`` of ``serve --workers N``: every worker's document
-    merged into node totals, plus ``workers``, a line per worker."""
+    merged into node totals, plus ``workers``, a line per worker. ``table`` is
+    the connection table's statistics (the supervisor holds the node's)."""
     docs = sorted(workers, key=lambda d: d.get("worker", 0))
     merged = _merge(docs, ())
+    merged["connections"]["table"] = table
     merged.pop("worker", None)
     merged["pid"] = os.getppid()  # the supervisor: the process to signal
     merged["workers"] = [
@@ -174,7 +184,9 @@ def _merge(values: list[Any], path: tuple[str, ...]) -> Any:
             k: _merge([v[k] for v in values if isinstance(v, dict) and k in v], (*path, k))
             for k in keys
         }
-    if path in _SHARED_PATHS or (path and path[-1] in _SHARED_LEAVES):
+    if path in _SHARED_PATHS or (
+        path and (path[-1] in _SHARED_LEAVES or path[-1].startswith(_SHARED_PREFIXES))
+    ):
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         return max(numbers) if len(numbers) == len(values) else first
     if isinstance(first, bool):

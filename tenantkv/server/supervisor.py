@@ -41,6 +41,8 @@ from typing import Any
 import msgpack
 import trio
 
+from tenantkv.admission import rate_share
+from tenantkv.admission.connection_table import ConnectionTable
 from tenantkv.admission.gate import trio_clock
 from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_from_wire
 from tenantkv.admission.tenant_throttle import TenantThrottle
@@ -50,7 +52,7 @@ from tenantkv.server.control import Channel, ChannelClosed, Message
 from tenantkv.server.server import ListenError, open_engine
 from tenantkv.server.shared_state import sync_throttle
 from tenantkv.server.status import node_document
-from tenantkv.server.worker import INIT_HEADER
+from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import _lock_data_dir
 
 log = logging.getLogger("tenantkv.supervisor")
@@ -107,6 +109,12 @@ class Supervisor:
         self.resp_socks: list[socket.socket] = []
         self.stopping = False
         self.metrics_port: int | None = None
+        #: the node's connection table (every worker's connections)
+        self.table = ConnectionTable()
+        #: node connection ids in the table, per worker (dropped if it dies)
+        self._conns: dict[int, set[int]] = {w.index: set() for w in self.workers}
+        #: each worker's latest demand on each node-wide rate limiter
+        self._limiter_demand: dict[str, dict[str, float]] = {}
         #: why the node could not start (a worker died before it served)
         self.start_error: str | None = None
         self._outer = trio.CancelScope()
@@ -196,7 +204,7 @@ class Supervisor:
                 pause,
                 w.restarts,
             )
-            self.allocator.forget(str(w.index))
+            self._forget(w)
             await trio.sleep(pause)
 
     async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
@@ -262,26 +270,111 @@ class Supervisor:
         w.channel = None
         return code
 
+    def _forget(self, w: _Worker) -> None:
+        """Worker ``w`` died: its leases and connections are gone with it."""
+        self.allocator.forget(str(w.index))
+        for demand in self._limiter_demand.values():
+            demand.pop(str(w.index), None)
+        for conn in self._conns[w.index]:
+            self.table.closed(conn)
+        self._conns[w.index] = set()
+
     async def _handle(self, w: _Worker, msg: Message) -> Message | None:
         kind = msg.get("type")
         if kind == "usage":
             usage = usage_from_wire(msg["usage"])
             lease = self.allocator.report(str(w.index), usage, trio.current_time())
-            return {"lease": lease_to_wire(lease)}
+            # This report may have moved the others' shares (its hunger took from
+            # them): they get their new leases now, not at their next reports.
+            for name, moved in self.allocator.pending().items():
+                other = self.workers[int(name)]
+                if other is not w and other.channel is not None:
+                    with contextlib.suppress(ChannelClosed):
+                        await other.channel.send({"type": "lease", "lease": lease_to_wire(moved)})
+            return {"lease": lease_to_wire(lease), "rate_shares": self._rate_shares(w, msg)}
+        if kind == "conn_admit":
+            return await self._admit(w, msg)
+        if kind == "conn_auth":
+            refused = self.table.authenticated(
+                msg["conn"],
+                admin=bool(msg["admin"]),
+                max_connections=int(msg["max"]),
+                reserved_for_admins=int(msg["reserved"]),
+            )
+            if refused is not None:
+                self._conns[w.index].discard(msg["conn"])
+            return {"refused": refused}
+        if kind == "conn_closed":
+            self.table.closed(msg["conn"])
+            self._conns[w.index].discard(msg["conn"])
+            return None
+        if kind == "login":
+            for peer in self._serving(but=w):
+                with contextlib.suppress(ChannelClosed):
+                    await peer.send(msg)
+            return None
         if kind == "ready":
             w.ready.set()
             return None
         if kind == "changed":
             sync_throttle(self.allocator.throttle, self.engine)
-            for other in self.workers:
-                if other is not w and other.channel is not None and other.ready.is_set():
-                    with contextlib.suppress(ChannelClosed):
-                        await other.channel.send({"type": "refresh"})
+            self.allocator.invalidate()
+            for peer in self._serving(but=w):
+                with contextlib.suppress(ChannelClosed):
+                    await peer.send({"type": "refresh"})
             return None
         if kind == "node_status":
-            return {"workers": await self._documents()}
+            return {
+                "workers": await self._documents(),
+                "connection_table": self.table.statistics().as_dict(),
+            }
         log.warning("worker %d sent an unknown control message %r", w.index, kind)
         return None
+
+    def _serving(self, but: _Worker | None = None) -> list[Channel]:
+        return [
+            o.channel
+            for o in self.workers
+            if o is not but and o.channel is not None and o.ready.is_set()
+        ]
+
+    async def _admit(self, w: _Worker, msg: Message) -> Message:
+        conn = int(msg["conn"])
+        admitted = self.table.admit(
+            conn,
+            str(msg["addr"]),
+            trio.current_time(),
+            max_connections=int(msg["max"]),
+            per_address=int(msg["per_address"]),
+        )
+        if not admitted.ok:
+            return {"ok": False, "reason": admitted.reason}
+        self._conns[w.index].add(conn)
+        evict = admitted.evict
+        if evict is not None:
+            owner = self.workers[evict % MAX_WORKERS]
+            self._conns[owner.index].discard(evict)
+            if owner is not w:
+                # Another worker holds it: tell that worker to close it.
+                if owner.channel is not None:
+                    with contextlib.suppress(ChannelClosed):
+                        await owner.channel.send({"type": "evict", "conn": evict})
+                evict = None
+        return {"ok": True, "evict": evict}
+
+    def _rate_shares(self, w: _Worker, msg: Message) -> dict[str, float]:
+        """This worker's fraction of each node-wide rate limiter (rate_share)."""
+        shares = {}
+        for name, demand in (msg.get("limiters") or {}).items():
+            if name not in RATE_LIMITERS:
+                continue
+            demands = self._limiter_demand.setdefault(name, {})
+            demands[str(w.index)] = float(demand)
+            for other in self.workers:
+                demands.setdefault(str(other.index), 0.0)
+            rate = float(getattr(self.config, RATE_LIMITERS[name]))
+            shares[name] = rate_share.split(rate, demands)[str(w.index)]
+        return shares
 
     async def _documents(self) -> list[dict[str, Any]]:
         """Every serving worker's status document, asked for in parallel."""
@@ -303,7 +396,7 @@ class Supervisor:
     async def node_status(self) -> dict[str, Any]:
         """The node's status document (``/metrics`` reads it)."""
         docs = await self._documents()
-        return node_document(docs) if docs else {}
+        return node_document(docs, self.table.statistics().as_dict()) if docs else {}
 
     # -- signals --------------------------------------------------------------------
 

@@ -34,7 +34,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import trio
 
-from tenantkv.admission.quota_lease import lease_from_wire, usage_to_wire
+from tenantkv.admission.connection_table import Admission
+from tenantkv.admission.gate import ParameterTable
+from tenantkv.admission.quota_lease import BucketLease, lease_from_wire, usage_to_wire
+from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.config import Config
 from tenantkv.server.control import Channel, ChannelClosed, Message
 
@@ -46,6 +49,18 @@ log = logging.getLogger("tenantkv.server")
 #: The init message is length-prefixed (4 bytes, big-endian): it is read with a
 #: blocking socket before Trio starts, and nothing after it may be consumed.
 INIT_HEADER = struct.Struct(">I")
+#: Connection ids are the node's: a worker's own id times this, plus its index.
+MAX_WORKERS = 256
+#: One-way messages waiting to be sent; beyond this they are dropped (counted).
+OUTBOX_SIZE = 10_000
+#: A token bucket's rate must be positive: an idle worker's share is at least this.
+MIN_RATE = 1e-3
+#: The node-wide rate limiters a worker runs a share of: name -> the setting
+#: that holds the node's rate.
+RATE_LIMITERS = {
+    "request": "ingress_request_admission_rate_per_sec",
+    "establishment": "ingress_connection_establishment_rate_per_sec",
+}
 
 
 class WorkerLink:
@@ -63,6 +78,13 @@ class WorkerLink:
         #: leases applied and calls that failed (the status document reads them)
         self.leases_applied = 0
         self.lease_failures = 0
+        #: one-way messages from synchronous code (a login outcome, a closed
+        #: connection), sent in order by one task; bounded, as everything is
+        self._outbox_in, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
+        self.outbox_dropped = 0
+        #: this worker's fraction of each node-wide rate limiter (rate_share)
+        self.rate_shares: dict[str, float] = dict.fromkeys(RATE_LIMITERS, 1.0 / self.workers)
+        self._attempted: dict[str, int] = dict.fromkeys(RATE_LIMITERS, 0)
 
     @property
     def channel(self) -> Channel:
@@ -87,8 +109,13 @@ class WorkerLink:
     async def run(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
         """Serve the channel and keep the throttle's lease fresh, until the
         supervisor goes away — then stop the server: a worker never outlives it."""
+        node.accounts.relay = self._relay_login
+        self.apply_rate_shares(node)
+        # Provisional shares (1/N) until the first lease: never a whole node's worth.
+        node.throttle.apply_lease({}, workers=self.workers)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._lease_loop, node)
+            nursery.start_soon(self._send_outbox)
             task_status.started()
             await self.channel.run(lambda msg: self._handle(node, msg))
             log.warning("worker %d: the supervisor went away; stopping", self.index)
@@ -105,10 +132,107 @@ class WorkerLink:
         with contextlib.suppress(ChannelClosed):
             await self.channel.send({"type": "changed", "worker": self.index})
 
-    async def node_documents(self) -> list[dict[str, Any]]:
-        """Every worker's status document (this one's included), from the supervisor."""
+    async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Every worker's status document (this one's included) and the node's
+        connection table statistics, from the supervisor."""
         answer = await self.channel.call({"type": "node_status"})
-        return list(answer.get("workers") or [])
+        return list(answer.get("workers") or []), dict(answer.get("connection_table") or {})
+
+    # -- the node's connection table, in the supervisor ------------------------------
+
+    def node_conn_id(self, conn_id: int) -> int:
+        return conn_id * MAX_WORKERS + self.index
+
+    async def admit_connection(
+        self, conn_id: int, addr: str, *, max_connections: int, per_address: int
+    ) -> Admission:
+        try:
+            answer = await self.channel.call(
+                {
+                    "type": "conn_admit",
+                    "conn": self.node_conn_id(conn_id),
+                    "addr": addr,
+                    "max": max_connections,
+                    "per_address": per_address,
+                }
+            )
+        except ChannelClosed:
+            return Admission(True)  # the supervisor is gone: this worker stops anyway
+        evict = answer.get("evict")
+        return Admission(
+            bool(answer.get("ok")),
+            None if evict is None else evict // MAX_WORKERS,
+            str(answer.get("reason", "")),
+        )
+
+    async def connection_authenticated(
+        self, conn_id: int, *, admin: bool, max_connections: int, reserved_for_admins: int
+    ) -> str | None:
+        try:
+            answer = await self.channel.call(
+                {
+                    "type": "conn_auth",
+                    "conn": self.node_conn_id(conn_id),
+                    "admin": admin,
+                    "max": max_connections,
+                    "reserved": reserved_for_admins,
+                }
+            )
+        except ChannelClosed:
+            return None
+        refused = answer.get("refused")
+        return None if refused is None else str(refused)
+
+    def connection_closed(self, conn_id: int) -> None:
+        self._post({"type": "conn_closed", "conn": self.node_conn_id(conn_id)})
+
+    def _relay_login(self, outcome: str, source: str, user: str | None) -> None:
+        self._post({"type": "login", "outcome": outcome, "source": source, "user": user})
+
+    def _post(self, msg: Message) -> None:
+        try:
+            self._outbox_in.send_nowait(msg)
+        except trio.WouldBlock:
+            self.outbox_dropped += 1
+
+    async def _send_outbox(self) -> None:
+        async for msg in self._outbox:
+            try:
+                await self.channel.send(msg)
+            except ChannelClosed:
+                return
+
+    # -- node-wide rate limiters ----------------------------------------------------
+
+    def _limiter_demand(self, node: Node) -> dict[str, float]:
+        """Requests each limiter saw attempted since the last report, per second."""
+        demand = {}
+        for name, limiter in self._limiters(node).items():
+            attempted = limiter.statistics().attempted
+            demand[name] = (attempted - self._attempted[name]) / node.throttle.slice_secs
+            self._attempted[name] = attempted
+        return demand
+
+    def apply_rate_shares(self, node: Node) -> None:
+        """Run each node-wide limiter at this worker's share of the node's rate."""
+        for name, limiter in self._limiters(node).items():
+            rate = getattr(node.config, RATE_LIMITERS[name]) * self.rate_shares[name]
+            limiter.configure(rate_per_sec=max(rate, MIN_RATE))
+
+    def share_rate_parameters(self, table: ParameterTable) -> None:
+        """set_parameter of a node-wide rate applies this worker's share of it."""
+        for name, setting in RATE_LIMITERS.items():
+            apply = table.get(setting)
+            if apply is not None:
+
+                def shared(value: Any, apply: Any = apply, name: str = name) -> None:
+                    apply(max(value * self.rate_shares[name], MIN_RATE))
+
+                table[setting] = shared
+
+    @staticmethod
+    def _limiters(node: Node) -> dict[str, RateLimiter]:
+        return {"request": node.request_limiter, "establishment": node.connection_limiter}
 
     def report_soon(self) -> None:
         """The throttle saw a demand event (a first connection, a newly hungry
@@ -124,17 +248,28 @@ class WorkerLink:
             self._report_soon = trio.Event()
             try:
                 answer = await self.channel.call(
-                    {"type": "usage", "usage": usage_to_wire(throttle.usage())}
+                    {
+                        "type": "usage",
+                        "usage": usage_to_wire(throttle.usage()),
+                        "limiters": self._limiter_demand(node),
+                    }
                 )
                 lease = lease_from_wire(answer["lease"])
+                shares = answer.get("rate_shares") or {}
+                if shares.keys() == RATE_LIMITERS.keys() and shares != self.rate_shares:
+                    self.rate_shares = {k: float(v) for k, v in shares.items()}
+                    self.apply_rate_shares(node)
             except (ChannelClosed, KeyError, ValueError) as exc:
                 # Keep the last lease: it still sums to no more than the node's limits.
                 self.lease_failures += 1
                 log.warning("worker %d: no lease this slice: %s", self.index, exc)
                 continue
-            throttle.apply_lease(lease)
-            self.leases_applied += 1
-            node.gate.wake()
+            self._apply_lease(node, lease)
+
+    def _apply_lease(self, node: Node, lease: dict[str, BucketLease]) -> None:
+        node.throttle.apply_lease(lease, workers=self.workers)
+        self.leases_applied += 1
+        node.gate.wake()
 
     async def _handle(self, node: Node, msg: Message) -> Message | None:
         from tenantkv.server import shared_state
@@ -146,6 +281,15 @@ class WorkerLink:
             return None
         if kind == "status":
             return {"status": status_document(node)}
+        if kind == "lease":  # pushed: another worker's report moved this one's share
+            self._apply_lease(node, lease_from_wire(msg["lease"]))
+            return None
+        if kind == "login":
+            node.accounts.remote_login(msg["outcome"], msg["source"], msg.get("user"))
+            return None
+        if kind == "evict":
+            node.evict_connection(int(msg["conn"]) // MAX_WORKERS)
+            return None
         if kind == "reload_config":
             node.reload_config(Config().with_values(msg["config"], source="the config file"))
             return None
