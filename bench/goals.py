@@ -138,6 +138,36 @@ def _resp_vs_msgpack(op: str) -> Callable[[Result], Verdict]:
     return measure
 
 
+def _workers(op: str, metric: str) -> Callable[[Result], Verdict]:
+    """bench/workers.py's checks of ``op`` and ``metric`` (``ops/s``, ``CPU/op``,
+    ``ops/commit``) for 2 workers over 1, every load shape; met when all are."""
+
+    def measure(result: Result) -> Verdict:
+        found = [
+            c
+            for c in result.get("checks", [])
+            if c.get("scenario") == "workers"
+            and str(c.get("figure", "")).startswith(f"{op} ")
+            and f": {metric} 2 ÷ 1 workers" in str(c.get("figure", ""))
+        ]
+        if not found:
+            return "not measured", None
+        text = ", ".join(
+            f"{c['figure'].split(':')[0].split(' ', 1)[1]}: {_x(c['value'])}" for c in found
+        )
+        mets = [c["met"] for c in found]
+        return text, (None if None in mets else all(mets))
+
+    return measure
+
+
+def _workers_set(result: Result) -> Verdict:
+    ops, ok_ops = _workers("SET", "ops/s")(result)
+    commit, ok_commit = _workers("SET", "ops/commit")(result)
+    met = None if ok_ops is None or ok_commit is None else ok_ops and ok_commit
+    return f"ops/s {ops}; ops/commit {commit}", met
+
+
 def _reservation(result: Result) -> Verdict:
     c = find_check(result, "reservation", "Q achieved / reserved")
     if c is None:
@@ -484,5 +514,55 @@ GOALS: tuple[Goal, ...] = (
         "Hard limit held within ±3 % over 10 s through RESP (redis-benchmark)",
         "throttle-accuracy-resp",
         _hard_limit,
+    ),
+    Goal(
+        "t-workers-get",
+        "19",
+        "2 workers on this 2-core machine: pipelined GET (redis-benchmark, RESP, generator "
+        "on the same cores) ≥ 1.5x one worker's ops/s",
+        "workers",
+        _workers("GET", "ops/s"),
+    ),
+    Goal(
+        "t-workers-cpu",
+        "19",
+        "…and server CPU per GET, summed over the supervisor and all workers, ≤ 1.1x one worker's",
+        "workers",
+        _workers("GET", "CPU/op"),
+    ),
+    Goal(
+        "t-workers-set",
+        "19",
+        "Durable SET with 2 workers: ops/s and ops per commit ≥ one worker's",
+        "workers",
+        _workers_set,
+    ),
+    Goal(
+        "t-workers-hard-limit",
+        "19",
+        "`--workers 2`: hard limit held within ±3 % over 10 s",
+        "throttle-accuracy-workers",
+        _hard_limit,
+    ),
+    Goal(
+        "t-workers-reservation",
+        "19",
+        "`--workers 2`: reserved bucket gets ≥ 97 % of its reservation under a 10x noisy neighbour",
+        "throttle-accuracy-workers",
+        _reservation,
+    ),
+    Goal(
+        "t-workers-reservation-p99",
+        "19",
+        "`--workers 2`: …and its p99 stays within 1.2x of its p99 alone",
+        "throttle-accuracy-workers",
+        _reservation_p99,
+    ),
+    Goal(
+        "t-workers-jain",
+        "19",
+        "`--workers 2`: Jain's index ≥ 0.99, 1 vs 64 connections",
+        "throttle-accuracy-workers",
+        _jain,
     ),
 )

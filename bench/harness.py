@@ -159,6 +159,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         issues=(18,),
     ),
     Scenario(
+        "throttle-accuracy-workers",
+        "Tenant throttle across worker processes (serve --workers 2)",
+        "hard-limit accuracy, a reservation under a 10x noisy neighbour and 1-vs-64-connection "
+        "fairness, each on a daemon with 2 worker processes whose limits are leased from the "
+        "supervisor (connections land on either worker)",
+        ("throttle", "--scenario", "hard-limit,reservation,fairness", "--workers", "2"),
+        3.0,
+        0.6,
+        issues=(19,),
+    ),
+    Scenario(
         "probing",
         "Throughput probing convergence",
         "fixed ticket-pool sweep, then probing from the minimum and after a workload switch",
@@ -237,6 +248,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         2.0,
         0.5,
         issues=(14,),
+    ),
+    Scenario(
+        "workers",
+        "One worker process vs two (serve --workers 2)",
+        "redis-benchmark pipelined GET and durable SET on the RESP port (16 and 64 connections "
+        "x pipeline 64, 64 B) and bench/loadgen.py GET on the MessagePack-RPC port, 1 vs 2 "
+        "workers on the generator's cores, fresh server per round, rounds alternating 1,2,1,2; "
+        "ops/s, server CPU µs/op over all processes, ops per commit",
+        ("workers",),
+        3.5,
+        0.3,
+        issues=(19,),
     ),
 )
 
