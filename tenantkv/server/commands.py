@@ -329,9 +329,17 @@ async def select_bucket(s: Session, p: dict[str, Any]) -> Any:
 
 @command("whoami", "session")
 async def whoami(s: Session, p: dict[str, Any]) -> Any:
-    """{user, bucket, admin, roles, connection_id}."""
+    """{user, bucket, admin, roles, connection_id}, and ``worker`` (its index) when
+    the node runs ``serve --workers N``."""
     assert s.user is not None
-    return {**s.user.public(), "user": s.user.name, "bucket": s.bucket, "connection_id": s.conn_id}
+    link = s.node.link
+    return {
+        **s.user.public(),
+        "user": s.user.name,
+        "bucket": s.bucket,
+        "connection_id": s.conn_id,
+        **({"worker": link.index} if link is not None else {}),
+    }
 
 
 # -- admin ----------------------------------------------------------------------------
