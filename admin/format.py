@@ -180,9 +180,15 @@ def status_text(doc: Any) -> str:
     if not isinstance(doc, Mapping):
         return cell(doc)
     blocks = []
-    top = {k: v for k, v in doc.items() if not isinstance(v, Mapping)}
+    top = {k: v for k, v in doc.items() if not isinstance(v, Mapping) and k != "workers"}
     if top:
         blocks.append(section("server", kv_table(top, indent=INDENT)))
+    workers = doc.get("workers")
+    if isinstance(workers, list) and all(isinstance(w, Mapping) for w in workers):
+        # serve --workers N: the node's totals below, each worker's part here.
+        keys = ["worker", "pid", "uptime_secs", "connections", "ops", "commits", "ops_committed"]
+        rows = [[w.get(k) for k in keys] for w in workers]
+        blocks.append(section("workers", table([k.upper() for k in keys], rows, indent=INDENT)))
     for name, value in doc.items():
         if not isinstance(value, Mapping):
             continue

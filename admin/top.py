@@ -82,6 +82,8 @@ class Sample:
     probing: str
     capacity: Any
     buckets: dict[str, BucketSample]
+    #: ``serve --workers N``: each worker's line of the document (else empty)
+    workers: list[Mapping[str, Any]] = field(default_factory=list)
 
 
 def _latency_counts(h: Mapping[str, Any] | None) -> list[int]:
@@ -143,6 +145,7 @@ def sample(doc: Mapping[str, Any]) -> Sample:
         probing=str((execution.get("probing") or {}).get("state", "-")),
         capacity=(throttle.get("node") or {}).get("capacity"),
         buckets=buckets,
+        workers=[w for w in doc.get("workers") or [] if isinstance(w, Mapping)],
     )
 
 
@@ -209,7 +212,30 @@ def frame(prev: Sample, cur: Sample) -> dict[str, Any]:
             "ops_per_sec": round(sum(r["ops_per_sec"] for r in rows), 1),
         },
         "buckets": rows,
+        **({"workers": _worker_rows(prev, cur, dt)} if cur.workers else {}),
     }
+
+
+def _worker_rows(prev: Sample, cur: Sample, dt: float) -> list[dict[str, Any]]:
+    """Each worker's share of the node between two samples (a restarted worker,
+    with a new pid, starts from zero)."""
+    before = {(w.get("worker"), w.get("pid")): w for w in prev.workers}
+    rows = []
+    for w in cur.workers:
+        p = before.get((w.get("worker"), w.get("pid"))) or {}
+        commits = w.get("commits", 0) - p.get("commits", 0)
+        committed = w.get("ops_committed", 0) - p.get("ops_committed", 0)
+        rows.append(
+            {
+                "worker": w.get("worker"),
+                "pid": w.get("pid"),
+                "connections": w.get("connections", 0),
+                "ops_per_sec": _rate(w.get("ops", 0) - p.get("ops", 0), dt),
+                "commits_per_sec": _rate(commits, dt),
+                "ops_per_commit": round(committed / commits, 1) if commits > 0 else None,
+            }
+        )
+    return rows
 
 
 def render(f: Mapping[str, Any], *, height: int | None = None, interactive: bool = False) -> str:
@@ -226,6 +252,13 @@ def render(f: Mapping[str, Any], *, height: int | None = None, interactive: bool
         f"tickets read {n['read_tickets']} write {n['write_tickets']} ({n['probing']})",
         "",
     ]
+    for w in f.get("workers") or []:
+        per = "-" if w["ops_per_commit"] is None else f"{w['ops_per_commit']:g}"
+        lines.insert(
+            -1,
+            f"  worker {w['worker']} (pid {w['pid']})  connections {w['connections']}  "
+            f"ops/s {w['ops_per_sec']:g}  commits/s {w['commits_per_sec']:g} ({per} ops each)",
+        )
     rows = [[r[key] for _, key in COLUMNS] for r in f["buckets"]]
     if height is not None:
         rows = rows[: max(1, height - len(lines) - 1)]

@@ -105,8 +105,9 @@ class Supervisor:
         self.engine = open_engine(config, shared=True)
         self.workers = [_Worker(i) for i in range(workers)]
         self.allocator: QuotaAllocator
-        self.listen_socks: list[socket.socket] = []
-        self.resp_socks: list[socket.socket] = []
+        #: per worker, its listening sockets (one per address) of each door
+        self.listen_socks: list[list[socket.socket]] = []
+        self.resp_socks: list[list[socket.socket]] = []
         self.stopping = False
         self.metrics_port: int | None = None
         #: the node's connection table (every worker's connections)
@@ -156,8 +157,8 @@ class Supervisor:
             await nursery.start(self._keep_worker, w)
             if self.start_error is not None:
                 return
-        host, port = self.listen_socks[0].getsockname()[:2]
-        resp_port = self.resp_socks[0].getsockname()[1] if self.resp_socks else None
+        host, port = self.listen_socks[0][0].getsockname()[:2]
+        resp_port = self.resp_socks[0][0].getsockname()[1] if self.resp_socks else None
         log.info("listening on %s:%d (%d workers)", host, port, self.count)
         if resp_port is not None:
             log.info("RESP (Redis protocol) front door on %s:%d", host, resp_port)
@@ -169,17 +170,15 @@ class Supervisor:
 
     async def _listen(self) -> None:
         cfg = self.config
-        listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
-        self.listen_socks = [_stdlib(listener) for listener in listeners]
+        self.listen_socks = await _reuseport_listeners(cfg.host, cfg.port, self.count)
         if cfg.resp_enabled:
             try:
-                resp = await trio.open_tcp_listeners(cfg.resp_port, host=cfg.host)
+                self.resp_socks = await _reuseport_listeners(cfg.host, cfg.resp_port, self.count)
             except OSError as exc:
                 raise ListenError(
                     f"RESP port {cfg.host}:{cfg.resp_port}: {exc.strerror}"
                     " (set resp_port, or resp_enabled = false)"
                 ) from exc
-            self.resp_socks = [_stdlib(listener) for listener in resp]
 
     # -- workers ------------------------------------------------------------------
 
@@ -210,7 +209,9 @@ class Supervisor:
     async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs.set_inheritable(True)
-        fds = [s.fileno() for s in (*self.listen_socks, *self.resp_socks)]
+        mine_listen = self.listen_socks[w.index]
+        mine_resp = self.resp_socks[w.index] if self.resp_socks else []
+        fds = [s.fileno() for s in (*mine_listen, *mine_resp)]
         env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
         w.ready = trio.Event()
         w.started = trio.current_time()
@@ -227,8 +228,8 @@ class Supervisor:
                 "index": w.index,
                 "workers": self.count,
                 "config": dataclasses.asdict(self.config),
-                "listen_fds": [s.fileno() for s in self.listen_socks],
-                "resp_fds": [s.fileno() for s in self.resp_socks],
+                "listen_fds": [s.fileno() for s in mine_listen],
+                "resp_fds": [s.fileno() for s in mine_resp],
                 "expiry_pager": w.index == 0,
             }
         )
@@ -441,11 +442,52 @@ async def _send_quietly(channel: Channel, msg: Message) -> None:
         await channel.send(msg)
 
 
-def _stdlib(listener: trio.SocketListener) -> socket.socket:
-    """The listening socket as a plain socket the workers can inherit."""
-    sock = socket.socket(fileno=os.dup(listener.socket.fileno()))
-    sock.set_inheritable(True)
-    return sock
+#: Pending connections a worker's listening socket holds (as trio's default).
+LISTEN_BACKLOG = 4096
+
+
+async def _reuseport_listeners(host: str, port: int, workers: int) -> list[list[socket.socket]]:
+    """``workers`` listening sockets on each address of ``host``, all on one port
+    with ``SO_REUSEPORT``: the kernel spreads new connections over them by a hash
+    of the client's address and port, so each worker gets its share of the
+    connections — even when a client opens them all at once, which one shared
+    socket would hand mostly to whichever worker woke first. A worker that is
+    being restarted keeps its socket (the supervisor holds it): connections
+    hashed to it wait in its backlog instead of being refused. Port 0: the first
+    socket picks the port, the others join it."""
+    infos = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    # One address per family and address (getaddrinfo may repeat them).
+    addrs = list(dict.fromkeys((family, sockaddr[:2]) for family, *_, sockaddr in infos))
+    per_worker: list[list[socket.socket]] = [[] for _ in range(workers)]
+    try:
+        for family, (addr, _) in addrs:
+            if port:
+                # SO_REUSEPORT would also let this node join the port of another
+                # server that uses it: a plain bind first fails if anyone holds it.
+                with socket.socket(family, socket.SOCK_STREAM) as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    if family == socket.AF_INET6:
+                        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    probe.bind((addr, port))
+            for sockets in per_worker:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((addr, port))
+                port = sock.getsockname()[1]
+                sock.listen(LISTEN_BACKLOG)
+                sock.set_inheritable(True)
+    except OSError:
+        for sockets in per_worker:
+            for sock in sockets:
+                sock.close()
+        raise
+    return per_worker
 
 
 def _exit_reason(code: int | None) -> str:
