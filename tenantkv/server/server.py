@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,7 @@ class Server:
         #: cancel scope of each connection's task, to evict it (connection table)
         self._scopes: dict[int, trio.CancelScope] = {}
         self._stop = trio.Event()
+        self._reload_config: Callable[[], Config] | None = None
         self.listeners: list[trio.SocketListener] = []
         self.resp_listeners: list[trio.SocketListener] = []
         self.metrics_port: int | None = None
@@ -131,14 +133,24 @@ class Server:
         task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
         ready_file: str | None = None,
         handle_signals: bool = False,
+        reload_config: Callable[[], Config] | None = None,
     ) -> None:
+        """``reload_config``: SIGHUP calls it and applies the runtime settings of the
+        configuration it returns (the command line re-reads the config file)."""
         node = self.node
+        self._reload_config = reload_config
         # The signal receiver stays open until storage is closed: a second SIGTERM
         # (an impatient supervisor) must not kill the server with the default
         # handler while it drains and commits; SIGKILL is the way to stop at once.
         with contextlib.ExitStack() as stack:
             signals = (
-                stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+                stack.enter_context(
+                    trio.open_signal_receiver(
+                        signal.SIGINT,
+                        signal.SIGTERM,
+                        *([signal.SIGHUP] if reload_config is not None else []),
+                    )
+                )
                 if handle_signals
                 else None
             )
@@ -270,6 +282,15 @@ class Server:
     async def _watch_signals(self, signals: Any) -> None:
         async for signum in signals:
             name = signal.Signals(signum).name
+            if signum == signal.SIGHUP and self._reload_config is not None:
+                try:
+                    config = self._reload_config()
+                except Exception as exc:  # a bad file: keep what is in force
+                    log.error("SIGHUP: config not reloaded: %s", exc)
+                    continue
+                log.info("SIGHUP: config reloaded")
+                self.node.reload_config(config)
+                continue
             if self._stop.is_set():
                 log.info("received %s again; already shutting down", name)
                 continue

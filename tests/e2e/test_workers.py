@@ -325,21 +325,28 @@ def test_the_data_directory_stays_locked_against_a_second_server(workers2: Daemo
     assert "another process" in out.stderr
 
 
-def test_sighup_reloads_the_config_file_in_every_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n", [1, 2])
+def test_sighup_reloads_the_config_file_in_every_worker(tmp_path: Path, n: int) -> None:
     cfg = tmp_path / "tenantkv.toml"
     cfg.write_text("idle_timeout_secs = 300\n")
-    d = Daemon(tmp_path / "data", extra_args=["--workers", "2", "--config", str(cfg)]).start()
+    d = Daemon(tmp_path / "data", extra_args=["--workers", str(n), "--config", str(cfg)]).start()
     try:
-        cfg.write_text("idle_timeout_secs = 450\n")
+        with d.client() as admin:  # a setting set at runtime outlives the reload
+            admin.command("set_parameter", name="frame_timeout_secs", value=7)
+        cfg.write_text("idle_timeout_secs = 450\nframe_timeout_secs = 9\nbad = 1\n")
         assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)  # an unknown key: refused, nothing changes
+        wait_until(lambda: "config not reloaded" in d.log(), timeout=5, what="refusal")
+        cfg.write_text("idle_timeout_secs = 450\nframe_timeout_secs = 9\n")
         d.proc.send_signal(signal.SIGHUP)
-        clients = _clients_on_every_worker(d, 2)
+        clients = _clients_on_every_worker(d, n)
         for c in clients.values():
             wait_until(
                 lambda c=c: c.command("get_parameter", name="idle_timeout_secs")["value"] == 450,
                 timeout=5,
                 what="reloaded setting",
             )
+            assert c.command("get_parameter", name="frame_timeout_secs")["value"] == 7
             c.close()
         assert "SIGHUP: config reloaded" in d.log()
     finally:
