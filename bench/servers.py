@@ -279,7 +279,47 @@ def prepare_tenantkv(server: ServerHandle, bucket: str, *, dedicated_user: bool)
             return server.user, server.password
         password = secrets.token_urlsafe(18)
         client.create_user("bench", password, roles={bucket: "readwrite"})
-        return "bench", password
+    wait_for_login(server, "bench", password, bucket)
+    return "bench", password
+
+
+#: ``wait_for_login``: fresh logins that must succeed in a row, and for how long to try
+LOGIN_STREAK = 8
+LOGIN_TIMEOUT = 5.0
+
+
+def wait_for_login(server: ServerHandle, user: str, password: str, bucket: str) -> float:
+    """With ``serve --workers N``, wait until a user just created can log in on
+    every worker; return the seconds it took (0 for a single process).
+
+    A user created through one worker reaches the others by a change
+    notification (docs/scaling.md), so a login in the next few milliseconds may
+    land on a worker that does not know it yet and fail. Connections are spread
+    by the kernel, so ``LOGIN_STREAK`` fresh connections in a row that all log
+    in stand for "every worker knows it".
+    """
+    import tenantkv
+    from tenantkv import errors
+
+    if server.workers <= 1:
+        return 0.0
+    t0 = time.monotonic()
+    streak = 0
+    while streak < LOGIN_STREAK:
+        try:
+            with tenantkv.Client(
+                server.host, server.port, user=user, password=password, bucket=bucket
+            ):
+                streak += 1
+        except errors.ServerError:  # unknown user (or bucket) on that worker, so far
+            streak = 0
+            if time.monotonic() - t0 > LOGIN_TIMEOUT:
+                raise BenchError(
+                    f"user {user!r} still unknown to a worker {LOGIN_TIMEOUT:g} s after "
+                    "it was created"
+                ) from None
+            time.sleep(0.01)
+    return time.monotonic() - t0
 
 
 def find_redis() -> str | None:

@@ -372,6 +372,8 @@ def daemon(
                 admin.create_bucket(b)
             password = secrets.token_urlsafe(18)
             admin.create_user("bench", password, roles={b: "readwrite" for b in buckets})
+            # --workers N: the other workers learn of the user by notification
+            servers.wait_for_login(handle, "bench", password, buckets[0])
             d = Daemon(handle, admin, "bench", password)
             for b in buckets:
                 loadgen.preload(d.target(b), keys, value)

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from bench import cpu, loadgen, report, resp, servers
+from bench import cpu, loadgen, report, resp, servers, throttle
 from bench.loadgen import BenchError, LoadSpec, Target, TenantKVCodec
 
 BUCKET = "bench"
@@ -190,6 +190,29 @@ def _split(handle: servers.ServerHandle) -> Iterator[dict[str, Any]]:
     got["worker_share_pct"] = [round(100 * d / total, 1) for d in done] if total else None
 
 
+@contextlib.contextmanager
+def _machine(handle: servers.ServerHandle) -> Iterator[dict[str, Any]]:
+    """CPU over the ``with`` block of what is not ours, and of the supervisor alone.
+
+    On two cores, two busy workers leave no slack: any other process on the
+    machine takes its CPU from them, where one worker leaves a core to absorb
+    it. So each run says how much CPU other processes took (% of one core);
+    a round with a lot of it is a disturbed round, not a scaling figure. The
+    supervisor's own share is what the quota and connection traffic cost.
+    """
+    got: dict[str, Any] = {}
+    others0, _ = throttle.machine_cpu()
+    sup0, t0 = servers._proc_cpu(handle.pid) if handle.pid else None, time.monotonic()
+    yield got
+    others1, _ = throttle.machine_cpu()
+    sup1, dt = servers._proc_cpu(handle.pid) if handle.pid else None, time.monotonic() - t0
+    # a process new since the first snapshot: all of its CPU is in the window
+    other = sum(max(0.0, c - others0.get(pid, 0.0)) for pid, c in others1.items())
+    got["other_cpu_pct"] = round(100 * other / dt, 1) if dt > 0 else None
+    if handle.workers > 1 and sup0 is not None and sup1 is not None and dt > 0:
+        got["supervisor_cpu_pct"] = round(100 * (sup1 - sup0) / dt, 2)
+
+
 def _r(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
@@ -199,7 +222,7 @@ def _measure_resp(
 ) -> dict[str, Any]:
     # The first measure() of a cell sizes -n with probe runs, which also warm
     # the server up; it is measured like any run.
-    with _split(side.handle) as split:
+    with _split(side.handle) as split, _machine(side.handle) as mach:
         res = side.measure(args, cell.op, cell.conns, cell.depth)
     out = res.to_json()
     out["server_cpu_pct"] = _r(
@@ -210,6 +233,7 @@ def _measure_resp(
     )
     out["processes"] = procs
     out.update(split)
+    out.update(mach)
     return out
 
 
@@ -227,7 +251,7 @@ def _measure_msgpack(
         cpus=args.client_cpus,
         key_prefix=resp.KEY_PREFIX,
     )
-    with _split(handle) as split:
+    with _split(handle) as split, _machine(handle) as mach:
         res = loadgen.run_load(target, spec, handle.cpu_seconds)
     return {
         "requests": res.ok,
@@ -247,6 +271,7 @@ def _measure_msgpack(
         "writes_per_commit": None,
         "processes": procs,
         **split,
+        **mach,
     }
 
 
@@ -287,6 +312,8 @@ def _run_line(r: dict[str, Any]) -> str:
     )
     if r.get("writes_per_commit") is not None:
         text += f", {r['writes_per_commit']:.0f} ops/commit"
+    if r.get("other_cpu_pct") is not None:
+        text += f", other {r['other_cpu_pct']:.0f} %"
     if r.get("worker_share_pct") and len(r["worker_share_pct"]) > 1:
         text += ", split " + "/".join(f"{x:.0f}" for x in r["worker_share_pct"])
     if r.get("error"):
@@ -312,6 +339,8 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "ops_per_commit": _median(rounds, "writes_per_commit"),
         "p50_ms": _median(rounds, "p50_ms"),
         "p99_ms": _median(rounds, "p99_ms"),
+        "other_cpu_pct": _median(rounds, "other_cpu_pct"),
+        "supervisor_cpu_pct": _median(rounds, "supervisor_cpu_pct"),
         # the most uneven split of any round: the one that explains a bad figure
         "worker_share_pct": max(shares, key=max) if shares else None,
         "errors": sum(r.get("errors") or (1 if r.get("error") else 0) for r in rounds),
@@ -431,15 +460,16 @@ def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
         "same shape, same keys (preloaded)\n"
         f"machine: {m['cpus']} cores ({m['cpu_model']}); {place}\n"
         "µs/op = server CPU per request, summed over the supervisor and every worker; "
-        "server/client % of one core; ops/commit = node ops_committed / batches; split = "
-        "each worker's share of the ops (most uneven round)\n"
+        "server/client % of one core; other % = every process that is neither server nor "
+        "generator (the shared machine's noise); ops/commit = node ops_committed / batches; "
+        "split = each worker's share of the ops (most uneven round)\n"
     )
 
 
 def _table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     head = (
-        "| load | c x P | workers | ops/s | server µs/op | server % | client % "
-        "| ops/commit | p99 ms | worker split % |\n|" + "---|" * 10
+        "| load | c x P | workers | ops/s | server µs/op | server % | of it supervisor % "
+        "| client % | other % | ops/commit | p99 ms | worker split % |\n|" + "---|" * 12
     )
     lines = [head]
     for r in rows:
@@ -451,7 +481,8 @@ def _table(rows: list[dict[str, Any]], workers: list[int]) -> str:
                 f"| {cell.name.rsplit(' ', 1)[0]} | {r['conns']}x{r['depth']} | {n} "
                 f"| {_f(s['ops_per_s'], ',.0f')}{'!' if s['errors'] else ''} "
                 f"| {_f(s['server_us_per_op'], '.2f')} | {_f(s['server_cpu_pct'], '.0f')} "
-                f"| {_f(s['client_cpu_pct'], '.0f')} | {_f(s['ops_per_commit'], ',.0f')} "
+                f"| {_f(s['supervisor_cpu_pct'], '.1f')} | {_f(s['client_cpu_pct'], '.0f')} "
+                f"| {_f(s['other_cpu_pct'], '.0f')} | {_f(s['ops_per_commit'], ',.0f')} "
                 f"| {_f(s['p99_ms'], '.2f')} "
                 f"| {'/'.join(f'{x:.0f}' for x in split) if split and len(split) > 1 else ''} |"
             )
