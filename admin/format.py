@@ -186,7 +186,7 @@ def status_text(doc: Any) -> str:
     workers = doc.get("workers")
     if isinstance(workers, list) and all(isinstance(w, Mapping) for w in workers):
         # serve --workers N: the node's totals below, each worker's part here.
-        keys = ["worker", "pid", "uptime_secs", "connections", "ops", "commits", "ops_committed"]
+        keys = ["worker", "pid", "uptime_secs", "connections", "ops", "writes_done"]
         rows = [[w.get(k) for k in keys] for w in workers]
         blocks.append(section("workers", table([k.upper() for k in keys], rows, indent=INDENT)))
     for name, value in doc.items():

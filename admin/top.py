@@ -218,21 +218,19 @@ def frame(prev: Sample, cur: Sample) -> dict[str, Any]:
 
 def _worker_rows(prev: Sample, cur: Sample, dt: float) -> list[dict[str, Any]]:
     """Each worker's share of the node between two samples (a restarted worker,
-    with a new pid, starts from zero)."""
+    with a new pid, starts from zero). Commits are the node's: one writer."""
     before = {(w.get("worker"), w.get("pid")): w for w in prev.workers}
     rows = []
     for w in cur.workers:
         p = before.get((w.get("worker"), w.get("pid"))) or {}
-        commits = w.get("commits", 0) - p.get("commits", 0)
-        committed = w.get("ops_committed", 0) - p.get("ops_committed", 0)
         rows.append(
             {
                 "worker": w.get("worker"),
                 "pid": w.get("pid"),
                 "connections": w.get("connections", 0),
                 "ops_per_sec": _rate(w.get("ops", 0) - p.get("ops", 0), dt),
-                "commits_per_sec": _rate(commits, dt),
-                "ops_per_commit": round(committed / commits, 1) if commits > 0 else None,
+                # committed by the node's writer, which all workers share
+                "writes_per_sec": _rate(w.get("writes_done", 0) - p.get("writes_done", 0), dt),
             }
         )
     return rows
@@ -253,11 +251,10 @@ def render(f: Mapping[str, Any], *, height: int | None = None, interactive: bool
         "",
     ]
     for w in f.get("workers") or []:
-        per = "-" if w["ops_per_commit"] is None else f"{w['ops_per_commit']:g}"
         lines.insert(
             -1,
             f"  worker {w['worker']} (pid {w['pid']})  connections {w['connections']}  "
-            f"ops/s {w['ops_per_sec']:g}  commits/s {w['commits_per_sec']:g} ({per} ops each)",
+            f"ops/s {w['ops_per_sec']:g}  writes/s {w['writes_per_sec']:g}",
         )
     rows = [[r[key] for _, key in COLUMNS] for r in f["buckets"]]
     if height is not None:

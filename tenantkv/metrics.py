@@ -32,7 +32,7 @@ import platform
 import threading
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import lmdb
@@ -53,7 +53,7 @@ from tenantkv._version import __version__
 from tenantkv.metric_catalog import BY_NAME, METRICS, Metric
 
 if TYPE_CHECKING:
-    from tenantkv.storage.group_commit import GroupCommitWriter
+    pass
 
 #: Where the collector reads from: the node's status document (``Node.status``).
 #: A callable, not the node, so metrics depend on a document, not on the server.
@@ -182,13 +182,19 @@ class CommitHistograms:
         }
 
 
+class _Observed(Protocol):
+    """A writer whose commits can be observed (``GroupCommitWriter``)."""
+
+    observers: list[Callable[[int, float], None]]
+
+
 class Latency:
     """What the node keeps for latency: :class:`OpLatency` (``op``) and
     :class:`CommitHistograms` (``commit``, registered with the writer here)."""
 
     __slots__ = ("commit", "observe", "observe_many", "op")
 
-    def __init__(self, writer: GroupCommitWriter | None = None) -> None:
+    def __init__(self, writer: _Observed | None = None) -> None:
         self.op = OpLatency()
         self.commit = CommitHistograms()
         #: ``observe(bucket, op, seconds)``: :meth:`OpLatency.observe`, bound once

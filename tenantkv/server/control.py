@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -69,8 +70,11 @@ class Channel:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ChannelClosed(f"{self.name}: {exc}") from None
 
-    async def call(self, msg: Message) -> Message:
-        """Send ``msg`` and wait for its answer."""
+    async def call(self, msg: Message, *, patient: bool = False) -> Message:
+        """Send ``msg`` and wait for its answer: at most CALL_TIMEOUT_SECS, or
+        (``patient``) until it comes or the channel closes — a write waits for
+        its commit however long the disk takes, and must never be reported as
+        failed while it may still commit."""
         if self.closed:
             raise ChannelClosed(f"{self.name}: closed")
         msg_id = next(self._ids)
@@ -78,7 +82,7 @@ class Channel:
         self._pending[msg_id] = (done, box)
         try:
             await self.send({**msg, "id": msg_id})
-            with trio.move_on_after(CALL_TIMEOUT_SECS):
+            with trio.move_on_after(math.inf if patient else CALL_TIMEOUT_SECS):
                 await done.wait()
         finally:
             self._pending.pop(msg_id, None)

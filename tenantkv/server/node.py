@@ -39,9 +39,11 @@ from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.accounts import Accounts, stored_users
+from tenantkv.server.control import Channel
 from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.server.parameters import RuntimeParameters, prefixed
+from tenantkv.server.remote_writer import RemoteWriter
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import DropBucketOp, WriteOp
@@ -56,6 +58,9 @@ class WorkerLink(Protocol):
     index: int
     leases_applied: int
     lease_failures: int
+
+    @property
+    def channel(self) -> Channel: ...
 
     async def changed(self) -> None: ...
 
@@ -166,9 +171,16 @@ class Node:
         self.permits: WritePermitGate
         #: what the writes of the commit being delivered add up to (see _deliver)
         self._tally: WriteTally | None = None
-        self.writer = GroupCommitWriter(
-            engine, self._deliver_threadsafe, taken=self._taken_threadsafe
-        )
+        self.writer: GroupCommitWriter | RemoteWriter
+        if link is not None:
+            # serve --workers N: the node's one writer, in the supervisor, commits.
+            self.writer = RemoteWriter(
+                engine, lambda: link.channel, self._deliver, taken=self._taken
+            )
+        else:
+            self.writer = GroupCommitWriter(
+                engine, self._deliver_threadsafe, taken=self._taken_threadsafe
+            )
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
@@ -528,6 +540,12 @@ class Node:
         apply now (unless set_parameter overrides them); others need a restart."""
         for name in self.parameters.rebase(config):
             log.warning("setting %s changed in the config; it applies after a restart", name)
+
+    async def drain_writes(self) -> None:
+        """Wait until every write submitted has its answer (a worker's writes, sent
+        to the node's writer; a local writer is drained by :meth:`stop_writer`)."""
+        if isinstance(self.writer, RemoteWriter):
+            await self.writer.drain()
 
     async def stop_writer(self) -> None:
         """Commit what is queued, then stop the writer thread."""

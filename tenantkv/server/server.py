@@ -166,9 +166,8 @@ class Server:
         link = self.link
         try:
             node.start()
-            if link is None or link.bootstraps:
-                await node.accounts.bootstrap_admin()
-                await node.accounts.drop_dangling_roles(node.engine.buckets)
+            if link is None:
+                await self._bootstrap()
             if link is not None:
                 self.listeners = link.listeners(link.listen_fds)
                 self.resp_listeners = link.listeners(link.resp_fds)
@@ -205,7 +204,10 @@ class Server:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
                 if link is not None:
+                    # The link carries this worker's writes: it runs before any.
                     await outer.start(link.run, node)
+                    if link.bootstraps:
+                        await self._bootstrap()
                 if link is None or link.expiry_pager:
                     outer.start_soon(node.expiry_pager.run)
                 outer.start_soon(self._sweep)
@@ -272,12 +274,22 @@ class Server:
                     for listener in (*self.listeners, *self.resp_listeners):
                         await listener.aclose()
                     sessions.cancel_scope.cancel()
+                if link is not None:
+                    # Writes still waiting for the node's writer get their answers
+                    # before the link goes (a bound: the supervisor may be gone).
+                    with trio.move_on_after(node.config.shutdown_grace_secs):
+                        await node.drain_writes()
                 outer.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await node.stop_writer()
             self.engine.close()
             log.info("stopped; storage closed")
+
+    async def _bootstrap(self) -> None:
+        """First start: the admin user; at every start: roles on deleted buckets go."""
+        await self.node.accounts.bootstrap_admin()
+        await self.node.accounts.drop_dangling_roles(self.node.engine.buckets)
 
     async def _watch_signals(self, signals: Any) -> None:
         async for signum in signals:

@@ -148,13 +148,17 @@ _SHARED_PREFIXES = ("bucket_queue_", "write_permit_", "login_failure_")
 _SHARED_PATHS = frozenset({("throttle", "node", "capacity"), ("latency", "bounds_us")})
 
 
-def node_document(workers: list[dict[str, Any]], table: dict[str, Any]) -> dict[str, Any]:
+def node_document(workers: list[dict[str, Any]], node: dict[str, Any]) -> dict[str, Any]:
     """The ``server_status`` of ``serve --workers N``: every worker's document
-    merged into node totals, plus ``workers``, a line per worker. ``table`` is
-    the connection table's statistics (the supervisor holds the node's)."""
+    merged into node totals, plus ``workers``, a line per worker. ``node`` is
+    what the supervisor holds for the node: the connection table, the writer
+    and its commit latency."""
     docs = sorted(workers, key=lambda d: d.get("worker", 0))
     merged = _merge(docs, ())
-    merged["connections"]["table"] = table
+    merged["connections"]["table"] = node.get("connection_table", {})
+    merged["storage"]["writer"] = node.get("writer", {})
+    if "commit_latency" in node:
+        merged["latency"]["commit"] = node["commit_latency"]
     merged.pop("worker", None)
     merged["pid"] = os.getppid()  # the supervisor: the process to signal
     merged["workers"] = [
@@ -164,8 +168,9 @@ def node_document(workers: list[dict[str, Any]], table: dict[str, Any]) -> dict[
             "uptime_secs": d.get("uptime_secs"),
             "connections": d.get("connections", {}).get("current", 0),
             "ops": sum(sum(b.get("ops", {}).values()) for b in d.get("buckets", {}).values()),
-            "commits": d.get("storage", {}).get("writer", {}).get("batches", 0),
-            "ops_committed": d.get("storage", {}).get("writer", {}).get("ops_committed", 0),
+            # the worker's writes sent to the node's writer, and those answered
+            "write_messages": d.get("storage", {}).get("writer", {}).get("batches", 0),
+            "writes_done": d.get("storage", {}).get("writer", {}).get("ops_committed", 0),
             "leases": d.get("leases", {}),
         }
         for d in docs

@@ -41,12 +41,14 @@ from typing import Any
 import msgpack
 import trio
 
+from tenantkv import errors
 from tenantkv.admission import rate_share
 from tenantkv.admission.connection_table import ConnectionTable
 from tenantkv.admission.gate import trio_clock
 from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_from_wire
 from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.config import Config
+from tenantkv.metrics import Latency
 from tenantkv.server import sd_notify
 from tenantkv.server.control import Channel, ChannelClosed, Message
 from tenantkv.server.server import ListenError, open_engine
@@ -54,6 +56,9 @@ from tenantkv.server.shared_state import sync_throttle
 from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import _lock_data_dir
+from tenantkv.storage.group_commit import GroupCommitWriter, Pending
+from tenantkv.storage.op_wire import RemoteBatchOp, op_from_wire
+from tenantkv.storage.ops import DropBucketOp, WriteOp
 
 log = logging.getLogger("tenantkv.supervisor")
 
@@ -116,6 +121,12 @@ class Supervisor:
         self._conns: dict[int, set[int]] = {w.index: set() for w in self.workers}
         #: each worker's latest demand on each node-wide rate limiter
         self._limiter_demand: dict[str, dict[str, float]] = {}
+        #: the node's one group-commit writer: every worker's writes share its
+        #: commits (tenantkv.server.remote_writer)
+        self.writer = GroupCommitWriter(self.engine, self._deliver_threadsafe)
+        self.writer.expiry_observers.append(self._expiry_written_threadsafe)
+        self.latency = Latency(self.writer)
+        self._token: trio.lowlevel.TrioToken | None = None
         #: why the node could not start (a worker died before it served)
         self.start_error: str | None = None
         self._outer = trio.CancelScope()
@@ -129,12 +140,20 @@ class Supervisor:
             sync_throttle(throttle, self.engine)
             self.allocator = QuotaAllocator(throttle)
             await self._listen()
-            async with trio.open_nursery() as outer:
-                self._outer = outer.cancel_scope
-                outer.start_soon(self._watch_signals, signals)
-                async with trio.open_nursery() as nursery:
-                    await self._start(nursery, ready_file)
-                outer.cancel_scope.cancel()
+            self._token = trio.lowlevel.current_trio_token()
+            self.writer.start()
+            try:
+                async with trio.open_nursery() as outer:
+                    self._outer = outer.cancel_scope
+                    outer.start_soon(self._watch_signals, signals)
+                    async with trio.open_nursery() as nursery:
+                        await self._start(nursery, ready_file)
+                    outer.cancel_scope.cancel()
+            finally:
+                # Every worker is gone: commit what they queued, then stop.
+                with trio.CancelScope(shield=True):
+                    self.writer.stop()
+                    await trio.to_thread.run_sync(self.writer.join)
         self.engine.close()
         os.close(self._lock_fd)
         if self.start_error is not None:
@@ -293,6 +312,8 @@ class Supervisor:
                     with contextlib.suppress(ChannelClosed):
                         await other.channel.send({"type": "lease", "lease": lease_to_wire(moved)})
             return {"lease": lease_to_wire(lease), "rate_shares": self._rate_shares(w, msg)}
+        if kind == "write":
+            return await self._write(msg)
         if kind == "conn_admit":
             return await self._admit(w, msg)
         if kind == "conn_auth":
@@ -325,12 +346,80 @@ class Supervisor:
                     await peer.send({"type": "refresh"})
             return None
         if kind == "node_status":
-            return {
-                "workers": await self._documents(),
-                "connection_table": self.table.statistics().as_dict(),
-            }
+            return {"workers": await self._documents(), "node": self._node_parts()}
         log.warning("worker %d sent an unknown control message %r", w.index, kind)
         return None
+
+    # -- the node's writer ------------------------------------------------------------
+
+    async def _write(self, msg: Message) -> Message:
+        """Commit a worker's writes with everyone else's; answer once durable."""
+        wires = msg.get("ops")
+        if not isinstance(wires, list):
+            raise ValueError("a write message needs a list of ops")
+        decoded: list[WriteOp | errors.TenantKVError] = []
+        for data in wires:
+            try:
+                op = op_from_wire(data, self.engine.bucket)
+            except errors.TenantKVError as exc:
+                decoded.append(exc)
+                continue
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                decoded.append(errors.BadValue(f"malformed write: {exc}"))
+                continue
+            if isinstance(op, DropBucketOp):
+                op.handle.dropped = True  # writes queued after it find the bucket gone
+            decoded.append(op)
+        batch = RemoteBatchOp(decoded)
+        done = trio.Event()
+        box: list[Any] = [None, None]
+
+        def callback(result: Any, error: BaseException | None) -> None:
+            box[0], box[1] = result, error
+            done.set()
+
+        self.writer.submit(batch, callback)
+        await done.wait()
+        result, error = box
+        if error is not None:  # the whole transaction failed: each write says so
+            err = (
+                error
+                if isinstance(error, errors.TenantKVError)
+                else errors.InternalError(f"storage failure: {error}")
+            )
+            return {"outcomes": [[None, err.to_wire(), 0, []] for _ in decoded]}
+        for handle in batch.created:
+            self.engine.buckets[handle.name] = handle
+        for item, outcome in zip(decoded, result, strict=True):
+            if isinstance(item, DropBucketOp):
+                if outcome[1] is None:
+                    self.engine.buckets.pop(item.handle.name, None)
+                else:
+                    item.handle.dropped = False  # the drop did not commit
+        return {"outcomes": result}
+
+    def _deliver_threadsafe(self, batch: list[Pending]) -> None:
+        assert self._token is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._deliver, batch)
+
+    @staticmethod
+    def _deliver(batch: list[Pending]) -> None:
+        for p in batch:
+            p.callback(p.result, p.error)
+
+    def _expiry_written_threadsafe(self, expiry_ms: int) -> None:
+        """A commit wrote an expiry: the pager (worker 0's) may want to wake earlier."""
+        if self._token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._expiry_written, expiry_ms)
+
+    def _expiry_written(self, expiry_ms: int) -> None:
+        pager = self.workers[0].channel
+        if pager is not None and self.workers[0].ready.is_set():
+            msg = {"type": "expiry", "ms": expiry_ms}
+            trio.lowlevel.spawn_system_task(_send_quietly, pager, msg)
 
     def _serving(self, but: _Worker | None = None) -> list[Channel]:
         return [
@@ -397,7 +486,15 @@ class Supervisor:
     async def node_status(self) -> dict[str, Any]:
         """The node's status document (``/metrics`` reads it)."""
         docs = await self._documents()
-        return node_document(docs, self.table.statistics().as_dict()) if docs else {}
+        return node_document(docs, self._node_parts()) if docs else {}
+
+    def _node_parts(self) -> dict[str, Any]:
+        """What only the supervisor knows of the node's status (see node_document)."""
+        return {
+            "connection_table": self.table.statistics().as_dict(),
+            "writer": self.writer.statistics(),
+            "commit_latency": self.latency.commit.status(),
+        }
 
     # -- signals --------------------------------------------------------------------
 

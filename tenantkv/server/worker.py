@@ -40,6 +40,7 @@ from tenantkv.admission.quota_lease import BucketLease, lease_from_wire, usage_t
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.config import Config
 from tenantkv.server.control import Channel, ChannelClosed, Message
+from tenantkv.server.remote_writer import RemoteWriter
 
 if TYPE_CHECKING:
     from tenantkv.server.node import Node
@@ -114,6 +115,8 @@ class WorkerLink:
         # Provisional shares (1/N) until the first lease: never a whole node's worth.
         node.throttle.apply_lease({}, workers=self.workers)
         async with trio.open_nursery() as nursery:
+            if isinstance(node.writer, RemoteWriter):
+                nursery.start_soon(node.writer.run)
             nursery.start_soon(self._lease_loop, node)
             nursery.start_soon(self._send_outbox)
             task_status.started()
@@ -133,10 +136,10 @@ class WorkerLink:
             await self.channel.send({"type": "changed", "worker": self.index})
 
     async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Every worker's status document (this one's included) and the node's
-        connection table statistics, from the supervisor."""
+        """Every worker's status document (this one's included) and what only the
+        supervisor knows (its connection table, the node's writer)."""
         answer = await self.channel.call({"type": "node_status"})
-        return list(answer.get("workers") or []), dict(answer.get("connection_table") or {})
+        return list(answer.get("workers") or []), dict(answer.get("node") or {})
 
     # -- the node's connection table, in the supervisor ------------------------------
 
@@ -283,6 +286,9 @@ class WorkerLink:
             return {"status": status_document(node)}
         if kind == "lease":  # pushed: another worker's report moved this one's share
             self._apply_lease(node, lease_from_wire(msg["lease"]))
+            return None
+        if kind == "expiry":  # a commit wrote an earlier expiry: the pager may wake
+            node.expiry_pager.expiry_written(int(msg["ms"]))
             return None
         if kind == "login":
             node.accounts.remote_login(msg["outcome"], msg["source"], msg.get("user"))

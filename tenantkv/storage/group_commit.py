@@ -151,7 +151,8 @@ class GroupCommitWriter:
             return [], True
         batch = [first]
         size = first.op.size_hint
-        while len(batch) < self.max_batch_ops:
+        count = first.op.op_count
+        while count < self.max_batch_ops:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -163,6 +164,7 @@ class GroupCommitWriter:
                 self._carry = item
                 break
             batch.append(item)
+            count += item.op.op_count
         return batch, False
 
     def _commit(self, batch: list[Pending]) -> None:
@@ -201,14 +203,15 @@ class GroupCommitWriter:
         else:
             self._fail(batch, errors.StorageFull("could not grow the map to fit the batch"))
         dt = time.perf_counter() - t0
+        n = sum(p.op.op_count for p in batch)
         self.batches += 1
-        self.ops_committed += len(batch)
-        self.last_batch_ops = len(batch)
-        self.max_batch_seen = max(self.max_batch_seen, len(batch))
+        self.ops_committed += n
+        self.last_batch_ops = n
+        self.max_batch_seen = max(self.max_batch_seen, n)
         self.commit_seconds_total += dt
         self.last_commit_seconds = dt
         for observe in self.observers:
-            observe(len(batch), dt)
+            observe(n, dt)
 
     def _apply_all(self, batch: list[Pending]) -> int:
         """One transaction for the batch; per-op errors stay with their op. Returns

@@ -68,6 +68,8 @@ class WriteOp:
     #: metering and the throttle's floor count per key, as for single-key ops.
     keys_touched: int = 1
     record_bytes: tuple[int, ...] | list[int] = ()
+    #: writes this queued item carries (a worker's message of writes: many)
+    op_count: int = 1
 
     def apply(self, w: WriteContext) -> Any:
         raise NotImplementedError

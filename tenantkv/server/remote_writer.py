@@ -1,0 +1,162 @@
+"""A worker's writer: its writes go to the node's group-commit writer in the supervisor.
+
+With ``serve --workers N`` every write of every worker is committed by one
+:class:`~tenantkv.storage.group_commit.GroupCommitWriter`, the supervisor's,
+so one transaction and one fsync carry the writes of all workers and the
+number of writes per commit grows with the node's load, not one worker's (a
+writer per worker would commit each worker's writes apart: twice the commits
+for the same writes with two workers, measured in docs/scaling.md).
+
+This class stands where the node's writer stands in a single process
+(``submit``, ``lag``, ``statistics``, the ``taken`` and ``deliver`` hooks), so
+the request path does not know which it has. Writes submitted during one turn
+of the event loop go as one message (:mod:`tenantkv.storage.op_wire`); the
+answer comes once they are durable, and is delivered as a committed batch is
+in one process. Several messages may be in flight: the supervisor's writer
+gathers them into its next commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+import trio
+
+from tenantkv import errors
+from tenantkv.server.control import Channel, ChannelClosed
+from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle, Engine
+from tenantkv.storage.group_commit import Callback, Pending
+from tenantkv.storage.op_wire import apply_outcome, op_to_wire
+from tenantkv.storage.ops import CreateBucketOp, OpenBucketOp, WriteOp
+
+log = logging.getLogger("tenantkv.server")
+
+#: Most writes in one message (a larger backlog goes as several).
+MAX_MESSAGE_OPS = 4096
+
+
+class RemoteWriter:
+    def __init__(
+        self,
+        engine: Engine,
+        channel: Callable[[], Channel],
+        deliver: Callable[[list[Pending]], None],
+        *,
+        taken: Callable[[list[Pending]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._channel = channel
+        self._deliver = deliver
+        self._taken = taken
+        self._buffer: list[Pending] = []
+        self._wake = trio.Event()
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._stopping = False
+        # statistics: what this worker sent and got answered
+        self.batches = 0
+        self.ops_committed = 0
+        self.failed_batches = 0
+        #: kept for the node's interface; commits are observed in the supervisor
+        self.observers: list[Callable[[int, float], None]] = []
+        self.expiry_observers: list[Callable[[int], None]] = []
+
+    @property
+    def lag(self) -> int:
+        """Writes not yet durable: buffered here or waiting for the node's writer."""
+        return self._in_flight
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "queued": self.lag,
+            "batches": self.batches,
+            "ops_committed": self.ops_committed,
+            "failed_batches": self.failed_batches,
+            "durable": self.engine.sync,
+            "remote": True,
+        }
+
+    def submit(
+        self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
+    ) -> None:
+        if isinstance(op, OpenBucketOp):
+            # A bucket another worker created: opened here, in this environment.
+            callback(self.open_bucket(op.name, op.props), None)
+            return
+        self._buffer.append(Pending(op, callback, taken))
+        self._in_flight += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._wake.set()
+
+    def open_bucket(self, name: str, props: dict[str, Any]) -> BucketHandle | None:
+        """This process's handle of a bucket (LMDB shares a database handle only
+        when the transaction that opened it commits: a short write transaction
+        that writes nothing; it waits for a commit in progress, a few ms at most)."""
+        try:
+            db = self.engine.env.open_db(BUCKET_DB_PREFIX + name.encode(), create=False)
+        except lmdb.NotFoundError:
+            return None
+        return BucketHandle(name, db, dict(props))
+
+    def start(self) -> None:
+        """Nothing to start: :meth:`run` is a task of the worker's link."""
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to join (see :meth:`drain`)."""
+
+    async def drain(self) -> None:
+        """Wait until every write submitted so far has its answer."""
+        self._wake.set()
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        """Send what the loop's turn submitted, as one message, whenever there is some."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                while self._buffer:
+                    batch = self._buffer[:MAX_MESSAGE_OPS]
+                    del self._buffer[:MAX_MESSAGE_OPS]
+                    if self._taken is not None:
+                        self._taken(batch)
+                    nursery.start_soon(self._send, batch)
+
+    async def _send(self, batch: list[Pending]) -> None:
+        try:
+            msg = {"type": "write", "ops": [op_to_wire(p.op) for p in batch]}
+            # Shielded: once sent, the writes may commit; the answer (or the
+            # channel closing) must be waited for, whatever is being cancelled.
+            with trio.CancelScope(shield=True):
+                answer = await self._channel().call(msg, patient=True)
+            outcomes = answer["outcomes"]
+            if len(outcomes) != len(batch):
+                raise ValueError(f"{len(outcomes)} outcomes for {len(batch)} writes")
+        except (ChannelClosed, KeyError, ValueError, TypeError) as exc:
+            # Whether these committed is unknown: never "retryable".
+            self.failed_batches += 1
+            log.error("writes lost their answer from the node's writer: %s", exc)
+            failure = errors.InternalError(f"the node's writer did not answer: {exc}")
+            for p in batch:
+                p.result, p.error = None, failure
+        else:
+            for p, outcome in zip(batch, outcomes, strict=True):
+                p.result, p.error = apply_outcome(p.op, outcome)
+                if p.error is None and isinstance(p.op, CreateBucketOp):
+                    p.result = self.open_bucket(p.op.name, p.op.props)
+            self.batches += 1
+            self.ops_committed += len(batch)
+        try:
+            self._deliver(batch)
+        finally:
+            self._in_flight -= len(batch)
+            if self._in_flight == 0:
+                self._idle.set()
