@@ -1,0 +1,136 @@
+"""Writes as plain data (``serve --workers N``): every kind survives the trip to the
+node's writer, applies there as it would have locally, and brings back its
+result and metering fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from tenantkv import errors
+from tenantkv.admission import rate_share
+from tenantkv.storage import ops, string_ops
+from tenantkv.storage.engine import BucketHandle, Engine
+from tenantkv.storage.op_wire import (
+    KINDS,
+    RemoteBatchOp,
+    apply_outcome,
+    op_from_wire,
+    op_to_wire,
+)
+from tenantkv.storage.ops import WriteContext
+from tenantkv.storage.string_ops import Expiry
+
+H = BucketHandle("b", db=None)
+
+
+def _samples() -> list[ops.WriteOp]:
+    return [
+        ops.SetOp(H, b"k", b"v", ttl=1.5, flags=7, cas=3, mode="add"),
+        ops.DeleteOp(H, b"k", cas=9),
+        ops.TouchOp(H, b"k", ttl=2),
+        ops.CounterOp(H, b"n", 5, initial=1, ttl=0),
+        ops.CreateBucketOp("nb", {"created_ms": 1, "throttle": {"reserved": 0}}),
+        ops.DropBucketOp(H, {b"user:x": {"roles": {}}}),
+        ops.PutSystemOp(
+            b"user:x", {"a": 1}, expect="absent", on_present=errors.UserExists, what="user"
+        ),
+        ops.ExpireDueOp(limit=10),
+        string_ops.StringSetOp(H, b"k", b"v", Expiry("relative", 1000), only="nx"),
+        string_ops.MultiSetOp(H, [(b"a", b"1"), (b"b", b"2")], only_new=True),
+        string_ops.MultiDeleteOp(H, [b"a", b"b"]),
+        string_ops.GetDelOp(H, b"k"),
+        string_ops.GetExOp(H, b"k", Expiry("absolute", 5)),
+        string_ops.ExpireOp(H, b"k", Expiry("relative", 10), only=frozenset({"nx", "gt"})),
+        string_ops.IncrByOp(H, b"n", -3),
+        string_ops.AppendOp(H, b"k", b"more", max_value_bytes=100),
+        string_ops.FlushOp(H),
+    ]
+
+
+def test_every_kind_is_covered_and_round_trips_through_msgpack() -> None:
+    samples = _samples()
+    assert {type(op).__name__ for op in samples} == set(KINDS)
+    for op in samples:
+        wire = msgpack.unpackb(msgpack.packb(op_to_wire(op)), strict_map_key=False)
+        back = op_from_wire(wire, lambda name: BucketHandle(name, db=None))
+        assert type(back) is type(op)
+        for name in op.__dataclass_fields__:
+            a, b = getattr(op, name), getattr(back, name)
+            if isinstance(a, BucketHandle):
+                assert (a.name, b.name) == ("b", "b")
+            else:
+                assert a == b, (type(op).__name__, name, a, b)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, [], ["SetOp"], ["NoSuchOp", []], ["SetOp", [1, 2]], "SetOp"],
+)
+def test_malformed_writes_are_refused_with_a_clear_error(data: object) -> None:
+    with pytest.raises(ValueError):
+        op_from_wire(data, lambda name: H)
+
+
+def test_an_unknown_bucket_is_bucket_not_found() -> None:
+    def bucket(name: str) -> BucketHandle:
+        raise errors.BucketNotFound(f"bucket {name!r} does not exist")
+
+    with pytest.raises(errors.BucketNotFound):
+        op_from_wire(op_to_wire(ops.SetOp(H, b"k", b"v")), bucket)
+
+
+def test_a_batch_applies_in_order_with_an_outcome_per_write(tmp_path: Path) -> None:
+    eng = Engine(tmp_path / "data")
+    try:
+        with eng.env.begin(write=True) as txn:
+            w = WriteContext(eng, txn, eng.now_ms())
+            h = ops.CreateBucketOp("b", {"created_ms": 1}).apply(w)
+        eng.buckets["b"] = h
+
+        def send(op: ops.WriteOp) -> ops.WriteOp:
+            return op_from_wire(
+                msgpack.unpackb(msgpack.packb(op_to_wire(op))), lambda name: eng.bucket(name)
+            )
+
+        local = [
+            ops.SetOp(h, b"k", b"v" * 5000),
+            ops.SetOp(h, b"k", b"x", mode="add"),  # fails: exists
+            string_ops.MultiSetOp(h, [(b"a", b"1"), (b"b", b"22")]),
+        ]
+        batch = RemoteBatchOp([*(send(op) for op in local), errors.BadValue("could not decode")])
+        with eng.env.begin(write=True) as txn:
+            outcomes = batch.apply(WriteContext(eng, txn, eng.now_ms()))
+        outcomes = msgpack.unpackb(msgpack.packb(outcomes))
+        assert batch.op_count == 4
+        r0, e0 = apply_outcome(local[0], outcomes[0])
+        assert e0 is None and isinstance(r0, dict) and r0["cas"] > 0
+        assert local[0].nbytes > 5000  # metering comes back
+        _, e1 = apply_outcome(local[1], outcomes[1])
+        assert isinstance(e1, errors.KeyExists)
+        _, e2 = apply_outcome(local[2], outcomes[2])
+        assert e2 is None and len(local[2].record_bytes) == 2
+        assert outcomes[3][1]["codeName"] == "BadValue"
+    finally:
+        eng.close()
+
+
+def test_rate_shares_sum_to_one_and_follow_demand() -> None:
+    assert rate_share.split(1000, {}) == {}
+    assert rate_share.split(1000, {"0": 0, "1": 0}) == {"0": 0.5, "1": 0.5}
+    for demands in (
+        {"0": 5000.0, "1": 0.0},
+        {"0": 5000.0, "1": 300.0},
+        {"0": 200.0, "1": 300.0},
+        {"0": 1.0, "1": 2.0, "2": 3.0, "3": 10_000.0},
+    ):
+        shares = rate_share.split(1000, demands)
+        assert sum(shares.values()) == pytest.approx(1.0)
+        floor = rate_share.MIN_SHARE / len(demands)
+        assert all(s >= floor - 1e-12 for s in shares.values())
+    busy = rate_share.split(1000, {"0": 5000.0, "1": 300.0})
+    # The lighter worker gets what it asks for (with headroom), the other the rest.
+    assert busy["1"] * 1000 == pytest.approx(300 * rate_share.HEADROOM)
+    assert busy["0"] > busy["1"]
