@@ -165,7 +165,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "fairness, each on a daemon with 2 worker processes whose limits are leased from the "
         "supervisor (connections land on either worker)",
         ("throttle", "--scenario", "hard-limit,reservation,fairness", "--workers", "2"),
-        3.0,
+        1.7,
         0.6,
         issues=(19,),
     ),
@@ -257,7 +257,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "workers on the generator's cores, a fresh server per round, 5 rounds alternating 1,2,1,2; "
         "ops/s, server CPU µs/op over all processes, ops per commit",
         ("workers", "--rounds", "5"),
-        5.5,
+        4.0,
         0.3,
         issues=(19,),
     ),
