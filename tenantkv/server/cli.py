@@ -233,12 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _supervise(cfg: config_mod.Config, workers: int, load: Any, ready_file: str | None) -> int:
     """``serve --workers N`` (N > 1): the supervisor of N worker processes."""
-    from tenantkv.server.server import ListenError
+    from tenantkv.server.server import ListenError, TLSConfigError
     from tenantkv.server.supervisor import Supervisor, WorkerStartError
 
     log = logging.getLogger("tenantkv")
     try:
         supervisor = Supervisor(cfg, workers, reload_config=load)
+    except TLSConfigError as exc:
+        log.error("%s", exc)
+        return 1
     except Exception as exc:  # e.g. lock held by another process
         log.error("cannot open data directory %s: %s", cfg.data_dir, exc)
         return 1

@@ -51,7 +51,7 @@ from tenantkv.config import Config
 from tenantkv.metrics import Latency
 from tenantkv.server import sd_notify
 from tenantkv.server.control import Channel, ChannelClosed, Message
-from tenantkv.server.server import ListenError, open_engine
+from tenantkv.server.server import ListenError, open_engine, server_ssl_context
 from tenantkv.server.shared_state import sync_throttle
 from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
@@ -102,6 +102,7 @@ class Supervisor:
         self.config = config
         self.count = workers
         self._reload_config = reload_config
+        server_ssl_context(config)  # a bad certificate stops the node here, not N workers
         # The data directory's lock, for the life of the node: the workers inherit it.
         self._lock_fd = _lock_data_dir(config.data_dir)
         os.set_inheritable(self._lock_fd, True)
@@ -258,6 +259,7 @@ class Supervisor:
             trio.SocketStream(trio.socket.from_stdlib_socket(mine)), f"worker {w.index}"
         )
         w.channel = channel
+        code: int | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(channel.run, lambda msg: self._handle(w, msg))
             if task_status is not None:
@@ -288,6 +290,8 @@ class Supervisor:
         with contextlib.suppress(OSError):
             await channel.aclose()
         w.channel = None
+        if code is None:  # it died at start: the wait above was cancelled
+            code = await process.wait()
         return code
 
     def _forget(self, w: _Worker) -> None:
@@ -341,10 +345,12 @@ class Supervisor:
         if kind == "changed":
             sync_throttle(self.allocator.throttle, self.engine)
             self.allocator.invalidate()
-            for peer in self._serving(but=w):
-                with contextlib.suppress(ChannelClosed):
-                    await peer.send({"type": "refresh"})
-            return None
+            # Answered once every other worker has reloaded: the admin command that
+            # made the change returns when the whole node sees it.
+            async with trio.open_nursery() as nursery:
+                for peer in self._serving(but=w):
+                    nursery.start_soon(_call_quietly, peer, {"type": "refresh"})
+            return {}
         if kind == "node_status":
             return {"workers": await self._documents(), "node": self._node_parts()}
         log.warning("worker %d sent an unknown control message %r", w.index, kind)
@@ -532,6 +538,13 @@ class Supervisor:
             if w.channel is not None and w.ready.is_set():
                 msg = {"type": "reload_config", "config": dataclasses.asdict(config)}
                 trio.lowlevel.spawn_system_task(_send_quietly, w.channel, msg)
+
+
+async def _call_quietly(channel: Channel, msg: Message) -> None:
+    """A call whose failure (a worker dying, or stuck past the call timeout)
+    holds nobody up: that worker reloads everything when it starts again."""
+    with contextlib.suppress(ChannelClosed):
+        await channel.call(msg)
 
 
 async def _send_quietly(channel: Channel, msg: Message) -> None:

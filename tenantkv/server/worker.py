@@ -131,9 +131,11 @@ class WorkerLink:
         )
 
     async def changed(self) -> None:
-        """Shared state changed here (and is committed): the others must reload it."""
+        """Shared state changed here (and is committed): returns once every other
+        worker has reloaded it (or could not: see the supervisor), so the change
+        is the node's when the command that made it answers."""
         with contextlib.suppress(ChannelClosed):
-            await self.channel.send({"type": "changed", "worker": self.index})
+            await self.channel.call({"type": "changed", "worker": self.index})
 
     async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Every worker's status document (this one's included) and what only the
