@@ -190,15 +190,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.seconds is None:
-        args.seconds = 2.0 if q else 8.0
-    if args.warmup is None:
-        args.warmup = 0.5 if q else 1.0
-    if args.rounds is None:
-        args.rounds = 1 if q else 3
-    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
-        raise BenchError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
+    try:
+        report.timing_defaults(args, seconds=(2.0, 8.0), warmup=(0.5, 1.0), rounds=(1, 3))
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     if min(args.conns, args.keys, args.storm_procs, args.conn_queue + 1) < 1:
         raise BenchError("--conns, --keys, --storm-procs must be >= 1, --conn-queue >= 0")
     if args.capacity is not None and args.capacity <= 0:

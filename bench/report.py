@@ -243,6 +243,26 @@ def pin_flag(
     )
 
 
+def timing_defaults(
+    args: argparse.Namespace,
+    *,
+    seconds: tuple[float, float],
+    warmup: tuple[float, float],
+    rounds: tuple[int, int],
+) -> None:
+    """Fill ``--seconds``, ``--warmup`` and ``--rounds`` not given from (quick, full)
+    defaults, and check them: the measuring subcommands share these three."""
+    i = 0 if args.quick else 1
+    if args.seconds is None:
+        args.seconds = seconds[i]
+    if args.warmup is None:
+        args.warmup = warmup[i]
+    if args.rounds is None:
+        args.rounds = rounds[i]
+    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
+        raise ValueError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
+
+
 def write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
     if path == "-":

@@ -106,15 +106,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.seconds is None:
-        args.seconds = 0.5 if q else 2.0
-    if args.warmup is None:
-        args.warmup = 0.2 if q else 0.5
-    if args.rounds is None:
-        args.rounds = 1 if q else 3
-    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
-        raise BenchError("--seconds > 0, --warmup >= 0, --rounds >= 1")
+    try:
+        report.timing_defaults(args, seconds=(0.5, 2.0), warmup=(0.2, 0.5), rounds=(1, 3))
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     if args.value_size < 1 or args.keys < 1:
         raise BenchError("--value-size and --keys must be >= 1")
     servers.pin_cpus(args)

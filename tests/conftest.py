@@ -58,6 +58,18 @@ def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -
         time.sleep(0.005)
 
 
+def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` from the checkout, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 class FakeClock:
     """A mutable clock for the sans-IO gate cores: tests move ``t`` themselves."""
 

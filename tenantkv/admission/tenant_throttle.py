@@ -1281,15 +1281,7 @@ class TenantThrottle:
         burst = self._slice
         rest = self._next_slice - now
         for b, before in zip(buckets, old, strict=True):
-            r = b.rate
-            if r == _INF:
-                b.credit = _INF
-            elif b.credit == _INF:
-                b.credit = r * burst
-            elif r != before and before != _INF:
-                # No clipping: a counter within one slice of the old rate stays
-                # within one slice of the new rate (rest <= slice).
-                b.credit += (r - before) * rest
+            _credit_new_rate(b, before, burst, rest)
             if b.hard_rate == _INF:
                 b.hard = _INF
             elif b.hard == _INF:
@@ -1342,13 +1334,7 @@ class TenantThrottle:
         burst = self._slice
         rest = self._next_slice - now
         for b, before, hard_before in zip(buckets, old, old_hard, strict=True):
-            r = b.rate
-            if r == _INF:
-                b.credit = _INF
-            elif b.credit == _INF:
-                b.credit = r * burst
-            elif r != before and before != _INF:
-                b.credit += (r - before) * rest
+            _credit_new_rate(b, before, burst, rest)
             hr = b.hard_rate
             if hr == _INF:
                 b.hard = _INF
@@ -1362,6 +1348,20 @@ class TenantThrottle:
                     b.hard += (hr - hard_before) * rest
                 if b.hard > hr * burst:
                     b.hard = hr * burst
+
+
+def _credit_new_rate(b: _Bucket, before: float, burst: float, rest: float) -> None:
+    """The current slice was credited at rate ``before``: credit (or debit) the
+    ``rest`` of it at the bucket's new rate; a new bucket starts with one slice.
+    No clipping: a counter within one slice of the old rate stays within one
+    slice of the new rate (rest <= slice)."""
+    r = b.rate
+    if r == _INF:
+        b.credit = _INF
+    elif b.credit == _INF:
+        b.credit = r * burst
+    elif r != before and before != _INF:
+        b.credit += (r - before) * rest
 
 
 # --------------------------------------------------------------------------- Trio adapter

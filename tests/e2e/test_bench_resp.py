@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import run_bench
 
 
 def _need_redis_benchmark() -> None:
@@ -25,14 +24,7 @@ def _need_redis_benchmark() -> None:
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_bench(*args, timeout=timeout)
 
 
 def test_resp_quick_cells_against_the_resp_and_msgpack_ports(tmp_path: Path) -> None:

@@ -11,25 +11,18 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import goals, harness, publish
+from tests.conftest import run_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_bench(*args, timeout=timeout)
 
 
 @pytest.mark.slow

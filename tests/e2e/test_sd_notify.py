@@ -34,4 +34,3 @@ def test_ready_once_serving_and_stopping_on_sigterm(
             assert "STOPPING=1" in sock.recv(4096).decode().split("\n")
         finally:
             d.kill()
-
