@@ -105,8 +105,12 @@ class RequestDecoder:
     * decoding a frame builds at most :data:`FRAME_DECODE_BUDGET` elements and
       :data:`MAX_FRAME_CONTAINERS` containers, checked by the unpacker's hooks as
       it goes;
-    * when everything received has been decoded the unpacker (~40 KiB, mostly its
-      parse stack) is dropped, so an idle connection holds no decoder memory.
+    * the unpacker (~40 KiB, mostly its parse stack) is dropped by
+      :meth:`release_if_idle` once everything received has been decoded — the
+      server's deadline sweep calls it, so an idle connection holds no decoder
+      memory past one sweep, while a busy one keeps its unpacker from request to
+      request (making one per unpipelined request cost ~1.3 µs and 40 KiB of
+      allocation each time).
 
     Raises :class:`~tenantkv.errors.ProtocolError` or
     :class:`~tenantkv.errors.FrameTooLarge`; after either the decoder is dead
@@ -202,11 +206,16 @@ class RequestDecoder:
             self._budget = FRAME_DECODE_BUDGET
             yield self._validate(obj)
 
+    def release_if_idle(self) -> None:
+        """Drop the unpacker when nothing received waits to be decoded."""
+        if self._unpacker is not None and self._fed == self._frame_start:
+            self._unpacker = None
+
     def _frame_done_or_pending(self) -> None:
         pending = self._fed - self._frame_start
         last, self._last = self._last, b""  # hold no received chunk while idle
         if pending == 0:
-            self._unpacker = None  # idle: hold no parse stack either
+            pass  # idle: release_if_idle drops the parse stack at the next sweep
         elif pending > self.frame_limit:
             raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
         elif self._head_decided != self.frames and not self._head:

@@ -71,6 +71,9 @@ class RequestDecoder:
     def in_frame(self) -> bool:
         return len(self._buf) > self._pos
 
+    def release_if_idle(self) -> None:
+        """Nothing to release: between commands it holds only undecoded bytes."""
+
     def feed(self, data: bytes | bytearray) -> None:
         if not self._buf:
             # Nothing pending (the usual case): keep the chunk as received, so each

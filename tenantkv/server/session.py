@@ -85,6 +85,8 @@ class Decoder(Protocol):
 
     def __iter__(self) -> Iterator[Any]: ...
 
+    def release_if_idle(self) -> None: ...
+
 
 class Session(Execution):
     """One connection: framing, deadlines, hello and replies; running the commands
@@ -174,10 +176,13 @@ class Session(Execution):
             self._scope.cancel()
 
     def expire_if_due(self, now: float) -> None:
-        """Called by the server's sweep: close a session waiting past its deadline."""
+        """Called by the server's sweep: close a session waiting past its deadline,
+        and let an idle decoder go (RequestDecoder.release_if_idle)."""
         if self._receiving and now >= self._deadline and not self._expired:
             self._expired = True
             self._scope.cancel()
+        if self._decoder is not None:
+            self._decoder.release_if_idle()
 
     def select(self, bucket: str | None) -> None:
         """Change the selected bucket; the throttle counts connections per bucket

@@ -186,10 +186,18 @@ def test_an_idle_decoder_holds_no_buffer() -> None:
     dec.feed(wire + wire[:3])
     assert [r.method for r in dec] == ["get"]
     assert dec.buffered == 3 and dec.in_frame
+    dec.release_if_idle()  # a partial frame: the unpacker stays
+    assert dec._unpacker is not None
     dec.feed(wire[3:])
     assert [r.method for r in dec] == ["get"]
     assert dec.buffered == 0 and not dec.in_frame
-    assert dec._unpacker is None and dec._last == b""
+    assert dec._last == b""
+    # Kept from request to request, dropped by the sweep once idle.
+    assert dec._unpacker is not None
+    dec.release_if_idle()
+    assert dec._unpacker is None
+    dec.feed(wire)
+    assert [r.method for r in dec] == ["get"] and dec.frames == 3
 
 
 def test_deep_nesting_is_refused_not_a_crash() -> None:
