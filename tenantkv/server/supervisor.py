@@ -179,9 +179,10 @@ class Supervisor:
                 return
         host, port = self.listen_socks[0][0].getsockname()[:2]
         resp_port = self.resp_socks[0][0].getsockname()[1] if self.resp_socks else None
-        log.info("listening on %s:%d (%d workers)", host, port, self.count)
+        tls = " (TLS)" if self.config.tls_cert_file else ""
+        log.info("listening on %s:%d%s (%d workers)", host, port, tls, self.count)
         if resp_port is not None:
-            log.info("RESP (Redis protocol) front door on %s:%d", host, resp_port)
+            log.info("RESP (Redis protocol) front door on %s:%d%s", host, resp_port, tls)
         if ready_file:
             from tenantkv.server.server import _write_ready_file
 

@@ -142,6 +142,40 @@ def test_client_with_own_ssl_context(tls_daemon: Daemon, pki: Pki) -> None:
         tls_daemon.client(tls_ca_file=pki.ca_file)
 
 
+def test_workers_serve_tls_with_client_certificates(tmp_path: Path, pki: Pki) -> None:
+    """``--workers 2``: each worker handshakes on its own share of the connections."""
+    settings: dict[str, object] = {
+        "tls_cert_file": pki.server_cert,
+        "tls_key_file": pki.server_key,
+        "tls_ca_file": pki.client_ca_file,
+    }
+    base = tmp_path / "w"
+    base.mkdir()
+    d = _daemon(base, settings)  # one process first: the data directory exists
+    d.stop()
+    d.extra_args += ["--workers", "2"]
+    d.start()
+    try:
+        tls = {"tls": True, "tls_ca_file": pki.ca_file}
+        cert = {"tls_cert_file": pki.client_cert, "tls_key_file": pki.client_key}
+        seen = set()
+        for i in range(40):
+            with d.client(**tls, **cert) as c:
+                seen.add(c.command("whoami")["worker"])
+                if i == 0:
+                    c.create_bucket("t")
+                c.select_bucket("t")
+                c.set(f"k{i}", b"v")
+            if seen == {0, 1} and i >= 3:
+                break
+        assert seen == {0, 1}
+        with pytest.raises(errors.TenantKVError):
+            d.client(**tls).close()  # no client certificate: refused by either worker
+        assert "(TLS) (2 workers)" in d.log()
+    finally:
+        d.kill()
+
+
 def test_plain_client_is_refused_cleanly(tls_daemon: Daemon, pki: Pki) -> None:
     with pytest.raises(errors.ProtocolError, match="requires TLS"):
         tls_daemon.client()
