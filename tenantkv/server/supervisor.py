@@ -130,7 +130,6 @@ class Supervisor:
         self._token: trio.lowlevel.TrioToken | None = None
         #: why the node could not start (a worker died before it served)
         self.start_error: str | None = None
-        self._outer = trio.CancelScope()
 
     async def run(self, ready_file: str | None = None) -> None:
         with contextlib.ExitStack() as stack:
@@ -145,7 +144,6 @@ class Supervisor:
             self.writer.start()
             try:
                 async with trio.open_nursery() as outer:
-                    self._outer = outer.cancel_scope
                     outer.start_soon(self._watch_signals, signals)
                     async with trio.open_nursery() as nursery:
                         await self._start(nursery, ready_file)
@@ -469,8 +467,8 @@ class Supervisor:
             demands[str(w.index)] = float(demand)
             for other in self.workers:
                 demands.setdefault(str(other.index), 0.0)
-            rate = float(getattr(self.config, RATE_LIMITERS[name]))
-            shares[name] = rate_share.split(rate, demands)[str(w.index)]
+            # Demands come as fractions of the node's rate: split a rate of 1.
+            shares[name] = rate_share.split(1.0, demands)[str(w.index)]
         return shares
 
     async def _documents(self) -> list[dict[str, Any]]:

@@ -86,6 +86,7 @@ class WorkerLink:
         #: this worker's fraction of each node-wide rate limiter (rate_share)
         self.rate_shares: dict[str, float] = dict.fromkeys(RATE_LIMITERS, 1.0 / self.workers)
         self._attempted: dict[str, int] = dict.fromkeys(RATE_LIMITERS, 0)
+        self._demand_at = 0.0
 
     @property
     def channel(self) -> Channel:
@@ -210,12 +211,18 @@ class WorkerLink:
     # -- node-wide rate limiters ----------------------------------------------------
 
     def _limiter_demand(self, node: Node) -> dict[str, float]:
-        """Requests each limiter saw attempted since the last report, per second."""
+        """What each limiter saw attempted since the last report, per second, as a
+        fraction of the node's rate (the rate is a runtime parameter: the workers
+        know its value, the supervisor's copy of the config may not)."""
+        now = trio.current_time()
+        elapsed = max(now - self._demand_at, 1e-3)
+        self._demand_at = now
         demand = {}
         for name, limiter in self._limiters(node).items():
             attempted = limiter.statistics().attempted
-            demand[name] = (attempted - self._attempted[name]) / node.throttle.slice_secs
+            per_sec = (attempted - self._attempted[name]) / elapsed
             self._attempted[name] = attempted
+            demand[name] = per_sec / max(getattr(node.config, RATE_LIMITERS[name]), MIN_RATE)
         return demand
 
     def apply_rate_shares(self, node: Node) -> None:

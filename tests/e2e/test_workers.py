@@ -208,6 +208,64 @@ def test_connection_limits_are_the_nodes(workers2: Daemon) -> None:
             admin.command("set_parameter", name="admin_reserved_connections", value=None)
 
 
+def test_the_ingress_request_rate_is_the_nodes(workers2: Daemon) -> None:
+    """Each worker runs a share of the node's request rate; the shares add up to
+    the rate, so both workers together admit what one process would."""
+    with workers2.client() as admin:
+        admin.command("create_bucket", name="rated")
+        admin.command("create_user", name="r", password="r-pw", roles={"rated": "read"})
+        admin.command("set_parameter", name="ingress_request_admission_rate_per_sec", value=300)
+        admin.command(
+            "set_parameter", name="ingress_request_admission_burst_capacity_secs", value=0.1
+        )
+        admin.command("set_parameter", name="ingress_request_rate_limiter_enabled", value=True)
+    admitted = 0
+    seen: set[int] = set()
+
+    async def hammer(deadline: float) -> None:
+        nonlocal admitted
+        async with workers2.async_client(
+            user="r", password="r-pw", bucket="rated", max_overload_retries=0
+        ) as c:
+            while True:  # whoami is a request like any other: it may be refused too
+                try:
+                    seen.add((await c.command("whoami")).get("worker", 0))
+                    break
+                except TenantKVError as exc:
+                    assert exc.code_name == "IngressRequestRateLimitExceeded"
+                    await trio.sleep(0.01)
+            while trio.current_time() < deadline:
+                try:
+                    await c.get(b"k")
+                    admitted += 1
+                except TenantKVError as exc:
+                    assert exc.code_name == "IngressRequestRateLimitExceeded"
+                    await trio.sleep(0.002)
+
+    async def main() -> float:
+        start = trio.current_time()
+        async with trio.open_nursery() as n:
+            for _ in range(8):
+                n.start_soon(hammer, start + 3.0)
+        return trio.current_time() - start
+
+    try:
+        secs = trio.run(main)
+    finally:
+        with workers2.client() as admin:
+            for name in (
+                "ingress_request_rate_limiter_enabled",
+                "ingress_request_admission_rate_per_sec",
+                "ingress_request_admission_burst_capacity_secs",
+            ):
+                admin.command("set_parameter", name=name, value=None)
+    assert seen == {0, 1}, "the load reached both workers"
+    rate = admitted / secs
+    # One process would admit 300/s plus a 30-request burst; a worker's idle
+    # floor and one slice of lag on the shares allow a little more, never twice.
+    assert 200 <= rate <= 400, rate
+
+
 def test_login_failures_are_counted_for_the_node(tmp_path: Path) -> None:
     d = Daemon(tmp_path / "data", extra_args=["--workers", "2"]).start()
     try:
