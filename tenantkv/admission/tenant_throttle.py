@@ -1135,6 +1135,13 @@ class TenantThrottle:
             wait = self._time_to_positive(-b.credit, b.rate + b.bonus, now)
         if b.hard <= 0.0:
             wait = max(wait, self._time_to_positive(-b.hard, b.hard_rate, now))
+        if self._lease is not None and wait > self._slice and b.hard_limit != 0:
+            # Leased rates are this worker's share until the next lease, at most a
+            # slice away (sooner once this bucket turns hungry here): a prediction
+            # from the share alone (a new connection's zero share, say) would send
+            # clients away for seconds the node would serve them in. A hard limit
+            # of 0 stays "never" (HardLimitZero).
+            wait = self._slice
         return wait + WAKE_GUARD_SECS
 
     def _time_to_positive(self, deficit: float, rate: float, now: float) -> float:

@@ -149,6 +149,7 @@ def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
 
     admitted = 0
     seen: set[int] = set()
+    hints: list[int] = []
 
     async def hammer(deadline: float) -> None:
         nonlocal admitted
@@ -164,7 +165,11 @@ def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
                 try:
                     await c.get(b"k")
                     admitted += 1
-                except TenantKVError:
+                except TenantKVError as exc:
+                    # A non-blocking refusal with its hint, whichever worker said it.
+                    assert exc.code_name == "Throttled", exc
+                    assert exc.retry_after_ms is not None and 0 < exc.retry_after_ms <= 1000
+                    hints.append(exc.retry_after_ms)
                     await trio.sleep(0.005)
 
     async def main() -> float:
@@ -180,6 +185,7 @@ def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
     # One slice of burst per worker plus the provisional share at the start; the
     # precise figure (±3 %) is the benchmark's (python -m bench throttle --workers 2).
     assert 800 <= rate <= 1250, rate
+    assert hints, "the limit was reached: some requests were refused"
 
 
 def test_connection_limits_are_the_nodes(workers2: Daemon) -> None:

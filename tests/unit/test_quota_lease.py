@@ -414,6 +414,27 @@ def test_provisional_shares_stay_within_their_bound(workers: int) -> None:
     assert th.statistics().buckets["H"].allowance_rate == pytest.approx(1000 / workers)
 
 
+def test_a_leased_wait_is_never_predicted_past_the_next_lease() -> None:
+    """A worker whose share of a bucket is 0 (a new connection, before its lease)
+    refuses a non-blocking request with a hint of at most a slice, not the
+    'no end in sight' of a zero rate; a hard limit of 0 is still 'never'."""
+    clock = FakeClock(10.0)
+    th = TenantThrottle(clock, slice_secs=SLICE)
+    th.add_bucket("H", hard_limit=1000)
+    th.add_bucket("Z", hard_limit=0)
+    th.apply_lease({"H": BucketLease(0.0, 0.0, 0.0), "Z": BucketLease(0.0, 0.0, 0.0)}, workers=2)
+    th.connection_opened("H")
+    th.charge("H", 50, 0)  # the counters run dry
+    wait = th.admission_wait("H")
+    assert 0.0 < wait <= SLICE + 0.01, wait
+    assert th.admission_wait("Z") == math.inf
+    # Without a lease (one process) a zero rate really has no end in sight.
+    one = TenantThrottle(clock, slice_secs=SLICE)
+    one.add_bucket("H", hard_limit=1000)
+    one.charge("H", 500, 0)
+    assert one.admission_wait("H") > SLICE
+
+
 # --------------------------------------------------------------------------- the allocator
 
 
