@@ -75,8 +75,11 @@ class Accounts:
         self.login_limiter = auth.LoginLimiter(time.monotonic)
         #: ``serve --workers N``: tells the other workers of each login outcome
         #: (``"failed"``/``"succeeded"``, source, user), so that the limiter's
-        #: windows are the node's, whatever worker a guess lands on
-        self.relay: Callable[[str, str, str | None], None] | None = None
+        #: windows are the node's, whatever worker a guess lands on. A failure is
+        #: relayed before it is answered: the next guess, on any worker, counts it.
+        self.relay: Callable[[str, str, str | None], Awaitable[None]] | None = None
+        #: successes relayed in the background (they only loosen the limiter)
+        self.relay_soon: Callable[[str, str, str | None], None] | None = None
 
     async def authenticate(self, name: Any, password: Any, peer: str | None = None) -> auth.User:
         """The user these credentials name, or AuthenticationFailed.
@@ -94,7 +97,7 @@ class Accounts:
             if source is not None:
                 self._check_login_rate(source, who)
             if not isinstance(name, str) or not isinstance(password, str):
-                self._login_failed(source, who)
+                await self._login_failed(source, who)
                 raise errors.AuthenticationFailed("user and password must be strings")
             user = self.users.get(name)
             key = auth.digest(name, password)
@@ -109,7 +112,7 @@ class Accounts:
             done, box = pending
             await done.wait()
             if box[0] is False:
-                self._login_failed(source, who)
+                await self._login_failed(source, who)
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
         done, box = trio.Event(), [None]
@@ -125,7 +128,7 @@ class Accounts:
             if source is not None:
                 self.login_limiter.end(source, name)
         if not ok:
-            self._login_failed(source, who)
+            await self._login_failed(source, who)
             raise errors.AuthenticationFailed("unknown user or wrong password")
         assert user is not None
         if source is not None:
@@ -163,8 +166,8 @@ class Accounts:
 
     def _succeeded(self, source: str, name: str) -> None:
         self.login_limiter.succeeded(source, name)
-        if self.relay is not None:
-            self.relay("succeeded", source, name)
+        if self.relay_soon is not None:
+            self.relay_soon("succeeded", source, name)
 
     def remote_login(self, outcome: str, source: str, name: str | None) -> None:
         """A login outcome on another worker (see ``relay``): counted in the windows,
@@ -182,9 +185,11 @@ class Accounts:
                 count=False,
             )
 
-    def _login_failed(self, source: str | None, name: str | None) -> None:
+    async def _login_failed(self, source: str | None, name: str | None) -> None:
         if source is None:
             return
+        if self.relay is not None:
+            await self.relay("failed", source, name)
         cfg = self._config()
         hit = self.login_limiter.failed(
             source,
@@ -193,8 +198,7 @@ class Accounts:
             name,
             cfg.login_failure_user_limit,
         )
-        if self.relay is not None:
-            self.relay("failed", source, name)
+
         if hit == "source":
             log.warning(
                 "%d failed logins from %s within %gs (login_failure_limit): refusing its "

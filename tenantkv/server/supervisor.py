@@ -334,10 +334,12 @@ class Supervisor:
             self._conns[w.index].discard(msg["conn"])
             return None
         if kind == "login":
-            for peer in self._serving(but=w):
-                with contextlib.suppress(ChannelClosed):
-                    await peer.send(msg)
-            return None
+            # Answered (when asked) once every other worker has counted it.
+            relay = {k: v for k, v in msg.items() if k != "id"}
+            async with trio.open_nursery() as nursery:
+                for peer in self._serving(but=w):
+                    nursery.start_soon(_call_quietly, peer, relay)
+            return {}
         if kind == "ready":
             w.ready.set()
             return None

@@ -111,7 +111,8 @@ class WorkerLink:
     async def run(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
         """Serve the channel and keep the throttle's lease fresh, until the
         supervisor goes away — then stop the server: a worker never outlives it."""
-        node.accounts.relay = self._relay_login
+        node.accounts.relay = self._relay_failure
+        node.accounts.relay_soon = self._relay_login
         self.apply_rate_shares(node)
         # Provisional shares (1/N) until the first lease: never a whole node's worth.
         node.throttle.apply_lease({}, workers=self.workers)
@@ -194,6 +195,12 @@ class WorkerLink:
 
     def _relay_login(self, outcome: str, source: str, user: str | None) -> None:
         self._post({"type": "login", "outcome": outcome, "source": source, "user": user})
+
+    async def _relay_failure(self, outcome: str, source: str, user: str | None) -> None:
+        """A failed login, counted by every other worker before it is answered."""
+        msg = {"type": "login", "outcome": outcome, "source": source, "user": user}
+        with contextlib.suppress(ChannelClosed):
+            await self.channel.call(msg)
 
     def _post(self, msg: Message) -> None:
         try:
