@@ -602,6 +602,10 @@ class Node:
             self.bucket_added(handle)
             raise
         self.accounts.revoked(revoked)
+        self.deselect(name)
+
+    def deselect(self, bucket: str) -> None:
+        """Sessions that had ``bucket`` selected lose it (it was dropped)."""
         for s in list(self.sessions):
-            if s.bucket == name:
+            if s.bucket == bucket:
                 s.select(None)

@@ -22,15 +22,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import lmdb
 import trio
 
 from tenantkv import errors
 from tenantkv.server.control import Channel, ChannelClosed
-from tenantkv.storage.engine import BUCKET_DB_PREFIX, BucketHandle, Engine
+from tenantkv.storage.engine import Engine
 from tenantkv.storage.group_commit import Callback, Pending
 from tenantkv.storage.op_wire import apply_outcome, op_to_wire
-from tenantkv.storage.ops import CreateBucketOp, OpenBucketOp, WriteOp
+from tenantkv.storage.ops import CreateBucketOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
 
@@ -83,24 +82,10 @@ class RemoteWriter:
     def submit(
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
-        if isinstance(op, OpenBucketOp):
-            # A bucket another worker created: opened here, in this environment.
-            callback(self.open_bucket(op.name, op.props), None)
-            return
         self._buffer.append(Pending(op, callback, taken))
         self._in_flight += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._wake.set()
-
-    def open_bucket(self, name: str, props: dict[str, Any]) -> BucketHandle | None:
-        """This process's handle of a bucket (LMDB shares a database handle only
-        when the transaction that opened it commits: a short write transaction
-        that writes nothing; it waits for a commit in progress, a few ms at most)."""
-        try:
-            db = self.engine.env.open_db(BUCKET_DB_PREFIX + name.encode(), create=False)
-        except lmdb.NotFoundError:
-            return None
-        return BucketHandle(name, db, dict(props))
 
     def start(self) -> None:
         """Nothing to start: :meth:`run` is a task of the worker's link."""
@@ -151,7 +136,7 @@ class RemoteWriter:
             for p, outcome in zip(batch, outcomes, strict=True):
                 p.result, p.error = apply_outcome(p.op, outcome)
                 if p.error is None and isinstance(p.op, CreateBucketOp):
-                    p.result = self.open_bucket(p.op.name, p.op.props)
+                    p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
             self.ops_committed += len(batch)
         try:

@@ -23,7 +23,6 @@ from tenantkv.admission.throttle_props import parse_limit
 from tenantkv.server.accounts import stored_users
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
 from tenantkv.storage.engine import Engine
-from tenantkv.storage.ops import OpenBucketOp
 
 log = logging.getLogger("tenantkv.server")
 
@@ -72,33 +71,31 @@ def sync_throttle(throttle: TenantThrottle, engine: Engine) -> None:
             throttle.add_bucket(name, **limits)
 
 
-async def reload(node: Node) -> None:
+def reload(node: Node) -> None:
     """Apply every shared change committed by another worker (see the module doc)."""
     engine = node.engine
     node.accounts.reload(stored_users(engine))
-    await _reload_buckets(node, stored_buckets(engine))
+    _reload_buckets(node, stored_buckets(engine))
     apply_node_throttle(node.throttle, engine.system_get(THROTTLE_NODE_KEY))
     node.parameters.reload(engine)
     node.gate.wake()
 
 
-async def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]]) -> None:
+def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]]) -> None:
     engine = node.engine
     for name, handle in list(engine.buckets.items()):
         props = stored.get(name)
         if props is None or props.get("created_ms") != handle.props.get("created_ms"):
             # Dropped (and maybe created anew: a new tenant, sessions lose it).
             node.bucket_removed(handle)
-            for s in list(node.sessions):
-                if s.bucket == name:
-                    s.select(None)
+            node.deselect(name)
             log.info("bucket %r was dropped by another worker", name)
     for name, props in stored.items():
         existing = engine.buckets.get(name)
         if existing is None:
-            handle = await node.write(OpenBucketOp(name, props))
-            if handle is not None and name not in engine.buckets:
-                node.bucket_added(handle)
+            opened = engine.open_bucket(name, props)
+            if opened is not None:
+                node.bucket_added(opened)
                 log.info("bucket %r was created by another worker", name)
         elif props != existing.props:
             existing.props = dict(props)

@@ -296,7 +296,7 @@ class WorkerLink:
 
         kind = msg.get("type")
         if kind == "refresh":
-            await shared_state.reload(node)
+            shared_state.reload(node)
             return None
         if kind == "status":
             return {"status": status_document(node)}

@@ -394,6 +394,20 @@ class Engine:
 
     # -- map size ----------------------------------------------------------
 
+    def open_bucket(self, name: str, props: dict[str, Any]) -> BucketHandle | None:
+        """This process's handle of a bucket another process created (``serve
+        --workers N``); None if it is gone again. LMDB shares a database handle
+        with later transactions only when the transaction that opened it
+        commits, and a read-only one does not: so it is opened in a short write
+        transaction that writes nothing (it waits for a commit in progress, a
+        few ms at most). Only for a process whose writes go elsewhere: it must
+        not have a write transaction of its own open."""
+        try:
+            db = self.env.open_db(BUCKET_DB_PREFIX + name.encode(), create=False)
+        except lmdb.NotFoundError:
+            return None
+        return BucketHandle(name, db, dict(props))
+
     def reserve_cas_block(self, txn: lmdb.Transaction) -> None:
         """Reserve the next ``CAS_BLOCK`` CAS values in the write transaction ``txn``.
 

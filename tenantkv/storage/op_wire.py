@@ -10,7 +10,7 @@ record_bytes]``: what ``apply`` returned or raised, and the metering fields
 
 Values that are not plain data go as tagged maps: a bucket by name (each
 process holds its own LMDB handle), an expiry, an error class, a frozenset.
-Results are plain data already, except the handle of a created or opened
+Results are plain data already, except the handle of a created
 bucket, which goes as ``None``: the worker opens the bucket in its own
 environment.
 """

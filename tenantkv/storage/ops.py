@@ -283,27 +283,6 @@ class CreateBucketOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class OpenBucketOp(WriteOp):
-    """Open a bucket another process created (``serve --workers N``). LMDB shares
-    a database handle with later transactions only when the transaction that
-    opened it commits, and a read-only one does not: so it is opened here, in
-    the writer's transaction. None if the bucket is gone again."""
-
-    name: str
-    props: dict[str, Any]
-    exempt: bool = True
-
-    def apply(self, w: WriteContext) -> Any:
-        try:
-            db = w.engine.env.open_db(
-                BUCKET_DB_PREFIX + self.name.encode(), txn=w.txn, create=False
-            )
-        except lmdb.NotFoundError:
-            return None
-        return BucketHandle(self.name, db, dict(self.props))
-
-
-@dataclass(slots=True, eq=False)
 class DropBucketOp(WriteOp):
     """Drops the bucket's database; its expiry-index entries are left for the
     pager, which discards entries of buckets that no longer exist.
