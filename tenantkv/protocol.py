@@ -48,6 +48,13 @@ class Request(NamedTuple):
     params: dict[str, Any]
 
 
+#: ``Request((msgid, method, params))`` without the named tuple's Python-level
+#: ``__new__``: the decoder makes one per request.
+_new_request = tuple.__new__
+#: msgids are unsigned 32-bit.
+_MSGID_END = 2**32
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     msgid: int
@@ -179,6 +186,7 @@ class RequestDecoder:
         u = self._unpacker
         if u is None:
             return
+        tell = u.tell
         while True:
             try:
                 obj = next(u)
@@ -198,12 +206,26 @@ class RequestDecoder:
                 raise errors.ProtocolError(f"malformed MessagePack: {exc}") from None
             except Exception as exc:  # msgpack raises a few other types on hostile input
                 raise errors.ProtocolError(f"malformed MessagePack: {exc!r}") from None
-            end = u.tell()
+            end = tell()
             if end - self._frame_start > self.frame_limit:
                 raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
             self._frame_start = end
             self.frames += 1
             self._budget = FRAME_DECODE_BUDGET
+            # The well-formed request, checked inline (hot: once per request);
+            # anything else goes to _validate for its precise error.
+            if type(obj) is list and len(obj) == 4:
+                kind, msgid, method, params = obj
+                if (
+                    kind == REQUEST
+                    and type(kind) is int
+                    and type(msgid) is int
+                    and 0 <= msgid < _MSGID_END
+                    and type(method) is str
+                    and type(params) is dict
+                ):
+                    yield _new_request(Request, (msgid, method, params))
+                    continue
             yield self._validate(obj)
 
     def release_if_idle(self) -> None:
@@ -231,7 +253,7 @@ class RequestDecoder:
         kind, msgid, method, params = obj
         if kind != REQUEST or type(kind) is not int:
             raise errors.ProtocolError("a request must start with type 0")
-        if type(msgid) is not int or not 0 <= msgid < 2**32:
+        if type(msgid) is not int or not 0 <= msgid < _MSGID_END:
             raise errors.ProtocolError("msgid must be an integer in [0, 2**32)")
         if type(method) is not str:
             raise errors.ProtocolError("method must be a string")
@@ -340,6 +362,8 @@ for _b in range(0xE0, 0x100):
 
 
 _packer = msgpack.Packer(use_bin_type=True)
+#: Encode one object (bound once: the server packs a reply per request).
+pack = _packer.pack
 
 
 def encode_response(msgid: int, error: dict[str, Any] | None, result: Any) -> bytes:

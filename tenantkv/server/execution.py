@@ -87,7 +87,7 @@ class Execution:
         self._drain_lot = trio.lowlevel.ParkingLot()
         self._reader_parked = False
         #: the read transaction shared by the reads of the chunk being handled
-        self._rtxn: Any = None
+        self.rtxn: Any = None
         #: when the chunk being handled was received (perf_counter), and its inline
         #: reads per (bucket, operation): counted and timed once per chunk
         self._chunk_t0 = 0.0
@@ -99,10 +99,15 @@ class Execution:
         self._rate_admitted = 0
         self._rate_refused = 0
         self._chunk_refusal: errors.ServerError | None = None
-        #: the run of inline reads being admitted (see _admit_read): its bucket
+        #: the run of inline reads being admitted (see _start_read_run): its bucket
         #: (None: no run), user privilege, throttle allowance, reads and their units
         self._run_bucket: str | None = None
+        self._run_method = ""
         self._run_unthrottled = False
+        self._run_watched = False
+        #: the read unit size and per-operation floor of units, as at the run's start
+        self._run_unit = 4096
+        self._run_floor = 1
         self._run_allowance = 0.0
         self._run_reads = 0
         self._run_ru = 0
@@ -179,31 +184,26 @@ class Execution:
 
     def _run_inline(self, cmd: Command | None, req: protocol.Request) -> bool:
         """Run a data command without awaiting; False when it needs :meth:`_run`."""
-        if (
-            cmd is None
-            or cmd.kind not in DATA_KINDS
-            or (self.pending_writes and self._backlogged(cmd))
-            or self.node.failpoints.active
-        ):
+        if cmd is None or self.node.failpoints.active:
+            return False
+        kind = cmd.kind
+        if kind == "read":
+            # Reads see the connection's earlier writes (_backlogged): none pending.
+            return not self.pending_writes and self._read_inline(cmd, req)
+        if kind != "write":
             return False
         msgid, method, params = req
-        pipeline = self.node.pipeline
-        holds: Holds | None = None
         try:
             prep = self._prepare(cmd, params)
-            if prep.op is None:  # a read: runs to completion now, holds nothing
-                if not self._admit_read(prep):
-                    return False
-            else:
-                self._end_read_run()  # the throttle must see the reads before it
-                holds = pipeline.try_acquire(
-                    prep.bucket.name,
-                    cmd.kind,
-                    unthrottled=prep.user.unthrottled,
-                    nonblocking=self.nonblocking_throttle,
-                )
-                if holds is None:
-                    return False
+            self._end_read_run()  # the throttle must see the reads before it
+            holds = self.node.pipeline.try_acquire(
+                prep.bucket.name,
+                kind,
+                unthrottled=prep.user.unthrottled,
+                nonblocking=self.nonblocking_throttle,
+            )
+            if holds is None:
+                return False
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
@@ -213,38 +213,95 @@ class Execution:
         self._execute(msgid, prep, holds, None)
         return True
 
-    def _admit_read(self, prep: Prepared) -> bool:
-        """Admit an inline read; False when it must take the waiting path.
+    def _read_inline(self, cmd: Command, req: protocol.Request) -> bool:
+        """Check, admit, run and answer a read now; False when it must wait.
 
-        The reads of a chunk are admitted as a run: the first through every gate
-        (:meth:`Pipeline.try_pass_read`), which also gives the run its throttle
-        allowance (:meth:`TenantThrottle.run_allowance`); each next read on the
-        same bucket joins the run while the costs so far stay below it — the
-        answer every gate would give that read on its own, since nothing else
-        ran in between. :meth:`_end_read_run` then counts and charges the run
-        once. Any other request, and anything that awaits, ends the run first.
+        The hot path of a pipelined read, so it is one function: what
+        :meth:`_prepare`, :meth:`_start_read_run` and :meth:`_execute` do for a read
+        that holds nothing, with each step's slow case left to them. The read
+        joins the run of inline reads (see :meth:`_start_read_run`): its units are
+        added to the run's, which :meth:`_end_read_run` charges and counts once.
         """
-        bucket = prep.bucket.name
-        unthrottled = prep.user.unthrottled
-        if (
-            bucket == self._run_bucket
-            and unthrottled == self._run_unthrottled
-            and self._run_cost < self._run_allowance
-        ):
-            self._run_reads += 1
+        msgid, method, params = req
+        try:
+            if "timeout_ms" in params or not cmd.params.issuperset(params):
+                check_params(cmd, params)
+            b = self._read_handle
+            if b is None or self._auth_epoch != self.node.accounts.epoch:
+                b = self._data_bucket(write=False)
+            if b.name != self._run_bucket or method != self._run_method:
+                if not self._start_read_run(b.name, method):
+                    return False
+            elif self._run_cost < self._run_allowance:
+                self._run_reads += 1
+            elif not self._start_read_run(b.name, method):
+                return False
+            sizes = self.read_sizes
+            try:
+                result = cmd.handler(self, b, params)
+            except BaseException:
+                if self._run_watched:
+                    self._read_handled(b.name, method, params, "error")
+                raise
+            if self._run_watched:
+                self._read_handled(b.name, method, params, "ok")
+            # The read's units (see Node.read_cost), inline for one record.
+            if len(sizes) < 2 and self.read_keys == 1:
+                ru = -(-sizes[0] // self._run_unit) if sizes else 0
+                cost = ru if ru > self._run_floor else self._run_floor
+            else:
+                ru, cost = self.node.read_cost(sizes, self.read_keys)
+                self.read_keys = 1
+            sizes.clear()
+            self._run_ru += ru
+            self._run_cost += cost
+        except errors.TenantKVError as exc:
+            self.read_sizes.clear()
+            self.read_keys = 1
+            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
+        except Exception as exc:
+            self.read_sizes.clear()
+            self.read_keys = 1
+            self._internal_error(msgid, method, exc)
+            return True
+        self._reply(msgid, result)
+        return True
+
+    def _start_read_run(self, bucket: str, method: str) -> bool:
+        """Admit an inline read that starts a run; False when it must take the
+        waiting path.
+
+        The reads of a chunk are admitted as runs: the first through every gate
+        (:meth:`Pipeline.try_pass_read`), which also gives the run its throttle
+        allowance (:meth:`TenantThrottle.run_allowance`); each next read of the
+        same command on the same bucket joins the run while the costs so far
+        stay below it — the answer every gate would give that read on its own,
+        since nothing else ran in between. :meth:`_end_read_run` then counts and
+        charges the run once. Any other request, and anything that awaits, ends
+        the run first.
+        """
         self._end_read_run()
-        if not self.node.pipeline.try_pass_read(
+        node = self.node
+        user = self.user
+        assert user is not None  # _data_bucket checked it
+        unthrottled = user.unthrottled
+        if not node.pipeline.try_pass_read(
             bucket, unthrottled=unthrottled, nonblocking=self.nonblocking_throttle
         ):
             return False
-        self._run_bucket, self._run_unthrottled = bucket, unthrottled
-        self._run_allowance = self.node.throttle.run_allowance(bucket, unthrottled=unthrottled)
+        cfg = node.config
+        self._run_bucket, self._run_method, self._run_unthrottled = bucket, method, unthrottled
+        self._run_allowance = node.throttle.run_allowance(bucket, unthrottled=unthrottled)
         self._run_reads, self._run_ru, self._run_cost = 1, 0, 0
+        self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
+        # Nobody can subscribe while the run lasts: it never awaits.
+        self._run_watched = node.queues.watched and node.pipeline.queues_enabled
         return True
 
     def _end_read_run(self) -> None:
-        """Count the run's reads through the gates and charge their units at once."""
+        """Count the run's reads through the gates, and its operations and
+        latency with the chunk's; charge their units at once."""
         bucket = self._run_bucket
         if bucket is None:
             return
@@ -254,6 +311,8 @@ class Execution:
         node.charge_reads(
             bucket, self._run_ru, self._run_cost, self._run_unthrottled, self._chunk_now
         )
+        key = (bucket, self._run_method)
+        self._chunk_reads[key] = self._chunk_reads.get(key, 0) + self._run_reads
 
     async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
         """Run any command after hello, waiting where it must; False when the
@@ -338,32 +397,21 @@ class Execution:
         node = self.node
         h = holds
         try:
-            if prep.op is None:
-                self.read_sizes.clear()
-                self.read_keys = 1
-                outcome = "error"
+            if prep.op is None:  # a read that waited (an inline one is _read_inline's)
+                assert holds is not None and t0 is not None
                 try:
                     result = cmd.handler(self, b, prep.params)
-                    outcome = "ok"
-                finally:
-                    if holds is None and node.queues.watched:
-                        self._read_handled(prep, outcome)
-                if holds is not None:
                     holds.release(method)
                     h = None
-                if t0 is None:  # inline: charged with its run
-                    ru, cost = node.read_cost(self.read_sizes, self.read_keys)
-                    self._run_ru += ru
-                    self._run_cost += cost
-                else:
-                    node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
+                    node.charge_read(
+                        b.name, self.read_sizes, prep.user.unthrottled, self.read_keys
+                    )
+                finally:
+                    self.read_sizes.clear()
+                    self.read_keys = 1
                 self._reply(msgid, result)
-                if t0 is None:
-                    key = (b.name, method)
-                    self._chunk_reads[key] = self._chunk_reads.get(key, 0) + 1
-                else:
-                    node.bucket_stats[b.name].ops[method] += 1
-                    node.latency.observe(b.name, method, time.perf_counter() - t0)
+                node.bucket_stats[b.name].ops[method] += 1
+                node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
                 op = prep.op
                 assert holds is not None  # a write always holds its gates until durable
@@ -391,15 +439,13 @@ class Execution:
             if h is not None:
                 h.release(method, outcome="error")
 
-    def _read_handled(self, prep: Prepared, outcome: str) -> None:
-        """Tell bucket-queue watchers how a read admitted without holds ended."""
-        if not self.node.pipeline.queues_enabled:
-            return
-        key = prep.params.get("key")
+    def _read_handled(self, bucket: str, method: str, params: dict[str, Any], outcome: str) -> None:
+        """Tell bucket-queue watchers how an inline read (it held no slot) ended."""
+        key = params.get("key")
         self.node.queues.handled(
-            prep.bucket.name,
+            bucket,
             "read",
-            operation=prep.cmd.name,
+            operation=method,
             key_len=len(key) if isinstance(key, (bytes, str)) else 0,
             outcome=outcome,
         )
@@ -411,9 +457,9 @@ class Execution:
 
     def read_txn(self) -> Any:
         """The read transaction of the chunk being handled (opened on first use)."""
-        txn = self._rtxn
+        txn = self.rtxn
         if txn is None:
-            txn = self._rtxn = self.node.engine.begin_read()
+            txn = self.rtxn = self.node.engine.begin_read()
         return txn
 
     def _settle_chunk(self) -> None:
@@ -423,9 +469,9 @@ class Execution:
         counts and latency."""
         self._end_read_run()
         self._settle_rate()
-        if self._rtxn is not None:
-            self.node.engine.end_read(self._rtxn)
-            self._rtxn = None
+        if self.rtxn is not None:
+            self.node.engine.end_read(self.rtxn)
+            self.rtxn = None
         if self._chunk_reads:
             node = self.node
             seconds = time.perf_counter() - self._chunk_t0

@@ -49,6 +49,7 @@ from tenantkv.server.execution import Execution
 from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
+_pack = protocol.pack
 
 RECEIVE_BYTES = 256 * 1024
 #: Requests handled back to back before the reader lets other tasks run.
@@ -208,7 +209,7 @@ class Session(Execution):
     # -- output --------------------------------------------------------------------
 
     def _reply(self, msgid: int, result: Any) -> None:
-        self._out += protocol.encode_result(msgid, result)
+        self._out += _pack([protocol.RESPONSE, msgid, None, result])  # encode_result, inline
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)

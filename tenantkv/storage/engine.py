@@ -273,17 +273,6 @@ class Engine:
         rec = records.decode(raw)
         return rec if rec.expiry_ms == 0 or rec.expiry_ms > self.now_ms() else None
 
-    def get_reply_in(
-        self, txn: lmdb.Transaction, h: BucketHandle, key: bytes
-    ) -> tuple[dict[str, Any], int] | None:
-        """``get``'s reply map of the live record of ``key`` read in ``txn`` and its
-        stored size (metered), or None: :meth:`get_in` without building a Record."""
-        raw = txn.get(key, db=h.db)
-        if raw is None:
-            return None
-        out = records.live_reply(raw, self.now_ms)
-        return None if out is None else (out, len(raw))
-
     def get_value_in(
         self, txn: lmdb.Transaction, h: BucketHandle, key: bytes
     ) -> tuple[bytes, int] | None:
