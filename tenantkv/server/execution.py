@@ -110,6 +110,7 @@ class Execution:
         self._run_floor = 1
         self._run_allowance = 0.0
         self._run_reads = 0
+        self._run_errors = 0
         self._run_ru = 0
         self._run_cost = 0
         self._chunk_reads: dict[tuple[str, str], int] = {}
@@ -183,45 +184,22 @@ class Execution:
         return self.pending_writes > 0 and (cmd is None or cmd.kind != "write")
 
     def _run_inline(self, cmd: Command | None, req: protocol.Request) -> bool:
-        """Run a data command without awaiting; False when it needs :meth:`_run`."""
+        """Run a data command without awaiting; False when it needs :meth:`_run`.
+
+        A read is checked, admitted, run and answered here. It is the hot path of
+        a pipelined read, so it is one function: what :meth:`_prepare`,
+        :meth:`_start_read_run` and :meth:`_execute` do for a read that holds
+        nothing, with each step's slow case left to them. The read joins the run
+        of inline reads (see :meth:`_start_read_run`): its units are added to the
+        run's, which :meth:`_end_read_run` charges and counts once. A write is
+        :meth:`_write_inline`'s.
+        """
         if cmd is None or self.node.failpoints.active:
             return False
-        kind = cmd.kind
-        if kind == "read":
-            # Reads see the connection's earlier writes (_backlogged): none pending.
-            return not self.pending_writes and self._read_inline(cmd, req)
-        if kind != "write":
-            return False
-        msgid, method, params = req
-        try:
-            prep = self._prepare(cmd, params)
-            self._end_read_run()  # the throttle must see the reads before it
-            holds = self.node.pipeline.try_acquire(
-                prep.bucket.name,
-                kind,
-                unthrottled=prep.user.unthrottled,
-                nonblocking=self.nonblocking_throttle,
-            )
-            if holds is None:
-                return False
-        except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
-            return True
-        except Exception as exc:
-            self._internal_error(msgid, method, exc)
-            return True
-        self._execute(msgid, prep, holds, None)
-        return True
-
-    def _read_inline(self, cmd: Command, req: protocol.Request) -> bool:
-        """Check, admit, run and answer a read now; False when it must wait.
-
-        The hot path of a pipelined read, so it is one function: what
-        :meth:`_prepare`, :meth:`_start_read_run` and :meth:`_execute` do for a read
-        that holds nothing, with each step's slow case left to them. The read
-        joins the run of inline reads (see :meth:`_start_read_run`): its units are
-        added to the run's, which :meth:`_end_read_run` charges and counts once.
-        """
+        if cmd.kind != "read":
+            return cmd.kind == "write" and self._write_inline(cmd, req)
+        if self.pending_writes:
+            return False  # reads see the connection's earlier writes (_backlogged)
         msgid, method, params = req
         try:
             if "timeout_ms" in params or not cmd.params.issuperset(params):
@@ -240,6 +218,7 @@ class Execution:
             try:
                 result = cmd.handler(self, b, params)
             except BaseException:
+                self._run_errors += 1  # admitted, but not an operation served
                 if self._run_watched:
                     self._read_handled(b.name, method, params, "error")
                 raise
@@ -268,6 +247,29 @@ class Execution:
         self._reply(msgid, result)
         return True
 
+    def _write_inline(self, cmd: Command, req: protocol.Request) -> bool:
+        """Queue a write now if every gate admits it at once; False when it must wait."""
+        msgid, method, params = req
+        try:
+            prep = self._prepare(cmd, params)
+            self._end_read_run()  # the throttle must see the reads before it
+            holds = self.node.pipeline.try_acquire(
+                prep.bucket.name,
+                "write",
+                unthrottled=prep.user.unthrottled,
+                nonblocking=self.nonblocking_throttle,
+            )
+            if holds is None:
+                return False
+        except errors.TenantKVError as exc:
+            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
+            return True
+        except Exception as exc:
+            self._internal_error(msgid, method, exc)
+            return True
+        self._execute(msgid, prep, holds, None)
+        return True
+
     def _start_read_run(self, bucket: str, method: str) -> bool:
         """Admit an inline read that starts a run; False when it must take the
         waiting path.
@@ -293,7 +295,7 @@ class Execution:
         cfg = node.config
         self._run_bucket, self._run_method, self._run_unthrottled = bucket, method, unthrottled
         self._run_allowance = node.throttle.run_allowance(bucket, unthrottled=unthrottled)
-        self._run_reads, self._run_ru, self._run_cost = 1, 0, 0
+        self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
         # Nobody can subscribe while the run lasts: it never awaits.
         self._run_watched = node.queues.watched and node.pipeline.queues_enabled
@@ -311,8 +313,10 @@ class Execution:
         node.charge_reads(
             bucket, self._run_ru, self._run_cost, self._run_unthrottled, self._chunk_now
         )
-        key = (bucket, self._run_method)
-        self._chunk_reads[key] = self._chunk_reads.get(key, 0) + self._run_reads
+        served = self._run_reads - self._run_errors
+        if served:
+            key = (bucket, self._run_method)
+            self._chunk_reads[key] = self._chunk_reads.get(key, 0) + served
 
     async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
         """Run any command after hello, waiting where it must; False when the
@@ -403,9 +407,7 @@ class Execution:
                     result = cmd.handler(self, b, prep.params)
                     holds.release(method)
                     h = None
-                    node.charge_read(
-                        b.name, self.read_sizes, prep.user.unthrottled, self.read_keys
-                    )
+                    node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
                 finally:
                     self.read_sizes.clear()
                     self.read_keys = 1

@@ -261,3 +261,25 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
         )
         assert node.bucket_stats["b"].ops["set"] == len(sizes)
         await peer.stream.aclose()
+
+
+async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: Node) -> None:
+    """Inline reads are counted per run: one that fails (a bad key) is an error
+    of its bucket, not one of its operations, wherever it falls in the run."""
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send(
+            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            (1, "get", {"key": b"a"}),
+            (2, "get", {"key": 5}),
+            (3, "get", {"key": b"x" * 300}),
+            (4, "get", {"key": "b"}),
+            (5, "exists", {"key": b"a"}),
+        )
+        got = await peer.responses(6)
+        codes = [r.error["codeName"] if r.error else None for r in got]
+        assert codes == [None, None, "BadValue", "KeyTooLong", None, None]
+        await peer.stream.aclose()
+    stats = node.bucket_stats["b"]
+    assert stats.ops["get"] == 2 and stats.ops["exists"] == 1
+    assert stats.errors["BadValue"] == 1 and stats.errors["KeyTooLong"] == 1
