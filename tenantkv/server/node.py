@@ -169,6 +169,8 @@ class Node:
         self.connection_bypass: CidrMatcher
         self.queues: BucketQueueGate
         self.permits: WritePermitGate
+        #: writes submitted during this turn of the event loop (see submit)
+        self._unsent: list[Pending] = []
         #: what the writes of the commit being delivered add up to (see _deliver)
         self._tally: WriteTally | None = None
         self.writer: GroupCommitWriter | RemoteWriter
@@ -237,7 +239,7 @@ class Node:
             pending_timeout_ms=cfg.bucket_queue_pending_timeout_ms,
         )
         self.permits = WritePermitGate.create(
-            lambda: self.writer.lag,
+            lambda: self.writer.lag + len(self._unsent),
             target_lag=cfg.write_permit_target_lag,
             critical_lag=cfg.write_permit_critical_lag,
             min_capacity=cfg.write_permit_min_capacity,
@@ -467,7 +469,30 @@ class Node:
                     self.latency.observe_many(bucket, method, done - t0, n)
 
     def submit(self, op: WriteOp, callback: Any, taken: Callable[[], None] | None = None) -> None:
-        self.writer.submit(op, callback, taken)
+        """Queue a write for the group-commit writer (from the event loop).
+
+        The writes of one turn of the loop go to the writer together, at the
+        end of the turn (:meth:`_send_writes`): a writer woken by the first of
+        them would commit it with the few that followed before it woke, and the
+        rest would wait for the next commit, so commits would carry fewer writes
+        than the offered load puts in flight.
+        """
+        writer = self.writer
+        if isinstance(writer, RemoteWriter):  # it gathers a turn's writes itself
+            writer.submit(op, callback, taken)
+            return
+        self._unsent.append(Pending(op, callback, taken))
+        if len(self._unsent) == 1:
+            if self._token is None:
+                self._send_writes()
+            else:
+                self._token.run_sync_soon(self._send_writes)
+
+    def _send_writes(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        if unsent:
+            assert isinstance(self.writer, GroupCommitWriter)
+            self.writer.submit_many(unsent)
 
     async def write(self, op: WriteOp) -> Any:
         """Queue one op and wait for its commit (admin and internal work)."""
@@ -480,7 +505,7 @@ class Node:
 
         ticket = self.write_tickets.try_acquire(Priority.EXEMPT)  # counted, never waits
         assert ticket is not None
-        self.writer.submit(op, callback)
+        self.submit(op, callback)
         # Shielded: once queued the op will commit; wait for its outcome so the
         # in-memory registries never disagree with the disk.
         with trio.CancelScope(shield=True):
@@ -549,6 +574,7 @@ class Node:
 
     async def stop_writer(self) -> None:
         """Commit what is queued, then stop the writer thread."""
+        self._send_writes()
         self.writer.stop()
         await trio.to_thread.run_sync(self.writer.join)
 

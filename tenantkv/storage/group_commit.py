@@ -8,9 +8,12 @@ once, and only then hands the batch back (``deliver``) so each write is
 acknowledged after it is durable. The queue length is the write "lag" that
 later drives back-pressure.
 
-``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put); ``deliver`` runs
-on the writer thread and must be cheap — the server passes one that
-schedules result delivery on the Trio loop (``TrioToken.run_sync_soon``).
+``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put); ``submit_many``
+queues a list of writes as one item, so a thread that gathers its writes
+(the server: every write of one turn of its event loop) wakes the writer once
+for all of them instead of letting it start a commit with the first few.
+``deliver`` runs on the writer thread and must be cheap — the server passes
+one that schedules result delivery on the Trio loop (``TrioToken.run_sync_soon``).
 """
 
 from __future__ import annotations
@@ -73,7 +76,12 @@ class GroupCommitWriter:
         self.max_batch_ops = max_batch_ops
         self.max_batch_bytes = max_batch_bytes
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._carry: Pending | None = None
+        #: writes taken from the queue and not yet in a batch (a list's remainder)
+        self._carry: list[Pending] = []
+        # Writes submitted and taken: each counter has one writing thread, so
+        # ``lag`` needs no lock.
+        self._submitted = 0
+        self._taken_count = 0
         self._thread: threading.Thread | None = None
         # statistics (written by the writer thread only)
         self.batches = 0
@@ -93,7 +101,7 @@ class GroupCommitWriter:
     @property
     def lag(self) -> int:
         """Writes queued and not yet committed."""
-        return self._queue.qsize() + (1 if self._carry else 0)
+        return self._submitted - self._taken_count + len(self._carry)
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -116,7 +124,13 @@ class GroupCommitWriter:
     def submit(
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
+        self._submitted += 1
         self._queue.put(Pending(op, callback, taken))
+
+    def submit_many(self, pending: list[Pending]) -> None:
+        """Queue writes as one item (one wake-up of the writer); from one thread."""
+        self._submitted += len(pending)
+        self._queue.put(pending)
 
     def stop(self) -> None:
         """Ask the thread to commit what is queued and exit; then ``join``."""
@@ -145,27 +159,32 @@ class GroupCommitWriter:
                     log.exception("delivering a write batch failed")
 
     def _take_batch(self) -> tuple[list[Pending], bool]:
-        first = self._carry if self._carry is not None else self._queue.get()
-        self._carry = None
-        if first is _STOP:
-            return [], True
-        batch = [first]
-        size = first.op.size_hint
-        count = first.op.op_count
-        while count < self.max_batch_ops:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
+        """What is queued now, up to the batch bounds (a write larger than the byte
+        bound goes alone); and whether stop was asked."""
+        batch: list[Pending] = []
+        size = count = 0
+        pending, self._carry = self._carry, []
+        stopping = False
+        while True:
+            for i, p in enumerate(pending):
+                size += p.op.size_hint
+                if batch and (size > self.max_batch_bytes or count >= self.max_batch_ops):
+                    self._carry = pending[i:]
+                    return batch, stopping
+                batch.append(p)
+                count += p.op.op_count
+            if stopping:
                 return batch, True
-            size += item.op.size_hint
-            if size > self.max_batch_bytes:
-                self._carry = item
-                break
-            batch.append(item)
-            count += item.op.op_count
-        return batch, False
+            try:
+                item = self._queue.get_nowait() if batch else self._queue.get()
+            except queue.Empty:
+                return batch, False
+            if item is _STOP:
+                stopping = True
+                pending = []
+                continue
+            pending = item if type(item) is list else [item]
+            self._taken_count += len(pending)
 
     def _commit(self, batch: list[Pending]) -> None:
         eng = self.engine
