@@ -155,12 +155,16 @@ class Execution:
                     self._rate_left = left - 1.0
                     self._rate_admitted += 1
                     return False
+                # The chunk's one refusal, answered from its template and counted
+                # as the bucket's errors when the chunk settles: cheap, since a
+                # flood of them is what the limiter is there to absorb.
                 refused = self._chunk_refusal
                 if refused is None:
                     limiter = self.node.pipeline.request_limiter
                     refused = self._chunk_refusal = limiter.rejection_when(left)
+                    refused.command = method
                 self._rate_refused += 1
-                self._fail(msgid, method, refused)
+                self._reply_error(msgid, refused)
                 return True
         refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
         if refused is None:
@@ -173,8 +177,11 @@ class Execution:
         left = self._rate_left
         if left is not None:
             self._rate_left = None
-            self.node.pipeline.request_limiter.settle(left, self._rate_admitted, self._rate_refused)
+            refused = self._rate_refused
+            self.node.pipeline.request_limiter.settle(left, self._rate_admitted, refused)
             self._rate_admitted = self._rate_refused = 0
+            if refused and self._chunk_refusal is not None:
+                self._count_error(self._chunk_refusal, refused)
         self._chunk_refusal = None
 
     def _backlogged(self, cmd: Command | None) -> bool:
@@ -569,9 +576,9 @@ class Execution:
         if self._reader_parked:
             self._wake_reader()
 
-    def _count_error(self, exc: errors.TenantKVError) -> None:
+    def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
-            stats.errors[exc.code_name] += 1
+            stats.errors[exc.code_name] += n
 
     def current_user(self) -> auth.User:
         """This connection's user as the registry has it now. Checked before every

@@ -333,7 +333,13 @@ class Session(Execution):
                         self._settle_chunk()
                         if not await self._run(cmd, req):
                             return False
-                if self._should_pause(handled):
+                # Most requests leave no writes in flight: a cheap test first
+                # (it holds whenever _should_pause can).
+                if (
+                    self.pending_writes
+                    or handled % FAIR_SHARE_REQUESTS == 0
+                    or len(self._out) > OUT_HIGH_WATER
+                ) and self._should_pause(handled):
                     await self._pause()
         finally:
             self._settle_chunk()

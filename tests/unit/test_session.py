@@ -224,6 +224,7 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     st = node.pipeline.request_limiter.statistics()
     assert st.rejected - before.rejected == 15
     assert st.attempted - before.attempted == 20
+    assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
 
 
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
