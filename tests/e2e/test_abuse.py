@@ -304,11 +304,9 @@ async def test_queued_write_bytes_per_connection_are_bounded(
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             node.bucket_added(await node.write(CreateBucketOp(BUCKET, {})))
-            held: list[tuple[Any, Any, Any]] = []
-            real_submit = node.writer.submit
-            node.writer.submit = lambda op, cb, taken=None: held.append(  # type: ignore[method-assign]
-                (op, cb, taken)
-            )
+            held: list[Any] = []  # the writes the stalled writer was given
+            real_submit_many = node.writer.submit_many  # type: ignore[union-attr]
+            node.writer.submit_many = held.extend  # type: ignore[union-attr]
             stream = await trio.open_tcp_stream(node.host, node.port)
             await stream.send_all(hello_msg("admin", ADMIN_PASSWORD))
             assert (await stream.receive_some(65536))[:1]  # the hello's answer
@@ -324,9 +322,8 @@ async def test_queued_write_bytes_per_connection_are_bounded(
             assert session.pending_writes == len(held)
             assert 8 <= session.pending_writes < 20
             assert session.pending_write_bytes <= 8 * 1024 * 1024 + len(value) + 1024
-            node.writer.submit = real_submit  # type: ignore[method-assign]
-            for op, cb, taken in held:
-                real_submit(op, cb, taken)
+            node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+            real_submit_many(held)
             await stream.aclose()
             server.shutdown()
 

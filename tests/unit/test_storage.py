@@ -328,3 +328,39 @@ def test_a_plain_redis_set_upserts_and_keeps_the_expiry_index_in_step(store: Sto
     past = Expiry("absolute", store.clock.ms - 1)
     assert store.ok(StringSetOp(b, b"k", b"v3", past)) == (True, b"v2")
     assert store.get(b"k") is None  # an expiry already past deletes the key, as Redis does
+
+
+def test_writes_submitted_together_commit_in_order_within_the_batch_bounds(
+    tmp_path: Path,
+) -> None:
+    """``submit_many`` queues a turn's writes as one item: they commit in order,
+    split where the batch bounds say (the rest carried to the next commit), and
+    ``lag`` counts each write until its batch is taken."""
+    s = Store(tmp_path / "db")
+    h = s.bucket()
+    s.writer.stop()
+    s.writer.join(10)
+    s.writer = GroupCommitWriter(s.engine, s._deliver, max_batch_ops=4)
+    done = threading.Semaphore(0)
+    order: list[int] = []
+
+    def cb(i: int) -> Any:
+        def callback(result: Any, error: BaseException | None) -> None:
+            assert error is None
+            order.append(i)
+            done.release()
+
+        return callback
+
+    s.writer.submit_many([Pending(SetOp(h, b"k%d" % i, b"v%d" % i), cb(i)) for i in range(10)])
+    assert s.writer.lag == 10
+    s.writer.start()
+    for _ in range(10):
+        assert done.acquire(timeout=10)
+    try:
+        assert order == list(range(10))
+        assert [len(b) for b in s.batches[-3:]] == [4, 4, 2]
+        assert s.writer.lag == 0
+        assert s.get(b"k9").value == b"v9"
+    finally:
+        s.close()
