@@ -290,7 +290,8 @@ class Execution:
         charges the run once. Any other request, and anything that awaits, ends
         the run first.
         """
-        self._end_read_run()
+        if self._run_bucket is not None:
+            self._end_read_run()
         node = self.node
         user = self.user
         assert user is not None  # _data_bucket checked it
@@ -305,7 +306,7 @@ class Execution:
         self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
         # Nobody can subscribe while the run lasts: it never awaits.
-        self._run_watched = node.queues.watched and node.pipeline.queues_enabled
+        self._run_watched = node.pipeline.queues_enabled and node.queues.watched
         return True
 
     def _end_read_run(self) -> None:
@@ -316,7 +317,8 @@ class Execution:
             return
         self._run_bucket = None
         node = self.node
-        node.pipeline.passed_reads(bucket, self._run_reads - 1)  # the first was counted
+        if self._run_reads > 1:  # the first was counted by try_pass_read
+            node.pipeline.passed_reads(bucket, self._run_reads - 1)
         node.charge_reads(
             bucket, self._run_ru, self._run_cost, self._run_unthrottled, self._chunk_now
         )
@@ -476,8 +478,10 @@ class Execution:
         pass, other tasks run): charge and count the run of inline reads, give the
         request-rate loan back, close the read transaction, record the reads'
         counts and latency."""
-        self._end_read_run()
-        self._settle_rate()
+        if self._run_bucket is not None:
+            self._end_read_run()
+        if self._rate_left is not None:
+            self._settle_rate()
         if self.rtxn is not None:
             self.node.engine.end_read(self.rtxn)
             self.rtxn = None
