@@ -258,7 +258,9 @@ def prefix_end(prefix: bytes) -> bytes | None:
 def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
     """{cas}. mode: upsert (default), add (KeyExists if present), replace (KeyNotFound if
     absent). cas: only if the record's CAS matches (CasMismatch otherwise)."""
-    key = key_param(p)
+    key = p.get("key")
+    if type(key) is not bytes or not 0 < len(key) <= protocol.MAX_KEY_BYTES:
+        key = key_param(p)  # a str key, or the precise error
     value = p.get("value")
     if isinstance(value, str):
         value = value.encode()
@@ -268,6 +270,8 @@ def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
         raise errors.ValueTooLarge(
             f"value of {len(value)} bytes exceeds max_value_bytes={s.node.config.max_value_bytes}"
         )
+    if len(p) == 2:  # key and value only (the hot case): every option's default
+        return SetOp(b, key, value)
     mode = p.get("mode", "upsert")
     if mode not in ("upsert", "add", "replace"):
         raise errors.BadValue(f"'mode' must be upsert, add or replace, got {mode!r}")

@@ -393,7 +393,7 @@ class Node:
             if op.record_bytes:
                 wu = sum(write_units(n, unit) for n in op.record_bytes)
             elif op.nbytes:
-                wu = write_units(op.nbytes, unit)
+                wu = -(-op.nbytes // unit)  # write_units of one record, inline
         floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
         cost = floor if floor > cfg.write_weight * wu else cfg.write_weight * wu
         tally = self._tally

@@ -157,15 +157,17 @@ class SetOp(WriteOp):
     cas: int = 0
     mode: Literal["upsert", "add", "replace"] = "upsert"
     nbytes: int = 0
+    #: the stored record's bytes, computed once: read for every write several
+    #: times on its way (back-pressure, batch bounds, map growth)
+    size_hint: int = field(init=False, default=0)
 
-    @property
-    def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.key) + len(self.value) + records.HEADER_BYTES
+    def __post_init__(self) -> None:
+        self.size_hint = len(self.key) + len(self.value) + records.HEADER_BYTES
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        self.nbytes = len(self.key) + records.HEADER_BYTES + len(self.value)
+        self.nbytes = self.size_hint
         if self.mode == "upsert" and not self.cas:
             return self._upsert(w, h)
         old = _stored(w, h, self.key)
