@@ -94,9 +94,12 @@ class Execution:
         #: the throttle clock's reading for the chunk being handled (one per chunk)
         self._chunk_now = 0.0
         #: the request rate limiter's tokens lent to the chunk being handled (None:
-        #: no loan), the requests admitted and refused with them, and the refusal
+        #: no loan), the whole tokens in it, those not yet taken (0 without a
+        #: loan: the session's loop takes one inline), the requests refused, and
+        #: the refusal
         self._rate_left: float | None = None
-        self._rate_admitted = 0
+        self._rate_lent = 0
+        self.rate_room = 0
         self._rate_refused = 0
         self._chunk_refusal: errors.ServerError | None = None
         #: the run of inline reads being admitted (see _start_read_run): its bucket
@@ -145,16 +148,24 @@ class Execution:
         refused otherwise — all with the same answer, as at the chunk's instant —
         and :meth:`_settle_rate` gives back the rest and counts them when the chunk
         ends or anything awaits. Admin commands and exempt addresses pass, counted,
-        as :meth:`Pipeline.check_request_rate` says."""
+        as :meth:`Pipeline.check_request_rate` says.
+
+        The loan's whole tokens are counted down in ``rate_room``; a session's
+        loop may take one itself (``rate_room -= 1`` for a request that is not an
+        admin command) instead of calling this: the same answer, a call less per
+        request."""
         if not admin:
             left = self._rate_left
             if left is None:
                 left = self._rate_left = self.node.pipeline.lend_request_tokens(self.peer_ip)
+                if left is not None:
+                    # Request j of the chunk passes when left - (j - 1) >= RATE_TOKEN.
+                    self._rate_lent = self.rate_room = max(0, int(left + (1.0 - RATE_TOKEN)))
             if left is not None:
-                if left >= RATE_TOKEN:
-                    self._rate_left = left - 1.0
-                    self._rate_admitted += 1
+                if self.rate_room:
+                    self.rate_room -= 1
                     return False
+                left -= self._rate_lent  # what the whole tokens leave of the loan
                 # The chunk's one refusal, answered from its template and counted
                 # as the bucket's errors when the chunk settles: cheap, since a
                 # flood of them is what the limiter is there to absorb.
@@ -178,8 +189,9 @@ class Execution:
         if left is not None:
             self._rate_left = None
             refused = self._rate_refused
-            self.node.pipeline.request_limiter.settle(left, self._rate_admitted, refused)
-            self._rate_admitted = self._rate_refused = 0
+            admitted = self._rate_lent - self.rate_room
+            self.node.pipeline.request_limiter.settle(left - admitted, admitted, refused)
+            self._rate_lent = self.rate_room = self._rate_refused = 0
             if refused and self._chunk_refusal is not None:
                 self._count_error(self._chunk_refusal, refused)
         self._chunk_refusal = None

@@ -325,11 +325,14 @@ class Session(Execution):
                         return False
                 else:
                     cmd = COMMANDS.get(req.method)
-                    if pipeline.request_rate_enabled and self._refused_by_rate(
-                        req.msgid, req.method, admin=cmd is not None and cmd.kind == "admin"
-                    ):
-                        pass  # answered with 462
-                    elif not self._run_inline(cmd, req):
+                    if self.rate_room and (cmd is None or cmd.kind != "admin"):
+                        self.rate_room -= 1  # a token of the chunk's loan (_refused_by_rate)
+                        refused = False
+                    else:
+                        refused = pipeline.request_rate_enabled and self._refused_by_rate(
+                            req.msgid, req.method, admin=cmd is not None and cmd.kind == "admin"
+                        )
+                    if not refused and not self._run_inline(cmd, req):  # (refused: a 462)
                         self._settle_chunk()
                         if not await self._run(cmd, req):
                             return False

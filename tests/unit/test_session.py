@@ -227,6 +227,36 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
 
 
+async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """The loan's tokens go to data requests only: an admin command in the middle
+    of a chunk passes as exempt (here refused for want of the admin role, never
+    with 462) and leaves its token to the requests after it."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 5.0)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    mock_clock.jump(10)  # a full burst: 5 tokens
+    before = node.pipeline.request_limiter.statistics()
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        reqs = [(i, "get", {"key": b"k"}) for i in range(1, 9)]
+        reqs.insert(3, (100, "list_buckets", {}))
+        await peer.send(*reqs)
+        got = await peer.responses(9)
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        assert (
+            codes
+            == ["ok"] * 3 + ["Unauthorized"] + ["ok"] * 2 + ["IngressRequestRateLimitExceeded"] * 3
+        )
+        await peer.stream.aclose()
+    st = node.pipeline.request_limiter.statistics()
+    assert st.rejected - before.rejected == 3
+    assert st.successful - before.successful == 5
+
+
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
