@@ -17,6 +17,7 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import msgpack
@@ -48,9 +49,9 @@ class Request(NamedTuple):
     params: dict[str, Any]
 
 
-#: ``Request((msgid, method, params))`` without the named tuple's Python-level
-#: ``__new__``: the decoder makes one per request.
-_new_request = tuple.__new__
+#: ``make_request((msgid, method, params))``: a :class:`Request` without the named
+#: tuple's Python-level ``__new__`` (the decoders make one per request).
+make_request = partial(tuple.__new__, Request)
 #: msgids are unsigned 32-bit.
 _MSGID_END = 2**32
 
@@ -224,7 +225,7 @@ class RequestDecoder:
                     and type(method) is str
                     and type(params) is dict
                 ):
-                    yield _new_request(Request, (msgid, method, params))
+                    yield make_request((msgid, method, params))
                     continue
             yield self._validate(obj)
 
