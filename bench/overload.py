@@ -190,10 +190,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    try:
-        report.timing_defaults(args, seconds=(2.0, 8.0), warmup=(0.5, 1.0), rounds=(1, 3))
-    except ValueError as exc:
-        raise BenchError(str(exc)) from None
+    report.timing_defaults(args, seconds=(2.0, 8.0), warmup=(0.5, 1.0), rounds=(1, 3))
     if min(args.conns, args.keys, args.storm_procs, args.conn_queue + 1) < 1:
         raise BenchError("--conns, --keys, --storm-procs must be >= 1, --conn-queue >= 0")
     if args.capacity is not None and args.capacity <= 0:

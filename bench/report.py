@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.loadgen import LoadResult, LoadSpec
+from bench.loadgen import BenchError, LoadResult, LoadSpec
 
 
 @dataclass
@@ -251,7 +251,7 @@ def timing_defaults(
     rounds: tuple[int, int],
 ) -> None:
     """Fill ``--seconds``, ``--warmup`` and ``--rounds`` not given from (quick, full)
-    defaults, and check them: the measuring subcommands share these three."""
+    defaults, and check them (BenchError): the measuring subcommands share these three."""
     i = 0 if args.quick else 1
     if args.seconds is None:
         args.seconds = seconds[i]
@@ -260,7 +260,7 @@ def timing_defaults(
     if args.rounds is None:
         args.rounds = rounds[i]
     if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
-        raise ValueError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
+        raise BenchError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:

@@ -201,15 +201,20 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
         await peer.stream.aclose()
 
 
+async def limit_requests_to_five_tokens(node: Node, mock_clock: trio.testing.MockClock) -> None:
+    """The request rate limiter on at 1/s with a full burst of 5 tokens."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 5.0)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    mock_clock.jump(10)
+
+
 async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
     """The request rate limiter decides once per chunk: the requests after its first
     refusal get the same 462 without a new look; every one is counted."""
-    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
-    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 5.0)
-    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
-    mock_clock.jump(10)  # a full burst: 5 tokens
+    await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
@@ -233,10 +238,7 @@ async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
     """The loan's tokens go to data requests only: an admin command in the middle
     of a chunk passes as exempt (here refused for want of the admin role, never
     with 462) and leaves its token to the requests after it."""
-    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
-    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 5.0)
-    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
-    mock_clock.jump(10)  # a full burst: 5 tokens
+    await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
