@@ -55,7 +55,8 @@ class RemoteWriter:
         self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
-        self._stopping = False
+        #: run() has ended (the link to the supervisor is gone): nothing is sent again
+        self._gone = False
         # statistics: what this worker sent and got answered
         self.batches = 0
         self.ops_committed = 0
@@ -86,12 +87,14 @@ class RemoteWriter:
         self._in_flight += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._wake.set()
+        if self._gone and len(self._buffer) == 1:
+            # Answered later, as any write is, never from inside submit.
+            trio.lowlevel.current_trio_token().run_sync_soon(self._fail_unsent)
 
     def start(self) -> None:
         """Nothing to start: :meth:`run` is a task of the worker's link."""
 
     def stop(self) -> None:
-        self._stopping = True
         self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
@@ -103,17 +106,40 @@ class RemoteWriter:
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Send what the loop's turn submitted, as one message, whenever there is some."""
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                while self._buffer:
-                    batch = self._buffer[:MAX_MESSAGE_OPS]
-                    del self._buffer[:MAX_MESSAGE_OPS]
-                    if self._taken is not None:
-                        self._taken(batch)
-                    nursery.start_soon(self._send, batch)
+        """Send what the loop's turn submitted, as one message, whenever there is some.
+
+        When it ends (the link is gone: the supervisor died, or the worker
+        stops), writes never sent fail with ShuttingDown — they did not run —
+        and so does any write submitted later: a session must not wait for an
+        answer that nothing will send.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    while self._buffer:
+                        batch = self._buffer[:MAX_MESSAGE_OPS]
+                        del self._buffer[:MAX_MESSAGE_OPS]
+                        if self._taken is not None:
+                            self._taken(batch)
+                        nursery.start_soon(self._send, batch)
+        finally:
+            self._gone = True
+            self._fail_unsent()
+
+    def _fail_unsent(self) -> None:
+        batch, self._buffer = self._buffer, []
+        if not batch:
+            return
+        if self._taken is not None:
+            self._taken(batch)
+        self.failed_batches += 1
+        log.error("%d writes not sent: the node's writer is gone", len(batch))
+        failure = errors.ShuttingDown("the server is stopping; the write was not sent")
+        for p in batch:
+            p.result, p.error = None, failure
+        self._finish(batch)
 
     async def _send(self, batch: list[Pending]) -> None:
         try:
@@ -139,6 +165,10 @@ class RemoteWriter:
                     p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
             self.ops_committed += len(batch)
+        self._finish(batch)
+
+    def _finish(self, batch: list[Pending]) -> None:
+        """Answer a batch's writes (results or errors set) and count them done."""
         try:
             self._deliver(batch)
         finally:
