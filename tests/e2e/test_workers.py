@@ -7,6 +7,7 @@ every worker open connections until ``whoami`` has named each one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -158,11 +159,14 @@ def _get_load(
     conns: int,
     secs: float,
     refused: Callable[[TenantKVError], bool],
+    workers: int = 2,
     **client: Any,
 ) -> Load:
     """``conns`` connections GET as fast as they are let for ``secs``; a refusal
     ``refused`` accepts is counted and retried after a short pause (any other
-    fails the test), ``whoami`` included."""
+    fails the test), ``whoami`` included. The kernel spreads connections over
+    the workers at random, so more are opened (up to 64) until one reaches each
+    of the ``workers``: all of ``conns`` on one worker is a 1-in-128 chance."""
     admitted = 0
     seen: set[int] = set()
     refusals: list[TenantKVError] = []
@@ -176,20 +180,30 @@ def _get_load(
                 refusals.append(exc)
                 await trio.sleep(0.005)
 
-    async def hammer(deadline: float) -> None:
+    async def hammer(c: Any, deadline: float) -> None:
         nonlocal admitted
-        async with d.async_client(max_overload_retries=0, **client) as c:
-            seen.add((await call(c, "whoami")).get("worker", 0))
-            while trio.current_time() < deadline:
-                await call(c, "get")
-                admitted += 1
+        while trio.current_time() < deadline:
+            await call(c, "get")
+            admitted += 1
 
     async def main() -> float:
-        start = trio.current_time()
-        async with trio.open_nursery() as n:
-            for _ in range(conns):
-                n.start_soon(hammer, start + secs)
-        return trio.current_time() - start
+        async with contextlib.AsyncExitStack() as stack:
+            clients: list[Any] = []
+            for _ in range(conns + 64):
+                if len(clients) >= conns and len(seen) >= workers:
+                    break
+                c = await stack.enter_async_context(
+                    d.async_client(max_overload_retries=0, **client)
+                )
+                worker = (await call(c, "whoami")).get("worker", 0)
+                if len(clients) < conns or worker not in seen:
+                    clients.append(c)
+                    seen.add(worker)
+            start = trio.current_time()
+            async with trio.open_nursery() as n:
+                for c in clients:
+                    n.start_soon(hammer, c, start + secs)
+            return trio.current_time() - start
 
     took = trio.run(main)
     return Load(admitted / took, seen, refusals)
