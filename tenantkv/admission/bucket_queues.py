@@ -505,6 +505,16 @@ class BucketQueues:
             return q
         return None
 
+    def try_add(self, q: BucketQueue) -> bool:
+        """One more request in a slot of ``q`` (a run of a chunk's writes, holding
+        slots of ``q`` already) if one is free and nobody waits — the answer
+        :meth:`try_acquire` would give it; False: take the slow path."""
+        if q.running < q.concurrency and not q.waiters:
+            q.running += 1
+            q.admitted += 1
+            return True
+        return False
+
     def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
         """Admit ``n`` requests that run one after another, each completed before
         anything else runs (inline reads): a slot taken and given back at once,
@@ -534,6 +544,19 @@ class BucketQueues:
         q = per.get(bucket) if per is not None else None
         if q is not None and self._subscribers:
             self._emit(REQUEST_HANDLED, q, operation, key_len, outcome)
+
+    def release_many(self, q: BucketQueue, n: int, outcome: str = "ok") -> list[Waiter]:
+        """Give ``n`` slots back at once (a run's, :meth:`try_add`), as ``n``
+        :meth:`release` calls would; returns the waiters they pass to."""
+        if not q.waiters and not self._subscribers:
+            q.running -= n
+            return []
+        woken = []
+        for _ in range(n):
+            waiter = self.release(q, outcome=outcome)
+            if waiter is not None:
+                woken.append(waiter)
+        return woken
 
     def release(
         self, q: BucketQueue, operation: str = "", key_len: int = 0, outcome: str = "ok"
@@ -778,6 +801,10 @@ class BucketQueueGate:
         """:meth:`BucketQueues.try_acquire`: a slot now, or ``None``."""
         return self.queues.try_acquire(bucket, cls)
 
+    def try_add(self, q: BucketQueue) -> bool:
+        """:meth:`BucketQueues.try_add`: one more request of a run, admitted now."""
+        return self.queues.try_add(q)
+
     def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
         """:meth:`BucketQueues.try_pass`: requests that complete at once, admitted."""
         return self.queues.try_pass(bucket, cls, n)
@@ -799,6 +826,11 @@ class BucketQueueGate:
         """Give back the slot held in ``q`` (sync; call from any task, exactly once)."""
         waiter = self.queues.release(q, operation, key_len, outcome)
         if waiter is not None:
+            waiter.event.set()
+
+    def release_many(self, q: BucketQueue, n: int, *, outcome: str = "ok") -> None:
+        """Give back ``n`` slots held in ``q`` (:meth:`BucketQueues.release_many`)."""
+        for waiter in self.queues.release_many(q, n, outcome):
             waiter.event.set()
 
     # waiting

@@ -126,13 +126,18 @@ class Ticket:
 
     Also a context manager that releases on exit. A ticket that is never
     released is lost to the pool for good: release it in a ``finally``.
+
+    One ticket may stand for several operations admitted together (a run of a
+    chunk's writes, :meth:`TicketHolder.try_add`): ``count`` of them, all
+    given back by one :meth:`release`.
     """
 
-    __slots__ = ("_holder", "_start")
+    __slots__ = ("_holder", "_start", "count")
 
     def __init__(self, holder: TicketHolder | None, start: float) -> None:
         self._holder = holder
         self._start = start
+        self.count = 1
 
     @property
     def released(self) -> bool:
@@ -148,7 +153,18 @@ class Ticket:
         holder = self._holder
         if holder is not None:
             self._holder = None
-            holder._release(self._start)
+            holder._release(self._start, self.count)
+
+    def release_one(self) -> None:
+        """Give back one of the ``count`` operations this ticket stands for (all of
+        them, and the ticket, when it is the last)."""
+        if self.count > 1:
+            self.count -= 1
+            holder = self._holder
+            if holder is not None:
+                holder._release(self._start)
+        else:
+            self.release()
 
     def __enter__(self) -> Ticket:
         return self
@@ -380,6 +396,23 @@ class TicketHolder:
             return Ticket(self, self._clock())
         return None
 
+    def try_add(self, ticket: Ticket) -> bool:
+        """Admit one more operation on ``ticket`` (one this holder gave, not yet
+        released) if a ticket is free and nobody is queued — the answer
+        :meth:`try_acquire` would give it — counted as taken now; False: take
+        the waiting path. The operations of a run share one ticket object and
+        one clock reading (their processing time is counted from the first)."""
+        out = self._out
+        if out < self._total and not self._waiters:
+            out += 1
+            self._out = out
+            if out > self._peak:
+                self._peak = out
+            self._started += 1
+            ticket.count += 1
+            return True
+        return False
+
     def try_pass(self, n: int = 1) -> bool:
         """Admit ``n`` operations that run one after another, each finished before
         anything else runs (inline reads: they never leave the event loop, so a
@@ -415,15 +448,19 @@ class TicketHolder:
         self._ex_started += 1
         return _ExemptTicket(self, self._clock())
 
-    def _release(self, start: float) -> None:
+    def _release(self, start: float, n: int = 1) -> None:
         now = self._clock()
-        self._finished += 1
-        self._time_processing += now - start
+        self._finished += n
+        self._time_processing += (now - start) * n
         waiters = self._waiters
-        if waiters and self._out <= self._total:
-            self._grant(waiters.popleft(), now)  # hand-off: ``out`` stays
-        else:
-            self._out -= 1
+        if not waiters:
+            self._out -= n
+            return
+        for _ in range(n):
+            if waiters and self._out <= self._total:
+                self._grant(waiters.popleft(), now)  # hand-off: ``out`` stays
+            else:
+                self._out -= 1
 
     def _release_exempt(self, start: float) -> None:
         self._ex_finished += 1

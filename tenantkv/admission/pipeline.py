@@ -60,9 +60,24 @@ DEFAULT_INGRESS_TICKETS = 1_000_000
 
 
 class Holds:
-    """What one admitted operation holds; :meth:`release` gives all of it back."""
+    """What admitted operations hold; :meth:`release` gives all of it back.
 
-    __slots__ = ("_pipeline", "ingress", "permit", "queue", "ticket")
+    Usually one operation's. A run of a chunk's writes on one bucket shares
+    one (:meth:`Pipeline.try_join`): each gate object then stands for
+    ``held`` operations, and the counts below say when the last of them is
+    taken by the writer and answered, which is when the run gives back.
+    """
+
+    __slots__ = (
+        "_pipeline",
+        "held",
+        "ingress",
+        "permit",
+        "queue",
+        "ticket",
+        "unanswered",
+        "untaken",
+    )
 
     def __init__(
         self,
@@ -77,34 +92,52 @@ class Holds:
         self.queue = queue
         self.permit = permit
         self.ticket = ticket
+        #: operations whose bucket slot, write permit and execution ticket are held
+        self.held = 1
+        #: operations not yet taken by the writer, and not yet answered
+        self.untaken = 1
+        self.unanswered = 1
 
     def release_queue_bounds(self) -> None:
-        """A write was taken by the group-commit writer: give back what bounds the
-        writer's queue (execution ticket, bucket slot, write permit) before its
-        commit is durable, so the next batch can gather meanwhile. The ingress
-        ticket stays until the write is answered (it bounds work in the server)."""
-        p = self._pipeline
+        """A write was taken by the group-commit writer: once the run's last is,
+        give back what bounds the writer's queue (execution tickets, bucket slots,
+        write permits) before the commit is durable, so the next batch can gather
+        meanwhile. The ingress tickets stay until the writes are answered (they
+        bound work in the server)."""
+        self.untaken -= 1
+        if self.untaken > 0:
+            return
+        p, n = self._pipeline, self.held
+        self.held = 0
         if self.ticket is not None:
             self.ticket.release()
             self.ticket = None
         if self.permit is not None:
-            p.permits.release(self.permit)
+            p.permits.release(self.permit, n)
             self.permit = None
         if self.queue is not None:
-            p.queues.release(self.queue, outcome="ok")
+            p.queues.release_many(self.queue, n, outcome="ok")
             self.queue = None
 
     def release(self, operation: str = "", key_len: int = 0, outcome: str = "ok") -> None:
-        """Give everything back, innermost gate first (idempotent)."""
-        p = self._pipeline
+        """An operation is over: once the last one holding this is, give everything
+        back, innermost gate first (idempotent)."""
+        self.unanswered -= 1
+        if self.unanswered > 0:
+            return
+        p, n = self._pipeline, self.held
+        self.held = self.untaken = 0
         if self.ticket is not None:
             self.ticket.release()
             self.ticket = None
         if self.permit is not None:
-            p.permits.release(self.permit)
+            p.permits.release(self.permit, n)
             self.permit = None
         if self.queue is not None:
-            p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
+            if n == 1:
+                p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
+            else:
+                p.queues.release_many(self.queue, n, outcome=outcome)
             self.queue = None
         if self.ingress is not None:
             self.ingress.release()
@@ -257,6 +290,44 @@ class Pipeline:
                 ingress.release()
             return None
         return Holds(self, ingress, queue, permit, ticket)
+
+    def try_join(self, holds: Holds) -> bool:
+        """Admit one more write with a run of writes that :meth:`try_acquire`
+        admitted (``holds``, none of them taken by the writer yet), right after
+        the run's last one, nothing else having run in between: each gate then
+        answers as its ``try_acquire`` would, through the gate objects the run
+        holds, counted one more; False (nothing taken): take :meth:`try_acquire`.
+
+        The throttle is not asked again: a write is charged when it is durable,
+        so nothing has touched its allowance since the run's first write was
+        admitted, and an allowance only grows with time."""
+        if not holds.untaken:
+            return False
+        ingress, queue, permit, ticket = holds.ingress, holds.queue, holds.permit, holds.ticket
+        if ingress is not None and not self.ingress.try_add(ingress):
+            return False
+        if queue is not None and not self.queues.try_add(queue):
+            if ingress is not None:
+                ingress.release_one()
+            return False
+        if permit is not None and not self.permits.try_add(permit):
+            if queue is not None:
+                self.queues.release_many(queue, 1, outcome="requeued")
+            if ingress is not None:
+                ingress.release_one()
+            return False
+        if ticket is not None and not self.write_tickets.try_add(ticket):
+            if permit is not None:
+                self.permits.release(permit)
+            if queue is not None:
+                self.queues.release_many(queue, 1, outcome="requeued")
+            if ingress is not None:
+                ingress.release_one()
+            return False
+        holds.held += 1
+        holds.untaken += 1
+        holds.unanswered += 1
+        return True
 
     async def acquire(
         self,

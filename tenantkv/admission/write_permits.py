@@ -412,6 +412,29 @@ class WritePermits:
             return p
         return None
 
+    def try_add(self, p: BucketPermits) -> bool:
+        """One more permit of ``p`` for a run of writes holding some already, if
+        one is free and nobody waits — :meth:`try_acquire`'s answer; False: take
+        the slow path."""
+        if p.in_use < self._capacity and not p.waiters:
+            p.in_use += 1
+            p.granted += 1
+            return True
+        return False
+
+    def release_many(self, p: BucketPermits, n: int) -> list[Waiter]:
+        """Give ``n`` permits back at once (a run's, :meth:`try_add`), as ``n``
+        :meth:`release` calls would; returns the waiters they pass to."""
+        if not p.waiters:
+            p.in_use -= n
+            return []
+        woken = []
+        for _ in range(n):
+            waiter = self.release(p)
+            if waiter is not None:
+                woken.append(waiter)
+        return woken
+
     def release(self, p: BucketPermits) -> Waiter | None:
         """Give a permit back; returns the waiter it passes to (the adapter wakes it)."""
         if p.waiters and p.in_use <= self._capacity:
@@ -567,10 +590,19 @@ class WritePermitGate:
         """:meth:`WritePermits.try_acquire`: a permit now, or ``None``."""
         return self.permits.try_acquire(bucket)
 
-    def release(self, p: BucketPermits) -> None:
-        """Give back a permit (sync; from any task, exactly once per permit)."""
-        waiter = self.permits.release(p)
-        if waiter is not None:
+    def try_add(self, p: BucketPermits) -> bool:
+        """:meth:`WritePermits.try_add`: one more permit of a run, now."""
+        return self.permits.try_add(p)
+
+    def release(self, p: BucketPermits, n: int = 1) -> None:
+        """Give back ``n`` permits of ``p`` (sync; from any task, exactly once per
+        permit)."""
+        if n == 1:
+            waiter = self.permits.release(p)
+            if waiter is not None:
+                waiter.event.set()
+            return
+        for waiter in self.permits.release_many(p, n):
             waiter.event.set()
 
     async def acquire(self, bucket: str, *, deadline: float | None = None) -> BucketPermits:

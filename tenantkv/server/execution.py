@@ -117,6 +117,11 @@ class Execution:
         self._run_ru = 0
         self._run_cost = 0
         self._chunk_reads: dict[tuple[str, str], int] = {}
+        #: the run of inline writes being admitted (see _write_inline): what its
+        #: writes hold together (None: no run), and their bucket and operation
+        self._wrun: Holds | None = None
+        self._wrun_bucket = ""
+        self._wrun_method = ""
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
         self._prepared: Prepared | None = None
@@ -267,19 +272,38 @@ class Execution:
         return True
 
     def _write_inline(self, cmd: Command, req: protocol.Request) -> bool:
-        """Queue a write now if every gate admits it at once; False when it must wait."""
+        """Queue a write now if every gate admits it at once; False when it must wait.
+
+        The writes of a chunk are admitted as runs, as its reads are: the first
+        through every gate (:meth:`Pipeline.try_acquire`), each next write of the
+        same command on the same bucket through the gate objects the run holds
+        (:meth:`Pipeline.try_join`, the answer each gate would give it on its
+        own: nothing else ran in between). The run's writes share one
+        :class:`Holds`, given back once the last is taken and answered. The chunk
+        settling, or any other request, ends the run.
+        """
         msgid, method, params = req
         try:
             prep = self._prepare(cmd, params)
             self._end_read_run()  # the throttle must see the reads before it
-            holds = self.node.pipeline.try_acquire(
-                prep.bucket.name,
-                "write",
-                unthrottled=prep.user.unthrottled,
-                nonblocking=self.nonblocking_throttle,
-            )
-            if holds is None:
-                return False
+            pipeline = self.node.pipeline
+            holds = self._wrun
+            if (
+                holds is None
+                or prep.bucket.name != self._wrun_bucket
+                or method != self._wrun_method
+                or not pipeline.try_join(holds)
+            ):
+                self._wrun = None
+                holds = pipeline.try_acquire(
+                    prep.bucket.name,
+                    "write",
+                    unthrottled=prep.user.unthrottled,
+                    nonblocking=self.nonblocking_throttle,
+                )
+                if holds is None:
+                    return False
+                self._wrun, self._wrun_bucket, self._wrun_method = holds, prep.bucket.name, method
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
@@ -489,7 +513,8 @@ class Execution:
         """Settle what the chunk decided at once, before anything awaits (time will
         pass, other tasks run): charge and count the run of inline reads, give the
         request-rate loan back, close the read transaction, record the reads'
-        counts and latency."""
+        counts and latency; end the run of writes."""
+        self._wrun = None
         if self._run_bucket is not None:
             self._end_read_run()
         if self._rate_left is not None:

@@ -94,6 +94,22 @@ def test_release_hands_the_slot_to_the_head_waiter_fifo() -> None:
     assert qs.try_acquire("a", READ) is q
 
 
+def test_a_run_adds_slots_and_gives_them_back_as_one_by_one() -> None:
+    """``try_add`` answers as ``try_acquire`` would; ``release_many`` hands the
+    slots to the waiters in order, then frees the rest."""
+    qs, _ = core(concurrency=3, queue_tolerance=5)
+    q = qs.try_acquire("a", WRITE)
+    assert q is not None and qs.try_add(q) and qs.try_add(q)
+    assert not qs.try_add(q) and q.running == 3
+    _, w1 = qs.enqueue("a", WRITE)
+    _, w2 = qs.enqueue("a", WRITE)
+    assert not qs.try_add(q)  # nobody overtakes a waiter
+    assert qs.release_many(q, 3) == [w1, w2]
+    assert q.running == 2 and not q.waiters
+    assert qs.release_many(q, 2) == [] and q.running == 0
+    assert q.admitted == 5
+
+
 def test_tolerance_zero_rejects_as_soon_as_slots_are_busy() -> None:
     qs, _ = core(concurrency=1, queue_tolerance=0)
     assert qs.try_acquire("a", READ) is not None

@@ -316,3 +316,47 @@ async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: N
     stats = node.bucket_stats["b"]
     assert stats.ops["get"] == 2 and stats.ops["exists"] == 1
     assert stats.errors["BadValue"] == 1 and stats.errors["KeyTooLong"] == 1
+
+
+async def test_a_chunk_of_writes_holds_the_gates_as_the_per_operation_path_would(
+    node: Node,
+) -> None:
+    """The writes of one chunk are admitted as a run sharing one set of holds: with
+    4 write slots in the bucket queue, the first 4 run and the 5th waits — where
+    admitting each write on its own would split them — and the gates hold exactly
+    what 4 held writes and 1 waiting one hold until the writer takes them. Once
+    every write is answered, every gate is back where it started."""
+    pipeline = node.pipeline
+    node.queues.set_bucket("b", "write", concurrency=4)
+    stalled: list[Any] = []
+    real_submit_many = node.writer.submit_many  # type: ignore[union-attr]
+    node.writer.submit_many = stalled.extend  # type: ignore[union-attr]
+    before = pipeline.statistics()
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        await peer.send(*((i, "set", {"key": b"w%d" % i, "value": b"v"}) for i in range(1, 13)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(stalled) == 4  # the run; the 5th waits for a slot
+        q = node.queues.queues.queue("b", "write")
+        assert (q.running, len(q.waiters)) == (4, 1)
+        assert node.write_tickets._out == 4
+        assert node.permits.permits.permits("b").in_use == 4
+        assert node.ingress_tickets._out == 5  # the waiting write holds its ingress ticket
+        node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+        real_submit_many(stalled)
+        got = await peer.responses(12)
+        assert [r.msgid for r in got] == list(range(1, 13))
+        assert all(r.error is None for r in got)
+        await peer.stream.aclose()
+    after = pipeline.statistics()
+    assert (q.running, len(q.waiters), q.admitted) == (0, 0, 12)
+    assert node.write_tickets._out == 0 and node.ingress_tickets._out == 0
+    assert node.permits.permits.permits("b").in_use == 0
+    b, a = before.write_tickets, after.write_tickets
+    assert a.finished_processing - b.finished_processing == 12  # one per write
+    b, a = before.ingress, after.ingress  # (a write that must wait tries twice)
+    started, finished = a.started_processing, a.finished_processing
+    assert started - b.started_processing == finished - b.finished_processing
+    assert node.bucket_stats["b"].ops["set"] == 12

@@ -187,6 +187,19 @@ def test_permits_fifo_and_hand_off() -> None:
     assert p.in_use == 0
 
 
+def test_a_run_adds_permits_and_gives_them_back_as_one_by_one() -> None:
+    wp, _ = core(max_capacity=3)
+    p = wp.try_acquire("a")
+    assert p is not None and wp.try_add(p) and wp.try_add(p)
+    assert not wp.try_add(p) and p.in_use == 3
+    _, w1 = wp.enqueue("a")
+    assert not wp.try_add(p)  # nobody overtakes a waiter
+    assert wp.release_many(p, 3) == [w1] and w1 is not None and w1.granted
+    assert p.in_use == 1
+    assert wp.release_many(p, 1) == [] and p.in_use == 0
+    assert p.granted == 4
+
+
 def test_growing_capacity_admits_waiters() -> None:
     wp, clock = core()
     wp.adjust(10_000)  # capacity 2
