@@ -285,7 +285,8 @@ class Execution:
         msgid, method, params = req
         try:
             prep = self._prepare(cmd, params)
-            self._end_read_run()  # the throttle must see the reads before it
+            if self._run_bucket is not None:
+                self._end_read_run()  # the throttle must see the reads before it
             pipeline = self.node.pipeline
             holds = self._wrun
             if (
@@ -399,9 +400,12 @@ class Execution:
 
     def _prepare(self, cmd: Command, params: dict[str, Any]) -> Prepared:
         """Check a data command and resolve what it acts on; raises what it breaks."""
-        check_params(cmd, params)
+        if "timeout_ms" in params or not cmd.params.issuperset(params):
+            check_params(cmd, params)
         write = cmd.kind == "write"
-        b = self._data_bucket(write=write)
+        b = self._write_handle if write else self._read_handle
+        if b is None or self._auth_epoch != self.node.accounts.epoch:
+            b = self._data_bucket(write=write)
         user = self.user
         assert user is not None  # _data_bucket checked it
         op = None

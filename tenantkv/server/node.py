@@ -384,8 +384,9 @@ class Node:
         (an MSET or DEL of many keys costs what those writes would one by one).
         Within a delivered commit the charges add up per bucket and go to the
         throttle once, at the delivery's instant (:meth:`_deliver`)."""
-        if bucket not in self.throttle:
-            return
+        tally = self._tally
+        if tally is None and bucket not in self.throttle:
+            return  # (a commit's: looked up once per bucket, by _settle)
         cfg = self.config
         unit = cfg.write_unit_size
         wu = 0
@@ -396,7 +397,6 @@ class Node:
                 wu = -(-op.nbytes // unit)  # write_units of one record, inline
         floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
         cost = floor if floor > cfg.write_weight * wu else cfg.write_weight * wu
-        tally = self._tally
         if tally is None:
             self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost)
             return
@@ -459,7 +459,8 @@ class Node:
     def _settle(self, tally: WriteTally) -> None:
         now = self.throttle.clock()
         for (bucket, unthrottled), (wu, cost) in tally.charges.items():
-            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost, now=now)
+            if bucket in self.throttle:  # not deleted meanwhile
+                self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost, now=now)
         if tally.timed:
             done = time.perf_counter()
             for (bucket, method, t0), n in tally.timed.items():

@@ -336,13 +336,13 @@ class Session(Execution):
                         self._settle_chunk()
                         if not await self._run(cmd, req):
                             return False
-                # Most requests leave no writes in flight: a cheap test first
-                # (it holds whenever _should_pause can).
+                # _should_pause, inline (hot: once per request).
                 if (
-                    self.pending_writes
-                    or handled % FAIR_SHARE_REQUESTS == 0
+                    self.pending_writes >= self._max_inflight
                     or len(self._out) > OUT_HIGH_WATER
-                ) and self._should_pause(handled):
+                    or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+                    or handled % FAIR_SHARE_REQUESTS == 0
+                ):
                     await self._pause()
         finally:
             self._settle_chunk()
