@@ -119,10 +119,12 @@ class Holds:
             p.queues.release_many(self.queue, n, outcome="ok")
             self.queue = None
 
-    def release(self, operation: str = "", key_len: int = 0, outcome: str = "ok") -> None:
-        """An operation is over: once the last one holding this is, give everything
-        back, innermost gate first (idempotent)."""
-        self.unanswered -= 1
+    def release(
+        self, operation: str = "", key_len: int = 0, outcome: str = "ok", n: int = 1
+    ) -> None:
+        """``n`` operations are over: once the last one holding this is, give
+        everything back, innermost gate first (idempotent)."""
+        self.unanswered -= n
         if self.unanswered > 0:
             return
         p, n = self._pipeline, self.held

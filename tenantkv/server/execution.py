@@ -9,10 +9,11 @@ runs them. Every data command takes one path:
    :meth:`Pipeline.try_acquire` inline, or :meth:`Pipeline.acquire` when a
    gate makes it wait;
 3. :meth:`Execution._execute` — a read runs inline on the chunk's read
-   transaction and is answered; a write is queued on the group-commit writer
-   and answered from :meth:`Execution._write_done` once durable, keeping what
-   it holds until then (less what bounds the writer's queue, given back when
-   the writer takes it).
+   transaction and is answered; a write joins a run of writes
+   (:class:`~tenantkv.server.write_run.WriteRun`), is queued on the
+   group-commit writer and answered once durable, its run keeping what it
+   holds until then (less what bounds the writer's queue, given back when the
+   writer takes it).
 
 :meth:`Execution._run_inline` tries that without awaiting; it declines (and
 :meth:`Execution._run` does the same with waits) when the connection has
@@ -26,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import trio
@@ -36,6 +36,7 @@ from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
 from tenantkv.server.commands import Command, check_params
 from tenantkv.server.node import Node
+from tenantkv.server.write_run import WriteRun
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
 
@@ -117,11 +118,8 @@ class Execution:
         self._run_ru = 0
         self._run_cost = 0
         self._chunk_reads: dict[tuple[str, str], int] = {}
-        #: the run of inline writes being admitted (see _write_inline): what its
-        #: writes hold together (None: no run), and their bucket and operation
-        self._wrun: Holds | None = None
-        self._wrun_bucket = ""
-        self._wrun_method = ""
+        #: the run of writes being admitted (see _write_inline; None: no run)
+        self._wrun: WriteRun | None = None
         #: node.accounts.epoch when ``user`` was last looked up (see current_user)
         self._auth_epoch = node.accounts.epoch
         self._prepared: Prepared | None = None
@@ -288,14 +286,13 @@ class Execution:
             if self._run_bucket is not None:
                 self._end_read_run()  # the throttle must see the reads before it
             pipeline = self.node.pipeline
-            holds = self._wrun
+            run = self._wrun
             if (
-                holds is None
-                or prep.bucket.name != self._wrun_bucket
-                or method != self._wrun_method
-                or not pipeline.try_join(holds)
+                run is None
+                or run.bucket is not prep.bucket
+                or run.method != method
+                or not pipeline.try_join(run.holds)
             ):
-                self._wrun = None
                 holds = pipeline.try_acquire(
                     prep.bucket.name,
                     "write",
@@ -304,15 +301,25 @@ class Execution:
                 )
                 if holds is None:
                     return False
-                self._wrun, self._wrun_bucket, self._wrun_method = holds, prep.bucket.name, method
+                run = self._start_write_run(prep.bucket, method, holds, self._chunk_t0)
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
         except Exception as exc:
             self._internal_error(msgid, method, exc)
             return True
-        self._execute(msgid, prep, holds, None)
+        assert prep.op is not None  # a write
+        run.add(msgid, prep.op)
         return True
+
+    def _start_write_run(
+        self, bucket: BucketHandle, method: str, holds: Holds, t0: float
+    ) -> WriteRun:
+        """A run of writes on ``bucket`` whose first was admitted with ``holds``."""
+        if self._wrun is not None:
+            self._wrun.close()
+        run = self._wrun = WriteRun(self, bucket, method, holds, t0)
+        return run
 
     def _start_read_run(self, bucket: str, method: str) -> bool:
         """Admit an inline read that starts a run; False when it must take the
@@ -464,24 +471,9 @@ class Execution:
                 node.bucket_stats[b.name].ops[method] += 1
                 node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
-                op = prep.op
-                assert holds is not None  # a write always holds its gates until durable
-                self.pending_writes += 1
-                self.pending_write_bytes += op.size_hint
-                node.submit(
-                    op,
-                    partial(
-                        self._write_done,
-                        msgid,
-                        method,
-                        b,
-                        op,
-                        holds,
-                        self._chunk_t0 if t0 is None else t0,
-                    ),
-                    holds.release_queue_bounds,
-                )
-                h = None  # the write's callback releases them once durable
+                assert holds is not None and t0 is not None  # a write that waited
+                h = None  # its run gives them back once the write is durable
+                self._start_write_run(b, method, holds, t0).add(msgid, prep.op)
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)
         except Exception as exc:
@@ -518,7 +510,9 @@ class Execution:
         pass, other tasks run): charge and count the run of inline reads, give the
         request-rate loan back, close the read transaction, record the reads'
         counts and latency; end the run of writes."""
-        self._wrun = None
+        if self._wrun is not None:
+            self._wrun.close()
+            self._wrun = None
         if self._run_bucket is not None:
             self._end_read_run()
         if self._rate_left is not None:
@@ -583,43 +577,6 @@ class Execution:
         if cmd.kind == "admin" and not self.current_user().admin:
             raise errors.Unauthorized(f"{cmd.name} needs an admin user")
         self._reply(msgid, await cmd.handler(self, params))
-
-    def _write_done(
-        self,
-        msgid: int,
-        method: str,
-        b: BucketHandle,
-        op: WriteOp,
-        holds: Holds,
-        t0: float,
-        result: Any,
-        error: BaseException | None,
-    ) -> None:
-        holds.release(method, len(getattr(op, "key", b"")), "ok" if error is None else "error")
-        self.pending_writes -= 1
-        self.pending_write_bytes -= op.size_hint
-        if error is None:
-            self.node.count_write(b.name, method, t0)
-            user = self.user
-            self.node.charge_write(b.name, op, user is not None and user.unthrottled, wrote=True)
-            self._reply(msgid, result)
-        else:
-            exc = (
-                error
-                if isinstance(error, errors.TenantKVError)
-                else errors.InternalError(repr(error))
-            )
-            exc.command = method
-            self._count_error(exc)
-            self._reply_error(msgid, exc)
-            if isinstance(error, errors.ServerError) and not exc.labels:
-                # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
-                user = self.user
-                self.node.charge_write(
-                    b.name, op, user is not None and user.unthrottled, wrote=False
-                )
-        if self._reader_parked:
-            self._wake_reader()
 
     def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):

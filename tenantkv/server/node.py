@@ -377,28 +377,32 @@ class Node:
                 f"{self.throttle.bucket_limits(bucket)[1]} units/s)"
             )
 
-    def charge_write(self, bucket: str, op: WriteOp, unthrottled: bool, *, wrote: bool) -> None:
-        """Charge a write that ran, succeeded or not (a CAS mismatch, ``add`` on an
-        existing key, a miss still cost a commit): WU metered per record it wrote,
-        throttle cost at least ``min_op_units x write_weight`` per key it touched
-        (an MSET or DEL of many keys costs what those writes would one by one).
-        Within a delivered commit the charges add up per bucket and go to the
-        throttle once, at the delivery's instant (:meth:`_deliver`)."""
-        tally = self._tally
-        if tally is None and bucket not in self.throttle:
-            return  # (a commit's: looked up once per bucket, by _settle)
+    def write_cost(self, op: WriteOp, *, wrote: bool) -> tuple[int, int]:
+        """``(wu, cost)`` of a write that ran, succeeded or not (a CAS mismatch,
+        ``add`` on an existing key, a miss still cost a commit): WU metered per
+        record it wrote, throttle cost at least ``min_op_units x write_weight``
+        per key it touched (an MSET or DEL of many keys costs what those writes
+        would one by one)."""
         cfg = self.config
-        unit = cfg.write_unit_size
+        unit, weight = cfg.write_unit_size, cfg.write_weight
         wu = 0
         if wrote:
             if op.record_bytes:
                 wu = sum(write_units(n, unit) for n in op.record_bytes)
             elif op.nbytes:
                 wu = -(-op.nbytes // unit)  # write_units of one record, inline
-        floor = cfg.min_op_units * cfg.write_weight * op.keys_touched
-        cost = floor if floor > cfg.write_weight * wu else cfg.write_weight * wu
+        floor = cfg.min_op_units * weight * op.keys_touched
+        return wu, floor if floor > weight * wu else weight * wu
+
+    def charge_writes(self, bucket: str, wu: int, cost: int, unthrottled: bool) -> None:
+        """Charge writes that ran: ``wu`` metered, ``cost`` units to the throttle
+        (sums of :meth:`write_cost`). Within a delivered commit the charges add up
+        per bucket and go to the throttle once, at the delivery's instant
+        (:meth:`_deliver`)."""
+        tally = self._tally
         if tally is None:
-            self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost)
+            if bucket in self.throttle:
+                self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost)
             return
         key = (bucket, unthrottled)
         sums = tally.charges.get(key)
@@ -408,19 +412,19 @@ class Node:
             sums[0] += wu
             sums[1] += cost
 
-    def count_write(self, bucket: str, method: str, t0: float) -> None:
-        """Count a write that succeeded and time it from ``t0`` (perf_counter) to its
-        acknowledgement: once per commit for the writes that share a start (one
-        received chunk's), as a chunk's reads are."""
+    def count_write(self, bucket: str, method: str, t0: float, n: int = 1) -> None:
+        """Count ``n`` writes that succeeded and time them from ``t0`` (perf_counter)
+        to their acknowledgement: once per commit for the writes that share a start
+        (one received chunk's), as a chunk's reads are."""
         tally = self._tally
         if tally is None:
             stats = self.bucket_stats.get(bucket)
             if stats is not None:
-                stats.ops[method] += 1
-                self.latency.observe(bucket, method, time.perf_counter() - t0)
+                stats.ops[method] += n
+                self.latency.observe_many(bucket, method, time.perf_counter() - t0, n)
             return
         key = (bucket, method, t0)
-        tally.timed[key] = tally.timed.get(key, 0) + 1
+        tally.timed[key] = tally.timed.get(key, 0) + n
 
     def _expiry_written_threadsafe(self, expiry_ms: int) -> None:
         if self._token is not None:

@@ -279,7 +279,9 @@ async def test_multi_key_commands_pay_the_floor_per_key(tmp_path: Path) -> None:
             op = MultiDeleteOp(None, [b"k%d" % i for i in range(10)])  # type: ignore[arg-type]
             op.record_bytes = [2, 2]  # two of the ten existed
             ww = node.config.write_weight
-            assert spent(lambda: node.charge_write("b", op, False, wrote=True)) == 10 * ww
+            wu, cost = node.write_cost(op, wrote=True)
+            assert (wu, cost) == (2, 10 * ww)
+            assert spent(lambda: node.charge_writes("b", wu, cost, False)) == 10 * ww
         finally:
             await node.stop_writer()
     finally:

@@ -360,3 +360,50 @@ async def test_a_chunk_of_writes_holds_the_gates_as_the_per_operation_path_would
     started, finished = a.started_processing, a.finished_processing
     assert started - b.started_processing == finished - b.finished_processing
     assert node.bucket_stats["b"].ops["set"] == 12
+
+
+async def test_a_run_of_writes_answers_counts_and_charges_each_write_as_its_own(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """Writes that fail in the writer (``add`` of a key that exists) share a run with
+    writes that succeed: each gets its own answer, the failures are their bucket's
+    errors (and cost the floor: they ran), the successes its operations."""
+    from tenantkv.storage.records import HEADER_BYTES
+
+    cfg = node.config
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.responses(1)
+        await peer.send((1, "set", {"key": b"a", "value": b"old"}))
+        await peer.responses(1)
+        mock_clock.jump(1.0)
+        ref = frozen_copy(node.throttle)
+        before = node.bucket_stats["b"].ops["set"]
+        reqs = [
+            (2, "set", {"key": b"a", "value": b"x", "mode": "add"}),
+            (3, "set", {"key": b"b", "value": b"y" * 5000, "mode": "add"}),
+            (4, "set", {"key": b"a", "value": b"z", "mode": "add"}),
+            (5, "set", {"key": b"c", "value": b"w", "mode": "add"}),
+        ]
+        floor = cfg.min_op_units * cfg.write_weight
+        for _, _, p in reqs:
+            if p["key"] == b"a":
+                ref.charge("b", 0, 0, min_cost=floor)  # ran and failed: the floor
+            else:
+                n = len(p["key"]) + HEADER_BYTES + len(p["value"])
+                wu = write_units(n, cfg.write_unit_size)
+                ref.charge("b", 0, wu, min_cost=max(floor, cfg.write_weight * wu))
+        await peer.send(*reqs)
+        got = await peer.responses(4)
+        assert [(r.msgid, r.error["codeName"] if r.error else None) for r in got] == [
+            (2, "KeyExists"),
+            (3, None),
+            (4, "KeyExists"),
+            (5, None),
+        ]
+        await peer.stream.aclose()
+    stats = node.bucket_stats["b"]
+    assert stats.ops["set"] - before == 2 and stats.errors["KeyExists"] == 2
+    b, r = node.throttle._buckets["b"], ref._buckets["b"]
+    assert (b.wu_total, b.used_window) == (r.wu_total, r.used_window)
