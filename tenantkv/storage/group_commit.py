@@ -145,40 +145,43 @@ class GroupCommitWriter:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            batch, stopping = self._take_batch()
+            batch, size, count, stopping = self._take_batch()
             if batch:
                 if self._taken is not None:
                     try:
                         self._taken(batch)
                     except Exception:  # the writer must outlive any callback bug
                         log.exception("reporting a taken write batch failed")
-                self._commit(batch)
+                self._commit(batch, size, count)
                 try:
                     self._deliver(batch)
                 except Exception:  # the writer must outlive any callback bug
                     log.exception("delivering a write batch failed")
 
-    def _take_batch(self) -> tuple[list[Pending], bool]:
+    def _take_batch(self) -> tuple[list[Pending], int, int, bool]:
         """What is queued now, up to the batch bounds (a write larger than the byte
-        bound goes alone); and whether stop was asked."""
+        bound goes alone), its bytes and its writes; and whether stop was asked."""
         batch: list[Pending] = []
         size = count = 0
         pending, self._carry = self._carry, []
         stopping = False
+        max_bytes, max_ops = self.max_batch_bytes, self.max_batch_ops
         while True:
             for i, p in enumerate(pending):
-                size += p.op.size_hint
-                if batch and (size > self.max_batch_bytes or count >= self.max_batch_ops):
+                op = p.op
+                grown = size + op.size_hint
+                if batch and (grown > max_bytes or count >= max_ops):
                     self._carry = pending[i:]
-                    return batch, stopping
+                    return batch, size, count, stopping
                 batch.append(p)
-                count += p.op.op_count
+                size = grown
+                count += op.op_count
             if stopping:
-                return batch, True
+                return batch, size, count, True
             try:
                 item = self._queue.get_nowait() if batch else self._queue.get()
             except queue.Empty:
-                return batch, False
+                return batch, size, count, False
             if item is _STOP:
                 stopping = True
                 pending = []
@@ -186,9 +189,9 @@ class GroupCommitWriter:
             pending = item if type(item) is list else [item]
             self._taken_count += len(pending)
 
-    def _commit(self, batch: list[Pending]) -> None:
+    def _commit(self, batch: list[Pending], extra: int, n: int) -> None:
+        """Apply and commit ``batch`` (``extra`` bytes, ``n`` writes)."""
         eng = self.engine
-        extra = sum(p.op.size_hint for p in batch)
         t0 = time.perf_counter()
         for _attempt in range(8):
             try:
@@ -222,7 +225,6 @@ class GroupCommitWriter:
         else:
             self._fail(batch, errors.StorageFull("could not grow the map to fit the batch"))
         dt = time.perf_counter() - t0
-        n = sum(p.op.op_count for p in batch)
         self.batches += 1
         self.ops_committed += n
         self.last_batch_ops = n

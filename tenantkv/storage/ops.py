@@ -166,10 +166,13 @@ class SetOp(WriteOp):
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
-        _check_bucket(h)
+        if h.dropped:
+            _check_bucket(h)  # raises
         self.nbytes = self.size_hint
         if self.mode == "upsert" and not self.cas:
-            return self._upsert(w, h)
+            # The hot case (a plain set): one B-tree operation, no read first.
+            expiry_ms = expiry_from_ttl(w.now_ms, self.ttl) if self.ttl else 0
+            return {"cas": upsert(w, h, self.key, self.value, expiry_ms, self.flags)[0]}
         old = _stored(w, h, self.key)
         live = old if old is not None and old.live(w.now_ms) else None
         if self.mode == "add" and live is not None:
@@ -179,10 +182,6 @@ class SetOp(WriteOp):
         if self.cas and live is not None and live.cas != self.cas:
             raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
         cas = _put(w, h, self.key, old, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
-        return {"cas": cas}
-
-    def _upsert(self, w: WriteContext, h: BucketHandle) -> Any:
-        cas, _ = upsert(w, h, self.key, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
         return {"cas": cas}
 
 
