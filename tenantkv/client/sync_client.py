@@ -297,6 +297,12 @@ class Pipeline(Commands):
                 try:
                     results.append(conn.core.outcome(conn.wait(msgid, op.deadline), call))
                 except errors.ServerError as exc:
+                    # Kept as a result, not raised here: without its traceback, which
+                    # holds this frame and so ``results`` and the error again, the
+                    # error is freed by reference counting, not by a collection (a
+                    # throttled client gets thousands a second; a full collection
+                    # stalls every thread of the process).
+                    exc.__traceback__ = None
                     op.failed(exc, clock())
                     results.append(exc)
                     first_error = first_error or exc

@@ -89,6 +89,28 @@ def test_pipeline_collects_errors(setup: Daemon) -> None:
         assert isinstance(res[1], errors.KeyExists) and res[2] == b"v"
 
 
+def test_refused_pipelined_commands_leave_no_garbage_cycles(setup: Daemon) -> None:
+    """A pipeline's refused commands are freed by reference counting: a client
+    refused thousands of times a second (a throttled tenant) must not keep the
+    garbage collector busy, which stalls every thread of its process."""
+    import gc
+
+    with setup.client(user="alice", password="pw-a", bucket="alpha") as c:
+        c.set("gc-k", b"v")
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(5):
+                p = c.pipeline(raise_on_error=False)
+                for _ in range(20):
+                    p.add("gc-k", b"v")  # refused: KeyExists
+                assert all(isinstance(r, errors.KeyExists) for r in p.execute())
+            del p
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
+
+
 async def test_async_client_concurrent_calls_pipeline(setup: Daemon) -> None:
     with trio.fail_after(TIMEOUT):
         async with setup.async_client(user="alice", password="pw-a", bucket="alpha") as c:
