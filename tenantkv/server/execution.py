@@ -276,9 +276,11 @@ class Execution:
         through every gate (:meth:`Pipeline.try_acquire`), each next write of the
         same command on the same bucket through the gate objects the run holds
         (:meth:`Pipeline.try_join`, the answer each gate would give it on its
-        own: nothing else ran in between). The run's writes share one
-        :class:`Holds`, given back once the last is taken and answered. The chunk
-        settling, or any other request, ends the run.
+        own: nothing that reaches a gate ran in between). The run's writes share
+        one :class:`Holds`, given back once the last is taken and answered. The
+        chunk settling (anything that awaits, a read, an admin command) or a
+        write of another command or bucket ends the run; a bucket re-created
+        under the same name is another handle, so another run.
         """
         msgid, method, params = req
         try:
