@@ -48,6 +48,7 @@ class WriteRun:
         "_answered",
         "_closed",
         "_cost",
+        "_key_len",
         "_msgids",
         "_ok",
         "_ops",
@@ -71,7 +72,11 @@ class WriteRun:
         #: when the run's first write was received (perf_counter): its latency's start
         self.t0 = t0
         self._msgids: list[int] = []
-        self._ops: list[WriteOp] = []
+        #: the writes not yet answered (an answered one is dropped at once: its
+        #: value must not outlive its answer while the rest of the run waits)
+        self._ops: list[WriteOp | None] = []
+        #: the key length of the run's first write (what a one-write run reports)
+        self._key_len = 0
         self._answered = self._ok = self._wu = self._cost = 0
         self._closed = False
         # Bound once for every write of the run, not once per write.
@@ -81,6 +86,8 @@ class WriteRun:
     def add(self, msgid: int, op: WriteOp) -> None:
         """Queue a write admitted with the run (its gates taken: ``holds`` counts it)."""
         s = self._session
+        if not self._ops:
+            self._key_len = len(getattr(op, "key", b""))
         self._msgids.append(msgid)
         self._ops.append(op)
         s.pending_writes += 1
@@ -98,6 +105,8 @@ class WriteRun:
         """The writer's answer to the run's ``i``-th write."""
         answered = self._answered = self._answered + 1
         msgid, op = self._msgids[i], self._ops[i]
+        assert op is not None  # answered once
+        self._ops[i] = None
         s = self._session
         s.pending_writes -= 1
         s.pending_write_bytes -= op.size_hint
@@ -133,8 +142,8 @@ class WriteRun:
         """Every write answered: give the gates back, count and charge the run."""
         s = self._session
         n = len(self._ops)
-        key = getattr(self._ops[0], "key", b"") if n == 1 else b""
-        self.holds.release(self.method, len(key), "ok" if self._ok == n else "error", n=n)
+        key_len = self._key_len if n == 1 else 0
+        self.holds.release(self.method, key_len, "ok" if self._ok == n else "error", n=n)
         node = s.node
         name = self.bucket.name
         if self._ok:

@@ -69,7 +69,10 @@ def test_answers_in_any_order_reach_their_own_requests_and_settle_once() -> None
     run.close()
     assert s.pending_writes == 3
     callbacks = [cb for _, cb, _ in s.node.submitted]
+    last_op = s.node.submitted[2][0]
     callbacks[2]({"cas": 3}, None)
+    # An answered write's op (its value) is not kept while the rest of the run waits.
+    assert all(op is not last_op for op in run._ops)
     callbacks[0](None, errors.KeyExists("key already exists"))
     assert s.node.counted == [] and holds.unanswered == 3  # not settled yet
     callbacks[1]({"cas": 2}, None)
