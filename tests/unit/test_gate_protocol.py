@@ -286,3 +286,55 @@ async def test_multi_key_commands_pay_the_floor_per_key(tmp_path: Path) -> None:
             await node.stop_writer()
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("full", ["ingress", "queue", "permit", "ticket"])
+async def test_a_write_that_cannot_join_its_run_leaves_every_gate_as_it_was(
+    autojump_clock: trio.testing.MockClock, full: str
+) -> None:
+    """``try_join`` refused at any gate takes nothing: what the gates before it
+    counted for the join is given back, and the run's own counts are unchanged."""
+    throttle = TenantThrottle(trio.current_time)
+    throttle.add_bucket("a", reserved=0)
+    queues = BucketQueueGate.create(concurrency=2 if full == "queue" else 100)
+    queues.add_bucket("a")
+    permits = WritePermitGate.create(
+        lambda: 0, min_capacity=1, max_capacity=2 if full == "permit" else 100
+    )
+    permits.add_bucket("a")
+    ingress = TicketHolder(2 if full == "ingress" else 100, name="ingress")
+    writes = TicketHolder(2 if full == "ticket" else 100, name="write")
+    p = Pipeline(
+        request_limiter=RateLimiter.create(rate_per_sec=1),
+        request_exemptions=CidrMatcher("", name="x"),
+        ingress=ingress,
+        throttle=TenantThrottleGate(throttle),
+        queues=queues,
+        permits=permits,
+        read_tickets=TicketHolder(10, name="read"),
+        write_tickets=writes,
+    )
+    holds = p.try_acquire("a", WRITE, unthrottled=False)
+    assert holds is not None and p.try_join(holds)  # two writes: every gate has room
+
+    def state() -> tuple[Any, ...]:
+        q = queues.queues.queue("a", WRITE)
+        return (
+            ingress.statistics().out,
+            q.running,
+            permits.permits.permits("a").in_use,
+            writes.statistics().out,
+            holds.held,
+            holds.untaken,
+            holds.unanswered,
+        )
+
+    before = state()
+    assert before == (2, 2, 2, 2, 2, 2, 2)
+    assert not p.try_join(holds)  # the third: one gate is full
+    assert state() == before
+    holds.release_queue_bounds()
+    holds.release_queue_bounds()  # the writer took both
+    holds.release(n=2)  # both answered
+    assert state()[:4] == (0, 0, 0, 0)
+    assert not p.try_join(holds)  # a run given back takes no more writes
