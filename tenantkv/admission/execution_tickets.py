@@ -384,13 +384,7 @@ class TicketHolder:
         """
         if priority is not _NORMAL or held:
             return self._special(priority, held)
-        out = self._out
-        if out < self._total and not self._waiters:
-            out += 1
-            self._out = out
-            if out > self._peak:
-                self._peak = out
-            self._started += 1
+        if self._take():
             if readmission:
                 self._readmissions += 1
             return Ticket(self, self._clock())
@@ -402,6 +396,13 @@ class TicketHolder:
         :meth:`try_acquire` would give it — counted as taken now; False: take
         the waiting path. The operations of a run share one ticket object and
         one clock reading (their processing time is counted from the first)."""
+        if self._take():
+            ticket.count += 1
+            return True
+        return False
+
+    def _take(self) -> bool:
+        """Count one operation as taken if a ticket is free and nobody is queued."""
         out = self._out
         if out < self._total and not self._waiters:
             out += 1
@@ -409,7 +410,6 @@ class TicketHolder:
             if out > self._peak:
                 self._peak = out
             self._started += 1
-            ticket.count += 1
             return True
         return False
 
