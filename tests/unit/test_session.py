@@ -85,6 +85,15 @@ async def run_session(node: Node, nursery: trio.Nursery) -> Peer:
     return Peer(client)
 
 
+async def hello_session(node: Node, nursery: trio.Nursery, **hello: Any) -> Peer:
+    """:func:`run_session`, past a hello as user ``u`` on bucket ``b`` (``hello``:
+    more of its parameters)."""
+    peer = await run_session(node, nursery)
+    await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b", **hello}))
+    await peer.responses(1)
+    return peer
+
+
 def frozen_copy(throttle: TenantThrottle) -> TenantThrottle:
     """A copy of ``throttle``'s state whose clock stays at now: the reference a
     per-operation replay is checked against."""
@@ -144,9 +153,7 @@ async def test_frames_are_small_until_hello_and_full_size_after(node: Node) -> N
 
 async def test_a_connection_that_ends_mid_frame_releases_its_buffer(node: Node) -> None:
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         frame = protocol.encode_request(1, "set", {"key": b"k", "value": b"y" * 50_000})
         await peer.stream.send_all(frame[:30_000])
         await trio.testing.wait_all_tasks_blocked()
@@ -164,10 +171,7 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
     sizes = [10, 5000, 9000, 0, 100, 13000, 0, 4096, 1, 0] * 3  # 0: a miss
     unit, floor = node.config.read_unit_size, node.config.min_op_units
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        hello = {"user": "u", "password": "pw", "bucket": "b", "nonblocking_throttle": True}
-        await peer.send((0, "hello", hello))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery, nonblocking_throttle=True)
         for i, n in enumerate(sizes):
             if n:
                 await peer.send((100 + i, "set", {"key": b"k%d" % i, "value": b"x" * n}))
@@ -217,9 +221,7 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 21)))
         got = await peer.responses(20)
         codes = [r.error["codeName"] if r.error else "ok" for r in got]
@@ -241,9 +243,7 @@ async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
     await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         reqs = [(i, "get", {"key": b"k"}) for i in range(1, 9)]
         reqs.insert(3, (100, "list_buckets", {}))
         await peer.send(*reqs)
@@ -270,9 +270,7 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     cfg = node.config
     sizes = [10, 5000, 9000, 100, 13000, 1, 4096, 20000] * 2
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         node.throttle.set_bucket("b", hard_limit=300)  # 30 units a slice: into debt
         mock_clock.jump(1.0)
         ref = frozen_copy(node.throttle)
@@ -333,9 +331,7 @@ async def test_a_chunk_of_writes_holds_the_gates_as_the_per_operation_path_would
     node.writer.submit_many = stalled.extend  # type: ignore[union-attr]
     before = pipeline.statistics()
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         await peer.send(*((i, "set", {"key": b"w%d" % i, "value": b"v"}) for i in range(1, 13)))
         await trio.testing.wait_all_tasks_blocked()
         assert len(stalled) == 4  # the run; the 5th waits for a slot
@@ -372,9 +368,7 @@ async def test_a_run_of_writes_answers_counts_and_charges_each_write_as_its_own(
 
     cfg = node.config
     async with trio.open_nursery() as nursery:
-        peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
-        await peer.responses(1)
+        peer = await hello_session(node, nursery)
         await peer.send((1, "set", {"key": b"a", "value": b"old"}))
         await peer.responses(1)
         mock_clock.jump(1.0)
