@@ -201,7 +201,7 @@ class RedisSession(Session):
                 self._fail(msgid, name, exc)
                 return None
             self._convert[msgid] = reply
-            req = protocol.make_request((msgid, rc.command.name, params))
+            req = (msgid, rc.command.name, params)
             if self._run_inline(rc.command, req):
                 return None
             self._settle_chunk()

@@ -324,13 +324,13 @@ class Session(Execution):
                     if not await self._hello(req):
                         return False
                 else:
-                    cmd = COMMANDS.get(req.method)
+                    cmd = COMMANDS.get(req[1])
                     if self.rate_room and (cmd is None or cmd.kind != "admin"):
                         self.rate_room -= 1  # a token of the chunk's loan (_refused_by_rate)
                         refused = False
                     else:
                         refused = pipeline.request_rate_enabled and self._refused_by_rate(
-                            req.msgid, req.method, admin=cmd is not None and cmd.kind == "admin"
+                            req[0], req[1], admin=cmd is not None and cmd.kind == "admin"
                         )
                     if not refused and not self._run_inline(cmd, req):  # (refused: a 462)
                         self._settle_chunk()
@@ -373,10 +373,11 @@ class Session(Execution):
             self._held = held
 
     def _refuse_shutting_down(self, req: protocol.Request) -> None:
+        msgid, method, _ = req
         exc = errors.ShuttingDown("the server is stopping; the request did not run")
-        exc.command = req.method
+        exc.command = method
         self._count_error(exc)
-        self._reply_error(req.msgid, exc)
+        self._reply_error(msgid, exc)
 
     async def _refuse_until_quiet(self, decoder: Decoder) -> None:
         """Server shutdown: answer every request still arriving with ShuttingDown
@@ -421,12 +422,10 @@ class Session(Execution):
 
     async def _hello(self, req: protocol.Request) -> bool:
         self.node.pipeline.count_exempt_request()
+        msgid, method, p = req
         try:
-            if req.method != "hello":
-                raise errors.HelloRequired(
-                    f"the first request must be hello, not {req.method!r:.80}"
-                )
-            p = req.params
+            if method != "hello":
+                raise errors.HelloRequired(f"the first request must be hello, not {method!r:.80}")
             for k in p:
                 if k not in HELLO_PARAMS:
                     raise errors.BadValue(f"unknown parameter {k!r} for hello")
@@ -454,7 +453,7 @@ class Session(Execution):
         except errors.TenantKVError as exc:
             exc.command = "hello"
             log.info("connection %d from %s: hello failed: %s", self.conn_id, self.peer, exc)
-            self._reply_error(req.msgid, exc)
+            self._reply_error(msgid, exc)
             return False  # a failed hello always closes the connection
         self.user = user
         self._auth_epoch = self.node.accounts.epoch
@@ -470,7 +469,7 @@ class Session(Execution):
             self.client_info,
         )
         self._reply(
-            req.msgid,
+            msgid,
             {
                 "server": "tenantkv",
                 "version": __version__,
