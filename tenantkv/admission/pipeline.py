@@ -98,13 +98,13 @@ class Holds:
         self.untaken = 1
         self.unanswered = 1
 
-    def release_queue_bounds(self) -> None:
-        """A write was taken by the group-commit writer: once the run's last is,
-        give back what bounds the writer's queue (execution tickets, bucket slots,
-        write permits) before the commit is durable, so the next batch can gather
-        meanwhile. The ingress tickets stay until the writes are answered (they
-        bound work in the server)."""
-        self.untaken -= 1
+    def release_queue_bounds(self, n: int = 1) -> None:
+        """``n`` writes were taken by the group-commit writer: once the run's last
+        is, give back what bounds the writer's queue (execution tickets, bucket
+        slots, write permits) before the commit is durable, so the next batch can
+        gather meanwhile. The ingress tickets stay until the writes are answered
+        (they bound work in the server)."""
+        self.untaken -= n
         if self.untaken > 0:
             return
         p, n = self._pipeline, self.held

@@ -239,7 +239,7 @@ class Node:
             pending_timeout_ms=cfg.bucket_queue_pending_timeout_ms,
         )
         self.permits = WritePermitGate.create(
-            lambda: self.writer.lag + len(self._unsent),
+            lambda: self.writer.lag + sum(p.op.op_count for p in self._unsent),
             target_lag=cfg.write_permit_target_lag,
             critical_lag=cfg.write_permit_critical_lag,
             min_capacity=cfg.write_permit_min_capacity,

@@ -29,7 +29,7 @@ from tenantkv.server.control import Channel, ChannelClosed
 from tenantkv.storage.engine import Engine
 from tenantkv.storage.group_commit import Callback, Pending
 from tenantkv.storage.op_wire import apply_outcome, op_to_wire
-from tenantkv.storage.ops import CreateBucketOp, WriteOp
+from tenantkv.storage.ops import CreateBucketOp, RunOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
 
@@ -84,7 +84,7 @@ class RemoteWriter:
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
         self._buffer.append(Pending(op, callback, taken))
-        self._in_flight += 1
+        self._in_flight += op.op_count
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._wake.set()
         if self._gone and len(self._buffer) == 1:
@@ -119,14 +119,26 @@ class RemoteWriter:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     while self._buffer:
-                        batch = self._buffer[:MAX_MESSAGE_OPS]
-                        del self._buffer[:MAX_MESSAGE_OPS]
+                        batch = self._take_message()
                         if self._taken is not None:
                             self._taken(batch)
                         nursery.start_soon(self._send, batch)
         finally:
             self._gone = True
             self._fail_unsent()
+
+    def _take_message(self) -> list[Pending]:
+        """The next buffered writes for one message: up to MAX_MESSAGE_OPS writes
+        (a run of writes, one item, is never split)."""
+        n = count = 0
+        for p in self._buffer:
+            n += 1
+            count += p.op.op_count
+            if count >= MAX_MESSAGE_OPS:
+                break
+        batch = self._buffer[:n]
+        del self._buffer[:n]
+        return batch
 
     def _fail_unsent(self) -> None:
         batch, self._buffer = self._buffer, []
@@ -143,14 +155,23 @@ class RemoteWriter:
 
     async def _send(self, batch: list[Pending]) -> None:
         try:
-            msg = {"type": "write", "ops": [op_to_wire(p.op) for p in batch]}
+            # A run of writes goes as its writes, and is answered as a list of
+            # their outcomes (an error in a write's place), as the local writer
+            # answers it (RunOp.apply).
+            wire: list[Any] = []
+            for p in batch:
+                if isinstance(p.op, RunOp):
+                    wire.extend(op_to_wire(op) for op in p.op.ops)
+                else:
+                    wire.append(op_to_wire(p.op))
+            msg = {"type": "write", "ops": wire}
             # Shielded: once sent, the writes may commit; the answer (or the
             # channel closing) must be waited for, whatever is being cancelled.
             with trio.CancelScope(shield=True):
                 answer = await self._channel().call(msg, patient=True)
             outcomes = answer["outcomes"]
-            if len(outcomes) != len(batch):
-                raise ValueError(f"{len(outcomes)} outcomes for {len(batch)} writes")
+            if len(outcomes) != len(wire):
+                raise ValueError(f"{len(outcomes)} outcomes for {len(wire)} writes")
         except (ChannelClosed, KeyError, ValueError, TypeError) as exc:
             # Whether these committed is unknown: never "retryable".
             self.failed_batches += 1
@@ -159,12 +180,16 @@ class RemoteWriter:
             for p in batch:
                 p.result, p.error = None, failure
         else:
-            for p, outcome in zip(batch, outcomes, strict=True):
-                p.result, p.error = apply_outcome(p.op, outcome)
+            answers = iter(outcomes)
+            for p in batch:
+                if isinstance(p.op, RunOp):
+                    p.result = [_result_or_error(op, next(answers)) for op in p.op.ops]
+                    continue
+                p.result, p.error = apply_outcome(p.op, next(answers))
                 if p.error is None and isinstance(p.op, CreateBucketOp):
                     p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
-            self.ops_committed += len(batch)
+            self.ops_committed += len(wire)
         self._finish(batch)
 
     def _finish(self, batch: list[Pending]) -> None:
@@ -172,6 +197,12 @@ class RemoteWriter:
         try:
             self._deliver(batch)
         finally:
-            self._in_flight -= len(batch)
+            self._in_flight -= sum(p.op.op_count for p in batch)
             if self._in_flight == 0:
                 self._idle.set()
+
+
+def _result_or_error(op: WriteOp, outcome: Any) -> Any:
+    """A run's write's place in its answer: its result, or the error it raised."""
+    result, error = apply_outcome(op, outcome)
+    return result if error is None else error

@@ -100,8 +100,9 @@ class GroupCommitWriter:
 
     @property
     def lag(self) -> int:
-        """Writes queued and not yet committed."""
-        return self._submitted - self._taken_count + len(self._carry)
+        """Writes queued and not yet committed (an item's ``op_count`` each: a
+        run of writes queued as one item counts its writes)."""
+        return self._submitted - self._taken_count + sum(p.op.op_count for p in self._carry)
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -124,12 +125,12 @@ class GroupCommitWriter:
     def submit(
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
-        self._submitted += 1
+        self._submitted += op.op_count
         self._queue.put(Pending(op, callback, taken))
 
     def submit_many(self, pending: list[Pending]) -> None:
         """Queue writes as one item (one wake-up of the writer); from one thread."""
-        self._submitted += len(pending)
+        self._submitted += sum(p.op.op_count for p in pending)
         self._queue.put(pending)
 
     def stop(self) -> None:
@@ -187,7 +188,7 @@ class GroupCommitWriter:
                 pending = []
                 continue
             pending = item if type(item) is list else [item]
-            self._taken_count += len(pending)
+            self._taken_count += sum(p.op.op_count for p in pending)
 
     def _commit(self, batch: list[Pending], extra: int, n: int) -> None:
         """Apply and commit ``batch`` (``extra`` bytes, ``n`` writes)."""

@@ -75,6 +75,34 @@ class WriteOp:
         raise NotImplementedError
 
 
+class RunOp(WriteOp):
+    """A run of one connection's writes queued as one item (``server/write_run.py``):
+    applied in order in the commit's transaction, each with its own outcome.
+
+    One item instead of one per write: the writer takes, applies and hands back
+    a run at once, and the event loop makes one queue entry and runs one
+    callback for it. ``apply`` returns each write's result, or the
+    :class:`~tenantkv.errors.TenantKVError` it raised, in the run's order (an
+    error fails that write only, as it would alone).
+    """
+
+    __slots__ = ("op_count", "ops", "size_hint")
+
+    def __init__(self, ops: list[WriteOp], size_hint: int) -> None:
+        self.ops = ops
+        self.size_hint = size_hint
+        self.op_count = len(ops)
+
+    def apply(self, w: WriteContext) -> list[Any]:
+        out: list[Any] = []
+        for op in self.ops:
+            try:
+                out.append(op.apply(w))
+            except errors.TenantKVError as exc:
+                out.append(exc)
+        return out
+
+
 def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
     raw = w.txn.get(key, db=h.db)
     if raw is None:

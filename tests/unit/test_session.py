@@ -334,7 +334,8 @@ async def test_a_chunk_of_writes_holds_the_gates_as_the_per_operation_path_would
         peer = await hello_session(node, nursery)
         await peer.send(*((i, "set", {"key": b"w%d" % i, "value": b"v"}) for i in range(1, 13)))
         await trio.testing.wait_all_tasks_blocked()
-        assert len(stalled) == 4  # the run; the 5th waits for a slot
+        # The run, as one item of 4 writes; the 5th waits for a slot.
+        assert [p.op.op_count for p in stalled] == [4]
         q = node.queues.queues.queue("b", "write")
         assert (q.running, len(q.waiters)) == (4, 1)
         assert node.write_tickets._out == 4

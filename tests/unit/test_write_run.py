@@ -1,6 +1,5 @@
 """A run of writes (server/write_run.py) against stand-ins for its session and
-node: what it must get right whatever order the answers come in (a worker's
-writes travel in concurrent messages to the node's writer)."""
+node: one item for the writer, each write answered in its own place."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.server.write_run import WriteRun
 from tenantkv.storage.engine import BucketHandle
-from tenantkv.storage.ops import SetOp
+from tenantkv.storage.ops import RunOp, SetOp
 
 
 class FakeNode:
@@ -55,8 +54,7 @@ class FakeSession:
         pass
 
 
-def test_answers_in_any_order_reach_their_own_requests_and_settle_once() -> None:
-    s = FakeSession()
+def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     bucket = BucketHandle("b", None, {})
     holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
     run = WriteRun(s, bucket, "set", holds, t0=5.0)  # type: ignore[arg-type]
@@ -66,18 +64,36 @@ def test_answers_in_any_order_reach_their_own_requests_and_settle_once() -> None
             holds.untaken += 1
             holds.unanswered += 1
         run.add(msgid, SetOp(bucket, b"k%d" % msgid, b"v"))
+    return run, holds
+
+
+def test_a_run_is_one_item_and_each_write_is_answered_in_its_place() -> None:
+    s = FakeSession()
+    run, holds = _run_of_three(s)
+    assert s.node.submitted == [] and s.pending_writes == 3  # nothing sent while it may grow
     run.close()
-    assert s.pending_writes == 3
-    callbacks = [cb for _, cb, _ in s.node.submitted]
-    last_op = s.node.submitted[2][0]
-    callbacks[2]({"cas": 3}, None)
-    # An answered write's op (its value) is not kept while the rest of the run waits.
-    assert all(op is not last_op for op in run._ops)
-    callbacks[0](None, errors.KeyExists("key already exists"))
-    assert s.node.counted == [] and holds.unanswered == 3  # not settled yet
-    callbacks[1]({"cas": 2}, None)
-    assert s.replies == [(12, {"cas": 3}), (10, "KeyExists"), (11, {"cas": 2})]
-    assert s.errors == ["KeyExists"] and s.pending_writes == 0
+    run.close()  # idempotent
+    ((op, done, taken),) = s.node.submitted
+    assert isinstance(op, RunOp) and op.op_count == 3 and len(op.ops) == 3
+    assert op.size_hint == sum(w.size_hint for w in op.ops) == s.pending_write_bytes
+    taken()  # the writer took the run: its three writes at once
+    assert holds.untaken == 0 and holds.unanswered == 3
+    done([{"cas": 1}, errors.KeyExists("key already exists"), {"cas": 3}], None)
+    assert s.replies == [(10, {"cas": 1}), (11, "KeyExists"), (12, {"cas": 3})]
+    assert s.errors == ["KeyExists"] and s.pending_writes == 0 == s.pending_write_bytes
     assert s.node.counted == [("b", "set", 5.0, 2)]  # once, the two that succeeded
     assert s.node.charged == [("b", 2, 6, False)]  # all three ran: each costs
     assert holds.unanswered == 0
+    assert run._ops == []  # the values are not kept past their answers
+
+
+def test_a_failed_commit_fails_every_write_of_the_run() -> None:
+    s = FakeSession()
+    run, holds = _run_of_three(s)
+    run.close()
+    ((_, done, taken),) = s.node.submitted
+    taken()
+    done(None, errors.StorageFull("disk full"))
+    assert s.replies == [(10, "StorageFull"), (11, "StorageFull"), (12, "StorageFull")]
+    assert s.errors == ["StorageFull"] * 3 and s.pending_writes == 0
+    assert s.node.counted == [] and holds.unanswered == 0
