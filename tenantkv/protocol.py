@@ -185,7 +185,10 @@ class RequestDecoder:
             try:
                 obj = next(u)
             except StopIteration:
-                self._frame_done_or_pending()
+                if self._fed == self._frame_start:
+                    self._last = b""  # all decoded (the usual end): hold no chunk while idle
+                else:
+                    self._frame_done_or_pending()
                 return
             except _ShapeExceeded:
                 raise errors.ProtocolError(

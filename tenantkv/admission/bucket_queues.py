@@ -780,6 +780,9 @@ class BucketQueueGate:
         #: :meth:`BucketQueues.try_add`: one more request of a run, admitted now
         #: (the core's own method: nothing to wake, and a call less per write)
         self.try_add = queues.try_add
+        #: :meth:`BucketQueues.try_pass`: requests that complete at once, admitted
+        #: (the core's own method, as ``try_add``: once per inline read run)
+        self.try_pass = queues.try_pass
 
     @classmethod
     def create(
@@ -803,10 +806,6 @@ class BucketQueueGate:
     def try_acquire(self, bucket: str, cls: str) -> BucketQueue | None:
         """:meth:`BucketQueues.try_acquire`: a slot now, or ``None``."""
         return self.queues.try_acquire(bucket, cls)
-
-    def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
-        """:meth:`BucketQueues.try_pass`: requests that complete at once, admitted."""
-        return self.queues.try_pass(bucket, cls, n)
 
     @property
     def watched(self) -> bool:

@@ -351,8 +351,9 @@ class Execution:
         self._run_allowance = node.throttle.run_allowance(bucket, unthrottled=unthrottled)
         self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
-        # Nobody can subscribe while the run lasts: it never awaits.
-        self._run_watched = node.pipeline.queues_enabled and node.queues.watched
+        # Nobody can subscribe while the run lasts: it never awaits. (The core's
+        # property, not the adapter's forwarding one: a call less per run.)
+        self._run_watched = node.pipeline.queues_enabled and node.queues.queues.watched
         return True
 
     def _end_read_run(self) -> None:

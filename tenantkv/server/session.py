@@ -118,6 +118,9 @@ class Session(Execution):
         self._deadline = math.inf
         self._deadline_what = ""
         self._expired = False
+        #: the session's scope was cancelled (by begin_shutdown or expire_if_due:
+        #: nothing else cancels it; a plain flag, read once per received chunk)
+        self._cancelled = False
         self._decoder: Decoder | None = None
         #: bytes this connection's decoder holds, as last told to node.receive_buffers
         self._held = 0
@@ -131,7 +134,7 @@ class Session(Execution):
         try:
             with self._scope:
                 await self._serve()
-            if self._scope.cancel_called:
+            if self._cancelled:
                 await self._after_cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer is gone (a reset, a broken TLS stream)
@@ -174,6 +177,7 @@ class Session(Execution):
         connection goes quiet; otherwise (a deleted user) the connection just closes."""
         self._reading = False
         if self._receiving:
+            self._cancelled = True
             self._scope.cancel()
 
     def expire_if_due(self, now: float) -> None:
@@ -181,6 +185,7 @@ class Session(Execution):
         and let an idle decoder go (RequestDecoder.release_if_idle)."""
         if self._receiving and now >= self._deadline and not self._expired:
             self._expired = True
+            self._cancelled = True
             self._scope.cancel()
         if self._decoder is not None:
             self._decoder.release_if_idle()
@@ -249,6 +254,7 @@ class Session(Execution):
         hello_deadline = trio.current_time() + cfg.hello_timeout_secs
         idle = cfg.idle_timeout_secs or math.inf
         frame_deadline = math.inf
+        in_frame = False  # decoder.in_frame, as of the last chunk handled
         buffers = node.receive_buffers
         clock = node.throttle.clock
         try:
@@ -256,7 +262,7 @@ class Session(Execution):
                 if self.user is None:
                     self._deadline, want = hello_deadline, protocol.MAX_HELLO_FRAME_BYTES
                     self._deadline_what = "no hello within hello_timeout_secs"
-                elif decoder.in_frame:
+                elif in_frame:
                     self._deadline, want = frame_deadline, RECEIVE_BYTES
                     self._deadline_what = (
                         "a request frame did not arrive in full within frame_timeout_secs"
@@ -269,7 +275,7 @@ class Session(Execution):
                     n = await buffers.reserve(self._held, want)
                 data = await self.stream.receive_some(n)
                 self._receiving = False
-                if self._scope.cancel_called:
+                if self._cancelled:
                     # The cancel came as the data did (the task was already woken):
                     # keep the bytes for _after_cancel, handle nothing here.
                     decoder.feed(data)
@@ -280,18 +286,18 @@ class Session(Execution):
                 self._chunk_t0 = time.perf_counter()
                 self._chunk_now = clock()
                 decoder.feed(data)
-                self._track_held(decoder)
+                # What the decoder holds is told to the receive-buffer cap when the
+                # chunk settles (_settle_chunk): before anything awaits, and after.
                 if not await self._handle_chunk(decoder):
                     return
-                self._track_held(decoder)
-                if decoder.in_frame and (frames != decoder.frames or frame_deadline == math.inf):
-                    frame_deadline = trio.current_time() + cfg.frame_timeout_secs
-                elif not decoder.in_frame:
-                    frame_deadline = math.inf
-                if decoder.in_frame:
+                in_frame = decoder.in_frame
+                if in_frame:
+                    if frames != decoder.frames or frame_deadline == math.inf:
+                        frame_deadline = trio.current_time() + cfg.frame_timeout_secs
                     # More of a frame is on its way (a large value, or a pipeline cut
                     # by TCP): read on, so its writes join the same commits.
                     continue
+                frame_deadline = math.inf
                 # The chunk's replies go out together, once its writes are durable.
                 while self.pending_writes:
                     await self._park_reader()
@@ -365,12 +371,19 @@ class Session(Execution):
         await self._wait_drained()
         await trio.lowlevel.checkpoint()
 
-    def _track_held(self, decoder: Decoder) -> None:
-        """Tell the node-wide receive-buffer cap what this connection holds now."""
-        held = decoder.buffered
-        if held != self._held:
-            self.node.receive_buffers.update(self._held, held)
-            self._held = held
+    def _settle_chunk(self) -> None:
+        """:meth:`Execution._settle_chunk`, and tell the node-wide receive-buffer cap
+        what this connection's decoder holds now. Both are due before anything
+        awaits, and only then: while a chunk is handled without awaiting no other
+        connection runs, so bytes received and decoded in the same turn are never
+        counted at all."""
+        super()._settle_chunk()
+        decoder = self._decoder
+        if decoder is not None:
+            held = decoder.buffered
+            if held != self._held:
+                self.node.receive_buffers.update(self._held, held)
+                self._held = held
 
     def _refuse_shutting_down(self, req: protocol.Request) -> None:
         msgid, method, _ = req

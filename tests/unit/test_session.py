@@ -162,6 +162,31 @@ async def test_a_connection_that_ends_mid_frame_releases_its_buffer(node: Node) 
     assert node.receive_buffers.buffered == 0
 
 
+async def test_what_a_chunk_still_holds_is_counted_while_its_handling_waits(node: Node) -> None:
+    """The receive-buffer cap learns what a connection holds when its chunk
+    settles, which is before anything awaits: a read waiting behind the
+    connection's unanswered write leaves the rest of the chunk counted as held."""
+    stalled: list[Any] = []
+    real_submit_many = node.writer.submit_many  # type: ignore[union-attr]
+    node.writer.submit_many = stalled.extend  # type: ignore[union-attr]
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        rest = protocol.encode_request(3, "get", {"key": b"w"})
+        await peer.stream.send_all(
+            protocol.encode_request(1, "set", {"key": b"w", "value": b"v"})
+            + protocol.encode_request(2, "get", {"key": b"w"})  # waits for the set
+            + rest
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered == len(rest)
+        node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+        real_submit_many(stalled)
+        got = await peer.responses(3)
+        assert [r.result["value"] for r in got[1:]] == [b"v", b"v"]
+        assert node.receive_buffers.buffered == 0
+        await peer.stream.aclose()
+
+
 async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_split_it(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
