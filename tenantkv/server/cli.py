@@ -218,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     async def run() -> None:
-        await server.serve(ready_file=args.ready_file, handle_signals=True, reload_config=load)
+        await server.serve(
+            ready_file=args.ready_file, handle_signals=True, reload_config=load, freeze_gc=True
+        )
 
     try:
         trio.run(run)

@@ -18,6 +18,7 @@ speaks plain MessagePack to a TLS port gets a plain ``ProtocolError`` saying so.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -134,11 +135,18 @@ class Server:
         ready_file: str | None = None,
         handle_signals: bool = False,
         reload_config: Callable[[], Config] | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         """``reload_config``: SIGHUP calls it and applies the runtime settings of the
-        configuration it returns (the command line re-reads the config file)."""
+        configuration it returns (the command line re-reads the config file).
+        ``freeze_gc``: the server owns its process (the daemon, a worker), so what
+        start-up built is moved out of the garbage collector's reach once it serves
+        (:func:`gc.freeze`): it lives as long as the process, and a full collection
+        would otherwise walk all of it — ~34k objects, a ~10 ms pause of every
+        tenant's requests, about once a second under durable writes."""
         node = self.node
         self._reload_config = reload_config
+        self._freeze_gc = freeze_gc
         # The signal receiver stays open until storage is closed: a second SIGTERM
         # (an impatient supervisor) must not kill the server with the default
         # handler while it drains and commits; SIGKILL is the way to stop at once.
@@ -254,6 +262,8 @@ class Server:
                         )
                     if link is None:
                         sd_notify.ready(f"listening on {node.host}:{node.port}")
+                    if self._freeze_gc:
+                        gc.freeze()
                     task_status.started(self)
                     await self._stop.wait()
                     sd_notify.stopping()

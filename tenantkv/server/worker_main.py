@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     async def run() -> None:
-        await server.serve(handle_signals=True)
+        await server.serve(handle_signals=True, freeze_gc=True)
 
     trio.run(run)
     return 0
