@@ -505,15 +505,17 @@ class BucketQueues:
             return q
         return None
 
-    def try_add(self, q: BucketQueue) -> bool:
-        """One more request in a slot of ``q`` (a run of a chunk's writes, holding
-        slots of ``q`` already) if one is free and nobody waits — the answer
-        :meth:`try_acquire` would give it; False: take the slow path."""
-        if q.running < q.concurrency and not q.waiters:
-            q.running += 1
-            q.admitted += 1
-            return True
-        return False
+    def room(self, q: BucketQueue) -> int:
+        """How many more requests may join the slots of ``q`` now (a run of a
+        chunk's writes holding some): the free slots, 0 while anybody waits — what
+        that many :meth:`try_acquire` calls in a row would admit."""
+        return max(q.concurrency - q.running, 0) if not q.waiters else 0
+
+    def add(self, q: BucketQueue, n: int) -> None:
+        """Count ``n`` more requests in slots of ``q``, within :meth:`room` (nothing
+        having run since it was asked)."""
+        q.running += n
+        q.admitted += n
 
     def try_pass(self, bucket: str, cls: str, n: int = 1) -> bool:
         """Admit ``n`` requests that run one after another, each completed before
@@ -546,7 +548,7 @@ class BucketQueues:
             self._emit(REQUEST_HANDLED, q, operation, key_len, outcome)
 
     def release_many(self, q: BucketQueue, n: int, outcome: str = "ok") -> list[Waiter]:
-        """Give ``n`` slots back at once (a run's, :meth:`try_add`), as ``n``
+        """Give ``n`` slots back at once (a run's, :meth:`add`), as ``n``
         :meth:`release` calls would; returns the waiters they pass to."""
         if not q.waiters and not self._subscribers:
             q.running -= n
@@ -777,11 +779,11 @@ class BucketQueueGate:
 
     def __init__(self, queues: BucketQueues) -> None:
         self.queues = queues
-        #: :meth:`BucketQueues.try_add`: one more request of a run, admitted now
-        #: (the core's own method: nothing to wake, and a call less per write)
-        self.try_add = queues.try_add
+        # The core's own methods (nothing to wake): a call less each.
+        #: :meth:`BucketQueues.room` and :meth:`BucketQueues.add`: a run's writes
+        self.room = queues.room
+        self.add = queues.add
         #: :meth:`BucketQueues.try_pass`: requests that complete at once, admitted
-        #: (the core's own method, as ``try_add``: once per inline read run)
         self.try_pass = queues.try_pass
 
     @classmethod

@@ -128,7 +128,7 @@ class Ticket:
     released is lost to the pool for good: release it in a ``finally``.
 
     One ticket may stand for several operations admitted together (a run of a
-    chunk's writes, :meth:`TicketHolder.try_add`): ``count`` of them, all
+    chunk's writes, :meth:`TicketHolder.add`): ``count`` of them, all
     given back by one :meth:`release`.
     """
 
@@ -154,17 +154,6 @@ class Ticket:
         if holder is not None:
             self._holder = None
             holder._release(self._start, self.count)
-
-    def release_one(self) -> None:
-        """Give back one of the ``count`` operations this ticket stands for (all of
-        them, and the ticket, when it is the last)."""
-        if self.count > 1:
-            self.count -= 1
-            holder = self._holder
-            if holder is not None:
-                holder._release(self._start)
-        else:
-            self.release()
 
     def __enter__(self) -> Ticket:
         return self
@@ -390,16 +379,23 @@ class TicketHolder:
             return Ticket(self, self._clock())
         return None
 
-    def try_add(self, ticket: Ticket) -> bool:
-        """Admit one more operation on ``ticket`` (one this holder gave, not yet
-        released) if a ticket is free and nobody is queued — the answer
-        :meth:`try_acquire` would give it — counted as taken now; False: take
-        the waiting path. The operations of a run share one ticket object and
-        one clock reading (their processing time is counted from the first)."""
-        if self._take():
-            ticket.count += 1
-            return True
-        return False
+    def room(self) -> int:
+        """How many more operations a run holding a ticket may add now: the free
+        tickets, 0 while anybody is queued — what that many :meth:`try_acquire`
+        calls in a row would admit."""
+        return max(self._total - self._out, 0) if not self._waiters else 0
+
+    def add(self, ticket: Ticket, n: int) -> None:
+        """Count ``n`` more operations on ``ticket`` (one this holder gave, not yet
+        released) as taken now, within :meth:`room` (nothing having run since it
+        was asked). The operations of a run share one ticket object and one clock
+        reading (their processing time is counted from the first)."""
+        out = self._out + n
+        self._out = out
+        if out > self._peak:
+            self._peak = out
+        self._started += n
+        ticket.count += n
 
     def _take(self) -> bool:
         """Count one operation as taken if a ticket is free and nobody is queued."""

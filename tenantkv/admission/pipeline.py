@@ -33,6 +33,7 @@ Exempt work (admin commands, the expiry pager) does not come through here.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,7 @@ class Holds:
     """What admitted operations hold; :meth:`release` gives all of it back.
 
     Usually one operation's. A run of a chunk's writes on one bucket shares
-    one (:meth:`Pipeline.try_join`): each gate object then stands for
+    one (:meth:`Pipeline.join`): each gate object then stands for
     ``held`` operations, and the counts below say when the last of them is
     taken by the writer and answered, which is when the run gives back.
     """
@@ -293,43 +294,47 @@ class Pipeline:
             return None
         return Holds(self, ingress, queue, permit, ticket)
 
-    def try_join(self, holds: Holds) -> bool:
-        """Admit one more write with a run of writes that :meth:`try_acquire`
-        admitted (``holds``, none of them taken by the writer yet), right after
-        the run's last one, nothing else having run in between: each gate then
-        answers as its ``try_acquire`` would, through the gate objects the run
-        holds, counted one more; False (nothing taken): take :meth:`try_acquire`.
+    def join_room(self, holds: Holds) -> int:
+        """How many more writes may join a run that :meth:`try_acquire` admitted
+        (``holds``, none of them taken by the writer yet), nothing else having run
+        since: the fewest free at any gate the run holds, 0 where anybody waits.
+        That many ``try_acquire`` calls in a row would each be admitted, through
+        the same gate objects, and the next refused: each join takes exactly one
+        more at every gate. The joins are counted by :meth:`join`, once.
 
         The throttle is not asked again: a write is charged when it is durable,
         so nothing has touched its allowance since the run's first write was
         admitted, and an allowance only grows with time."""
         if not holds.untaken:
-            return False
-        ingress, queue, permit, ticket = holds.ingress, holds.queue, holds.permit, holds.ticket
-        if ingress is not None and not self.ingress.try_add(ingress):
-            return False
-        if queue is not None and not self.queues.try_add(queue):
-            if ingress is not None:
-                ingress.release_one()
-            return False
-        if permit is not None and not self.permits.try_add(permit):
-            if queue is not None:
-                self.queues.release_many(queue, 1, outcome="requeued")
-            if ingress is not None:
-                ingress.release_one()
-            return False
-        if ticket is not None and not self.write_tickets.try_add(ticket):
-            if permit is not None:
-                self.permits.release(permit)
-            if queue is not None:
-                self.queues.release_many(queue, 1, outcome="requeued")
-            if ingress is not None:
-                ingress.release_one()
-            return False
-        holds.held += 1
-        holds.untaken += 1
-        holds.unanswered += 1
-        return True
+            return 0
+        room = sys.maxsize
+        if holds.ingress is not None:
+            room = min(room, self.ingress.room())
+        if holds.queue is not None:
+            room = min(room, self.queues.room(holds.queue))
+        if holds.permit is not None:
+            room = min(room, self.permits.room(holds.permit))
+        if holds.ticket is not None:
+            room = min(room, self.write_tickets.room())
+        return room
+
+    def join(self, holds: Holds, n: int) -> None:
+        """Count ``n`` writes that joined the run of ``holds`` at every gate it
+        holds — at most :meth:`join_room`'s answer, nothing else having touched
+        the gates since it was asked (the run joins them before anything awaits)."""
+        if n <= 0:
+            return
+        if holds.ingress is not None:
+            self.ingress.add(holds.ingress, n)
+        if holds.queue is not None:
+            self.queues.add(holds.queue, n)
+        if holds.permit is not None:
+            self.permits.add(holds.permit, n)
+        if holds.ticket is not None:
+            self.write_tickets.add(holds.ticket, n)
+        holds.held += n
+        holds.untaken += n
+        holds.unanswered += n
 
     async def acquire(
         self,

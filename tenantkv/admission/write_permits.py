@@ -412,18 +412,20 @@ class WritePermits:
             return p
         return None
 
-    def try_add(self, p: BucketPermits) -> bool:
-        """One more permit of ``p`` for a run of writes holding some already, if
-        one is free and nobody waits — :meth:`try_acquire`'s answer; False: take
-        the slow path."""
-        if p.in_use < self._capacity and not p.waiters:
-            p.in_use += 1
-            p.granted += 1
-            return True
-        return False
+    def room(self, p: BucketPermits) -> int:
+        """How many more permits of ``p`` a run of writes holding some may take
+        now: the free ones, 0 while anybody waits — what that many
+        :meth:`try_acquire` calls in a row would grant."""
+        return max(self._capacity - p.in_use, 0) if not p.waiters else 0
+
+    def add(self, p: BucketPermits, n: int) -> None:
+        """Count ``n`` more permits of ``p`` taken, within :meth:`room` (nothing
+        having run since it was asked)."""
+        p.in_use += n
+        p.granted += n
 
     def release_many(self, p: BucketPermits, n: int) -> list[Waiter]:
-        """Give ``n`` permits back at once (a run's, :meth:`try_add`), as ``n``
+        """Give ``n`` permits back at once (a run's, :meth:`add`), as ``n``
         :meth:`release` calls would; returns the waiters they pass to."""
         if not p.waiters:
             p.in_use -= n
@@ -550,9 +552,10 @@ class WritePermitGate:
     def __init__(self, permits: WritePermits, lag: Callable[[], int]) -> None:
         self.permits = permits
         self._lag = lag
-        #: :meth:`WritePermits.try_add`: one more permit of a run, now (the core's
-        #: own method: nothing to wake, and a call less per write)
-        self.try_add = permits.try_add
+        #: :meth:`WritePermits.room` and :meth:`WritePermits.add`: a run's writes
+        #: (the core's own methods: nothing to wake, and a call less each)
+        self.room = permits.room
+        self.add = permits.add
 
     @classmethod
     def create(

@@ -274,28 +274,28 @@ class Execution:
 
         The writes of a chunk are admitted as runs, as its reads are: the first
         through every gate (:meth:`Pipeline.try_acquire`), each next write of the
-        same command on the same bucket through the gate objects the run holds
-        (:meth:`Pipeline.try_join`, the answer each gate would give it on its
-        own: nothing that reaches a gate ran in between). The run's writes share
-        one :class:`Holds`, given back once the last is taken and answered. The
-        chunk settling (anything that awaits, a read, an admin command) or a
-        write of another command or bucket ends the run; a bucket re-created
-        under the same name is another handle, so another run.
+        same command on the same bucket by joining the run while the room every
+        gate had for it lasts (:meth:`Pipeline.join_room`: the answer each gate
+        would give it on its own, since nothing that reaches a gate ran in
+        between). The run's writes share one :class:`Holds`, given back once they
+        are taken and answered. The chunk settling (anything that awaits, a read,
+        an admin command) or a write of another command or bucket ends the run; a
+        bucket re-created under the same name is another handle, so another run.
         """
         msgid, method, params = req
         try:
             prep = self._prepare(cmd, params)
             if self._run_bucket is not None:
                 self._end_read_run()  # the throttle must see the reads before it
-            pipeline = self.node.pipeline
             run = self._wrun
-            if (
-                run is None
-                or run.bucket is not prep.bucket
-                or run.method != method
-                or not pipeline.try_join(run.holds)
-            ):
-                holds = pipeline.try_acquire(
+            if run is not None and run.room and run.bucket is prep.bucket and run.method == method:
+                run.room -= 1
+                run.joined += 1
+            else:
+                if run is not None:
+                    run.close()  # its joins counted: the gates as the next write finds them
+                    self._wrun = None
+                holds = self.node.pipeline.try_acquire(
                     prep.bucket.name,
                     "write",
                     unthrottled=prep.user.unthrottled,

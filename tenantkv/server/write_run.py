@@ -2,12 +2,14 @@
 
 A session admits a chunk's consecutive writes of one command on one bucket
 as a run (``server/execution.py``): the first through every gate, each next
-one through the gate objects the run holds (:meth:`Pipeline.try_join`). The
-run's writes share one :class:`~tenantkv.admission.pipeline.Holds`, and when
-no write can join any more the run goes to the group-commit writer as one
-item (:class:`~tenantkv.storage.ops.RunOp`): taken, applied and answered
-together, each write with its own outcome. Its counts, charges and holds are
-settled once — per run, not per write, as the reads of a chunk are.
+one through the gate objects the run holds, as far as the room every gate
+had when the run began goes (:meth:`Pipeline.join_room`); the joins are
+counted at each gate once (:meth:`Pipeline.join`). The run's writes share one
+:class:`~tenantkv.admission.pipeline.Holds`. When no write can join any more,
+the run goes to the group-commit writer as one item
+(:class:`~tenantkv.storage.ops.RunOp`): taken, applied and answered together,
+each write with its own outcome. Its counts, charges and holds are settled
+once — per run, not per write, as the reads of a chunk are.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class WriteRun:
         "_session",
         "bucket",
         "holds",
+        "joined",
         "method",
+        "room",
         "t0",
     )
 
@@ -70,6 +74,10 @@ class WriteRun:
         self._ops: list[WriteOp] = []
         self._bytes = 0  # their size_hint, summed
         self._closed = False
+        #: how many more writes may join, and how many did: the gates count the
+        #: joins when the run closes (nothing else touches them before it does)
+        self.room = session.node.pipeline.join_room(holds)
+        self.joined = 0
 
     def add(self, msgid: int, op: WriteOp) -> None:
         """A write admitted with the run (its gates taken: ``holds`` counts it)."""
@@ -87,6 +95,7 @@ class WriteRun:
         if self._closed:
             return
         self._closed = True
+        self._session.node.pipeline.join(self.holds, self.joined)
         if self._ops:
             self._session.node.submit(RunOp(self._ops, self._bytes), self._done, self._taken)
 

@@ -95,15 +95,18 @@ def test_release_hands_the_slot_to_the_head_waiter_fifo() -> None:
 
 
 def test_a_run_adds_slots_and_gives_them_back_as_one_by_one() -> None:
-    """``try_add`` answers as ``try_acquire`` would; ``release_many`` hands the
-    slots to the waiters in order, then frees the rest."""
+    """``room`` is what ``try_acquire`` calls in a row would admit; ``release_many``
+    hands the slots to the waiters in order, then frees the rest."""
     qs, _ = core(concurrency=3, queue_tolerance=5)
     q = qs.try_acquire("a", WRITE)
-    assert q is not None and qs.try_add(q) and qs.try_add(q)
-    assert not qs.try_add(q) and q.running == 3
+    assert q is not None and qs.room(q) == 2
+    qs.add(q, 2)
+    assert qs.room(q) == 0 and q.running == 3
     _, w1 = qs.enqueue("a", WRITE)
     _, w2 = qs.enqueue("a", WRITE)
-    assert not qs.try_add(q)  # nobody overtakes a waiter
+    q.running -= 1
+    assert qs.room(q) == 0  # nobody overtakes a waiter
+    q.running += 1
     assert qs.release_many(q, 3) == [w1, w2]
     assert q.running == 2 and not q.waiters
     assert qs.release_many(q, 2) == [] and q.running == 0

@@ -287,14 +287,15 @@ async def test_release_hands_off_before_the_waiter_runs() -> None:
 
 
 async def test_a_run_shares_one_ticket_and_hands_each_back_on_release() -> None:
-    """Operations admitted together on one ticket (``try_add``) count as that many
-    taken, are refused where single tickets would be, and their one release gives
-    each back: to the queued waiters first, then to the pool."""
+    """Operations admitted together on one ticket (``room``, ``add``) count as
+    that many taken, have room where single tickets would, and their one release
+    gives each back: to the queued waiters first, then to the pool."""
     h = TicketHolder(3)
     run = h.try_acquire()
-    assert run is not None and h.try_add(run) and h.try_add(run)
+    assert run is not None and h.room() == 2
+    h.add(run, 2)
     assert (run.count, h.out) == (3, 3)
-    assert not h.try_add(run) and run.count == 3  # exhausted: as try_acquire says
+    assert h.room() == 0 and h.try_acquire() is None  # exhausted: as try_acquire says
     order: list[str] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(park, h, order, "first")
@@ -302,9 +303,8 @@ async def test_a_run_shares_one_ticket_and_hands_each_back_on_release() -> None:
         nursery.start_soon(park, h, order, "second")
         await trio.testing.wait_all_tasks_blocked()
         assert h.queue_length == 2
-        run.release_one()  # one of the run's, to the head waiter
-        assert (run.count, h.out, h.queue_length) == (2, 3, 1)
-        run.release()  # the other two: one to the second waiter, one to the pool
+        assert h.room() == 0  # nobody overtakes a waiter
+        run.release()  # all three: one to each waiter, in order, one to the pool
         assert (h.out, h.queue_length) == (2, 0)
     assert sorted(order) == ["first", "second"]
     s = check_consistent(h)

@@ -289,21 +289,22 @@ async def test_multi_key_commands_pay_the_floor_per_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("full", ["ingress", "queue", "permit", "ticket"])
-async def test_a_write_that_cannot_join_its_run_leaves_every_gate_as_it_was(
+async def test_a_run_joins_as_many_writes_as_its_fullest_gate_would_admit(
     autojump_clock: trio.testing.MockClock, full: str
 ) -> None:
-    """``try_join`` refused at any gate takes nothing: what the gates before it
-    counted for the join is given back, and the run's own counts are unchanged."""
+    """A run's room is the fewest free at any gate it holds: exactly as many
+    writes as ``try_acquire`` calls in a row would admit. The joins are counted
+    at every gate once, and a run given back takes no more."""
     throttle = TenantThrottle(trio.current_time)
     throttle.add_bucket("a", reserved=0)
-    queues = BucketQueueGate.create(concurrency=2 if full == "queue" else 100)
+    queues = BucketQueueGate.create(concurrency=3 if full == "queue" else 100)
     queues.add_bucket("a")
     permits = WritePermitGate.create(
-        lambda: 0, min_capacity=1, max_capacity=2 if full == "permit" else 100
+        lambda: 0, min_capacity=1, max_capacity=3 if full == "permit" else 100
     )
     permits.add_bucket("a")
-    ingress = TicketHolder(2 if full == "ingress" else 100, name="ingress")
-    writes = TicketHolder(2 if full == "ticket" else 100, name="write")
+    ingress = TicketHolder(3 if full == "ingress" else 100, name="ingress")
+    writes = TicketHolder(3 if full == "ticket" else 100, name="write")
     p = Pipeline(
         request_limiter=RateLimiter.create(rate_per_sec=1),
         request_exemptions=CidrMatcher("", name="x"),
@@ -315,7 +316,7 @@ async def test_a_write_that_cannot_join_its_run_leaves_every_gate_as_it_was(
         write_tickets=writes,
     )
     holds = p.try_acquire("a", WRITE, unthrottled=False)
-    assert holds is not None and p.try_join(holds)  # two writes: every gate has room
+    assert holds is not None and p.join_room(holds) == 2
 
     def state() -> tuple[Any, ...]:
         q = queues.queues.queue("a", WRITE)
@@ -329,12 +330,12 @@ async def test_a_write_that_cannot_join_its_run_leaves_every_gate_as_it_was(
             holds.unanswered,
         )
 
-    before = state()
-    assert before == (2, 2, 2, 2, 2, 2, 2)
-    assert not p.try_join(holds)  # the third: one gate is full
-    assert state() == before
-    holds.release_queue_bounds()
-    holds.release_queue_bounds()  # the writer took both
-    holds.release(n=2)  # both answered
+    p.join(holds, 2)
+    assert state() == (3, 3, 3, 3, 3, 3, 3)
+    assert p.join_room(holds) == 0
+    assert p.try_acquire("a", WRITE, unthrottled=False) is None  # the per-write answer too
+    assert state() == (3, 3, 3, 3, 3, 3, 3)
+    holds.release_queue_bounds(3)  # the writer took the run
+    holds.release(n=3)  # and answered it
     assert state()[:4] == (0, 0, 0, 0)
-    assert not p.try_join(holds)  # a run given back takes no more writes
+    assert p.join_room(holds) == 0  # a run given back takes no more writes

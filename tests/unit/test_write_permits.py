@@ -190,10 +190,13 @@ def test_permits_fifo_and_hand_off() -> None:
 def test_a_run_adds_permits_and_gives_them_back_as_one_by_one() -> None:
     wp, _ = core(max_capacity=3)
     p = wp.try_acquire("a")
-    assert p is not None and wp.try_add(p) and wp.try_add(p)
-    assert not wp.try_add(p) and p.in_use == 3
+    assert p is not None and wp.room(p) == 2
+    wp.add(p, 2)
+    assert wp.room(p) == 0 and p.in_use == 3
     _, w1 = wp.enqueue("a")
-    assert not wp.try_add(p)  # nobody overtakes a waiter
+    p.in_use -= 1
+    assert wp.room(p) == 0  # nobody overtakes a waiter
+    p.in_use += 1
     assert wp.release_many(p, 3) == [w1] and w1 is not None and w1.granted
     assert p.in_use == 1
     assert wp.release_many(p, 1) == [] and p.in_use == 0

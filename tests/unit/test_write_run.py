@@ -12,8 +12,21 @@ from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import RunOp, SetOp
 
 
+class FakePipeline:
+    """Pipeline.join_room / join for a run whose holds hold no gate objects."""
+
+    def join_room(self, holds: Holds) -> int:
+        return 100
+
+    def join(self, holds: Holds, n: int) -> None:
+        holds.held += n
+        holds.untaken += n
+        holds.unanswered += n
+
+
 class FakeNode:
     def __init__(self) -> None:
+        self.pipeline = FakePipeline()
         self.submitted: list[tuple[Any, Any, Any]] = []
         self.counted: list[tuple[str, str, float, int]] = []
         self.charged: list[tuple[str, int, int, bool]] = []
@@ -59,10 +72,9 @@ def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
     run = WriteRun(s, bucket, "set", holds, t0=5.0)  # type: ignore[arg-type]
     for msgid in (10, 11, 12):
-        if msgid != 10:  # what Pipeline.try_join counts for a write joining the run
-            holds.held += 1
-            holds.untaken += 1
-            holds.unanswered += 1
+        if msgid != 10:  # a write joining the run (Execution._write_inline)
+            run.room -= 1
+            run.joined += 1
         run.add(msgid, SetOp(bucket, b"k%d" % msgid, b"v"))
     return run, holds
 
@@ -73,6 +85,7 @@ def test_a_run_is_one_item_and_each_write_is_answered_in_its_place() -> None:
     assert s.node.submitted == [] and s.pending_writes == 3  # nothing sent while it may grow
     run.close()
     run.close()  # idempotent
+    assert (holds.held, holds.untaken, holds.unanswered) == (3, 3, 3)  # joins counted once
     ((op, done, taken),) = s.node.submitted
     assert isinstance(op, RunOp) and op.op_count == 3 and len(op.ops) == 3
     assert op.size_hint == sum(w.size_hint for w in op.ops) == s.pending_write_bytes
