@@ -288,7 +288,12 @@ class Execution:
             if self._run_bucket is not None:
                 self._end_read_run()  # the throttle must see the reads before it
             run = self._wrun
-            if run is not None and run.room and run.bucket is prep.bucket and run.method == method:
+            if (
+                run is not None
+                and run.bucket is prep.bucket
+                and run.method == method
+                and (run.room > 0 or run.may_join())
+            ):
                 run.room -= 1
                 run.joined += 1
             else:

@@ -74,9 +74,10 @@ class WriteRun:
         self._ops: list[WriteOp] = []
         self._bytes = 0  # their size_hint, summed
         self._closed = False
-        #: how many more writes may join, and how many did: the gates count the
-        #: joins when the run closes (nothing else touches them before it does)
-        self.room = session.node.pipeline.join_room(holds)
+        #: how many more writes may join (-1: not asked yet, since a lone write
+        #: need not ask), and how many did: the gates count the joins when the
+        #: run closes (nothing else touches them before it does)
+        self.room = -1
         self.joined = 0
 
     def add(self, msgid: int, op: WriteOp) -> None:
@@ -88,6 +89,12 @@ class WriteRun:
         s.pending_writes += 1
         s.pending_write_bytes += op.size_hint
 
+    def may_join(self) -> bool:
+        """May one more write join? The gates are asked once, by the second write."""
+        if self.room < 0:
+            self.room = self._session.node.pipeline.join_room(self.holds)
+        return self.room > 0
+
     def close(self) -> None:
         """No write joins the run any more (the chunk settles before anything
         awaits, or another request came): it goes to the writer, as one item, in
@@ -95,9 +102,13 @@ class WriteRun:
         if self._closed:
             return
         self._closed = True
-        self._session.node.pipeline.join(self.holds, self.joined)
-        if self._ops:
-            self._session.node.submit(RunOp(self._ops, self._bytes), self._done, self._taken)
+        node = self._session.node
+        node.pipeline.join(self.holds, self.joined)
+        ops = self._ops
+        if ops:
+            # A lone write goes as itself (its answer is its own result or error).
+            op = ops[0] if len(ops) == 1 else RunOp(ops, self._bytes)
+            node.submit(op, self._done, self._taken)
 
     def _taken(self) -> None:
         self.holds.release_queue_bounds(len(self._msgids))
@@ -107,6 +118,8 @@ class WriteRun:
         ``error`` for them all (the commit failed)."""
         ops, msgids = self._ops, self._msgids
         self._ops = []
+        if error is None and len(ops) == 1:
+            results = (results,)
         s = self._session
         node = s.node
         s.pending_writes -= len(ops)

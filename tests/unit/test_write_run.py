@@ -73,6 +73,7 @@ def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     run = WriteRun(s, bucket, "set", holds, t0=5.0)  # type: ignore[arg-type]
     for msgid in (10, 11, 12):
         if msgid != 10:  # a write joining the run (Execution._write_inline)
+            assert run.may_join()
             run.room -= 1
             run.joined += 1
         run.add(msgid, SetOp(bucket, b"k%d" % msgid, b"v"))
@@ -110,3 +111,21 @@ def test_a_failed_commit_fails_every_write_of_the_run() -> None:
     assert s.replies == [(10, "StorageFull"), (11, "StorageFull"), (12, "StorageFull")]
     assert s.errors == ["StorageFull"] * 3 and s.pending_writes == 0
     assert s.node.counted == [] and holds.unanswered == 0
+
+
+def test_a_lone_write_goes_as_itself_and_asks_the_gates_nothing() -> None:
+    s = FakeSession()
+    bucket = BucketHandle("b", None, {})
+    holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
+    run = WriteRun(s, bucket, "add", holds, t0=5.0)  # type: ignore[arg-type]
+    op = SetOp(bucket, b"k", b"v", mode="add")
+    run.add(7, op)
+    run.close()
+    assert run.room == -1  # no second write came: the gates were not asked
+    ((sent, done, taken),) = s.node.submitted
+    assert sent is op
+    taken()
+    done(None, errors.KeyExists("key already exists"))  # its own error, as the writer gives it
+    assert s.replies == [(7, "KeyExists")] and s.pending_writes == 0
+    assert s.node.charged == [("b", 0, 2, False)]  # it ran: it costs
+    assert holds.unanswered == 0
