@@ -37,6 +37,7 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
 from tenantkv.server import sd_notify
+from tenantkv.server.direct_stream import DirectSocketStream
 from tenantkv.server.node import Node
 from tenantkv.server.redis_session import RedisSession
 from tenantkv.server.session import Session
@@ -344,9 +345,11 @@ class Server:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
         except OSError:
             peer = "?"
-        conn: trio.abc.Stream = stream
+        conn: trio.abc.Stream
         if self.ssl_context is not None:
             conn = trio.SSLStream(stream, self.ssl_context, server_side=True, https_compatible=True)
+        else:
+            conn = DirectSocketStream(stream)  # a yield per request, not three
         if node.shutting_down:
             await self._refuse(conn, door, errors.ShuttingDown("the server is stopping"))
             return
