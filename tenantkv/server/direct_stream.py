@@ -2,23 +2,29 @@
 
 Trio's ``SocketStream`` makes every ``receive_some`` and ``send_all`` a
 checkpoint: after a system call that did not have to wait, it still yields
-to the scheduler. An unpipelined request then costs three passes through the
-scheduler (the wait for it, and one after each of the receive and the send),
-each resuming the session's whole stack of coroutines.
-:class:`DirectSocketStream` yields once per request instead:
+to the scheduler. An unpipelined request then costs up to three passes through
+the scheduler (the wait for it, and one after each of the receive and the
+send), each resuming the session's whole stack of coroutines.
+:class:`DirectSocketStream` makes one system call per receive and per send,
+and yields once per request:
 
-* ``receive_some`` reads at once; only when nothing has arrived does it wait
-  for the socket (that wait is the yield, and where a cancel lands), and when
-  something had arrived it yields once after reading, shielded from
-  cancellation as ``SocketStream`` does, so the bytes read are never lost to
-  a cancel (the session checks its own cancel flag after every receive);
-* ``send_all`` writes at once and waits only while the socket's buffer is
-  full. A send that did not wait is not a checkpoint: the connection's next
-  receive is, and a session never sends twice without receiving or pausing
-  in between (its pauses checkpoint).
+* a **send** yields after writing while that pays: when the connection reads
+  again, its next request is already there (the other connections ran
+  meanwhile; a busy server serves its connections round-robin, and nobody
+  waits in ``epoll``). When the request was not there anyway (a lone client
+  waiting for each answer), the next sends do not yield — the wait for the
+  next request is the yield — except every :data:`PROBE_SENDS`-th, which
+  tries again;
+* a **receive** reads at once; only when nothing has arrived does it wait
+  for the socket (that wait is the yield, and where a cancel lands). When the
+  bytes were there and no send yielded just before, it yields once after
+  reading, shielded from cancellation as ``SocketStream`` does, so the bytes
+  read are never lost to a cancel (the session checks its own cancel flag
+  after every receive).
 
-The server wraps each plain TCP connection in one (TLS connections keep
-``SSLStream``); the session sees an ordinary :class:`trio.abc.Stream`.
+So no connection reads twice without yielding in between. The server wraps
+each plain TCP connection in one (TLS connections keep ``SSLStream``); the
+session sees an ordinary :class:`trio.abc.Stream`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import trio
 
 #: What ``receive_some()`` reads without a size (the session always passes one).
 DEFAULT_RECEIVE_BYTES = 64 * 1024
+#: While sends do not yield, every this many sends one does, to see whether
+#: yielding finds the next request waiting again.
+PROBE_SENDS = 8
 
 
 def _stream_error(exc: OSError) -> trio.BrokenResourceError | trio.ClosedResourceError:
@@ -47,6 +56,12 @@ class DirectSocketStream(trio.abc.Stream):
         self.socket = stream.socket
         self._fd = stream.socket.fileno()
         self._closed = False
+        #: sends yield (see the module doc): while that finds the next request
+        #: there when the connection reads again
+        self._yield_sends = True
+        self._sends = 0
+        #: the last send yielded, and nothing was received since
+        self._send_yielded = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._closed:
@@ -64,7 +79,12 @@ class DirectSocketStream(trio.abc.Stream):
                 continue
             except OSError as exc:
                 raise _stream_error(exc) from exc
-            if not waited:
+            if self._send_yielded:
+                # The send yielded: keep doing so while that finds the next
+                # request here (others ran meanwhile, no wait was needed).
+                self._send_yielded = False
+                self._yield_sends = not waited
+            elif not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
@@ -82,6 +102,10 @@ class DirectSocketStream(trio.abc.Stream):
                         raise trio.ClosedResourceError("the connection was closed") from None
                 except OSError as exc:
                     raise _stream_error(exc) from exc
+        self._sends += 1
+        if self._yield_sends or self._sends % PROBE_SENDS == 0:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._send_yielded = True
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()

@@ -1,9 +1,10 @@
 """DirectSocketStream (server/direct_stream.py) on a real connected socket pair:
-the stream contract a session relies on, and one yield per request."""
+the stream contract a session relies on, and when it yields."""
 
 from __future__ import annotations
 
 import socket as stdlib_socket
+from collections.abc import Awaitable
 
 import pytest
 import trio
@@ -67,11 +68,8 @@ async def test_a_receive_waits_for_bytes_and_a_ready_one_still_yields() -> None:
     await client.aclose()
 
 
-async def test_a_send_that_fits_does_not_yield_and_a_large_one_waits_for_the_reader() -> None:
+async def test_a_large_send_waits_for_the_reader() -> None:
     server, client = _pair()
-    with trio.testing.assert_no_checkpoints():
-        await server.send_all(b"small")
-    assert await client.receive_some(100) == b"small"
     big = bytes(range(256)) * 40_000  # ~10 MB: far more than the socket buffers hold
     received = bytearray()
     async with trio.open_nursery() as nursery:
@@ -83,6 +81,40 @@ async def test_a_send_that_fits_does_not_yield_and_a_large_one_waits_for_the_rea
         nursery.start_soon(read_all)
         await server.send_all(big)
     assert bytes(received) == big
+    await server.aclose()
+    await client.aclose()
+
+
+async def test_sends_yield_while_the_next_request_is_there_after_them() -> None:
+    """A send yields while, when the connection reads again, its next request is
+    already there; after a read that had to wait anyway sends stop yielding
+    (the wait is the yield), but every PROBE_SENDS-th tries again."""
+    server, client = _pair()
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+
+    async def resumes(op: Awaitable[object]) -> int:
+        before = steps.resumed
+        await op
+        return steps.resumed - before
+
+    try:
+        assert await resumes(server.send_all(b"answer 1")) == 1
+        await client.send_all(b"request 2")  # there before the server reads
+        assert await resumes(server.receive_some(100)) == 0  # the send yielded already
+        assert await resumes(server.send_all(b"answer 2")) == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.receive_some, 100)
+            await trio.testing.wait_all_tasks_blocked()  # it waits: nothing sent
+            await client.send_all(b"request 3")
+        # That yield did not find the request there: sends 3 to 7 do not yield,
+        # the 8th tries again.
+        assert [await resumes(server.send_all(b"a")) for _ in range(3, 9)] == [0] * 5 + [1]
+        await client.send_all(b"request 9")
+        assert await resumes(server.receive_some(100)) == 0
+        assert await resumes(server.send_all(b"answer 9")) == 1  # it paid off: yielding again
+    finally:
+        trio.lowlevel.remove_instrument(steps)
     await server.aclose()
     await client.aclose()
 
