@@ -68,6 +68,8 @@ RESP_RUN = 256
 HANDSHAKE_TIMEOUT = 15.0
 #: Open loop: waits shorter than this use select() for sub-millisecond timing.
 FINE_WAIT = 0.005
+#: select()'s bound on descriptor numbers (glibc)
+FD_SETSIZE = 1024
 
 OPS = ("get", "set")
 #: ``LoadSpec.op`` of a mixed load: each request is a GET or a SET in the fixed
@@ -576,6 +578,9 @@ def _drive(
     ep = select.epoll()
     by_fd = {c.fd: c for c in conns}
     fds = list(by_fd)
+    # select() takes descriptors below FD_SETSIZE only (a process holding
+    # thousands of sockets, as bench attack does, gets higher ones): else sleep.
+    fine_select = max(fds, default=0) < FD_SETSIZE
     for c in conns:
         ep.register(c.fd, select.EPOLLIN)
     mv = memoryview(blob)
@@ -755,7 +760,10 @@ def _drive(
         timeout = max(0.0, (wake - now) / 1e9)
         if open_loop and 0 < timeout < FINE_WAIT:
             # epoll's timeout is whole milliseconds; select() waits to ~50 µs
-            select.select(fds, (), (), timeout)
+            if fine_select:
+                select.select(fds, (), (), timeout)
+            else:
+                time.sleep(timeout)
             events = ep.poll(0)
         else:
             events = ep.poll(timeout)
