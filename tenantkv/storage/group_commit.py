@@ -39,6 +39,11 @@ log = logging.getLogger("tenantkv.storage")
 MAX_BATCH_OPS = 2048
 #: Most value bytes committed in one transaction (a larger single op still goes alone).
 MAX_BATCH_BYTES = 64 * 1024 * 1024
+#: A batch that starts on an idle writer and holds fewer writes than expected
+#: waits for more at most this share of the last commit's time, and never
+#: longer than :data:`MAX_GATHER_SECONDS` (see ``_take_batch``).
+GATHER_SHARE = 0.5
+MAX_GATHER_SECONDS = 0.002
 
 Callback = Callable[[Any, BaseException | None], None]
 
@@ -65,6 +70,8 @@ class GroupCommitWriter:
         taken: Callable[[list[Pending]], None] | None = None,
         max_batch_ops: int = MAX_BATCH_OPS,
         max_batch_bytes: int = MAX_BATCH_BYTES,
+        gather_share: float = GATHER_SHARE,
+        max_gather_seconds: float = MAX_GATHER_SECONDS,
     ) -> None:
         self.engine = engine
         self._deliver = deliver
@@ -75,6 +82,8 @@ class GroupCommitWriter:
         self._taken = taken
         self.max_batch_ops = max_batch_ops
         self.max_batch_bytes = max_batch_bytes
+        self.gather_share = gather_share
+        self.max_gather_seconds = max_gather_seconds
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: writes taken from the queue and not yet in a batch (a list's remainder)
         self._carry: list[Pending] = []
@@ -82,6 +91,8 @@ class GroupCommitWriter:
         # ``lag`` needs no lock.
         self._submitted = 0
         self._taken_count = 0
+        #: writes the next batch is expected to gather (see ``_take_batch``)
+        self._expected = 0
         self._thread: threading.Thread | None = None
         # statistics (written by the writer thread only)
         self.batches = 0
@@ -158,15 +169,34 @@ class GroupCommitWriter:
                     self._deliver(batch)
                 except Exception:  # the writer must outlive any callback bug
                     log.exception("delivering a write batch failed")
+                # The writers just answered may write again at once, and those
+                # queued meanwhile are there already.
+                self._expected = min(count + self.lag, self.max_batch_ops)
 
     def _take_batch(self) -> tuple[list[Pending], int, int, bool]:
         """What is queued now, up to the batch bounds (a write larger than the byte
-        bound goes alone), its bytes and its writes; and whether stop was asked."""
+        bound goes alone), its bytes and its writes; and whether stop was asked.
+
+        When the writer finds nothing queued, the batch it then starts waits a
+        little for as many writes as the last commit answered plus those queued
+        behind it (``_expected``): like MySQL's ``binlog_group_commit_sync_delay``
+        with its ``..._no_delay_count``, but both taken from the load. Without
+        that, the first answered client to write again finds the writer idle
+        and commits alone or with a few; the others gather behind that commit,
+        and from then on the clients take turns in two groups: each write waits
+        for two commits, and each commit carries half the writes (16 unpipelined
+        clients: 8 writes per commit instead of 16, and 1.4x the CPU per write).
+        The wait is at most half the last commit's time. A writer that finds
+        writes queued does not wait: the event loop is then the bottleneck
+        (pipelined clients), and holding its writes back only starves it.
+        """
         batch: list[Pending] = []
         size = count = 0
         pending, self._carry = self._carry, []
         stopping = False
         max_bytes, max_ops = self.max_batch_bytes, self.max_batch_ops
+        gather = False
+        deadline = 0.0
         while True:
             for i, p in enumerate(pending):
                 op = p.op
@@ -179,10 +209,24 @@ class GroupCommitWriter:
                 count += op.op_count
             if stopping:
                 return batch, size, count, True
-            try:
-                item = self._queue.get_nowait() if batch else self._queue.get()
-            except queue.Empty:
-                return batch, size, count, False
+            if not batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    gather = True  # idle: the batch this wakes for may wait for more
+                    item = self._queue.get()
+            else:
+                try:
+                    if gather and count < self._expected:
+                        if not deadline:
+                            wait = self.gather_share * self.last_commit_seconds
+                            wait = min(wait, self.max_gather_seconds)
+                            deadline = time.monotonic() + wait
+                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    else:
+                        item = self._queue.get_nowait()
+                except queue.Empty:
+                    return batch, size, count, False
             if item is _STOP:
                 stopping = True
                 pending = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,7 @@ class Store:
 
             return done
 
-        for i, op in enumerate(ops):
-            self.writer.submit(op, cb(i))
+        self.writer.submit_many([Pending(op, cb(i)) for i, op in enumerate(ops)])
         for _ in ops:
             assert left.acquire(timeout=10)
         return out
@@ -362,5 +362,81 @@ def test_writes_submitted_together_commit_in_order_within_the_batch_bounds(
         assert [len(b) for b in s.batches[-3:]] == [4, 4, 2]
         assert s.writer.lag == 0
         assert s.get(b"k9").value == b"v9"
+    finally:
+        s.close()
+
+
+def _writer_with(s: Store, **kw: Any) -> None:
+    s.writer.stop()
+    s.writer.join(10)
+    s.writer = GroupCommitWriter(s.engine, s._deliver, **kw)
+    s.writer.start()
+
+
+def _until_idle(writer: GroupCommitWriter, expected: int) -> None:
+    """Until the writer has settled what its last commit expects and gone back
+    to its (empty) queue."""
+    for _ in range(1000):
+        if writer._expected == expected:
+            break
+        time.sleep(0.001)
+    assert writer._expected == expected
+    time.sleep(0.05)  # it blocks on the queue right after setting that
+
+
+def test_an_idle_writer_waits_for_as_many_writes_as_its_last_commit_answered(
+    tmp_path: Path,
+) -> None:
+    """Four clients that write again once answered commit together again: the
+    first of them to come back finds the writer idle, and its batch waits for
+    the other three instead of committing alone (and splitting the clients
+    into groups that take turns)."""
+    s = Store(tmp_path / "db")
+    h = s.bucket()
+    # A window far longer than the test: only the count ends the wait here.
+    _writer_with(s, gather_share=1e9, max_gather_seconds=60.0)
+    try:
+        s.run(*(SetOp(h, b"k%d" % i, b"a") for i in range(4)))
+        assert len(s.batches[-1]) == 4
+        _until_idle(s.writer, 4)
+        first = threading.Event()
+        s.writer.submit(SetOp(h, b"k0", b"b"), lambda result, error: first.set())
+        assert not first.wait(0.2), "committed alone, before the other three came"
+        s.run(*(SetOp(h, b"k%d" % i, b"b") for i in (1, 2, 3)))
+        assert first.wait(10)
+        assert [len(b) for b in s.batches[-2:]] == [4, 4]
+        assert s.writer.batches == 2
+    finally:
+        s.close()
+
+
+def test_the_wait_for_more_writes_is_bounded_and_only_on_an_idle_writer(
+    tmp_path: Path,
+) -> None:
+    """A client that does not come back costs the others one bounded wait; and
+    a writer that finds writes queued when it commits next does not wait."""
+    s = Store(tmp_path / "db")
+    h = s.bucket()
+    _writer_with(s, gather_share=1e9, max_gather_seconds=0.05)
+    try:
+        s.run(*(SetOp(h, b"k%d" % i, b"a") for i in range(4)))
+        # Three of four come back: they commit once the window has passed.
+        _until_idle(s.writer, 4)
+        s.run(*(SetOp(h, b"k%d" % i, b"b") for i in range(3)))
+        assert [len(b) for b in s.batches[-2:]] == [4, 3]
+        # Now the writer expects 3; it finds 2 queued (not idle): no wait.
+        s.writer.stop()
+        s.writer.join(10)
+        s.writer = GroupCommitWriter(
+            s.engine, s._deliver, gather_share=1e9, max_gather_seconds=60.0
+        )
+        s.writer._expected = 3
+        done = threading.Semaphore(0)
+        for i in range(2):
+            s.writer.submit(SetOp(h, b"q%d" % i, b"c"), lambda result, error: done.release())
+        s.writer.start()
+        for _ in range(2):
+            assert done.acquire(timeout=10), "a writer with writes queued waited for more"
+        assert len(s.batches[-1]) == 2
     finally:
         s.close()
