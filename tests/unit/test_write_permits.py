@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tenantkv.admission.write_permits import (
     DEFAULT_ADJUSTMENT_INTERVAL_MS,
     DEFAULT_MAX_CAPACITY,
+    QUIET_SAMPLES,
     WAIT_HISTOGRAM_BOUNDS_US,
     BucketPermits,
     Waiter,
@@ -460,3 +461,41 @@ def test_no_free_permit_while_someone_waits(steps: list[tuple[str, int]]) -> Non
         assert len(p.waiters) == len(waiting)
         assert not (p.waiters and p.in_use < wp.capacity)  # work-conserving
         assert 2 <= wp.capacity <= 10
+
+
+async def test_the_sampler_rests_while_nothing_is_queued_until_a_write_comes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A quiet node pays no wake-ups: after QUIET_SAMPLES samples at rest the
+    sampler sleeps, and the next write's admission wakes it to sample at once."""
+    lag = LagSource()
+    gate = WritePermitGate.create(lag, **PARAMS, adjustment_interval_ms=10)
+    gate.add_bucket("a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gate.run)
+        await trio.sleep(1.0)
+        resting = gate.statistics().evaluations
+        assert resting == QUIET_SAMPLES
+        await trio.sleep(10.0)
+        assert gate.statistics().evaluations == resting  # no wake-ups while quiet
+        # Writes come, and the writer lags: the first write wakes the sampler,
+        # which follows the lag again at every interval.
+        lag.lag = 150
+        p = gate.try_acquire("a")
+        assert p is not None
+        await trio.sleep(0.001)
+        assert gate.statistics().evaluations == resting + 1
+        assert gate.permits.capacity == 6
+        await trio.sleep(0.1)
+        assert gate.statistics().evaluations == resting + 11
+        # The waiting path wakes it too.
+        lag.lag = 0
+        await trio.sleep(0.3)
+        resting = gate.statistics().evaluations
+        await trio.sleep(1.0)
+        assert gate.statistics().evaluations == resting
+        assert gate.permits.capacity == 10
+        await gate.acquire("a")
+        await trio.sleep(0.001)
+        assert gate.statistics().evaluations == resting + 1
+        nursery.cancel_scope.cancel()
