@@ -30,6 +30,17 @@ from tenantkv.protocol import Response
 RECV_BYTES = 256 * 1024
 
 
+def _readable_now(sock: socket.socket | ssl.SSLSocket) -> bool:
+    """Is anything to read on ``sock`` right now? ``poll``, where there is one:
+    ``select`` takes descriptors below 1024 only, and an application holding
+    many files gives its sockets higher ones."""
+    if not hasattr(select, "poll"):
+        return bool(select.select([sock], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _Connection:
     """One socket to one server, past ``hello``."""
 
@@ -81,7 +92,7 @@ class _Connection:
         non-blocking look, so a request is not sent into a connection already gone."""
         if self.closed:
             return False
-        if self._ready or select.select([self._sock], [], [], 0)[0] == []:
+        if self._ready or not _readable_now(self._sock):
             return True
         self.close()
         return False

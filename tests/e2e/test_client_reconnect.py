@@ -69,3 +69,35 @@ async def test_async_client_keeps_working_across_a_restart(restartable: Daemon) 
         assert await c.get("k") == b"before"
         await c.set("k", b"after")
         assert await c.get("k") == b"after"
+
+
+def test_sync_client_works_when_its_socket_descriptor_is_above_1023(
+    restartable: Daemon,
+) -> None:
+    """An application holding many files gives the client descriptors above
+    select()'s bound (FD_SETSIZE, 1024): checking an idle connection before a
+    request must not fail there (it raised "filedescriptor out of range")."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        if hard != resource.RLIM_INFINITY and hard < 1200:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.dup(0))
+        d = restartable
+        with tenantkv.Client(
+            d.host, d.port, user="ru", password="pw", bucket="r", timeout=TIMEOUT
+        ) as c:
+            c.set("k", b"v")  # the idle connection is checked before each request
+            assert c.get("k") == b"v"
+            _restart(d, signal.SIGKILL)
+            assert c.get("k") == b"v"  # the check saw the closed connection
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
