@@ -56,6 +56,23 @@ class Response:
     result: Any
 
 
+class _Budget:
+    """What the frame being decoded may still build (see :class:`RequestDecoder`)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = FRAME_DECODE_BUDGET
+
+    def count(self, value: Any) -> Any:
+        """The unpacker's hook for every array and map it completes (hot: one
+        subtraction per container)."""
+        self.left -= CONTAINER_COST + len(value)
+        if self.left < 0:
+            raise _ShapeExceeded
+        return value
+
+
 def _unpacker(max_frame_bytes: int, **hooks: Any) -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=False,
@@ -132,7 +149,11 @@ class RequestDecoder:
         self._last: bytes | bytearray = b""  # the last chunk fed, until it has been decoded
         self._head: bytes | bytearray = b""  # the first bytes of a partial frame, undecided
         self._head_decided = -1  # the frame (count) whose head was decided
-        self._budget = FRAME_DECODE_BUDGET  # what the frame being decoded may still build
+        #: what the frame being decoded may still build; the unpacker's hooks
+        #: count it down (an object of its own: hooks bound to the decoder would
+        #: make decoder and unpacker a reference cycle, which only the garbage
+        #: collector frees, so a closed connection's 41 KiB unpacker lingered)
+        self._budget = _Budget()
         #: requests decoded so far
         self.frames = 0
 
@@ -151,7 +172,7 @@ class RequestDecoder:
         u = self._unpacker
         if u is None:
             u = self._unpacker = _unpacker(
-                self._buffer_bytes, list_hook=self._count, object_hook=self._count
+                self._buffer_bytes, list_hook=self._budget.count, object_hook=self._budget.count
             )
             self._fed = self._frame_start = 0
         if self._fed - self._frame_start + len(data) > self._buffer_bytes:
@@ -167,14 +188,6 @@ class RequestDecoder:
         if check_frame_head(self._head, self.frame_limit) or len(self._head) >= FRAME_HEAD_BYTES:
             self._head = b""
             self._head_decided = self.frames
-
-    def _count(self, value: Any) -> Any:
-        """The unpacker's hook for every array and map it completes (hot: one
-        subtraction per container)."""
-        self._budget -= CONTAINER_COST + len(value)
-        if self._budget < 0:
-            raise _ShapeExceeded
-        return value
 
     def __iter__(self) -> Iterator[Request]:
         u = self._unpacker
@@ -208,7 +221,7 @@ class RequestDecoder:
                 raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
             self._frame_start = end
             self.frames += 1
-            self._budget = FRAME_DECODE_BUDGET
+            self._budget.left = FRAME_DECODE_BUDGET
             # The well-formed request, checked inline (hot: once per request);
             # anything else goes to _validate for its precise error.
             if type(obj) is list and len(obj) == 4:

@@ -427,3 +427,41 @@ async def test_a_run_of_writes_answers_counts_and_charges_each_write_as_its_own(
     assert stats.ops["set"] - before == 2 and stats.errors["KeyExists"] == 2
     b, r = node.throttle._buckets["b"], ref._buckets["b"]
     assert (b.wu_total, b.used_window) == (r.wu_total, r.used_window)
+
+
+async def test_a_connection_that_authenticates_and_idles_holds_no_unpacker(node: Node) -> None:
+    """The unpacker made for hello (41 KiB) goes once hello is answered, unless
+    more came with it; between requests it stays (the sweep drops it once idle)."""
+    client, server = trio.testing.memory_stream_pair()
+    conn_id = next(_ids)
+    node.connection_table.admit(
+        conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
+    )
+    session = Session(node, server, "127.0.0.1:5555", conn_id)
+    hello = (0, "hello", {"user": "u", "password": "pw", "bucket": "b"})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        peer = Peer(client)
+        await peer.send(hello)
+        assert [r.error for r in await peer.responses(1)] == [None]
+        decoder = session._decoder
+        assert isinstance(decoder, protocol.RequestDecoder)
+        assert decoder._unpacker is None
+        await peer.send((1, "get", {"key": b"k"}), (2, "get", {"key": b"k"}))
+        assert len(await peer.responses(2)) == 2
+        assert decoder._unpacker is not None  # kept from request to request
+        nursery.cancel_scope.cancel()
+
+
+async def test_hello_with_a_request_behind_it_keeps_the_unpacker(node: Node) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send(
+            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            (1, "set", {"key": b"k", "value": b"v"}),
+            (2, "get", {"key": b"k"}),
+        )
+        answers = await peer.responses(3)
+        assert [r.error for r in answers] == [None, None, None]
+        assert answers[2].result["value"] == b"v"
+        nursery.cancel_scope.cancel()
