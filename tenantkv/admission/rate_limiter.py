@@ -495,6 +495,10 @@ class RateLimiter:
 
     def __init__(self, bucket: TokenBucket) -> None:
         self.bucket = bucket
+        #: :meth:`TokenBucket.lend` and :meth:`TokenBucket.settle`: one received
+        #: chunk's loan (the core's own methods: nothing to wake, a call less each)
+        self.lend = bucket.lend
+        self.settle = bucket.settle
         #: the wait of the last refusal of try_acquire, for rejection()
         self._refused_wait = 0.0
 
@@ -534,14 +538,6 @@ class RateLimiter:
     def rejection(self) -> ServerError:
         """The error for the last :meth:`try_acquire` that answered None."""
         return self.bucket.rejection(self._refused_wait)
-
-    def lend(self) -> float | None:
-        """:meth:`TokenBucket.lend`: the tokens for one received chunk's requests."""
-        return self.bucket.lend()
-
-    def settle(self, left: float, admitted: int, refused: int) -> None:
-        """:meth:`TokenBucket.settle`."""
-        self.bucket.settle(left, admitted, refused)
 
     def rejection_when(self, left: float) -> ServerError:
         """The error for a caller of a loan refused with ``left`` tokens remaining."""
