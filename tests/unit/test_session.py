@@ -74,15 +74,22 @@ class Peer:
 _ids = itertools.count(1)
 
 
-async def run_session(node: Node, nursery: trio.Nursery) -> Peer:
-    """A session on one end of a memory stream pair, admitted as the server would."""
+async def start_session(node: Node, nursery: trio.Nursery) -> tuple[Session, Peer]:
+    """A session on one end of a memory stream pair, admitted as the server would,
+    and the peer on the other end."""
     client, server = trio.testing.memory_stream_pair()
     conn_id = next(_ids)
     node.connection_table.admit(
         conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
     )
-    nursery.start_soon(Session(node, server, "127.0.0.1:5555", conn_id).run)
-    return Peer(client)
+    session = Session(node, server, "127.0.0.1:5555", conn_id)
+    nursery.start_soon(session.run)
+    return session, Peer(client)
+
+
+async def run_session(node: Node, nursery: trio.Nursery) -> Peer:
+    """:func:`start_session`'s peer."""
+    return (await start_session(node, nursery))[1]
 
 
 async def hello_session(node: Node, nursery: trio.Nursery, **hello: Any) -> Peer:
@@ -432,17 +439,9 @@ async def test_a_run_of_writes_answers_counts_and_charges_each_write_as_its_own(
 async def test_a_connection_that_authenticates_and_idles_holds_no_unpacker(node: Node) -> None:
     """The unpacker made for hello (41 KiB) goes once hello is answered, unless
     more came with it; between requests it stays (the sweep drops it once idle)."""
-    client, server = trio.testing.memory_stream_pair()
-    conn_id = next(_ids)
-    node.connection_table.admit(
-        conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
-    )
-    session = Session(node, server, "127.0.0.1:5555", conn_id)
-    hello = (0, "hello", {"user": "u", "password": "pw", "bucket": "b"})
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.run)
-        peer = Peer(client)
-        await peer.send(hello)
+        session, peer = await start_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
         assert [r.error for r in await peer.responses(1)] == [None]
         decoder = session._decoder
         assert isinstance(decoder, protocol.RequestDecoder)
