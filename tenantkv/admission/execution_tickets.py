@@ -390,24 +390,23 @@ class TicketHolder:
         released) as taken now, within :meth:`room` (nothing having run since it
         was asked). The operations of a run share one ticket object and one clock
         reading (their processing time is counted from the first)."""
+        self._count_out(n)
+        ticket.count += n
+
+    def _take(self) -> bool:
+        """Count one operation as taken if a ticket is free and nobody is queued."""
+        if self._out < self._total and not self._waiters:
+            self._count_out(1)
+            return True
+        return False
+
+    def _count_out(self, n: int) -> None:
+        """Count ``n`` operations as taken now (a ticket each, or a run's share)."""
         out = self._out + n
         self._out = out
         if out > self._peak:
             self._peak = out
         self._started += n
-        ticket.count += n
-
-    def _take(self) -> bool:
-        """Count one operation as taken if a ticket is free and nobody is queued."""
-        out = self._out
-        if out < self._total and not self._waiters:
-            out += 1
-            self._out = out
-            if out > self._peak:
-                self._peak = out
-            self._started += 1
-            return True
-        return False
 
     def try_pass(self, n: int = 1) -> bool:
         """Admit ``n`` operations that run one after another, each finished before
