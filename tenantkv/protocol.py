@@ -94,15 +94,22 @@ class _ShapeExceeded(Exception):
 #: Largest frame accepted before ``hello``: its credentials and client info fit
 #: many times over, and an unauthenticated client can make the server hold no more.
 MAX_HELLO_FRAME_BYTES = 4096
-#: What decoding one request frame may build, whatever its shape: each element
-#: (array item or map pair) costs 1 and each array or map CONTAINER_COST more.
-#: Unbounded, ``[[], [], ...]`` turns each wire byte into ~64 bytes of Python
-#: objects; a real request is an array holding a params map with at most one big
-#: list (mget keys) or map (roles) in it, well inside the budget.
+#: What decoding one request frame larger than :data:`UNCOUNTED_FRAME_BYTES` may
+#: build, whatever its shape: each element (array item or map pair) costs 1 and
+#: each array or map CONTAINER_COST more. Unbounded, ``[[], [], ...]`` turns each
+#: wire byte into ~64 bytes of Python objects; a real request is an array holding
+#: a params map with at most one big list (mget keys) or map (roles) in it, well
+#: inside the budget.
 FRAME_DECODE_BUDGET = 2 * MAX_CONTAINER_LEN
 CONTAINER_COST = 1024
-#: So at most this many arrays and maps in one frame (nesting included).
+#: So at most this many arrays and maps in one such frame (nesting included).
 MAX_FRAME_CONTAINERS = FRAME_DECODE_BUDGET // (CONTAINER_COST + 1)
+#: Frames up to this size are decoded without counting what they build: the
+#: count costs two Python calls per request (its hooks run for every array and
+#: map), about a third of decoding one, and a frame this small cannot build more
+#: than ~100x its size (an empty map is 1 byte on the wire and 64 in memory; a
+#: map's one pair 3 and ~230), 1.6 MiB — less than a counted frame may.
+UNCOUNTED_FRAME_BYTES = 16 * 1024
 #: How many leading bytes of a frame :func:`check_frame_head` looks at.
 FRAME_HEAD_BYTES = 256
 
@@ -120,10 +127,15 @@ class RequestDecoder:
       header announcing 4 GiB is refused before its body is buffered;
     * a frame may not exceed :attr:`frame_limit` bytes (lowered to
       :data:`MAX_HELLO_FRAME_BYTES` until ``hello`` succeeds);
-    * decoding a frame builds at most :data:`FRAME_DECODE_BUDGET` elements and
-      :data:`MAX_FRAME_CONTAINERS` containers, checked by the unpacker's hooks as
-      it goes;
-    * the unpacker (~40 KiB, mostly its parse stack) is dropped by
+    * what a frame decodes to is bounded by its size: one of at most
+      :data:`UNCOUNTED_FRAME_BYTES` (every usual request) is decoded by an
+      unpacker that never sees more of the stream than that past the frame's
+      start, so it cannot build a larger frame; the moment a frame turns out
+      larger, its bytes move to a second unpacker whose hooks count what it
+      builds — at most :data:`FRAME_DECODE_BUDGET` elements and
+      :data:`MAX_FRAME_CONTAINERS` containers — and which decodes until the
+      stream is back at a frame boundary;
+    * the unpackers (~40 KiB each, mostly the parse stack) are dropped by
       :meth:`release_if_idle` once everything received has been decoded — the
       server's deadline sweep calls it, so an idle connection holds no decoder
       memory past one sweep, while a busy one keeps its unpacker from request to
@@ -143,16 +155,29 @@ class RequestDecoder:
         self.frame_limit = max_frame_bytes
         # Room for a partial frame plus one received chunk of whole frames.
         self._buffer_bytes = max_frame_bytes + chunk_bytes
-        self._unpacker: msgpack.Unpacker | None = None
-        self._fed = 0  # bytes fed to the current unpacker
-        self._frame_start = 0  # its offset where the frame being decoded starts
-        self._last: bytes | bytearray = b""  # the last chunk fed, until it has been decoded
-        self._head: bytes | bytearray = b""  # the first bytes of a partial frame, undecided
+        #: the unpacker of small frames (no hooks), and the counting one; at most
+        #: one of them holds undecoded bytes (``_counted`` says which)
+        self._fast: msgpack.Unpacker | None = None
+        self._counting: msgpack.Unpacker | None = None
+        self._counted = False
+        # Stream offsets: bytes received, bytes fed to the unpacker in use, the
+        # start of the frame being decoded, and where that unpacker's tell() is 0.
+        self._got = 0
+        self._fed = 0
+        self._frame_start = 0
+        self._base = 0
+        #: received, not yet fed to the fast unpacker (it takes a piece at a time)
+        self._rest: bytes | bytearray | memoryview = b""
+        #: the bytes of the fast unpacker's partial frame (what moves if it grows)
+        self._carry: bytes = b""
+        self._piece: bytes | bytearray | memoryview = b""  # the last piece fed to it
+        self._last: bytes | bytearray = b""  # counting: the last chunk fed, until decoded
+        self._head: bytes | bytearray = b""  # counting: a partial frame's first bytes
         self._head_decided = -1  # the frame (count) whose head was decided
-        #: what the frame being decoded may still build; the unpacker's hooks
-        #: count it down (an object of its own: hooks bound to the decoder would
-        #: make decoder and unpacker a reference cycle, which only the garbage
-        #: collector frees, so a closed connection's 41 KiB unpacker lingered)
+        #: what the frame being decoded may still build; the counting unpacker's
+        #: hooks count it down (an object of its own: hooks bound to the decoder
+        #: would make decoder and unpacker a reference cycle, which only the
+        #: garbage collector frees, so a closed connection's unpacker lingered)
         self._budget = _Budget()
         #: requests decoded so far
         self.frames = 0
@@ -160,49 +185,55 @@ class RequestDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet decoded into requests (what this connection holds)."""
-        return self._fed - self._frame_start
+        return self._got - self._frame_start
 
     @property
     def in_frame(self) -> bool:
         """A frame has started and is not complete (its deadline is running)."""
-        return self._fed > self._frame_start
+        return self._got > self._frame_start
+
+    @property
+    def unpackers(self) -> int:
+        """How many unpackers this decoder holds (~41 KiB each; none once idle)."""
+        return (self._fast is not None) + (self._counting is not None)
 
     def feed(self, data: bytes | bytearray) -> None:
         """Take received bytes; iterate the decoder after each feed."""
-        u = self._unpacker
-        if u is None:
-            u = self._unpacker = _unpacker(
-                self._buffer_bytes, list_hook=self._budget.count, object_hook=self._budget.count
-            )
-            self._fed = self._frame_start = 0
-        if self._fed - self._frame_start + len(data) > self._buffer_bytes:
+        if self._got - self._frame_start + len(data) > self._buffer_bytes:
             raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
-        u.feed(data)
-        self._fed += len(data)
-        self._last = data
-        if self._head:  # a partial frame whose head is still undecided
-            self._head += data[: FRAME_HEAD_BYTES - len(self._head)]
-            self._decide_head()
+        self._got += len(data)
+        if self._counted:
+            assert self._counting is not None
+            self._counting.feed(data)
+            self._fed += len(data)
+            self._last = data
+            if self._head:  # a partial frame whose head is still undecided
+                self._head += data[: FRAME_HEAD_BYTES - len(self._head)]
+                self._decide_head(self._head)
+        elif self._rest:  # received again before the last was decoded (rare)
+            self._rest = bytes(self._rest) + data
+        else:
+            self._rest = data
 
-    def _decide_head(self) -> None:
-        if check_frame_head(self._head, self.frame_limit) or len(self._head) >= FRAME_HEAD_BYTES:
+    def _decide_head(self, head: bytes | bytearray) -> None:
+        if check_frame_head(head, self.frame_limit) or len(head) >= FRAME_HEAD_BYTES:
             self._head = b""
             self._head_decided = self.frames
 
     def __iter__(self) -> Iterator[Request]:
-        u = self._unpacker
+        u = self._next_unpacker(None)
         if u is None:
             return
-        tell = u.tell
+        tell, counted = u.tell, self._counted
         while True:
             try:
                 obj = next(u)
             except StopIteration:
-                if self._fed == self._frame_start:
-                    self._last = b""  # all decoded (the usual end): hold no chunk while idle
-                else:
-                    self._frame_done_or_pending()
-                return
+                u = self._next_unpacker(u)
+                if u is None:
+                    return
+                tell, counted = u.tell, self._counted
+                continue
             except _ShapeExceeded:
                 raise errors.ProtocolError(
                     f"a request frame decodes to too much: at most {FRAME_DECODE_BUDGET} "
@@ -216,12 +247,15 @@ class RequestDecoder:
                 raise errors.ProtocolError(f"malformed MessagePack: {exc}") from None
             except Exception as exc:  # msgpack raises a few other types on hostile input
                 raise errors.ProtocolError(f"malformed MessagePack: {exc!r}") from None
-            end = tell()
-            if end - self._frame_start > self.frame_limit:
-                raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+            end = self._base + tell()
+            if counted:  # (the fast unpacker cannot complete a frame over its bound)
+                if end - self._frame_start > self.frame_limit:
+                    raise errors.FrameTooLarge(
+                        f"request frame larger than {self.frame_limit} bytes"
+                    )
+                self._budget.left = FRAME_DECODE_BUDGET
             self._frame_start = end
             self.frames += 1
-            self._budget.left = FRAME_DECODE_BUDGET
             # The well-formed request, checked inline (hot: once per request);
             # anything else goes to _validate for its precise error.
             if type(obj) is list and len(obj) == 4:
@@ -238,24 +272,95 @@ class RequestDecoder:
                     continue
             yield self._validate(obj)
 
-    def release_if_idle(self) -> None:
-        """Drop the unpacker when nothing received waits to be decoded."""
-        if self._unpacker is not None and self._fed == self._frame_start:
-            self._unpacker = None
-
-    def _frame_done_or_pending(self) -> None:
+    def _next_unpacker(self, u: msgpack.Unpacker | None) -> msgpack.Unpacker | None:
+        """The unpacker to take the next frame from, once ``u`` (None: at the start
+        of an iteration) has no complete frame left; None when everything received
+        is decoded or waits for more bytes."""
+        if self._counted:
+            if u is None:
+                return self._counting
+            if self._fed != self._frame_start:
+                self._counted_frame_pending()
+                return None
+            # Back at a frame boundary, with everything received decoded: small
+            # frames need no counting again.
+            self._counted = False
+            self._last = b""
+            return None
         pending = self._fed - self._frame_start
-        last, self._last = self._last, b""  # hold no received chunk while idle
-        if pending == 0:
-            pass  # idle: release_if_idle drops the parse stack at the next sweep
-        elif pending > self.frame_limit:
+        if u is None and pending:
+            return self._fast  # what it holds first (a partial frame)
+        if self._piece:  # keep the partial frame's bytes, in case it outgrows the bound
+            self._carry = (self._carry + self._piece)[-pending:] if pending else b""
+            self._piece = b""
+        bound = min(UNCOUNTED_FRAME_BYTES, self.frame_limit)
+        if pending >= bound:  # it had that much and did not complete a frame
+            return self._count_from_here()
+        rest = self._rest
+        if not rest:
+            if pending and self._head_decided != self.frames:
+                self._decide_head(self._carry[:FRAME_HEAD_BYTES])
+            return None
+        fast = self._fast
+        if fast is None:  # at a frame boundary: made once per busy stretch
+            fast = self._fast = _unpacker(UNCOUNTED_FRAME_BYTES)
+            self._base = self._fed
+        # A piece that leaves no frame it can complete over the bound.
+        room = bound - pending
+        if len(rest) <= room:
+            piece, self._rest = rest, b""
+        else:
+            view = rest if isinstance(rest, memoryview) else memoryview(rest)
+            piece, self._rest = view[:room], view[room:]
+        fast.feed(piece)
+        self._fed += len(piece)
+        self._piece = piece
+        return fast
+
+    def _count_from_here(self) -> msgpack.Unpacker:
+        """The fast unpacker's partial frame is over its bound: refuse it, or move
+        it and the rest of the chunk to the counting unpacker."""
+        carry = self._carry
+        if len(carry) >= self.frame_limit:
             raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
-        elif self._head_decided != self.frames and not self._head:
+        if self._head_decided != self.frames:
+            self._decide_head(carry[:FRAME_HEAD_BYTES])
+        counting = self._counting
+        if counting is None:
+            counting = self._counting = _unpacker(
+                self._buffer_bytes, list_hook=self._budget.count, object_hook=self._budget.count
+            )
+        self._base = self._frame_start - counting.tell()
+        rest = bytes(self._rest)
+        counting.feed(carry)
+        counting.feed(rest)
+        self._fed = self._got
+        self._last = rest
+        self._fast, self._rest, self._carry = None, b"", b""
+        self._budget.left = FRAME_DECODE_BUDGET
+        self._counted = True
+        return counting
+
+    def release_if_idle(self) -> None:
+        """Drop the unpackers when nothing received waits to be decoded."""
+        if self._got == self._frame_start:
+            self._fast = self._counting = None
+            self._counted = False
+            self._piece = self._carry = self._last = b""
+
+    def _counted_frame_pending(self) -> None:
+        """The counting unpacker stopped inside a frame: bound it, and check its
+        head before buffering more."""
+        pending = self._fed - self._frame_start
+        last, self._last = self._last, b""  # hold no received chunk while waiting
+        if pending > self.frame_limit:
+            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+        if self._head_decided != self.frames and not self._head:
             # A frame began in the last chunk: check its head before buffering more.
             start = len(last) - pending
             self._head = last[start : start + FRAME_HEAD_BYTES] if start >= 0 else b""
             if self._head:
-                self._decide_head()
+                self._decide_head(self._head)
 
     def _validate(self, obj: Any) -> Request:
         if type(obj) is not list or len(obj) != 4:

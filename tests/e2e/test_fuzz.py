@@ -291,13 +291,19 @@ def test_deeply_nested_value_for_every_parameter(fz: Daemon, healthy: Any) -> No
     still_fine(fz, healthy)
 
 
-def test_nesting_past_the_frame_bound_closes_only_that_connection(fz: Daemon, healthy: Any) -> None:
-    """~1000 levels used to be decoded in full; now the decoder stops at the bound."""
+def test_deep_nesting_is_answered_or_stopped_at_the_frame_bound(fz: Daemon, healthy: Any) -> None:
+    """~1000 levels in a small frame decode (such a frame cannot build much) and get
+    the parameter's own error; in a frame over UNCOUNTED_FRAME_BYTES the decoder
+    stops at the container bound and closes only that connection."""
     nested: Any = 0
     for _ in range(1010):
         nested = [nested]
-    payload = msgpack.packb([0, 1, "get", {"key": nested}])
-    responses = check(exchange(fz, payload, USER_HELLO), hello=True)
+    small = msgpack.packb([0, 1, "get", {"key": nested}])
+    assert len(small) < protocol.UNCOUNTED_FRAME_BYTES
+    responses = check(exchange(fz, small, USER_HELLO), hello=True)
+    assert [r[2]["codeName"] for r in responses] == ["BadValue"]
+    big = msgpack.packb([0, 1, "get", {"key": nested, "pad": "x" * protocol.UNCOUNTED_FRAME_BYTES}])
+    responses = check(exchange(fz, big, USER_HELLO), hello=True)
     assert [r[2]["codeName"] for r in responses] == ["ProtocolError"]
     still_fine(fz, healthy)
 

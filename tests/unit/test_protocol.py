@@ -6,7 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenantkv import errors, protocol
@@ -163,6 +163,63 @@ def test_decoding_work_is_bounded_whatever_the_shape(inner: bytes) -> None:
         list(dec)
 
 
+U = protocol.UNCOUNTED_FRAME_BYTES
+_SET_OVERHEAD = len(protocol.encode_request(1, "set", {"key": b"k", "value": b"v" * 300})) - 300
+
+
+def _set_frame(msgid: int, frame_bytes: int) -> tuple[int, str, dict[str, Any]]:
+    """A set request whose frame is ``frame_bytes`` long (value over 255 bytes)."""
+    return (msgid, "set", {"key": b"k", "value": b"v" * (frame_bytes - _SET_OVERHEAD)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([300, 4096, U - 1, U, U + 1, 3 * U]), max_size=6),
+    st.integers(64, 3 * U),
+)
+def test_frames_either_side_of_the_uncounted_bound_round_trip(sizes: list[int], chunk: int) -> None:
+    """Frames up to the bound are decoded uncounted, larger ones move to the
+    counting unpacker mid-frame; any chunking gives the same requests, and a
+    drained decoder is back on the fast unpacker."""
+    reqs = [_set_frame(i, n) for i, n in enumerate(sizes)]
+    wire = b"".join(protocol.encode_request(*r) for r in reqs)
+    assert [len(protocol.encode_request(*r)) for r in reqs] == sizes
+    dec = protocol.RequestDecoder()
+    got = []
+    for i in range(0, len(wire), chunk):
+        dec.feed(wire[i : i + chunk])
+        got.extend(dec)
+    assert got == reqs
+    assert dec.buffered == 0 and not dec._counted
+
+
+def test_a_small_frame_is_not_counted_and_a_large_one_is() -> None:
+    """1,000 empty maps fit a small frame (they cannot build more than ~64 KiB);
+    the same past UNCOUNTED_FRAME_BYTES are counted and refused."""
+    junk = [{}] * 1000
+    dec = protocol.RequestDecoder()
+    dec.feed(protocol.encode_request(1, "get", {"key": junk}))
+    assert [p["key"] for _, _, p in dec] == [junk]
+    dec.feed(protocol.encode_request(2, "get", {"key": junk, "pad": "x" * U}))
+    with pytest.raises(errors.ProtocolError, match="decodes to too much"):
+        list(dec)
+
+
+def test_before_hello_a_frame_may_be_exactly_the_hello_bound() -> None:
+    for size, ok in (
+        (protocol.MAX_HELLO_FRAME_BYTES, True),
+        (protocol.MAX_HELLO_FRAME_BYTES + 1, False),
+    ):
+        dec = protocol.RequestDecoder()
+        dec.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
+        dec.feed(protocol.encode_request(*_set_frame(1, size)))
+        if ok:
+            assert [m for _, m, _ in dec] == ["set"]
+        else:
+            with pytest.raises(errors.FrameTooLarge):
+                list(dec)
+
+
 def test_many_scalars_count_against_the_element_bound() -> None:
     arr = b"\xdc\xff\xff" + b"\xcd\x01\x00" * 0xFFFF  # 65,535 uint16 per array
     frame = b"\x94\x00\x01\xa3get\x94" + arr * 4
@@ -187,15 +244,15 @@ def test_an_idle_decoder_holds_no_buffer() -> None:
     assert [method for _, method, _ in dec] == ["get"]
     assert dec.buffered == 3 and dec.in_frame
     dec.release_if_idle()  # a partial frame: the unpacker stays
-    assert dec._unpacker is not None
+    assert dec.unpackers
     dec.feed(wire[3:])
     assert [method for _, method, _ in dec] == ["get"]
     assert dec.buffered == 0 and not dec.in_frame
-    assert dec._last == b""
+    assert (dec._rest, dec._carry, dec._piece, dec._last) == (b"", b"", b"", b"")
     # Kept from request to request, dropped by the sweep once idle.
-    assert dec._unpacker is not None
+    assert dec.unpackers
     dec.release_if_idle()
-    assert dec._unpacker is None
+    assert not dec.unpackers
     dec.feed(wire)
     assert [method for _, method, _ in dec] == ["get"] and dec.frames == 3
 
@@ -246,7 +303,7 @@ def test_a_dropped_decoder_is_freed_without_the_garbage_collector() -> None:
         dec = protocol.RequestDecoder()
         dec.feed(protocol.encode_request(1, "get", {"key": b"k"}))
         assert [method for _, method, _ in dec] == ["get"]
-        assert dec._unpacker is not None
+        assert dec.unpackers
         ref = weakref.ref(dec)
         del dec
         assert ref() is None

@@ -445,10 +445,10 @@ async def test_a_connection_that_authenticates_and_idles_holds_no_unpacker(node:
         assert [r.error for r in await peer.responses(1)] == [None]
         decoder = session._decoder
         assert isinstance(decoder, protocol.RequestDecoder)
-        assert decoder._unpacker is None
+        assert not decoder.unpackers
         await peer.send((1, "get", {"key": b"k"}), (2, "get", {"key": b"k"}))
         assert len(await peer.responses(2)) == 2
-        assert decoder._unpacker is not None  # kept from request to request
+        assert decoder.unpackers  # kept from request to request
         nursery.cancel_scope.cancel()
 
 
