@@ -224,7 +224,7 @@ class RequestDecoder:
         u = self._next_unpacker(None)
         if u is None:
             return
-        tell, counted = u.tell, self._counted
+        tell, counted, fed = u.tell, self._counted, self._fed
         while True:
             try:
                 obj = next(u)
@@ -232,7 +232,7 @@ class RequestDecoder:
                 u = self._next_unpacker(u)
                 if u is None:
                     return
-                tell, counted = u.tell, self._counted
+                tell, counted, fed = u.tell, self._counted, self._fed
                 continue
             except _ShapeExceeded:
                 raise errors.ProtocolError(
@@ -269,8 +269,17 @@ class RequestDecoder:
                     and type(params) is dict
                 ):
                     yield (msgid, method, params)
-                    continue
-            yield self._validate(obj)
+                else:
+                    yield self._validate(obj)
+            else:
+                yield self._validate(obj)
+            if end == fed:
+                # All it was fed is decoded: go on without the StopIteration
+                # (catching it costs ~0.5 µs, once per received chunk).
+                u = self._next_unpacker(u)
+                if u is None:
+                    return
+                tell, counted, fed = u.tell, self._counted, self._fed
 
     def _next_unpacker(self, u: msgpack.Unpacker | None) -> msgpack.Unpacker | None:
         """The unpacker to take the next frame from, once ``u`` (None: at the start
