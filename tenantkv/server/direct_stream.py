@@ -91,8 +91,23 @@ class DirectSocketStream(trio.abc.Stream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise trio.ClosedResourceError("the connection was closed")
+        try:
+            sent = os.write(self._fd, data)  # usually all of it: no view needed
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+        if sent < len(data):
+            await self._send_rest(data, sent)
+        self._sends += 1
+        if self._yield_sends or self._sends % PROBE_SENDS == 0:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._send_yielded = True
+
+    async def _send_rest(self, data: bytes | bytearray | memoryview, sent: int) -> None:
+        """What the socket did not take at once, as it takes it."""
         with memoryview(data) as view:
-            sent, total = 0, len(view)
+            total = len(view)
             while sent < total:
                 try:
                     sent += os.write(self._fd, view[sent:])
@@ -102,10 +117,6 @@ class DirectSocketStream(trio.abc.Stream):
                         raise trio.ClosedResourceError("the connection was closed") from None
                 except OSError as exc:
                     raise _stream_error(exc) from exc
-        self._sends += 1
-        if self._yield_sends or self._sends % PROBE_SENDS == 0:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            self._send_yielded = True
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()

@@ -256,7 +256,7 @@ class Session(Execution):
         frame_deadline = math.inf
         in_frame = False  # decoder.in_frame, as of the last chunk handled
         buffers = node.receive_buffers
-        clock = node.throttle.clock
+        clock = node.throttle.clock  # trio's clock (trio.current_time's reading, cheaper)
         try:
             while self._reading:
                 if self.user is None:
@@ -268,7 +268,7 @@ class Session(Execution):
                         "a request frame did not arrive in full within frame_timeout_secs"
                     )
                 else:
-                    self._deadline, want = trio.current_time() + idle, RECEIVE_BYTES
+                    self._deadline, want = clock() + idle, RECEIVE_BYTES
                     self._deadline_what = "no request within idle_timeout_secs"
                 self._receiving = True
                 if not (n := buffers.try_reserve(self._held, want)):
@@ -293,7 +293,7 @@ class Session(Execution):
                 in_frame = decoder.in_frame
                 if in_frame:
                     if frames != decoder.frames or frame_deadline == math.inf:
-                        frame_deadline = trio.current_time() + cfg.frame_timeout_secs
+                        frame_deadline = clock() + cfg.frame_timeout_secs
                     # More of a frame is on its way (a large value, or a pipeline cut
                     # by TCP): read on, so its writes join the same commits.
                     continue
