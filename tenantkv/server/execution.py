@@ -25,6 +25,7 @@ failpoint is armed, or when a gate cannot admit at once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -325,7 +326,8 @@ class Execution:
         """A run of writes on ``bucket`` whose first was admitted with ``holds``."""
         if self._wrun is not None:
             self._wrun.close()
-        run = self._wrun = WriteRun(self, bucket, method, holds, t0)
+        unlimited = self.node.throttle.max_request_units(bucket.name) == math.inf
+        run = self._wrun = WriteRun(self, bucket, method, holds, t0, unlimited=unlimited)
         return run
 
     def _start_read_run(self, bucket: str, method: str) -> bool:
@@ -426,7 +428,9 @@ class Execution:
         op = None
         if write:
             op = cmd.handler(self, b, params)
-            self.node.check_write_cost(b.name, op)
+            run = self._wrun
+            if run is None or run.bucket is not b or not run.unlimited:
+                self.node.check_write_cost(b.name, op)
         prep = self._prepared
         if prep is None:
             prep = self._prepared = Prepared(cmd, params, b, user, op)

@@ -57,10 +57,18 @@ class WriteRun:
         "method",
         "room",
         "t0",
+        "unlimited",
     )
 
     def __init__(
-        self, session: WriteSession, bucket: BucketHandle, method: str, holds: Holds, t0: float
+        self,
+        session: WriteSession,
+        bucket: BucketHandle,
+        method: str,
+        holds: Holds,
+        t0: float,
+        *,
+        unlimited: bool = False,
     ) -> None:
         self._session = session
         self.bucket = bucket
@@ -68,6 +76,10 @@ class WriteRun:
         self.holds = holds
         #: when the run's first write was received (perf_counter): its latency's start
         self.t0 = t0
+        #: no request on the bucket can cost too much (Node.check_write_cost): so
+        #: while the run lasts — nothing else runs, no limit changes — the writes
+        #: prepared after its first need not ask
+        self.unlimited = unlimited
         self._msgids: list[int] = []
         #: the run's writes, until they are answered (their values must not
         #: outlive their answers)

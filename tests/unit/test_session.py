@@ -326,6 +326,37 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
         await peer.stream.aclose()
 
 
+async def test_a_write_too_costly_for_its_bucket_is_refused_within_a_run(node: Node) -> None:
+    """A run's writes skip the request-cost check only on a bucket where no request
+    can cost too much: on a limited one each joining write is still checked."""
+    node.throttle.set_bucket("b", hard_limit=10_000)
+    node.throttle.max_debt_secs = 0.005  # 50 units: a costly write fits the run's chunk
+    most = node.throttle.max_request_units("b")
+    big = b"x" * int(most * node.config.write_unit_size)  # over the most, whatever the weight
+    async with trio.open_nursery() as nursery:
+        peer = await run_session(node, nursery)
+        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        assert [r.error for r in await peer.responses(1)] == [None]
+        # One chunk: the costly write would join the run of the write before it.
+        await peer.send(
+            (1, "set", {"key": b"a", "value": b"1"}),
+            (2, "set", {"key": b"big", "value": big}),
+            (3, "set", {"key": b"c", "value": b"3"}),
+        )
+        got = sorted(await peer.responses(3), key=lambda r: r.msgid)
+        assert [r.error["codeName"] if r.error else None for r in got] == [
+            None,
+            "RequestTooCostly",
+            None,
+        ]
+        node.throttle.set_bucket("b", hard_limit=None)  # unlimited
+        await peer.send(
+            (4, "set", {"key": b"a", "value": b"1"}), (5, "set", {"key": b"big", "value": big})
+        )
+        assert [r.error for r in await peer.responses(2)] == [None, None]
+        await peer.stream.aclose()
+
+
 async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: Node) -> None:
     """Inline reads are counted per run: one that fails (a bad key) is an error
     of its bucket, not one of its operations, wherever it falls in the run."""
