@@ -180,7 +180,7 @@ def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     if type(key) is not bytes or not 0 < len(key) <= protocol.MAX_KEY_BYTES:
         key = key_param(p)  # a str key, or the precise error
     # Engine.get_in without a Record: the hottest handler, once per pipelined GET.
-    raw = (s.rtxn or s.read_txn()).get(key, db=b.db)
+    raw = (s.rtxn or s.read_txn()).get(key, None, b.db)  # positional: db= costs ~60 ns
     if raw is None:
         return None
     out = live_reply(raw, s.node.engine.now_ms)

@@ -267,7 +267,7 @@ class Engine:
 
     def get_in(self, txn: lmdb.Transaction, h: BucketHandle, key: bytes) -> Record | None:
         """The live record of ``key`` read in ``txn`` (see :meth:`begin_read`)."""
-        raw = txn.get(key, db=h.db)
+        raw = txn.get(key, None, h.db)  # (key, default, db): positional is ~60 ns cheaper
         if raw is None:
             return None
         rec = records.decode(raw)
@@ -278,7 +278,7 @@ class Engine:
     ) -> tuple[bytes, int] | None:
         """The value of the live record of ``key`` read in ``txn`` and its stored size
         (metered), or None: :meth:`get_in` for a reader that wants the value only."""
-        raw = txn.get(key, db=h.db)
+        raw = txn.get(key, None, h.db)
         if raw is None:
             return None
         value = records.live_value(raw, self.now_ms)

@@ -104,7 +104,7 @@ class RunOp(WriteOp):
 
 
 def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
-    raw = w.txn.get(key, db=h.db)
+    raw = w.txn.get(key, None, h.db)  # (key, default, db): positional is ~60 ns cheaper
     if raw is None:
         return None
     rec = records.decode(raw)
@@ -112,7 +112,7 @@ def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
 
 
 def _stored(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
-    raw = w.txn.get(key, db=h.db)
+    raw = w.txn.get(key, None, h.db)
     return None if raw is None else records.decode(raw)
 
 
@@ -146,7 +146,8 @@ def upsert(
     step. Returns ``(cas, the old stored record or None)``; ``expiry_ms`` must be 0
     or in the future."""
     cas = w.next_cas()
-    old_raw = w.txn.replace(key, records.encode(value, cas, expiry_ms, flags), db=h.db)
+    # (key, value, db): positional, ~60 ns cheaper than db= (once per plain set)
+    old_raw = w.txn.replace(key, records.encode(value, cas, expiry_ms, flags), h.db)
     if old_raw is not None:
         old_expiry = records.HEADER.unpack_from(old_raw)[1]
         if old_expiry and old_expiry != expiry_ms:
