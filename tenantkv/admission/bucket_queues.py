@@ -65,7 +65,7 @@ Events (muskie's ``request_throttled`` / ``request_handled`` probes)
     (:meth:`BucketQueues.subscribe`, what ``tenantkv-admin watch`` streams)
     each get a Trio memory channel with a bounded buffer; a slow subscriber
     loses events (counted in ``events_dropped``) rather than slowing requests.
-    With no subscriber, emitting costs a single ``if self._subscribers:``.
+    With no subscriber, emitting costs a single ``if self.subscribers:``.
 
 Counters (:meth:`BucketQueues.statistics`) per bucket and class::
 
@@ -351,7 +351,8 @@ class BucketQueues:
             "bucket_queue_pending_timeout_ms", pending_timeout_ms, 0, MAX_PENDING_TIMEOUT_MS
         )
         self._queues: dict[str, dict[str, BucketQueue]] = {cls: {} for cls in CLASSES}
-        self._subscribers: list[_Subscriber] = []
+        #: the event subscriptions (``watch_events``); :attr:`watched` says if any
+        self.subscribers: list[_Subscriber] = []
         self._delivered = 0
         self._dropped = 0
 
@@ -536,7 +537,7 @@ class BucketQueues:
     @property
     def watched(self) -> bool:
         """Is anybody subscribed to events (``watch_events``)?"""
-        return bool(self._subscribers)
+        return bool(self.subscribers)
 
     def handled(
         self, bucket: str, cls: str, operation: str = "", key_len: int = 0, outcome: str = "ok"
@@ -544,13 +545,13 @@ class BucketQueues:
         """The ``request_handled`` event of a request admitted by :meth:`try_pass`."""
         per = self._queues.get(cls)
         q = per.get(bucket) if per is not None else None
-        if q is not None and self._subscribers:
+        if q is not None and self.subscribers:
             self._emit(REQUEST_HANDLED, q, operation, key_len, outcome)
 
     def release_many(self, q: BucketQueue, n: int, outcome: str = "ok") -> list[Waiter]:
         """Give ``n`` slots back at once (a run's, :meth:`add`), as ``n``
         :meth:`release` calls would; returns the waiters they pass to."""
-        if not q.waiters and not self._subscribers:
+        if not q.waiters and not self.subscribers:
             q.running -= n
             return []
         woken = []
@@ -571,7 +572,7 @@ class BucketQueues:
             q.admitted += 1
         else:
             q.running -= 1
-        if self._subscribers:
+        if self.subscribers:
             self._emit(REQUEST_HANDLED, q, operation, key_len, outcome)
         return waiter
 
@@ -594,7 +595,7 @@ class BucketQueues:
         now = self._clock()
         if len(q.waiters) >= q.queue_tolerance:
             q.rejected_overflow += 1
-            if self._subscribers:
+            if self.subscribers:
                 self._emit(REQUEST_THROTTLED, q, operation, key_len, "rejected_overflow")
             raise AdmissionQueueOverflow(
                 f"bucket {bucket!r} {cls} queue is full ({q.running} running, "
@@ -609,7 +610,7 @@ class BucketQueues:
         waiter = Waiter(now)
         q.waiters.append(waiter)
         q.queued_total += 1
-        if self._subscribers:
+        if self.subscribers:
             self._emit(REQUEST_THROTTLED, q, operation, key_len, "queued")
         return q, waiter
 
@@ -619,7 +620,7 @@ class BucketQueues:
         """``waiter`` waited ``pending_timeout_ms`` without a slot: the error to raise."""
         unqueue(q.waiters, waiter)
         q.rejected_timeout += 1
-        if self._subscribers:
+        if self.subscribers:
             self._emit(REQUEST_THROTTLED, q, operation, key_len, "rejected_timeout")
         now = self._clock()
         waited_ms = round((now - waiter.enqueued) * 1000)
@@ -663,14 +664,14 @@ class BucketQueues:
         """
         _check_int("max_buffer", max_buffer, 1, 1_000_000)
         send, receive = trio.open_memory_channel[QueueEvent](max_buffer)
-        self._subscribers.append(_Subscriber(send, receive, bucket))
+        self.subscribers.append(_Subscriber(send, receive, bucket))
         return receive
 
     def unsubscribe(self, receive: trio.MemoryReceiveChannel[QueueEvent]) -> None:
         """Stop a subscription; its channel sees end-of-stream after what it buffered."""
-        for sub in self._subscribers:
+        for sub in self.subscribers:
             if sub.receive is receive:
-                self._subscribers.remove(sub)
+                self.subscribers.remove(sub)
                 sub.send.close()
                 return
 
@@ -687,7 +688,7 @@ class BucketQueues:
             outcome,
         )
         gone: list[_Subscriber] = []
-        for sub in self._subscribers:
+        for sub in self.subscribers:
             if sub.bucket is not None and sub.bucket != q.bucket:
                 continue
             try:
@@ -701,7 +702,7 @@ class BucketQueues:
                 sub.delivered += 1
                 self._delivered += 1
         for sub in gone:
-            self._subscribers.remove(sub)
+            self.subscribers.remove(sub)
             sub.send.close()
 
     # ------------------------------------------------------------------ stats
@@ -731,7 +732,7 @@ class BucketQueues:
             concurrency=self._concurrency,
             queue_tolerance=self._tolerance,
             pending_timeout_ms=self._timeout_ms,
-            subscribers=len(self._subscribers),
+            subscribers=len(self.subscribers),
             events_delivered=self._delivered,
             events_dropped=self._dropped,
             buckets=MappingProxyType(

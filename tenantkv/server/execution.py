@@ -45,6 +45,8 @@ log = logging.getLogger("tenantkv.session")
 
 #: A whole token of a request-rate loan (the token bucket's own float tolerance).
 RATE_TOKEN = 1.0 - 1e-9
+#: A read run's allowance before its second read asks for it (costs are >= 0).
+ASK_ALLOWANCE = -1.0
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
 
@@ -233,7 +235,9 @@ class Execution:
             if b.name != self._run_bucket or method != self._run_method:
                 if not self._start_read_run(b.name, method):
                     return False
-            elif self._run_cost < self._run_allowance:
+            elif self._run_cost < self._run_allowance or (
+                self._run_allowance == ASK_ALLOWANCE and self._allowance_covers_run()
+            ):
                 self._run_reads += 1
             elif not self._start_read_run(b.name, method):
                 return False
@@ -335,13 +339,13 @@ class Execution:
         waiting path.
 
         The reads of a chunk are admitted as runs: the first through every gate
-        (:meth:`Pipeline.try_pass_read`), which also gives the run its throttle
-        allowance (:meth:`TenantThrottle.run_allowance`); each next read of the
-        same command on the same bucket joins the run while the costs so far
-        stay below it — the answer every gate would give that read on its own,
-        since nothing else ran in between. :meth:`_end_read_run` then counts and
-        charges the run once. Any other request, and anything that awaits, ends
-        the run first.
+        (:meth:`Pipeline.try_pass_read`); each next read of the same command on
+        the same bucket joins the run while the costs so far stay below the
+        run's throttle allowance (:meth:`TenantThrottle.run_allowance`, asked by
+        the second read: a run of one needs none) — the answer every gate would
+        give that read on its own, since nothing else ran in between.
+        :meth:`_end_read_run` then counts and charges the run once. Any other
+        request, and anything that awaits, ends the run first.
         """
         if self._run_bucket is not None:
             self._end_read_run()
@@ -355,13 +359,24 @@ class Execution:
             return False
         cfg = node.config
         self._run_bucket, self._run_method, self._run_unthrottled = bucket, method, unthrottled
-        self._run_allowance = node.throttle.run_allowance(bucket, unthrottled=unthrottled)
+        self._run_allowance = ASK_ALLOWANCE  # a run of one read never needs it
         self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
         # Nobody can subscribe while the run lasts: it never awaits. (The core's
-        # property, not the adapter's forwarding one: a call less per run.)
-        self._run_watched = node.pipeline.queues_enabled and node.queues.queues.watched
+        # list, not a property: a call less per run.)
+        self._run_watched = node.pipeline.queues_enabled and bool(node.queues.queues.subscribers)
         return True
+
+    def _allowance_covers_run(self) -> bool:
+        """At the run's second read: its throttle allowance
+        (:meth:`TenantThrottle.run_allowance`), asked now — the answer it had when
+        the first read was admitted, since the run is charged only when it ends
+        and nothing else ran — and whether the costs so far stay below it."""
+        assert self._run_bucket is not None
+        self._run_allowance = self.node.throttle.run_allowance(
+            self._run_bucket, unthrottled=self._run_unthrottled
+        )
+        return self._run_cost < self._run_allowance
 
     def _end_read_run(self) -> None:
         """Count the run's reads through the gates, and its operations and

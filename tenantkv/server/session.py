@@ -290,7 +290,9 @@ class Session(Execution):
                 # chunk settles (_settle_chunk): before anything awaits, and after.
                 if not await self._handle_chunk(decoder):
                     return
-                in_frame = decoder.in_frame
+                # What the chunk left undecoded, as _settle_chunk just told the cap:
+                # decoder.in_frame without asking again.
+                in_frame = self._held > 0
                 if in_frame:
                     if frames != decoder.frames or frame_deadline == math.inf:
                         frame_deadline = clock() + cfg.frame_timeout_secs
