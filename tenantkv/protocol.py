@@ -104,7 +104,7 @@ FRAME_DECODE_BUDGET = 2 * MAX_CONTAINER_LEN
 CONTAINER_COST = 1024
 #: So at most this many arrays and maps in one such frame (nesting included).
 MAX_FRAME_CONTAINERS = FRAME_DECODE_BUDGET // (CONTAINER_COST + 1)
-#: Frames up to this size are decoded without counting what they build: the
+#: After hello, frames up to this size are decoded without counting what they build: the
 #: count costs two Python calls per request (its hooks run for every array and
 #: map), about a third of decoding one, and a frame this small cannot build more
 #: than ~100x its size (an empty map is 1 byte on the wire and 64 in memory; a
@@ -127,14 +127,14 @@ class RequestDecoder:
       header announcing 4 GiB is refused before its body is buffered;
     * a frame may not exceed :attr:`frame_limit` bytes (lowered to
       :data:`MAX_HELLO_FRAME_BYTES` until ``hello`` succeeds);
-    * what a frame decodes to is bounded by its size: one of at most
+    * what a frame decodes to is bounded: after hello, one of at most
       :data:`UNCOUNTED_FRAME_BYTES` (every usual request) is decoded by an
       unpacker that never sees more of the stream than that past the frame's
       start, so it cannot build a larger frame; the moment a frame turns out
       larger, its bytes move to a second unpacker whose hooks count what it
       builds — at most :data:`FRAME_DECODE_BUDGET` elements and
       :data:`MAX_FRAME_CONTAINERS` containers — and which decodes until the
-      stream is back at a frame boundary;
+      stream is back at a frame boundary. Before hello every frame is counted;
     * the unpackers (~40 KiB each, mostly the parse stack) are dropped by
       :meth:`release_if_idle` once everything received has been decoded — the
       server's deadline sweep calls it, so an idle connection holds no decoder
@@ -302,7 +302,7 @@ class RequestDecoder:
         if self._piece:  # keep the partial frame's bytes, in case it outgrows the bound
             self._carry = (self._carry + self._piece)[-pending:] if pending else b""
             self._piece = b""
-        bound = min(UNCOUNTED_FRAME_BYTES, self.frame_limit)
+        bound = self._uncounted_bound()
         if pending >= bound:  # it had that much and did not complete a frame
             return self._count_from_here()
         rest = self._rest
@@ -325,6 +325,15 @@ class RequestDecoder:
         self._fed += len(piece)
         self._piece = piece
         return fast
+
+    def _uncounted_bound(self) -> int:
+        """The largest frame the fast unpacker may complete: none before hello (a
+        frame bound of at most :data:`MAX_HELLO_FRAME_BYTES`), so an anonymous
+        client's frames are always counted — 4 KiB of empty maps would otherwise
+        hold ~290 KiB through authentication."""
+        if self.frame_limit <= MAX_HELLO_FRAME_BYTES:
+            return 0
+        return min(UNCOUNTED_FRAME_BYTES, self.frame_limit)
 
     def _count_from_here(self) -> msgpack.Unpacker:
         """The fast unpacker's partial frame is over its bound: refuse it, or move

@@ -205,6 +205,27 @@ def test_a_small_frame_is_not_counted_and_a_large_one_is() -> None:
         list(dec)
 
 
+def test_before_hello_every_frame_is_counted() -> None:
+    """An anonymous client gets no uncounted decoding: a 4 KiB hello cannot hold
+    ~1,000 empty maps (~290 KiB) through authentication."""
+    hello = protocol.encode_request(1, "hello", {"user": "u", "client": [{}] * 1000})
+    assert len(hello) <= protocol.MAX_HELLO_FRAME_BYTES
+    dec = protocol.RequestDecoder()
+    dec.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
+    dec.feed(hello)
+    with pytest.raises(errors.ProtocolError, match="decodes to too much"):
+        list(dec)
+    # Once authenticated (the bound raised), the same frame is decoded uncounted.
+    dec = protocol.RequestDecoder()
+    dec.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
+    ok = protocol.encode_request(1, "hello", {"user": "u"})
+    dec.feed(ok)
+    assert [m for _, m, _ in dec] == ["hello"]
+    dec.frame_limit = dec.max_frame_bytes
+    dec.feed(hello)
+    assert [len(p["client"]) for _, _, p in dec] == [1000]
+
+
 def test_before_hello_a_frame_may_be_exactly_the_hello_bound() -> None:
     for size, ok in (
         (protocol.MAX_HELLO_FRAME_BYTES, True),
