@@ -169,7 +169,7 @@ class RequestDecoder:
         #: received, not yet fed to the fast unpacker (it takes a piece at a time)
         self._rest: bytes | bytearray | memoryview = b""
         #: the bytes of the fast unpacker's partial frame (what moves if it grows)
-        self._carry: bytes = b""
+        self._carry: bytes | bytearray = b""
         self._piece: bytes | bytearray | memoryview = b""  # the last piece fed to it
         self._last: bytes | bytearray = b""  # counting: the last chunk fed, until decoded
         self._head: bytes | bytearray = b""  # counting: a partial frame's first bytes
@@ -299,8 +299,14 @@ class RequestDecoder:
         pending = self._fed - self._frame_start
         if u is None and pending:
             return self._fast  # what it holds first (a partial frame)
-        if self._piece:  # keep the partial frame's bytes, in case it outgrows the bound
-            self._carry = (self._carry + self._piece)[-pending:] if pending else b""
+        piece = self._piece
+        if piece:  # keep the partial frame's bytes, in case it outgrows the bound
+            if not pending:
+                self._carry = b""
+            elif pending > len(piece):  # the frame began before this piece: extend it
+                self._carry += piece  # (a bytearray: a byte-at-a-time sender costs no copies)
+            else:
+                self._carry = bytearray(piece[-pending:])
             self._piece = b""
         bound = self._uncounted_bound()
         if pending >= bound:  # it had that much and did not complete a frame
