@@ -37,12 +37,16 @@ params_st = st.dictionaries(
 )
 def test_requests_round_trip_in_any_chunking(reqs: list[Any], chunk: int) -> None:
     wire = b"".join(protocol.encode_request(m, meth, p) for m, meth, p in reqs)
-    dec = protocol.RequestDecoder()
-    got = []
+    assert decode_in_chunks(protocol.RequestDecoder(), wire, chunk) == [tuple(r) for r in reqs]
+
+
+def decode_in_chunks(dec: protocol.RequestDecoder, wire: bytes, chunk: int) -> list[Any]:
+    """Feed ``wire`` ``chunk`` bytes at a time; every request decoded."""
+    got: list[Any] = []
     for i in range(0, len(wire), chunk):
         dec.feed(wire[i : i + chunk])
         got.extend(dec)
-    assert got == [tuple(r) for r in reqs]
+    return got
 
 
 @given(st.integers(0, 2**32 - 1), params_st | st.none())
@@ -185,11 +189,7 @@ def test_frames_either_side_of_the_uncounted_bound_round_trip(sizes: list[int], 
     wire = b"".join(protocol.encode_request(*r) for r in reqs)
     assert [len(protocol.encode_request(*r)) for r in reqs] == sizes
     dec = protocol.RequestDecoder()
-    got = []
-    for i in range(0, len(wire), chunk):
-        dec.feed(wire[i : i + chunk])
-        got.extend(dec)
-    assert got == reqs
+    assert decode_in_chunks(dec, wire, chunk) == reqs
     assert dec.buffered == 0 and not dec._counted
 
 
