@@ -308,10 +308,12 @@ class RequestDecoder:
             else:
                 self._carry = bytearray(piece[-pending:])
             self._piece = b""
+        rest = self._rest
+        if not rest and not pending:
+            return None  # everything received is decoded (the usual end of a chunk)
         bound = self._uncounted_bound()
         if pending >= bound:  # it had that much and did not complete a frame
             return self._count_from_here()
-        rest = self._rest
         if not rest:
             if pending and self._head_decided != self.frames:
                 self._decide_head(self._carry[:FRAME_HEAD_BYTES])
