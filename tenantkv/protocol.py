@@ -200,7 +200,7 @@ class RequestDecoder:
     def feed(self, data: bytes | bytearray) -> None:
         """Take received bytes; iterate the decoder after each feed."""
         if self._got - self._frame_start + len(data) > self._buffer_bytes:
-            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+            raise self._too_large()
         self._got += len(data)
         if self._counted:
             assert self._counting is not None
@@ -240,9 +240,7 @@ class RequestDecoder:
                     f"elements, each array or map counting {CONTAINER_COST} more"
                 ) from None
             except msgpack.BufferFull:
-                raise errors.FrameTooLarge(
-                    f"request frame larger than {self.frame_limit} bytes"
-                ) from None
+                raise self._too_large() from None
             except ValueError as exc:  # ExtraData, FormatError, StackError, limits, bad UTF-8
                 raise errors.ProtocolError(f"malformed MessagePack: {exc}") from None
             except Exception as exc:  # msgpack raises a few other types on hostile input
@@ -250,9 +248,7 @@ class RequestDecoder:
             end = self._base + tell()
             if counted:  # (the fast unpacker cannot complete a frame over its bound)
                 if end - self._frame_start > self.frame_limit:
-                    raise errors.FrameTooLarge(
-                        f"request frame larger than {self.frame_limit} bytes"
-                    )
+                    raise self._too_large()
                 self._budget.left = FRAME_DECODE_BUDGET
             self._frame_start = end
             self.frames += 1
@@ -334,6 +330,9 @@ class RequestDecoder:
         self._piece = piece
         return fast
 
+    def _too_large(self) -> errors.FrameTooLarge:
+        return errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+
     def _uncounted_bound(self) -> int:
         """The largest frame the fast unpacker may complete: none before hello (a
         frame bound of at most :data:`MAX_HELLO_FRAME_BYTES`), so an anonymous
@@ -348,7 +347,7 @@ class RequestDecoder:
         it and the rest of the chunk to the counting unpacker."""
         carry = self._carry
         if len(carry) >= self.frame_limit:
-            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+            raise self._too_large()
         if self._head_decided != self.frames:
             self._decide_head(carry[:FRAME_HEAD_BYTES])
         counting = self._counting
@@ -380,7 +379,7 @@ class RequestDecoder:
         pending = self._fed - self._frame_start
         last, self._last = self._last, b""  # hold no received chunk while waiting
         if pending > self.frame_limit:
-            raise errors.FrameTooLarge(f"request frame larger than {self.frame_limit} bytes")
+            raise self._too_large()
         if self._head_decided != self.frames and not self._head:
             # A frame began in the last chunk: check its head before buffering more.
             start = len(last) - pending

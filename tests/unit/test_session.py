@@ -29,6 +29,8 @@ from tenantkv.server.session import Session
 from tenantkv.storage.ops import CreateBucketOp
 
 TIMEOUT = 10
+#: the hello of user u on bucket b, msgid 0
+HELLO = (0, "hello", {"user": "u", "password": "pw", "bucket": "b"})
 
 
 @pytest.fixture
@@ -115,7 +117,7 @@ async def test_pipelined_requests_are_answered_in_order(node: Node) -> None:
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
         await peer.send(
-            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            HELLO,
             (1, "set", {"key": b"k", "value": b"v1"}),
             (2, "get", {"key": b"k"}),
             (3, "set", {"key": b"k", "value": b"v2"}),
@@ -150,7 +152,7 @@ async def test_frames_are_small_until_hello_and_full_size_after(node: Node) -> N
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
         await peer.send(
-            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            HELLO,
             (1, "set", {"key": b"big", "value": b"x" * 100_000}),
         )
         got = await peer.responses(2)
@@ -335,7 +337,7 @@ async def test_a_write_too_costly_for_its_bucket_is_refused_within_a_run(node: N
     big = b"x" * int(most * node.config.write_unit_size)  # over the most, whatever the weight
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.send(HELLO)
         assert [r.error for r in await peer.responses(1)] == [None]
         # One chunk: the costly write would join the run of the write before it.
         await peer.send(
@@ -363,7 +365,7 @@ async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: N
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
         await peer.send(
-            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            HELLO,
             (1, "get", {"key": b"a"}),
             (2, "get", {"key": 5}),
             (3, "get", {"key": b"x" * 300}),
@@ -472,7 +474,7 @@ async def test_a_connection_that_authenticates_and_idles_holds_no_unpacker(node:
     more came with it; between requests it stays (the sweep drops it once idle)."""
     async with trio.open_nursery() as nursery:
         session, peer = await start_session(node, nursery)
-        await peer.send((0, "hello", {"user": "u", "password": "pw", "bucket": "b"}))
+        await peer.send(HELLO)
         assert [r.error for r in await peer.responses(1)] == [None]
         decoder = session._decoder
         assert isinstance(decoder, protocol.RequestDecoder)
@@ -487,7 +489,7 @@ async def test_hello_with_a_request_behind_it_keeps_the_unpacker(node: Node) -> 
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
         await peer.send(
-            (0, "hello", {"user": "u", "password": "pw", "bucket": "b"}),
+            HELLO,
             (1, "set", {"key": b"k", "value": b"v"}),
             (2, "get", {"key": b"k"}),
         )
