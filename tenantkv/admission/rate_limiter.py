@@ -539,9 +539,14 @@ class RateLimiter:
         """The error for the last :meth:`try_acquire` that answered None."""
         return self.bucket.rejection(self._refused_wait)
 
+    def wait_when(self, left: float) -> float:
+        """Seconds until a caller of a loan refused with ``left`` tokens remaining
+        could have a token."""
+        return (1.0 - left) / self.bucket.rate_per_sec
+
     def rejection_when(self, left: float) -> ServerError:
         """The error for a caller of a loan refused with ``left`` tokens remaining."""
-        return self.bucket.rejection((1.0 - left) / self.bucket.rate_per_sec)
+        return self.bucket.rejection(self.wait_when(left))
 
     def release(self, hold: Admitted, /) -> None:
         """Nothing to give back: a token is spent once taken."""

@@ -47,6 +47,14 @@ log = logging.getLogger("tenantkv.session")
 RATE_TOKEN = 1.0 - 1e-9
 #: A read run's allowance before its second read asks for it (costs are >= 0).
 ASK_ALLOWANCE = -1.0
+#: A connection whose request the rate limiter refused is read again when the
+#: limiter could admit one of its requests, at most this much later: what its
+#: client sends meanwhile waits in the socket and is answered in one receive and
+#: one send, instead of a wake-up, a receive and a send per refusal.
+REFUSAL_PAUSE_MAX_SECS = 0.010
+#: ...if that is at least this far off. Sooner, the limiter admits over a thousand
+#: requests a second, and a pause would only delay the ones it admits next.
+REFUSAL_PAUSE_MIN_SECS = 0.001
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
 
@@ -106,6 +114,9 @@ class Execution:
         self.rate_room = 0
         self._rate_refused = 0
         self._chunk_refusal: errors.ServerError | None = None
+        #: when the framing half may read this connection again after a refusal
+        #: by the rate limiter (trio time; 0.0: at once)
+        self.reads_paused_until = 0.0
         #: the run of inline reads being admitted (see _start_read_run): its bucket
         #: (None: no run), user privilege, throttle allowance, reads and their units
         self._run_bucket: str | None = None
@@ -159,7 +170,12 @@ class Execution:
         The loan's whole tokens are counted down in ``rate_room``; a session's
         loop may take one itself (``rate_room -= 1`` for a request that is not an
         admin command) instead of calling this: the same answer, a call less per
-        request."""
+        request.
+
+        A refusal also sets ``reads_paused_until`` (when the wait for a token is
+        :data:`REFUSAL_PAUSE_MIN_SECS` or more): the framing half reads the
+        connection again then, so a client that keeps sending is answered in
+        batches, one wake-up per pause."""
         if not admin:
             left = self._rate_left
             if left is None:
@@ -180,6 +196,11 @@ class Execution:
                     limiter = self.node.pipeline.request_limiter
                     refused = self._chunk_refusal = limiter.rejection_when(left)
                     refused.command = method
+                    wait = limiter.wait_when(left)
+                    if wait >= REFUSAL_PAUSE_MIN_SECS:
+                        self.reads_paused_until = self._chunk_now + min(
+                            wait, REFUSAL_PAUSE_MAX_SECS
+                        )
                 self._rate_refused += 1
                 self._reply_error(msgid, refused)
                 return True

@@ -271,6 +271,11 @@ class Session(Execution):
                     self._deadline, want = clock() + idle, RECEIVE_BYTES
                     self._deadline_what = "no request within idle_timeout_secs"
                 self._receiving = True
+                if self.reads_paused_until:
+                    # The rate limiter refused this connection's last chunk: read
+                    # again when it could admit (Execution._refused_by_rate).
+                    await trio.sleep_until(self.reads_paused_until)
+                    self.reads_paused_until = 0.0
                 if not (n := buffers.try_reserve(self._held, want)):
                     n = await buffers.reserve(self._held, want)
                 data = await self.stream.receive_some(n)

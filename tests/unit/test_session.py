@@ -23,6 +23,7 @@ from tenantkv import protocol
 from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
 from tenantkv.config import Config
 from tenantkv.server import auth
+from tenantkv.server.execution import REFUSAL_PAUSE_MAX_SECS
 from tenantkv.server.node import Node
 from tenantkv.server.server import open_engine
 from tenantkv.server.session import Session
@@ -261,11 +262,76 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
         codes = [r.error["codeName"] if r.error else "ok" for r in got]
         assert codes == ["ok"] * 5 + ["IngressRequestRateLimitExceeded"] * 15
         assert len({r.error["retryAfterMs"] for r in got[5:]}) == 1  # one decision
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
     st = node.pipeline.request_limiter.statistics()
     assert st.rejected - before.rejected == 15
     assert st.attempted - before.attempted == 20
     assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
+
+
+async def answered_so_far(peer: Peer, nursery: trio.Nursery, n: int) -> list[protocol.Response]:
+    """The list the peer's next ``n`` responses go to as they arrive (a task reads
+    them), once every task is blocked: what the session answered without the
+    clock moving."""
+    got: list[protocol.Response] = []
+
+    async def collect() -> None:
+        got.extend(await peer.responses(n))
+
+    nursery.start_soon(collect)
+    await trio.testing.wait_all_tasks_blocked()
+    return got
+
+
+async def test_a_refused_connection_is_read_again_when_a_token_could_be_there(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """After a refusal by the request rate limiter the connection is not read until
+    the limiter could admit again (at most REFUSAL_PAUSE_MAX_SECS): what the client
+    sends meanwhile is answered together once the pause ends, so a client that
+    ignores retryAfterMs costs one receive and one send per pause, not per request."""
+    await limit_requests_to_five_tokens(node, mock_clock)  # 1/s: a token is 1 s off
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 7)))
+        assert [r.error is None for r in await peer.responses(6)] == [True] * 5 + [False]
+        for i in range(7, 10):
+            await peer.send((i, "get", {"key": b"k"}))
+        got = await answered_so_far(peer, nursery, 3)
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS - 0.001)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [], "read before the pause ended"
+        mock_clock.jump(0.001)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r.msgid for r in got] == [7, 8, 9]
+        assert {r.error["codeName"] for r in got} == {"IngressRequestRateLimitExceeded"}
+        # A token's wait later the next request is served.
+        mock_clock.jump(1.0)
+        await peer.send((10, "get", {"key": b"k"}))
+        assert (await peer.responses(1))[0].error is None
+        await peer.stream.aclose()
+
+
+async def test_a_refusal_with_a_token_due_soon_does_not_pause_the_connection(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """At a rate where the next token is under REFUSAL_PAUSE_MIN_SECS away the
+    connection is read again at once: the limiter admits its next requests soon,
+    and a pause would only delay them."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 5000.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 0.001)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    mock_clock.jump(10)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 9)))
+        got = await peer.responses(8)
+        assert [r.error is None for r in got] == [True] * 5 + [False] * 3
+        await peer.send((9, "get", {"key": b"k"}))
+        got = await answered_so_far(peer, nursery, 1)
+        assert [r.msgid for r in got] == [9]  # answered without the clock moving
+        await peer.stream.aclose()
 
 
 async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
@@ -287,6 +353,7 @@ async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
             codes
             == ["ok"] * 3 + ["Unauthorized"] + ["ok"] * 2 + ["IngressRequestRateLimitExceeded"] * 3
         )
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
     st = node.pipeline.request_limiter.statistics()
     assert st.rejected - before.rejected == 3
