@@ -287,6 +287,26 @@ def test_overwriting_clears_or_moves_the_expiry(store: Store) -> None:
     assert store.get(b"m") is None and store.get(b"k") is not None
 
 
+def test_a_plain_set_keeps_the_expiry_index_in_step_whether_or_not_it_was_empty(
+    store: Store,
+) -> None:
+    """A set without ttl takes a plain put only while no key has an expiry: in the
+    same batch as a set with ttl, or after one, overwriting a key drops its index
+    entry (else the pager would delete the key that no longer expires)."""
+    b = store.bucket()
+    store.ok(SetOp(b, b"plain", b"v"))  # index empty: the plain put
+    # One batch: the first write finds the index empty, the second adds to it,
+    # the third overwrites that key without ttl and must drop its entry.
+    store.run(SetOp(b, b"a", b"v"), SetOp(b, b"k", b"v", ttl=10), SetOp(b, b"k", b"v2"))
+    store.ok(SetOp(b, b"m", b"v", ttl=10))
+    store.ok(SetOp(b, b"m", b"v2"))  # a later batch: the index is not empty
+    store.clock.ms += 20_000
+    assert store.ok(ExpireDueOp())["removed"] == 0
+    assert [store.get(k).value for k in (b"plain", b"a", b"k", b"m")] == [b"v", b"v", b"v2", b"v2"]
+    with store.engine.env.begin() as txn:
+        assert txn.stat(store.engine.expiry)["entries"] == 0
+
+
 def test_a_backward_clock_step_resurrects_no_expired_key(store: Store) -> None:
     """Expiry is absolute wall-clock time (as in Redis); when the clock steps back,
     a key already reported missing, or already reclaimed, stays gone."""
