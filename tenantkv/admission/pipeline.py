@@ -212,18 +212,24 @@ class Pipeline:
 
     # -- per data operation ---------------------------------------------------
 
-    def try_pass_read(self, bucket: str, *, unthrottled: bool, nonblocking: bool = False) -> bool:
+    def try_pass_read(
+        self, bucket: str, *, unthrottled: bool, nonblocking: bool = False, turn: bool = False
+    ) -> bool:
         """Admit a read that runs inline — to completion before anything else runs —
         through every gate, holding nothing: a ticket or slot taken around it could
         never be seen by another task, so each gate only checks that one is free and
         nobody waits ahead, and counts it as taken and given back (``try_pass``).
         False: nothing admitted, take :meth:`try_acquire` / :meth:`acquire`. Raises,
         like :meth:`try_acquire`, the throttle's rejection when waiting could not help.
+        ``turn``: the caller's connection just had its turn in the bucket's throttle
+        queue (:meth:`TenantThrottleGate.try_acquire`).
         """
         if self.ingress_enabled and not self.ingress.try_pass():
             return False
         if (
-            self.throttle.try_acquire(bucket, unthrottled=unthrottled, nonblocking=nonblocking)
+            self.throttle.try_acquire(
+                bucket, unthrottled=unthrottled, nonblocking=nonblocking, turn=turn
+            )
             is None
         ):
             return False

@@ -978,6 +978,33 @@ class TenantThrottle:
 
     # ------------------------------------------------------------------ waits & stats
 
+    def paced_wait(self, bucket: str) -> float:
+        """For a request at the head of ``bucket``'s queue that :meth:`admission_wait`
+        admits: seconds until the allowance, earned evenly through the slice
+        instead of a slice at a time, would admit it too (0.0: now).
+
+        A slice's refill comes at once at its start; a queue that drained it there
+        would run the bucket's whole slice in a burst, holding the event loop
+        from every other bucket for milliseconds at each boundary. Paced, a
+        queued bucket runs in a steady trickle at its rate. Only waiting requests
+        are paced, so the fast path and what is admitted per slice do not change:
+        by the slice's end the paced allowance is the allowance.
+        """
+        b = self._buckets.get(bucket)
+        if b is None or not self._enabled:
+            return 0.0
+        # When what is left of each counter is no more than what the rest of the
+        # slice earns: the slice's end, less the time the counter lasts at its rate.
+        at = 0.0
+        hr = b.hard_rate
+        if 0.0 < hr < _INF:
+            at = self._next_slice - b.hard / hr
+        r = b.rate + b.bonus
+        if 0.0 < r < _INF and self._spare <= 0.0:
+            at = max(at, self._next_slice - b.credit / r)
+        wait = at - self._clock()
+        return wait if wait > PACE_MIN_SECS else 0.0
+
     def estimate_wait(self, bucket: str) -> float:
         """Like :meth:`admission_wait`'s answer but without counting as demand (0.0 = now)."""
         now = self._clock()
@@ -1391,6 +1418,9 @@ def _spread(wait: float, slice_secs: float) -> float:
     return wait + random.random() * max(slice_secs, wait)
 
 
+#: A paced wait shorter than this admits now (a timer for less is all overhead).
+PACE_MIN_SECS: Final = 20e-6
+
 #: The hint for a wait with no end in sight (a zero rate that only a property
 #: change, or another bucket leaving capacity unused, can end).
 UNKNOWN_WAIT_RETRY_MS: Final = 10_000
@@ -1422,11 +1452,22 @@ class TenantThrottleGate:
         return len(queue) if queue else 0
 
     def try_acquire(
-        self, bucket: str, *, unthrottled: bool = False, nonblocking: bool = False
+        self,
+        bucket: str,
+        *,
+        unthrottled: bool = False,
+        nonblocking: bool = False,
+        turn: bool = False,
     ) -> Admitted | None:
         """:data:`ADMITTED` if an operation on ``bucket`` may run now (allowance left
         and nobody parked ahead of it, or ``unthrottled``), else None. The fast path:
         no clock read while the bucket has allowance.
+
+        ``turn``: the caller comes right after one of its own requests was
+        admitted on the waiting path, with nothing run in between (the rest of a
+        received chunk): the others parked do not count as ahead of it, only the
+        allowance does. The queue then takes turns a connection's chunk at a
+        time, not a request at a time.
 
         When waiting could not help — a ``nonblocking`` request, or a hard limit of
         0 — it raises the rejection :meth:`acquire` would raise, at once: a refused
@@ -1438,7 +1479,7 @@ class TenantThrottleGate:
             return ADMITTED
         if not throttle._enabled:  # the attribute, not the property: a call less per op
             return ADMITTED
-        if self._queues.get(bucket):  # others parked ahead of it (FIFO)
+        if not turn and self._queues.get(bucket):  # others parked ahead of it (FIFO)
             if not nonblocking:
                 return None
             wait = throttle.estimate_wait(bucket)
@@ -1559,10 +1600,13 @@ class TenantThrottleGate:
             head = queue[0] is waiter
             if head:
                 wait = throttle.admission_wait(bucket)
-                if wait == 0.0:
-                    return
                 now = trio.current_time()
-                if now + wait > limit:
+                if wait == 0.0:
+                    # Admitted; queued requests go at the bucket's rate, though.
+                    wait = throttle.paced_wait(bucket)
+                    if wait == 0.0 or now + wait > limit:
+                        return
+                elif now + wait > limit:
                     raise self._throttled(bucket, wait, False)
                 wake_at = now + wait
             else:

@@ -240,6 +240,42 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
         await peer.stream.aclose()
 
 
+async def test_a_read_that_waited_its_turn_takes_the_rest_of_its_chunk_while_allowance_lasts(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """Two connections send a chunk of reads each to a bucket over its hard limit:
+    a connection admitted from the throttle queue runs the reads after it in the
+    same turn while the bucket has allowance, instead of queueing behind the
+    other connection again for each one. Every read is answered, in order, the
+    hard limit holds, and the queue sees a wait per turn, not one per read."""
+    n, per_slice = 60, 20
+    async with trio.open_nursery() as nursery:
+        a = await hello_session(node, nursery)
+        b = await hello_session(node, nursery)
+        await a.send((1, "set", {"key": b"k", "value": b"x" * 100}))  # a read: 1 unit
+        await a.responses(1)
+        node.throttle.set_bucket("b", hard_limit=per_slice * 10)  # 20 units a 100 ms slice
+        mock_clock.jump(1.0)
+        mock_clock.autojump_threshold = 0  # (after the hellos: they hash in a thread)
+        before = node.throttle.statistics().buckets["b"]
+        t0 = trio.current_time()
+        await a.send(*((i, "get", {"key": b"k"}) for i in range(n)))
+        await b.send(*((i, "get", {"key": b"k"}) for i in range(n)))
+        for peer in (a, b):
+            got = await peer.responses(n)
+            assert [r.msgid for r in got] == list(range(n))
+            assert all(r.error is None and r.result["value"] == b"x" * 100 for r in got)
+        after = node.throttle.statistics().buckets["b"]
+        # 120 reads at 20 a slice: at least 5 slices after the first.
+        assert trio.current_time() - t0 >= 0.5 - 1e-9
+        waits = after.throttle_count_total - before.throttle_count_total
+        # A turn per connection per slice at most (6 slices), not a wait per read
+        # (~100 without turns).
+        assert 0 < waits <= 2 * (2 * n // per_slice)
+        await a.stream.aclose()
+        await b.stream.aclose()
+
+
 async def limit_requests_to_five_tokens(node: Node, mock_clock: trio.testing.MockClock) -> None:
     """The request rate limiter on at 1/s with a full burst of 5 tokens."""
     await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)

@@ -855,6 +855,37 @@ async def test_gate_hard_limit_accuracy_when_offered_3x(
     assert abs(admitted - 10_000) <= 0.03 * 10_000, admitted
 
 
+async def test_gate_paces_a_queue_through_the_slice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A bucket held at its hard limit by queued requests is admitted at its rate
+    through each slice, not in a burst when the slice refills; what it gets per
+    slice does not change."""
+    th, gate = gate_with(capacity=50_000)
+    add(th, "A", hard_limit=1000)  # 100 units a slice: ten 10-unit requests
+    admitted: list[float] = []
+    start = trio.current_time()
+
+    async def client() -> None:
+        while True:  # 10 clients x 100 ops/s x 10 units = 10x the hard limit
+            await gate.acquire("A")
+            th.charge("A", 10, 0)
+            admitted.append(trio.current_time() - start)
+            await trio.sleep(0.01)
+
+    with trio.move_on_at(start + 3.0):
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(client)
+    assert abs(len(admitted) - 300) <= 12, len(admitted)  # 1000 units/s, within a slice
+    slice_secs = th.slice_secs
+    # After the first second: in no 10 ms is more than one slice's tenth admitted
+    # (+1 at the edges); unpaced, a slice's ten went at its boundary.
+    late = [t for t in admitted if t >= 1.0]
+    busiest = max(sum(1 for u in late if t <= u < t + slice_secs / 10) for t in late)
+    assert busiest <= 2, busiest
+
+
 async def test_gate_fairness_one_waiter_vs_64(autojump_clock: trio.testing.MockClock) -> None:
     """Equal buckets share the free pool equally, whatever their concurrency."""
     th, gate = gate_with(capacity=10_000)
