@@ -221,8 +221,9 @@ class Pipeline:
         nobody waits ahead, and counts it as taken and given back (``try_pass``).
         False: nothing admitted, take :meth:`try_acquire` / :meth:`acquire`. Raises,
         like :meth:`try_acquire`, the throttle's rejection when waiting could not help.
-        ``turn``: the caller's connection just had its turn in the bucket's throttle
-        queue (:meth:`TenantThrottleGate.try_acquire`).
+        ``turn``: the caller's connection just had a read on ``bucket`` admitted on
+        the waiting path, its turn in the throttle queue
+        (:meth:`TenantThrottleGate.try_acquire`).
         """
         if self.ingress_enabled and not self.ingress.try_pass():
             return False
