@@ -690,6 +690,13 @@ METRICS: tuple[Metric, ...] = (
         section="Ingress: rate limiters and admission tickets",
     ),
     Metric(
+        "tenantkv_ingress_request_rate_limiter_refusal_pauses",
+        "counter",
+        "ingress.request_rate_limiter.refusal_pauses",
+        "Ingress request rate limiter: refusals after which the connection was not read again until a token could be there (at most 10 ms, when at least 1 ms away): what its client sent meanwhile is answered together.",
+        section="Ingress: rate limiters and admission tickets",
+    ),
+    Metric(
         "tenantkv_ingress_request_rate_limiter_interrupted_in_queue",
         "counter",
         "ingress.request_rate_limiter.interrupted_in_queue",

@@ -206,6 +206,7 @@ class Execution:
                         self.reads_paused_until = self._chunk_now + min(
                             wait, REFUSAL_PAUSE_MAX_SECS
                         )
+                        self.node.refusal_pauses += 1
                 self._rate_refused += 1
                 self._reply_error(msgid, refused)
                 return True

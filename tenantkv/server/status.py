@@ -72,6 +72,7 @@ def status_document(node: Node) -> dict[str, Any]:
             "request_rate_limiter": {
                 "enabled": pipeline.request_rate_enabled,
                 **gates.request_rate.as_dict(),
+                "refusal_pauses": node.refusal_pauses,
             },
             "connection_establishment": {
                 "enabled": node.config.ingress_connection_establishment_rate_limiter_enabled,

@@ -332,6 +332,7 @@ async def test_a_refused_connection_is_read_again_when_a_token_could_be_there(
         peer = await hello_session(node, nursery)
         await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 7)))
         assert [r.error is None for r in await peer.responses(6)] == [True] * 5 + [False]
+        assert node.refusal_pauses == 1
         for i in range(7, 10):
             await peer.send((i, "get", {"key": b"k"}))
         got = await answered_so_far(peer, nursery, 3)
@@ -367,6 +368,7 @@ async def test_a_refusal_with_a_token_due_soon_does_not_pause_the_connection(
         await peer.send((9, "get", {"key": b"k"}))
         got = await answered_so_far(peer, nursery, 1)
         assert [r.msgid for r in got] == [9]  # answered without the clock moving
+        assert node.refusal_pauses == 0
         await peer.stream.aclose()
 
 
