@@ -544,9 +544,10 @@ class RateLimiter:
         could have a token."""
         return (1.0 - left) / self.bucket.rate_per_sec
 
-    def rejection_when(self, left: float) -> ServerError:
-        """The error for a caller of a loan refused with ``left`` tokens remaining."""
-        return self.bucket.rejection(self.wait_when(left))
+    def rejection_in(self, wait: float) -> ServerError:
+        """The error for a caller refused ``wait`` seconds before a token is there
+        (a loan's refusal: :meth:`wait_when`)."""
+        return self.bucket.rejection(wait)
 
     def release(self, hold: Admitted, /) -> None:
         """Nothing to give back: a token is spent once taken."""

@@ -199,9 +199,9 @@ class Execution:
                 refused = self._chunk_refusal
                 if refused is None:
                     limiter = self.node.pipeline.request_limiter
-                    refused = self._chunk_refusal = limiter.rejection_when(left)
-                    refused.command = method
                     wait = limiter.wait_when(left)
+                    refused = self._chunk_refusal = limiter.rejection_in(wait)
+                    refused.command = method
                     if wait >= REFUSAL_PAUSE_MIN_SECS:
                         self.reads_paused_until = self._chunk_now + min(
                             wait, REFUSAL_PAUSE_MAX_SECS

@@ -152,15 +152,29 @@ def _put(
 
 
 def upsert(
-    w: WriteContext, h: BucketHandle, key: bytes, value: bytes, expiry_ms: int, flags: int
+    w: WriteContext,
+    h: BucketHandle,
+    key: bytes,
+    value: bytes,
+    expiry_ms: int,
+    flags: int,
+    *,
+    need_old: bool = True,
 ) -> tuple[int, bytes | memoryview | None]:
     """Put a record whatever was there: one B-tree operation that also returns the
-    old record (``replace``), which is only needed to keep the expiry index in
-    step. Returns ``(cas, the old stored record or None)``; ``expiry_ms`` must be 0
-    or in the future."""
+    old record (``replace``), needed to keep the expiry index in step. Returns
+    ``(cas, the old stored record or None)``; ``expiry_ms`` must be 0 or in the
+    future. A caller that does not need the old record says ``need_old=False``:
+    while no key has an expiry, a record without one is then a plain ``put``
+    (~200 ns less than ``replace``, which looks the old record up), and the old
+    record comes back as None."""
     cas = w.next_cas()
-    # (key, value, db): positional, ~60 ns cheaper than db= (once per plain set)
-    old_raw = w.txn.replace(key, records.encode(value, cas, expiry_ms, flags), h.db)
+    record = records.encode(value, cas, expiry_ms, flags)
+    # Positional arguments: ~60 ns cheaper than db= (once per plain set).
+    if not need_old and not expiry_ms and w.expiry_index_empty():
+        w.txn.put(key, record, True, True, False, h.db)  # (dupdata, overwrite, append, db)
+        return cas, None
+    old_raw = w.txn.replace(key, record, h.db)
     if old_raw is not None:
         old_expiry = records.HEADER.unpack_from(old_raw)[1]
         if old_expiry and old_expiry != expiry_ms:
@@ -214,14 +228,8 @@ class SetOp(WriteOp):
         if self.mode == "upsert" and not self.cas:
             # The hot case (a plain set): one B-tree operation, no read first.
             expiry_ms = expiry_from_ttl(w.now_ms, self.ttl) if self.ttl else 0
-            if not expiry_ms and w.expiry_index_empty():
-                # No index entry the old record could have: a plain put, without
-                # the old record replace() looks up (~200 ns a write).
-                cas = w.next_cas()
-                record = records.encode(self.value, cas, 0, self.flags)
-                w.txn.put(self.key, record, True, True, False, h.db)  # (positional: cheaper)
-                return {"cas": cas}
-            return {"cas": upsert(w, h, self.key, self.value, expiry_ms, self.flags)[0]}
+            cas = upsert(w, h, self.key, self.value, expiry_ms, self.flags, need_old=False)[0]
+            return {"cas": cas}
         old = _stored(w, h, self.key)
         live = old if old is not None and old.live(w.now_ms) else None
         if self.mode == "add" and live is not None:

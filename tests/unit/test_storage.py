@@ -298,13 +298,20 @@ def test_a_plain_set_keeps_the_expiry_index_in_step_whether_or_not_it_was_empty(
     # One batch: the first write finds the index empty, the second adds to it,
     # the third overwrites that key without ttl and must drop its entry.
     store.run(SetOp(b, b"a", b"v"), SetOp(b, b"k", b"v", ttl=10), SetOp(b, b"k", b"v2"))
+    assert expiry_entries(store) == 0  # k's entry went with its TTL, in the same batch
     store.ok(SetOp(b, b"m", b"v", ttl=10))
     store.ok(SetOp(b, b"m", b"v2"))  # a later batch: the index is not empty
+    assert expiry_entries(store) == 0
     store.clock.ms += 20_000
     assert store.ok(ExpireDueOp())["removed"] == 0
     assert [store.get(k).value for k in (b"plain", b"a", b"k", b"m")] == [b"v", b"v", b"v2", b"v2"]
+    assert expiry_entries(store) == 0
+
+
+def expiry_entries(store: Store) -> int:
+    """Entries in the expiry index (every key with an expiry has one)."""
     with store.engine.env.begin() as txn:
-        assert txn.stat(store.engine.expiry)["entries"] == 0
+        return int(txn.stat(store.engine.expiry)["entries"])
 
 
 def test_a_backward_clock_step_resurrects_no_expired_key(store: Store) -> None:
