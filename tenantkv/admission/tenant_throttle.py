@@ -955,6 +955,12 @@ class TenantThrottle:
         if after > res:
             self._free_used_window += round(after - (before if before > res else res))
         c = b.credit
+        h = b.hard
+        if c == _INF and h == _INF:
+            # Neither an allowance nor a hard limit: what follows would leave both
+            # infinite (and never take from the spare), so skip it — the charge of
+            # an unlimited bucket is its counters only.
+            return
         spare = self._spare
         if c < cost and spare > 0.0:
             # Overshoot beyond the bucket's own allowance comes from the spare first.
@@ -964,7 +970,7 @@ class TenantThrottle:
             self._spare = spare - take
             c += take
         c -= cost
-        h = b.hard - cost
+        h -= cost
         # Debt is bounded: a burst of large requests admitted together (or a read
         # whose size was known only after it ran) leaves a bucket at most
         # max_debt_secs of its rate to repay, never minutes of lockout.
