@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import trio
@@ -84,6 +84,12 @@ class Command:
     handler: Callable[..., Any]
     #: what the command's result is, for docs
     doc: str = ""
+    #: the parameters that need no check beyond their name (all but
+    #: ``timeout_ms``): a request with only these passes with one set operation
+    inline_params: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inline_params", self.params - {"timeout_ms"})
 
 
 COMMANDS: dict[str, Command] = {}

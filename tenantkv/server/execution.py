@@ -121,6 +121,10 @@ class Execution:
         #: (None: no run), user privilege, throttle allowance, reads and their units
         self._run_bucket: str | None = None
         self._run_method = ""
+        #: the run's command and bucket handle (None: no run): a read of the same
+        #: command joins the run without asking again what the run's first asked
+        self._run_cmd: Command | None = None
+        self._run_handle: BucketHandle | None = None
         self._run_unthrottled = False
         self._run_watched = False
         #: the read unit size and per-operation floor of units, as at the run's start
@@ -246,28 +250,34 @@ class Execution:
         run's, which :meth:`_end_read_run` charges and counts once. A write is
         :meth:`_write_inline`'s.
         """
-        if cmd is None or self.node.failpoints.active:
+        if cmd is None:
             return False
-        if cmd.kind != "read":
-            return cmd.kind == "write" and self._write_inline(cmd, req)
-        if self.pending_writes:
-            return False  # reads see the connection's earlier writes (_backlogged)
+        if cmd is not self._run_cmd:
+            if self.node.failpoints.active:
+                return False
+            if cmd.kind != "read":
+                return cmd.kind == "write" and self._write_inline(cmd, req)
+            if self.pending_writes:
+                return False  # reads see the connection's earlier writes (_backlogged)
         msgid, method, params = req
         try:
-            if "timeout_ms" in params or not cmd.params.issuperset(params):
+            if not cmd.inline_params.issuperset(params):
                 check_params(cmd, params)
-            b = self._read_handle
-            if b is None or self._auth_epoch != self.node.accounts.epoch:
-                b = self._data_bucket(write=False)
-            if b.name != self._run_bucket or method != self._run_method:
-                if not self._start_read_run(b.name, method):
-                    return False
-            elif self._run_cost < self._run_allowance or (
-                self._run_allowance == ASK_ALLOWANCE and self._allowance_covers_run()
+            if cmd is self._run_cmd and (
+                self._run_cost < self._run_allowance
+                or (self._run_allowance == ASK_ALLOWANCE and self._allowance_covers_run())
             ):
+                # The run's next read: the same command, so the same bucket, user
+                # and failpoints, and no write of this connection in flight
+                # (anything that could change them ends the run first).
                 self._run_reads += 1
-            elif not self._start_read_run(b.name, method):
-                return False
+                b = self._run_handle
+            else:
+                b = self._read_handle
+                if b is None or self._auth_epoch != self.node.accounts.epoch:
+                    b = self._data_bucket(write=False)
+                if not self._start_read_run(b, cmd):
+                    return False
             sizes = self.read_sizes
             try:
                 result = cmd.handler(self, b, params)
@@ -361,7 +371,7 @@ class Execution:
         run = self._wrun = WriteRun(self, bucket, method, holds, t0, unlimited=unlimited)
         return run
 
-    def _start_read_run(self, bucket: str, method: str) -> bool:
+    def _start_read_run(self, b: BucketHandle, cmd: Command) -> bool:
         """Admit an inline read that starts a run; False when it must take the
         waiting path.
 
@@ -388,6 +398,7 @@ class Execution:
         user = self.user
         assert user is not None  # _data_bucket checked it
         unthrottled = user.unthrottled
+        bucket = b.name
         if not node.pipeline.try_pass_read(
             bucket,
             unthrottled=unthrottled,
@@ -396,7 +407,8 @@ class Execution:
         ):
             return False
         cfg = node.config
-        self._run_bucket, self._run_method, self._run_unthrottled = bucket, method, unthrottled
+        self._run_bucket, self._run_method, self._run_unthrottled = bucket, cmd.name, unthrottled
+        self._run_cmd, self._run_handle = cmd, b
         self._run_allowance = ASK_ALLOWANCE  # a run of one read never needs it
         self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
@@ -422,7 +434,7 @@ class Execution:
         bucket = self._run_bucket
         if bucket is None:
             return
-        self._run_bucket = None
+        self._run_bucket = self._run_cmd = self._run_handle = None
         node = self.node
         if self._run_reads > 1:  # the first was counted by try_pass_read
             node.pipeline.passed_reads(bucket, self._run_reads - 1)
@@ -472,7 +484,7 @@ class Execution:
 
     def _prepare(self, cmd: Command, params: dict[str, Any]) -> Prepared:
         """Check a data command and resolve what it acts on; raises what it breaks."""
-        if "timeout_ms" in params or not cmd.params.issuperset(params):
+        if not cmd.inline_params.issuperset(params):
             check_params(cmd, params)
         write = cmd.kind == "write"
         b = self._write_handle if write else self._read_handle
