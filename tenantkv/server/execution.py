@@ -271,11 +271,13 @@ class Execution:
                 # and failpoints, and no write of this connection in flight
                 # (anything that could change them ends the run first).
                 self._run_reads += 1
-                b = self._run_handle
+                b: BucketHandle = self._run_handle  # type: ignore[assignment]  # (set with _run_cmd)
             else:
-                b = self._read_handle
-                if b is None or self._auth_epoch != self.node.accounts.epoch:
+                known = self._read_handle
+                if known is None or self._auth_epoch != self.node.accounts.epoch:
                     b = self._data_bucket(write=False)
+                else:
+                    b = known
                 if not self._start_read_run(b, cmd):
                     return False
             sizes = self.read_sizes
