@@ -37,7 +37,7 @@ from tenantkv.storage.ops import (
     TouchOp,
     WriteOp,
 )
-from tenantkv.storage.records import Record, live_reply
+from tenantkv.storage.records import HEADER_BYTES, Record, unpack_header
 
 log = logging.getLogger("tenantkv.audit")
 
@@ -185,15 +185,16 @@ def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     key = p.get("key")
     if type(key) is not bytes or not 0 < len(key) <= protocol.MAX_KEY_BYTES:
         key = key_param(p)  # a str key, or the precise error
-    # Engine.get_in without a Record: the hottest handler, once per pipelined GET.
+    # Engine.get_in and records.decode without a Record: the hottest handler, once
+    # per pipelined GET (one header unpack, one slice; a call less per read).
     raw = (s.rtxn or s.read_txn()).get(key, None, b.db)  # positional: db= costs ~60 ns
     if raw is None:
         return None
-    out = live_reply(raw, s.node.engine.now_ms)
-    if out is None:
+    cas, expiry_ms, flags = unpack_header(raw)
+    if expiry_ms and expiry_ms <= s.node.engine.now_ms():
         return None
     s.read_sizes.append(len(key) + len(raw))
-    return out
+    return {"value": raw[HEADER_BYTES:], "cas": cas, "flags": flags, "expiry_ms": expiry_ms}
 
 
 @command("exists", "read", "key")

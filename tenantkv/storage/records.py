@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 # cas u64, expiry in epoch milliseconds u64 (0 = never), client flags u32
 HEADER = struct.Struct(">QQI")
@@ -40,27 +40,18 @@ def encode(value: bytes, cas: int, expiry_ms: int, flags: int) -> bytes:
     return HEADER.pack(cas, expiry_ms, flags) + value
 
 
-_unpack_header = HEADER.unpack_from
+#: (cas, expiry_ms, flags) of a stored record
+unpack_header = HEADER.unpack_from
 
 
 def decode(raw: bytes | memoryview) -> Record:
-    cas, expiry_ms, flags = _unpack_header(raw)
+    cas, expiry_ms, flags = unpack_header(raw)
     return Record(bytes(raw[HEADER_BYTES:]), cas, expiry_ms, flags)
-
-
-def live_reply(raw: bytes | memoryview, now_ms: Callable[[], int]) -> dict[str, Any] | None:
-    """A stored record as the reply map of ``get`` (``{value, cas, flags,
-    expiry_ms}``), or None when it has expired: the read path's decode, one header
-    unpack and one slice, no :class:`Record` in between."""
-    cas, expiry_ms, flags = _unpack_header(raw)
-    if expiry_ms and expiry_ms <= now_ms():
-        return None
-    return {"value": raw[HEADER_BYTES:], "cas": cas, "flags": flags, "expiry_ms": expiry_ms}
 
 
 def live_value(raw: bytes | memoryview, now_ms: Callable[[], int]) -> bytes | None:
     """A stored record's value, or None when it has expired (Redis GET's read)."""
-    expiry_ms = _unpack_header(raw)[1]
+    expiry_ms = unpack_header(raw)[1]
     if expiry_ms and expiry_ms <= now_ms():
         return None
     return bytes(raw[HEADER_BYTES:])
