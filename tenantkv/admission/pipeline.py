@@ -195,14 +195,15 @@ class Pipeline:
             return limiter.rejection()
         return None
 
-    def lend_request_tokens(self, peer_ip: str) -> float | None:
+    def lend_request_tokens(self, peer_ip: str, now: float) -> float | None:
         """The request rate limiter's tokens for the requests of one received chunk
-        (:meth:`TokenBucket.lend`), or None when they take no loan: an exempt
-        client address (each request counted as exempted by
-        :meth:`check_request_rate`), or callers waiting to borrow."""
+        (:meth:`TokenBucket.lend`; ``now``: the chunk's reading of trio's clock),
+        or None when they take no loan: an exempt client address (each request
+        counted as exempted by :meth:`check_request_rate`), or callers waiting to
+        borrow."""
         if self.request_exemptions.matches(peer_ip):
             return None
-        return self.request_limiter.lend()
+        return self.request_limiter.lend(now)
 
     def count_exempt_request(self) -> None:
         """A request the rate limiter does not limit (hello: an anonymous client

@@ -272,17 +272,18 @@ class TokenBucket:
         """Count one exempt caller (never limited)."""
         self._exempted += 1
 
-    def lend(self) -> float | None:
+    def lend(self, now: float | None = None) -> float | None:
         """Every token the bucket holds now, lent to a batch of callers that run one
         after another with nothing else taking in between (one received chunk's
         requests). Each takes one while at least one is left (``>= 1 - 1e-9``, as
         :meth:`take`) and is refused otherwise, waiting ``(1 - left) / rate``: the
-        answers :meth:`take` would give them at this instant, for one clock read.
-        None while callers wait to borrow (they come first: take one by one).
-        Give back what is left, with the counts, by :meth:`settle`."""
+        answers :meth:`take` would give them at this instant, for one clock read
+        (``now``: the caller's reading of this bucket's clock, when it has one —
+        the chunk's). None while callers wait to borrow (they come first: take
+        one by one). Give back what is left, with the counts, by :meth:`settle`."""
         if self._waiters:
             return None
-        t = self._refill(self._clock())
+        t = self._refill(self._clock() if now is None else now)
         self._tokens = 0.0
         return t
 

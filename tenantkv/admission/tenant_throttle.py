@@ -956,10 +956,11 @@ class TenantThrottle:
             self._free_used_window += round(after - (before if before > res else res))
         c = b.credit
         h = b.hard
-        if c == _INF and h == _INF:
-            # Neither an allowance nor a hard limit: what follows would leave both
-            # infinite (and never take from the spare), so skip it — the charge of
-            # an unlimited bucket is its counters only.
+        if c >= cost and h >= cost:
+            # Within both allowances (an unlimited bucket's are infinite): nothing
+            # to take from the spare, no debt to bound.
+            b.credit = c - cost
+            b.hard = h - cost
             return
         spare = self._spare
         if c < cost and spare > 0.0:

@@ -103,7 +103,8 @@ class Execution:
         #: when the chunk being handled was received (perf_counter), and its inline
         #: reads per (bucket, operation): counted and timed once per chunk
         self._chunk_t0 = 0.0
-        #: the throttle clock's reading for the chunk being handled (one per chunk)
+        #: the throttle clock's reading for the chunk being handled (one per chunk;
+        #: 0.0: none since the chunk last waited, see _read_clock)
         self._chunk_now = 0.0
         #: the request rate limiter's tokens lent to the chunk being handled (None:
         #: no loan), the whole tokens in it, those not yet taken (0 without a
@@ -188,7 +189,9 @@ class Execution:
         if not admin:
             left = self._rate_left
             if left is None:
-                left = self._rate_left = self.node.pipeline.lend_request_tokens(self.peer_ip)
+                left = self._rate_left = self.node.pipeline.lend_request_tokens(
+                    self.peer_ip, self._chunk_now or self._read_clock()
+                )
                 if left is not None:
                     # Request j of the chunk passes when left - (j - 1) >= RATE_TOKEN.
                     self._rate_lent = self.rate_room = max(0, int(left + (1.0 - RATE_TOKEN)))
@@ -207,6 +210,7 @@ class Execution:
                     refused = self._chunk_refusal = limiter.rejection_in(wait)
                     refused.command = method
                     if wait >= REFUSAL_PAUSE_MIN_SECS:
+                        # (the loan's reading: taken since the chunk last waited)
                         self.reads_paused_until = self._chunk_now + min(
                             wait, REFUSAL_PAUSE_MAX_SECS
                         )
@@ -441,7 +445,11 @@ class Execution:
         if self._run_reads > 1:  # the first was counted by try_pass_read
             node.pipeline.passed_reads(bucket, self._run_reads - 1)
         node.charge_reads(
-            bucket, self._run_ru, self._run_cost, self._run_unthrottled, self._chunk_now
+            bucket,
+            self._run_ru,
+            self._run_cost,
+            self._run_unthrottled,
+            self._chunk_now or self._read_clock(),
         )
         served = self._run_reads - self._run_errors
         if served:
@@ -586,11 +594,19 @@ class Execution:
             txn = self.rtxn = self.node.engine.begin_read()
         return txn
 
+    def _read_clock(self) -> float:
+        """The throttle clock's reading for the rest of the chunk, once the one taken
+        when it was received went stale (:meth:`_settle_chunk`)."""
+        now = self._chunk_now = self.node.throttle.clock()
+        return now
+
     def _settle_chunk(self) -> None:
         """Settle what the chunk decided at once, before anything awaits (time will
         pass, other tasks run): charge and count the run of inline reads, give the
         request-rate loan back, close the read transaction, record the reads'
-        counts and latency; end the run of writes."""
+        counts and latency; end the run of writes. The chunk's clock reading is
+        stale after that: what the chunk does after the wait reads it again
+        (:meth:`_read_clock`)."""
         if self._wrun is not None:
             self._wrun.close()
             self._wrun = None
@@ -611,6 +627,7 @@ class Execution:
                     stats.ops[method] += n
                     node.latency.observe_many(bucket, method, seconds, n)
             self._chunk_reads = {}
+        self._chunk_now = 0.0
 
     async def _park_reader(self) -> None:
         """Wait until a write of this connection completes."""
