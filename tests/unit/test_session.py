@@ -306,6 +306,31 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
 
 
+async def test_a_loan_after_the_chunk_waited_counts_the_time_that_passed(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A chunk's requests share its clock reading until it waits: a read that waits
+    in the throttle queue settles the request-rate loan, and the next loan of the
+    same chunk, seconds later, gets the tokens earned meanwhile. Here each read
+    waits ~1 s for its hard limit while the limiter earns a token a second, so
+    none of the chunk's reads is refused (with the reading taken when the chunk
+    arrived, the sixth would be)."""
+    await limit_requests_to_five_tokens(node, mock_clock)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((1, "set", {"key": b"k", "value": b"x" * 100}))  # a read: 1 unit
+        await peer.responses(1)
+        node.throttle.set_bucket("b", hard_limit=1)  # a unit a second
+        mock_clock.jump(10)
+        mock_clock.autojump_threshold = 0
+        t0 = trio.current_time()
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(2, 10)))
+        got = await peer.responses(8)
+        assert [r.error for r in got] == [None] * 8
+        assert trio.current_time() - t0 >= 5  # they waited for the hard limit
+        await peer.stream.aclose()
+
+
 async def answered_so_far(peer: Peer, nursery: trio.Nursery, n: int) -> list[protocol.Response]:
     """The list the peer's next ``n`` responses go to as they arrive (a task reads
     them), once every task is blocked: what the session answered without the
