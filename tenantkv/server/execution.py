@@ -331,50 +331,57 @@ class Execution:
         bucket re-created under the same name is another handle, so another run.
         """
         msgid, method, params = req
+        run = self._wrun
         try:
-            prep = self._prepare(cmd, params)
-            if self._run_bucket is not None:
-                self._end_read_run()  # the throttle must see the reads before it
-            run = self._wrun
-            if (
-                run is not None
-                and run.bucket is prep.bucket
-                and run.method == method
-                and (run.room > 0 or run.may_join())
-            ):
-                run.room -= 1
-                run.joined += 1
+            if run is not None and cmd is run.cmd:
+                # The run's own command: the same bucket and user as its first
+                # write (anything that could change them ends the run first), so
+                # only the write itself is checked and built here.
+                b = run.bucket
+                if not cmd.inline_params.issuperset(params):
+                    check_params(cmd, params)
+                op = cmd.handler(self, b, params)
+                if not run.unlimited:
+                    self.node.check_write_cost(b.name, op)
+                if run.room > 0 or run.may_join():
+                    run.room -= 1
+                    run.joined += 1
+                    run.add(msgid, op)
+                    return True
+                user = self.user
+                assert user is not None
             else:
-                if run is not None:
-                    run.close()  # its joins counted: the gates as the next write finds them
-                    self._wrun = None
-                holds = self.node.pipeline.try_acquire(
-                    prep.bucket.name,
-                    "write",
-                    unthrottled=prep.user.unthrottled,
-                    nonblocking=self.nonblocking_throttle,
-                )
-                if holds is None:
-                    return False
-                run = self._start_write_run(prep.bucket, method, holds, self._chunk_t0)
+                prep = self._prepare(cmd, params)
+                b, op, user = prep.bucket, prep.op, prep.user
+                if self._run_bucket is not None:
+                    self._end_read_run()  # the throttle must see the reads before it
+            if run is not None:
+                run.close()  # its joins counted: the gates as the next write finds them
+                self._wrun = None
+            holds = self.node.pipeline.try_acquire(
+                b.name, "write", unthrottled=user.unthrottled, nonblocking=self.nonblocking_throttle
+            )
+            if holds is None:
+                return False
+            run = self._start_write_run(b, cmd, holds, self._chunk_t0)
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)  # refused at once: a cheap rejection
             return True
         except Exception as exc:
             self._internal_error(msgid, method, exc)
             return True
-        assert prep.op is not None  # a write
-        run.add(msgid, prep.op)
+        assert op is not None  # a write
+        run.add(msgid, op)
         return True
 
     def _start_write_run(
-        self, bucket: BucketHandle, method: str, holds: Holds, t0: float
+        self, bucket: BucketHandle, cmd: Command, holds: Holds, t0: float
     ) -> WriteRun:
-        """A run of writes on ``bucket`` whose first was admitted with ``holds``."""
+        """A run of ``cmd`` writes on ``bucket`` whose first was admitted with ``holds``."""
         if self._wrun is not None:
             self._wrun.close()
         unlimited = self.node.throttle.max_request_units(bucket.name) == math.inf
-        run = self._wrun = WriteRun(self, bucket, method, holds, t0, unlimited=unlimited)
+        run = self._wrun = WriteRun(self, bucket, cmd, holds, t0, unlimited=unlimited)
         return run
 
     def _start_read_run(self, b: BucketHandle, cmd: Command) -> bool:
@@ -562,7 +569,7 @@ class Execution:
             else:
                 assert holds is not None and t0 is not None  # a write that waited
                 h = None  # its run gives them back once the write is durable
-                self._start_write_run(b, method, holds, t0).add(msgid, prep.op)
+                self._start_write_run(b, cmd, holds, t0).add(msgid, prep.op)
         except errors.TenantKVError as exc:
             self._fail(msgid, method, exc)
         except Exception as exc:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
+from tenantkv.server.commands import Command
 from tenantkv.server.node import Node
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import RunOp, WriteOp
@@ -52,6 +53,7 @@ class WriteRun:
         "_ops",
         "_session",
         "bucket",
+        "cmd",
         "holds",
         "joined",
         "method",
@@ -64,7 +66,7 @@ class WriteRun:
         self,
         session: WriteSession,
         bucket: BucketHandle,
-        method: str,
+        cmd: Command,
         holds: Holds,
         t0: float,
         *,
@@ -72,7 +74,9 @@ class WriteRun:
     ) -> None:
         self._session = session
         self.bucket = bucket
-        self.method = method
+        #: the command of the run's writes (a write of another joins no run)
+        self.cmd = cmd
+        self.method = cmd.name
         self.holds = holds
         #: when the run's first write was received (perf_counter): its latency's start
         self.t0 = t0

@@ -489,6 +489,39 @@ async def test_a_write_too_costly_for_its_bucket_is_refused_within_a_run(node: N
         await peer.stream.aclose()
 
 
+async def test_a_write_that_fails_its_checks_within_a_run_gets_its_own_error(
+    node: Node,
+) -> None:
+    """A write joining its run is checked like any write (parameters, value): one
+    that fails gets its own error and the run goes on; a write of another
+    command starts a run of its own, in order."""
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send(
+            (1, "set", {"key": b"a", "value": b"1"}),
+            (2, "set", {"key": b"b", "value": b"2", "nope": 1}),
+            (3, "set", {"key": b"b", "value": 2}),
+            (4, "set", {"key": b"b", "value": b"2"}),
+            (5, "delete", {"key": b"a"}),
+            (6, "set", {"key": b"c", "value": b"3"}),
+            (7, "get", {"key": b"a"}),
+            (8, "get", {"key": b"b"}),
+        )
+        # (a write refused by its checks is answered at once, before the writes
+        # ahead of it are durable: answers go by msgid)
+        got = sorted(await peer.responses(8), key=lambda r: r.msgid)
+        assert [r.error["codeName"] if r.error else r.result for r in got[:5]] == [
+            {"cas": got[0].result["cas"]},
+            "BadValue",
+            "BadValue",
+            {"cas": got[3].result["cas"]},
+            True,
+        ]
+        assert got[5].error is None and got[6].result is None
+        assert got[7].result["value"] == b"2"
+        await peer.stream.aclose()
+
+
 async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: Node) -> None:
     """Inline reads are counted per run: one that fails (a bad key) is an error
     of its bucket, not one of its operations, wherever it falls in the run."""

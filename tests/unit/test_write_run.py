@@ -7,6 +7,7 @@ from typing import Any
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
+from tenantkv.server.commands import COMMANDS
 from tenantkv.server.write_run import WriteRun
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import RunOp, SetOp
@@ -70,7 +71,7 @@ class FakeSession:
 def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     bucket = BucketHandle("b", None, {})
     holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
-    run = WriteRun(s, bucket, "set", holds, t0=5.0)  # type: ignore[arg-type]
+    run = WriteRun(s, bucket, COMMANDS["set"], holds, t0=5.0)  # type: ignore[arg-type]
     for msgid in (10, 11, 12):
         if msgid != 10:  # a write joining the run (Execution._write_inline)
             assert run.may_join()
@@ -117,7 +118,7 @@ def test_a_lone_write_goes_as_itself_and_asks_the_gates_nothing() -> None:
     s = FakeSession()
     bucket = BucketHandle("b", None, {})
     holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
-    run = WriteRun(s, bucket, "add", holds, t0=5.0)  # type: ignore[arg-type]
+    run = WriteRun(s, bucket, COMMANDS["set"], holds, t0=5.0)  # type: ignore[arg-type]
     op = SetOp(bucket, b"k", b"v", mode="add")
     run.add(7, op)
     run.close()
