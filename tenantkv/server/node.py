@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -386,16 +386,26 @@ class Node:
         record it wrote, throttle cost at least ``min_op_units x write_weight``
         per key it touched (an MSET or DEL of many keys costs what those writes
         would one by one)."""
+        return self.write_costs((op,), wrote=wrote)
+
+    def write_costs(self, ops: Sequence[WriteOp], *, wrote: bool = True) -> tuple[int, int]:
+        """:meth:`write_cost` of each of ``ops``, summed (a run's writes: the
+        configuration read once, no call per write)."""
         cfg = self.config
         unit, weight = cfg.write_unit_size, cfg.write_weight
-        wu = 0
-        if wrote:
-            if op.record_bytes:
-                wu = sum(write_units(n, unit) for n in op.record_bytes)
-            elif op.nbytes:
-                wu = -(-op.nbytes // unit)  # write_units of one record, inline
-        floor = cfg.min_op_units * weight * op.keys_touched
-        return wu, floor if floor > weight * wu else weight * wu
+        floor1 = cfg.min_op_units * weight
+        wu_sum = cost_sum = 0
+        for op in ops:
+            wu = 0
+            if wrote:
+                if op.record_bytes:
+                    wu = sum(write_units(n, unit) for n in op.record_bytes)
+                elif op.nbytes:
+                    wu = -(-op.nbytes // unit)  # write_units of one record, inline
+            floor = floor1 * op.keys_touched
+            wu_sum += wu
+            cost_sum += floor if floor > weight * wu else weight * wu
+        return wu_sum, cost_sum
 
     def charge_writes(self, bucket: str, wu: int, cost: int, unthrottled: bool) -> None:
         """Charge writes that ran: ``wu`` metered, ``cost`` units to the throttle

@@ -140,18 +140,27 @@ class WriteRun:
         node = s.node
         s.pending_writes -= len(ops)
         s.pending_write_bytes -= self._bytes
-        ok = wu_sum = cost_sum = 0
+        wu_sum = cost_sum = 0
+        succeeded: list[WriteOp] | None = None  # (None: every write so far)
         for i, op in enumerate(ops):
             result = error if error is not None else results[i]
             if isinstance(result, BaseException):
+                if succeeded is None:
+                    succeeded = ops[:i]
                 wu, cost = self._failed(msgids[i], op, result)
+                wu_sum += wu
+                cost_sum += cost
             else:
-                ok += 1
-                wu, cost = node.write_cost(op, wrote=True)
+                if succeeded is not None:
+                    succeeded.append(op)
                 s._reply(msgids[i], result)
+        if succeeded is None:
+            succeeded = ops
+        if succeeded:
+            wu, cost = node.write_costs(succeeded)
             wu_sum += wu
             cost_sum += cost
-        self._settle(len(ops), ok, wu_sum, cost_sum, ops[0])
+        self._settle(len(ops), len(succeeded), wu_sum, cost_sum, ops[0])
         if s._reader_parked:
             s._wake_reader()
 

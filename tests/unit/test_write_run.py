@@ -36,7 +36,10 @@ class FakeNode:
         self.submitted.append((op, callback, taken))
 
     def write_cost(self, op: Any, *, wrote: bool) -> tuple[int, int]:
-        return (1, 2) if wrote else (0, 2)
+        return self.write_costs((op,), wrote=wrote)
+
+    def write_costs(self, ops: Any, *, wrote: bool = True) -> tuple[int, int]:
+        return (len(ops), 2 * len(ops)) if wrote else (0, 2 * len(ops))
 
     def count_write(self, bucket: str, method: str, t0: float, n: int = 1) -> None:
         self.counted.append((bucket, method, t0, n))
