@@ -118,12 +118,10 @@ class Execution:
         #: when the framing half may read this connection again after a refusal
         #: by the rate limiter (trio time; 0.0: at once)
         self.reads_paused_until = 0.0
-        #: the run of inline reads being admitted (see _start_read_run): its bucket
-        #: (None: no run), user privilege, throttle allowance, reads and their units
-        self._run_bucket: str | None = None
-        self._run_method = ""
-        #: the run's command and bucket handle (None: no run): a read of the same
-        #: command joins the run without asking again what the run's first asked
+        #: the run of inline reads being admitted (see _start_read_run): its command
+        #: and bucket (None: no run; a read of the same command joins the run
+        #: without asking again what the run's first asked), user privilege,
+        #: throttle allowance, reads and their units
         self._run_cmd: Command | None = None
         self._run_handle: BucketHandle | None = None
         self._run_unthrottled = False
@@ -170,7 +168,7 @@ class Execution:
         request, answered with 462.
 
         Decided per chunk: the first request of a chunk borrows every token the
-        limiter holds (:meth:`Pipeline.lend_request_tokens`, one clock read); each
+        limiter holds at the chunk's instant (:meth:`Pipeline.lend_request_tokens`); each
         request of the chunk then takes one from the loan while one is left and is
         refused otherwise — all with the same answer, as at the chunk's instant —
         and :meth:`_settle_rate` gives back the rest and counts them when the chunk
@@ -353,7 +351,7 @@ class Execution:
             else:
                 prep = self._prepare(cmd, params)
                 b, op, user = prep.bucket, prep.op, prep.user
-                if self._run_bucket is not None:
+                if self._run_cmd is not None:
                     self._end_read_run()  # the throttle must see the reads before it
             if run is not None:
                 run.close()  # its joins counted: the gates as the next write finds them
@@ -405,7 +403,7 @@ class Execution:
         of a request per turn: one wake-up for all the reads a turn admits, not
         one or two each; the allowance and the charges are the same.
         """
-        if self._run_bucket is not None:
+        if self._run_cmd is not None:
             self._end_read_run()
         node = self.node
         user = self.user
@@ -420,8 +418,7 @@ class Execution:
         ):
             return False
         cfg = node.config
-        self._run_bucket, self._run_method, self._run_unthrottled = bucket, cmd.name, unthrottled
-        self._run_cmd, self._run_handle = cmd, b
+        self._run_cmd, self._run_handle, self._run_unthrottled = cmd, b, unthrottled
         self._run_allowance = ASK_ALLOWANCE  # a run of one read never needs it
         self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
         self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
@@ -435,19 +432,20 @@ class Execution:
         (:meth:`TenantThrottle.run_allowance`), asked now — the answer it had when
         the first read was admitted, since the run is charged only when it ends
         and nothing else ran — and whether the costs so far stay below it."""
-        assert self._run_bucket is not None
+        assert self._run_handle is not None
         self._run_allowance = self.node.throttle.run_allowance(
-            self._run_bucket, unthrottled=self._run_unthrottled
+            self._run_handle.name, unthrottled=self._run_unthrottled
         )
         return self._run_cost < self._run_allowance
 
     def _end_read_run(self) -> None:
         """Count the run's reads through the gates, and its operations and
         latency with the chunk's; charge their units at once."""
-        bucket = self._run_bucket
-        if bucket is None:
+        cmd, b = self._run_cmd, self._run_handle
+        if cmd is None or b is None:
             return
-        self._run_bucket = self._run_cmd = self._run_handle = None
+        self._run_cmd = self._run_handle = None
+        bucket = b.name
         node = self.node
         if self._run_reads > 1:  # the first was counted by try_pass_read
             node.pipeline.passed_reads(bucket, self._run_reads - 1)
@@ -460,7 +458,7 @@ class Execution:
         )
         served = self._run_reads - self._run_errors
         if served:
-            key = (bucket, self._run_method)
+            key = (bucket, cmd.name)
             self._chunk_reads[key] = self._chunk_reads.get(key, 0) + served
 
     async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
@@ -618,7 +616,7 @@ class Execution:
             self._wrun.close()
             self._wrun = None
         self._turn = None
-        if self._run_bucket is not None:
+        if self._run_cmd is not None:
             self._end_read_run()
         if self._rate_left is not None:
             self._settle_rate()
