@@ -167,6 +167,7 @@ class AsyncClient(BaseClient):
         deadline = None if self.timeout is None else trio.current_time() + self.timeout
         try:
             conn.info = await conn.roundtrip(hello, hello.params, deadline)
+            conn.core.heed_limits(conn.info)
         except BaseException:
             await conn.aclose()
             raise

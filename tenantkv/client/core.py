@@ -99,8 +99,28 @@ class ClientCore:
     def __init__(self) -> None:
         self._ids = count(1)
         self._decoder = protocol.ResponseDecoder()
+        #: the server's ``max_value_bytes`` (from its hello; None: not known yet)
+        self.max_value_bytes: int | None = None
+
+    def heed_limits(self, hello_result: Any) -> None:
+        """Take the server's limits from its hello result."""
+        limits = hello_result.get("limits") if isinstance(hello_result, dict) else None
+        limit = limits.get("max_value_bytes") if isinstance(limits, dict) else None
+        self.max_value_bytes = limit if isinstance(limit, int) else None
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
+        """The request's msgid and frame. A ``value`` over the server's
+        ``max_value_bytes`` raises ValueTooLarge, as the server would, without
+        being sent: a value far over it would exceed the server's frame bound,
+        and the server would close the connection while it is still sent."""
+        value = params.get("value") if method == "set" else None  # (the one stored value)
+        limit = self.max_value_bytes
+        if limit is not None and isinstance(value, (bytes, str)):
+            n = len(value) if isinstance(value, bytes) else len(value.encode())
+            if n > limit:
+                raise errors.ValueTooLarge(
+                    f"value of {n} bytes exceeds max_value_bytes={limit} (not sent)"
+                )
         msgid = next(self._ids) & 0xFFFFFFFF
         return msgid, protocol.encode_request(msgid, method, params)
 

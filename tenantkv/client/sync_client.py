@@ -77,6 +77,7 @@ class _Connection:
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             self.info: dict[str, Any] = self.roundtrip(hello, hello.params, deadline)
+            self.core.heed_limits(self.info)
         except BaseException:
             self.close()
             raise

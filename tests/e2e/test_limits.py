@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import trio
 
 from tenantkv import errors
 from tests.conftest import Daemon, read_response
@@ -59,6 +60,30 @@ def test_value_limit_from_config(strict: Daemon) -> None:
         with pytest.raises(errors.ValueTooLarge, match="max_value_bytes=1024"):
             c.set("k", b"x" * 1025)
         c.set("k", b"x" * 1024)
+
+
+def test_a_value_far_over_the_limit_is_refused_before_it_is_sent(strict: Daemon) -> None:
+    """A value past the server's frame bound (max_value_bytes + 64 KiB) would make
+    the server close the connection mid-send; the client knows the limit from
+    hello and refuses it first with the server's error, and the connection
+    stays usable."""
+    with strict.client() as c:
+        c.create_bucket("far")
+        c.select_bucket("far")
+        with pytest.raises(errors.ValueTooLarge, match="max_value_bytes=1024"):
+            c.set("k", b"x" * (512 * 1024))
+        with pytest.raises(errors.ValueTooLarge, match="max_value_bytes=1024"):
+            c.set("k", "é" * 600)  # 1,200 bytes as UTF-8
+        c.set("k", b"x" * 1024)
+        assert c.get("k") == b"x" * 1024
+
+    async def main() -> None:
+        async with strict.async_client(bucket="far") as ac:
+            with pytest.raises(errors.ValueTooLarge):
+                await ac.set("k", b"x" * (512 * 1024))
+            assert await ac.get("k") == b"x" * 1024
+
+    trio.run(main)
 
 
 def test_max_connections_refuses_the_extra_one(strict: Daemon) -> None:
