@@ -56,7 +56,6 @@ class WriteRun:
         "cmd",
         "holds",
         "joined",
-        "method",
         "room",
         "t0",
         "unlimited",
@@ -76,7 +75,6 @@ class WriteRun:
         self.bucket = bucket
         #: the command of the run's writes (a write of another joins no run)
         self.cmd = cmd
-        self.method = cmd.name
         self.holds = holds
         #: when the run's first write was received (perf_counter): its latency's start
         self.t0 = t0
@@ -171,7 +169,7 @@ class WriteRun:
             exc = error
         else:
             exc = errors.InternalError(repr(error))
-        exc.command = self.method
+        exc.command = self.cmd.name
         s._count_error(exc)
         s._reply_error(msgid, exc)
         if isinstance(error, errors.ServerError) and not exc.labels:
@@ -183,11 +181,11 @@ class WriteRun:
         """Every write answered: give the gates back, count and charge the run."""
         s = self._session
         key_len = len(getattr(first, "key", b"")) if n == 1 else 0
-        self.holds.release(self.method, key_len, "ok" if ok == n else "error", n=n)
+        self.holds.release(self.cmd.name, key_len, "ok" if ok == n else "error", n=n)
         node = s.node
         name = self.bucket.name
         if ok:
-            node.count_write(name, self.method, self.t0, ok)
+            node.count_write(name, self.cmd.name, self.t0, ok)
         if cost:
             user = s.user
             node.charge_writes(name, wu, cost, user is not None and user.unthrottled)
