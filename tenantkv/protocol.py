@@ -515,23 +515,30 @@ def encode_result(msgid: int, result: Any) -> bytes:
 
 
 #: Encoded error maps by what they say: a flood of the same rejection (462, 25)
-#: is answered from a template — the msgid packed, the map copied — not
+#: is answered from a template — the msgid packed, the rest copied — not
 #: rebuilt and re-packed each time. Bounded: emptied when full.
 _ERROR_MAPS: dict[tuple[Any, ...], bytes] = {}
 _ERROR_MAPS_MAX = 4096
-_RESPONSE_HEAD = _packer.pack([RESPONSE, 0, None, None])[:2]  # array of 4, then 1
+#: What every response starts with: an array of 4, then 1 (the msgid follows).
+RESPONSE_HEAD = _packer.pack([RESPONSE, 0, None, None])[:2]
 _NIL = _packer.pack(None)
+
+
+def error_tail(exc: errors.TenantKVError) -> bytes:
+    """What follows the msgid in the error response of ``exc``: its error map and a
+    nil result. ``RESPONSE_HEAD + pack(msgid) + error_tail(exc)`` is the response."""
+    key = (exc.code, exc.code_name, exc.errmsg, exc.labels, exc.retry_after_ms)
+    tail = _ERROR_MAPS.get(key)
+    if tail is None:
+        if len(_ERROR_MAPS) >= _ERROR_MAPS_MAX:
+            _ERROR_MAPS.clear()
+        tail = _ERROR_MAPS[key] = _packer.pack(exc.to_wire()) + _NIL
+    return tail
 
 
 def encode_error(msgid: int | None, exc: errors.TenantKVError) -> bytes:
     """An error response; ``msgid`` None (the frame was unreadable) encodes as nil."""
-    key = (exc.code, exc.code_name, exc.errmsg, exc.labels, exc.retry_after_ms)
-    body = _ERROR_MAPS.get(key)
-    if body is None:
-        if len(_ERROR_MAPS) >= _ERROR_MAPS_MAX:
-            _ERROR_MAPS.clear()
-        body = _ERROR_MAPS[key] = _packer.pack(exc.to_wire())
-    return _RESPONSE_HEAD + _packer.pack(msgid) + body + _NIL
+    return RESPONSE_HEAD + _packer.pack(msgid) + error_tail(exc)
 
 
 def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:

@@ -682,3 +682,6 @@ async def configure_fail_point(s: Session, p: dict[str, Any]) -> Any:
 
 
 AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]
+
+#: The admin commands' names: those the request rate limiter lets pass.
+ADMIN_METHODS = frozenset(name for name, cmd in COMMANDS.items() if cmd.kind == "admin")

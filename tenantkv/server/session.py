@@ -44,7 +44,7 @@ import trio
 from tenantkv import errors, protocol
 from tenantkv._version import __version__
 from tenantkv.server import auth
-from tenantkv.server.commands import COMMANDS
+from tenantkv.server.commands import ADMIN_METHODS, COMMANDS
 from tenantkv.server.execution import Execution
 from tenantkv.server.node import Node
 
@@ -326,8 +326,9 @@ class Session(Execution):
         """
         node = self.node
         pipeline = node.pipeline
+        numbered = enumerate(decoder, 1)
         try:
-            for handled, req in enumerate(decoder, 1):
+            for handled, req in numbered:
                 if not self._reading:
                     if not node.shutting_down:
                         return False  # its user was deleted: nothing more of theirs runs
@@ -345,6 +346,12 @@ class Session(Execution):
                         refused = pipeline.request_rate_enabled and self._refused_by_rate(
                             req[0], req[1], admin=cmd is not None and cmd.kind == "admin"
                         )
+                        if refused and self._chunk_refusal is not None:
+                            # The limiter refused the chunk: the rest of it likewise.
+                            handled, req = self._refuse_rest(numbered, handled)
+                            if req is not None:  # an admin command: it passes
+                                cmd = COMMANDS[req[1]]
+                                refused = self._refused_by_rate(req[0], req[1], admin=True)
                     if not refused and not self._run_inline(cmd, req):  # (refused: a 462)
                         self._settle_chunk()
                         if not await self._run(cmd, req):
@@ -360,6 +367,37 @@ class Session(Execution):
         finally:
             self._settle_chunk()
         return True
+
+    def _refuse_rest(
+        self, numbered: Iterator[tuple[int, protocol.Request]], handled: int
+    ) -> tuple[int, protocol.Request | None]:
+        """After :meth:`_refused_by_rate` refused the ``handled``-th request of the
+        chunk for want of a token: refuse the next ones as it would — at the chunk's
+        instant none is left — without asking it, each with the chunk's 462 from
+        its template, until one is an admin command (returned: admin commands
+        pass) or it is time to pause (:meth:`_should_pause`). Returns the count
+        handled so far and that command, or None.
+
+        A flood past the rate is what the limiter absorbs, so its cost per request
+        is kept to decoding it and copying the answer: no dispatch, no call."""
+        out = self._out
+        if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+            return handled, None
+        refusal = self._chunk_refusal
+        assert refusal is not None
+        tail = protocol.error_tail(refusal)
+        head = protocol.RESPONSE_HEAD
+        first = handled
+        stop: protocol.Request | None = None
+        for handled, req in numbered:
+            if req[1] in ADMIN_METHODS:
+                stop = req
+                break
+            out += head + _pack(req[0]) + tail
+            if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                break
+        self._rate_refused += handled - first - (stop is not None)
+        return handled, stop
 
     def _should_pause(self, handled: int) -> bool:
         """After the ``handled``-th request of a chunk: is too much unsent or

@@ -423,6 +423,41 @@ async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
     assert st.successful - before.successful == 5
 
 
+async def test_the_rest_of_a_refused_chunk_is_refused_alike_but_admin_commands(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """Once the limiter refused a chunk, every next data request of it — unknown
+    commands and malformed parameters too, as on their own — gets the same 462
+    in order, counted; an admin command among them still passes (here refused for
+    want of the role, never with 462). A chunk of many (past the fair-share pause
+    and several output writes) is answered in full, each request once."""
+    await limit_requests_to_five_tokens(node, mock_clock)
+    before = node.pipeline.request_limiter.statistics()
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        reqs: list[tuple[int, str, dict[str, Any]]] = [
+            (i, "get", {"key": b"k"}) for i in range(1, 1001)
+        ]
+        reqs[10] = (11, "no_such_command", {})
+        reqs[11] = (12, "get", {"key": 5, "bogus": True})
+        reqs[20] = (21, "list_buckets", {})
+        reqs[700] = (701, "list_buckets", {})
+        await peer.send(*reqs)
+        got = await peer.responses(len(reqs))
+        assert [r.msgid for r in got] == [r[0] for r in reqs]
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        refused = "IngressRequestRateLimitExceeded"
+        expected = ["ok"] * 5 + [refused] * 995
+        expected[20] = expected[700] = "Unauthorized"
+        assert codes == expected
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
+        await peer.stream.aclose()
+    st = node.pipeline.request_limiter.statistics()
+    assert st.rejected - before.rejected == 993
+    assert st.attempted - before.attempted == 998
+    assert node.bucket_stats["b"].errors[refused] == 993
+
+
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
