@@ -302,18 +302,21 @@ class Execution:
             sizes.clear()
             self._run_ru += ru
             self._run_cost += cost
-        except errors.TenantKVError as exc:
-            self.read_sizes.clear()
-            self.read_keys = 1
-            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
-            return True
         except Exception as exc:
-            self.read_sizes.clear()
-            self.read_keys = 1
-            self._internal_error(msgid, method, exc)
+            self._read_failed(msgid, method, exc)
             return True
         self._reply(msgid, result)
         return True
+
+    def _read_failed(self, msgid: int, method: str, exc: Exception) -> None:
+        """Answer an inline read that failed, refused at once (a cheap rejection)
+        or in its handler; drop what the handler metered."""
+        self.read_sizes.clear()
+        self.read_keys = 1
+        if isinstance(exc, errors.TenantKVError):
+            self._fail(msgid, method, exc)
+        else:
+            self._internal_error(msgid, method, exc)
 
     def _write_inline(self, cmd: Command, req: protocol.Request) -> bool:
         """Queue a write now if every gate admits it at once; False when it must wait.

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any, Protocol
 
 import trio
@@ -45,7 +46,7 @@ from tenantkv import errors, protocol
 from tenantkv._version import __version__
 from tenantkv.server import auth
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS
-from tenantkv.server.execution import Execution
+from tenantkv.server.execution import ASK_ALLOWANCE, Execution
 from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
@@ -329,33 +330,39 @@ class Session(Execution):
         numbered = enumerate(decoder, 1)
         try:
             for handled, req in numbered:
-                if not self._reading:
-                    if not node.shutting_down:
-                        return False  # its user was deleted: nothing more of theirs runs
-                    self._refuse_shutting_down(req)
-                elif self.user is None:
-                    self._settle_chunk()
-                    if not await self._hello(req):
-                        return False
-                else:
-                    cmd = COMMANDS.get(req[1])
-                    if self.rate_room and (cmd is None or cmd.kind != "admin"):
-                        self.rate_room -= 1  # a token of the chunk's loan (_refused_by_rate)
-                        refused = False
-                    else:
-                        refused = pipeline.request_rate_enabled and self._refused_by_rate(
-                            req[0], req[1], admin=cmd is not None and cmd.kind == "admin"
-                        )
-                        if refused and self._chunk_refusal is not None:
-                            # The limiter refused the chunk: the rest of it likewise.
-                            handled, req = self._refuse_rest(numbered, handled)
-                            if req is not None:  # an admin command: it passes
-                                cmd = COMMANDS[req[1]]
-                                refused = self._refused_by_rate(req[0], req[1], admin=True)
-                    if not refused and not self._run_inline(cmd, req):  # (refused: a 462)
+                while True:  # (again for a request a loop of its own handed back)
+                    if not self._reading:
+                        if not node.shutting_down:
+                            return False  # its user was deleted: nothing more of theirs runs
+                        self._refuse_shutting_down(req)
+                    elif self.user is None:
                         self._settle_chunk()
-                        if not await self._run(cmd, req):
+                        if not await self._hello(req):
                             return False
+                    else:
+                        cmd = COMMANDS.get(req[1])
+                        if self.rate_room and (cmd is None or cmd.kind != "admin"):
+                            self.rate_room -= 1  # a token of the chunk's loan (_refused_by_rate)
+                        elif pipeline.request_rate_enabled and self._refused_by_rate(
+                            req[0], req[1], admin=cmd is not None and cmd.kind == "admin"
+                        ):
+                            if self._chunk_refusal is not None:
+                                # The limiter refused the chunk: the rest of it likewise.
+                                handled, req = self._refuse_rest(numbered, handled)
+                                if req is not None:  # an admin command: it passes
+                                    continue
+                            break
+                        if not self._run_inline(cmd, req):
+                            self._settle_chunk()
+                            if not await self._run(cmd, req):
+                                return False
+                        elif cmd is self._run_cmd and self._run_reads > 1 and not self._run_watched:
+                            # A read joined a run: the next ones join it here (a
+                            # chunk of one read, the unpipelined case, never asks).
+                            handled, req = self._join_read_run(numbered, handled)
+                            if req is not None:
+                                continue
+                    break
                 # _should_pause, inline (hot: once per request).
                 if (
                     self.pending_writes >= self._max_inflight
@@ -367,6 +374,81 @@ class Session(Execution):
         finally:
             self._settle_chunk()
         return True
+
+    def _join_read_run(
+        self, numbered: Iterator[tuple[int, protocol.Request]], handled: int
+    ) -> tuple[int, protocol.Request | None]:
+        """After the ``handled``-th request of the chunk joined a run of
+        inline reads: run the next ones while they join it, as
+        :meth:`~Execution._run_inline` runs a read that joins its run — the same
+        command, so the same bucket, user and failpoints; its parameters known,
+        a token of the chunk's rate loan, the run's allowance not reached — in one
+        loop with the run's figures in locals: no dispatch, no call but the
+        handler's, per read. This is where a pipelined read spends its time.
+
+        Stops before a request that does not join (returned, for the general
+        path: another command, parameters to check, no token left, the allowance
+        reached) or when it is time to pause (:meth:`_should_pause`). Returns the
+        count handled and that request, or None."""
+        if not handled % FAIR_SHARE_REQUESTS or len(self._out) > OUT_HIGH_WATER:
+            return handled, None
+        first = next(numbered, None)
+        if first is None:
+            return handled, None  # the chunk is done (unpipelined: always)
+        cmd, b = self._run_cmd, self._run_handle
+        assert cmd is not None
+        name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
+        rate_room, rate_enabled = self.rate_room, self.node.pipeline.request_rate_enabled
+        unit, floor, cost, allowance = (
+            self._run_unit,
+            self._run_floor,
+            self._run_cost,
+            self._run_allowance,
+        )
+        sizes, out = self.read_sizes, self._out
+        reads = ru_sum = 0
+        try:
+            for handled, req in chain((first,), numbered):
+                msgid, method, params = req
+                if method != name or not joins(params):
+                    return handled, req
+                if cost >= allowance:
+                    if allowance == ASK_ALLOWANCE:  # the run's second read asks
+                        self._run_cost = cost
+                        self._allowance_covers_run()
+                        allowance = self._run_allowance
+                    if cost >= allowance:
+                        return handled, req  # (it ends the run and begins another)
+                if rate_room:  # (last: a request handed back has taken no token)
+                    rate_room -= 1
+                elif rate_enabled:
+                    return handled, req  # (the loan is settled or refused there)
+                reads += 1
+                try:
+                    result = handler(self, b, params)
+                except Exception as exc:
+                    self._run_errors += 1  # admitted, but not an operation served
+                    self._read_failed(msgid, method, exc)
+                else:
+                    # The read's units (see Node.read_cost), inline for one record.
+                    if len(sizes) < 2 and self.read_keys == 1:
+                        ru = -(-sizes[0] // unit) if sizes else 0
+                        c = ru if ru > floor else floor
+                    else:
+                        ru, c = self.node.read_cost(sizes, self.read_keys)
+                        self.read_keys = 1
+                    sizes.clear()
+                    ru_sum += ru
+                    cost += c
+                    out += _pack([protocol.RESPONSE, msgid, None, result])  # _reply, inline
+                if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                    break
+        finally:
+            self._run_reads += reads
+            self._run_ru += ru_sum
+            self._run_cost = cost
+            self.rate_room = rate_room
+        return handled, None
 
     def _refuse_rest(
         self, numbered: Iterator[tuple[int, protocol.Request]], handled: int

@@ -10,6 +10,7 @@ returning to zero when a connection ends mid-frame.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -306,6 +307,34 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
 
 
+async def test_each_request_takes_one_token_where_a_run_of_reads_ends(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A pipelined chunk of reads takes one request-rate token per request, also
+    for the read at which a run's throttle allowance runs out (it ends the run
+    and begins another, or is throttled): the limiter admits what was served
+    and refused by the throttle, no more."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 1000.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 1.0)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery, nonblocking_throttle=True)
+        await peer.send((100, "set", {"key": b"k", "value": b"x" * 5000}))  # 2 units a read
+        await peer.responses(1)
+        node.throttle.set_bucket("b", hard_limit=200)  # 20 units a 100 ms slice
+        mock_clock.jump(10)
+        before = node.pipeline.request_limiter.statistics()
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(30)))
+        got = await peer.responses(30)
+        codes = {"ok" if r.error is None else r.error["codeName"] for r in got}
+        assert codes == {"ok", "Throttled"}  # the allowance ran out mid-chunk
+        await peer.stream.aclose()
+    st = node.pipeline.request_limiter.statistics()
+    assert st.attempted - before.attempted == 30
+    assert st.successful - before.successful == 30
+    assert st.rejected == before.rejected
+
+
 async def test_a_loan_after_the_chunk_waited_counts_the_time_that_passed(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
@@ -577,6 +606,56 @@ async def test_reads_that_fail_in_a_run_are_errors_not_served_operations(node: N
     stats = node.bucket_stats["b"]
     assert stats.ops["get"] == 2 and stats.ops["exists"] == 1
     assert stats.errors["BadValue"] == 1 and stats.errors["KeyTooLong"] == 1
+
+
+async def test_a_long_run_of_reads_answers_each_in_order_and_pauses_for_fairness(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipelined chunk of reads runs as runs of the same command: every request
+    answered once, in order, each with its own outcome — an unknown parameter,
+    another read command, a handler's internal error among them — and the chunk
+    still yields to other connections every FAIR_SHARE_REQUESTS requests."""
+    from tenantkv.server import session as session_mod
+
+    pauses: list[int] = []
+    pause = Session._pause
+
+    async def counted_pause(self: Session) -> None:
+        pauses.append(len(pauses))
+        await pause(self)
+
+    monkeypatch.setattr(Session, "_pause", counted_pause)
+    get = session_mod.COMMANDS["get"]
+
+    def flaky(s: Any, b: Any, p: dict[str, Any]) -> Any:
+        if p.get("key") == b"boom":
+            raise RuntimeError("a handler bug")
+        return get.handler(s, b, p)
+
+    monkeypatch.setitem(session_mod.COMMANDS, "get", dataclasses.replace(get, handler=flaky))
+    n = 3 * session_mod.FAIR_SHARE_REQUESTS + 10
+    reqs: list[tuple[int, str, dict[str, Any]]] = [(i, "get", {"key": b"k"}) for i in range(n)]
+    reqs[100] = (100, "get", {"key": b"k", "bogus": 1})
+    reqs[200] = (200, "exists", {"key": b"k"})
+    reqs[300] = (300, "get", {"key": b"boom"})
+    reqs[session_mod.FAIR_SHARE_REQUESTS - 1] = (255, "get", {"key": 7})
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((9999, "set", {"key": b"k", "value": b"v"}))
+        await peer.responses(1)
+        pauses.clear()
+        await peer.send(*reqs)
+        got = await peer.responses(n)
+        assert [r.msgid for r in got] == list(range(n))
+        codes = {i: r.error["codeName"] for i, r in enumerate(got) if r.error}
+        assert codes == {100: "BadValue", 255: "BadValue", 300: "InternalError"}
+        assert got[200].result is True
+        assert all(r.result["value"] == b"v" for i, r in enumerate(got) if i not in (200, *codes))
+        assert len(pauses) >= 3  # at each FAIR_SHARE_REQUESTS requests, a failure's too
+        await peer.stream.aclose()
+    stats = node.bucket_stats["b"]
+    assert stats.ops["get"] == n - 4 and stats.ops["exists"] == 1
+    assert stats.errors["BadValue"] == 2
 
 
 async def test_a_chunk_of_writes_holds_the_gates_as_the_per_operation_path_would(
