@@ -309,10 +309,14 @@ class Execution:
         return True
 
     def _read_failed(self, msgid: int, method: str, exc: Exception) -> None:
-        """Answer an inline read that failed, refused at once (a cheap rejection)
-        or in its handler; drop what the handler metered."""
+        """:meth:`_inline_failed` for a read: drop what its handler metered too."""
         self.read_sizes.clear()
         self.read_keys = 1
+        self._inline_failed(msgid, method, exc)
+
+    def _inline_failed(self, msgid: int, method: str, exc: Exception) -> None:
+        """Answer a request run inline that failed: refused at once (a cheap
+        rejection), or its handler's error."""
         if isinstance(exc, errors.TenantKVError):
             self._fail(msgid, method, exc)
         else:
@@ -365,11 +369,8 @@ class Execution:
             if holds is None:
                 return False
             run = self._start_write_run(b, cmd, holds, self._chunk_t0)
-        except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc)  # refused at once: a cheap rejection
-            return True
         except Exception as exc:
-            self._internal_error(msgid, method, exc)
+            self._inline_failed(msgid, method, exc)  # refused at once: a cheap rejection
             return True
         assert op is not None  # a write
         run.add(msgid, op)

@@ -362,6 +362,11 @@ class Session(Execution):
                             handled, req = self._join_read_run(numbered, handled)
                             if req is not None:
                                 continue
+                        elif (wrun := self._wrun) is not None and wrun.joined and cmd is wrun.cmd:
+                            # A write joined a run: the next ones join it here.
+                            handled, req = self._join_write_run(numbered, handled)
+                            if req is not None:
+                                continue
                     break
                 # _should_pause, inline (hot: once per request).
                 if (
@@ -447,6 +452,66 @@ class Session(Execution):
             self._run_reads += reads
             self._run_ru += ru_sum
             self._run_cost = cost
+            self.rate_room = rate_room
+        return handled, None
+
+    def _join_write_run(
+        self, numbered: Iterator[tuple[int, protocol.Request]], handled: int
+    ) -> tuple[int, protocol.Request | None]:
+        """After the ``handled``-th request of the chunk joined a run of writes:
+        build and queue the next ones while they join it, as
+        :meth:`~Execution._write_inline` does for a write of its run's command —
+        the same command, so the same bucket and user; its parameters known,
+        room left at the gates, a token of the chunk's rate loan; the write's own
+        checks (the handler's, its cost) — in one loop, with no dispatch and no
+        call per write but the handler's and the run's. A write that fails its
+        checks gets its error, and the run goes on.
+
+        Stops before a request that does not join (returned, for the general
+        path: another command, parameters to check, no room, no token) or when it
+        is time to pause (:meth:`_should_pause`: its writes count). Returns the
+        count handled and that request, or None."""
+        if self._should_pause(handled):
+            return handled, None
+        first = next(numbered, None)
+        if first is None:
+            return handled, None  # the chunk is done
+        run = self._wrun
+        assert run is not None
+        cmd, b = run.cmd, run.bucket
+        name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
+        check_cost = None if run.unlimited else self.node.check_write_cost
+        rate_room, rate_enabled = self.rate_room, self.node.pipeline.request_rate_enabled
+        max_inflight, out = self._max_inflight, self._out
+        try:
+            for handled, req in chain((first,), numbered):
+                msgid, method, params = req
+                if method != name or not joins(params):
+                    return handled, req
+                if run.room <= 0 and not run.may_join():
+                    return handled, req  # (it closes the run and begins another)
+                if rate_room:  # (last: a request handed back has taken no token)
+                    rate_room -= 1
+                elif rate_enabled:
+                    return handled, req  # (the loan is settled or refused there)
+                try:
+                    op = handler(self, b, params)
+                    if check_cost is not None:
+                        check_cost(b.name, op)
+                except Exception as exc:
+                    self._inline_failed(msgid, method, exc)
+                else:
+                    run.room -= 1
+                    run.joined += 1
+                    run.add(msgid, op)
+                if (
+                    self.pending_writes >= max_inflight
+                    or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+                    or len(out) > OUT_HIGH_WATER
+                    or not handled % FAIR_SHARE_REQUESTS
+                ):
+                    break
+        finally:
             self.rate_room = rate_room
         return handled, None
 

@@ -545,12 +545,49 @@ async def test_a_write_too_costly_for_its_bucket_is_refused_within_a_run(node: N
             "RequestTooCostly",
             None,
         ]
+        # Deep in a long run too.
+        await peer.send(
+            *((10 + i, "set", {"key": b"k%d" % i, "value": b"1"}) for i in range(5)),
+            (15, "set", {"key": b"big", "value": big}),
+            (16, "set", {"key": b"z"}),
+        )
+        got = sorted(await peer.responses(7), key=lambda r: r.msgid)
+        assert [r.error["codeName"] if r.error else None for r in got] == [None] * 5 + [
+            "RequestTooCostly",
+            "BadValue",
+        ]
         node.throttle.set_bucket("b", hard_limit=None)  # unlimited
         await peer.send(
             (4, "set", {"key": b"a", "value": b"1"}), (5, "set", {"key": b"big", "value": big})
         )
         assert [r.error for r in await peer.responses(2)] == [None, None]
         await peer.stream.aclose()
+
+
+async def test_a_pipelined_chunk_of_writes_keeps_to_max_inflight_per_connection(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection never has more than max_inflight_per_connection writes
+    unanswered, however many its chunk carries: the rest wait for answers."""
+    from tenantkv.server.write_run import WriteRun
+
+    await node.parameters.set("max_inflight_per_connection", 8)
+    seen: list[int] = []
+    add = WriteRun.add
+
+    def counted_add(self: WriteRun, msgid: int, op: Any) -> None:
+        add(self, msgid, op)
+        seen.append(self._session.pending_writes)
+
+    monkeypatch.setattr(WriteRun, "add", counted_add)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send(*((i, "set", {"key": b"k%d" % i, "value": b"v"}) for i in range(40)))
+        got = await peer.responses(40)
+        assert sorted(r.msgid for r in got) == list(range(40))
+        assert all(r.error is None for r in got)
+        await peer.stream.aclose()
+    assert len(seen) == 40 and max(seen) == 8
 
 
 async def test_a_write_that_fails_its_checks_within_a_run_gets_its_own_error(
