@@ -39,6 +39,9 @@ from tenantkv.storage.ops import (
 )
 from tenantkv.storage.records import HEADER_BYTES, Record, unpack_header
 
+#: (the hot handlers' key check, a global read instead of an attribute too)
+MAX_KEY_BYTES = protocol.MAX_KEY_BYTES
+
 log = logging.getLogger("tenantkv.audit")
 
 
@@ -183,7 +186,7 @@ def record_out(rec: Record) -> dict[str, Any]:
 def get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """{value, cas, flags, expiry_ms} or nil when the key does not exist."""
     key = p.get("key")
-    if type(key) is not bytes or not 0 < len(key) <= protocol.MAX_KEY_BYTES:
+    if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
         key = key_param(p)  # a str key, or the precise error
     # Engine.get_in and records.decode without a Record: the hottest handler, once
     # per pipelined GET (one header unpack, one slice; a call less per read).
@@ -266,7 +269,7 @@ def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
     """{cas}. mode: upsert (default), add (KeyExists if present), replace (KeyNotFound if
     absent). cas: only if the record's CAS matches (CasMismatch otherwise)."""
     key = p.get("key")
-    if type(key) is not bytes or not 0 < len(key) <= protocol.MAX_KEY_BYTES:
+    if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
         key = key_param(p)  # a str key, or the precise error
     value = p.get("value")
     if isinstance(value, str):

@@ -294,12 +294,12 @@ class Execution:
                 self._read_handled(b.name, method, params, "ok")
             # The read's units (see Node.read_cost), inline for one record.
             if len(sizes) < 2 and self.read_keys == 1:
-                ru = -(-sizes[0] // self._run_unit) if sizes else 0
+                ru = -(-sizes.pop() // self._run_unit) if sizes else 0
                 cost = ru if ru > self._run_floor else self._run_floor
             else:
                 ru, cost = self.node.read_cost(sizes, self.read_keys)
                 self.read_keys = 1
-            sizes.clear()
+                sizes.clear()
             self._run_ru += ru
             self._run_cost += cost
         except Exception as exc:

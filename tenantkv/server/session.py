@@ -51,6 +51,7 @@ from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
 _pack = protocol.pack
+RESPONSE = protocol.RESPONSE
 
 RECEIVE_BYTES = 256 * 1024
 #: Requests handled back to back before the reader lets other tasks run.
@@ -215,7 +216,7 @@ class Session(Execution):
     # -- output --------------------------------------------------------------------
 
     def _reply(self, msgid: int, result: Any) -> None:
-        self._out += _pack([protocol.RESPONSE, msgid, None, result])  # encode_result, inline
+        self._out += _pack([RESPONSE, msgid, None, result])  # encode_result, inline
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)
@@ -411,6 +412,7 @@ class Session(Execution):
             self._run_allowance,
         )
         sizes, out = self.read_sizes, self._out
+        fair, high_water = FAIR_SHARE_REQUESTS, OUT_HIGH_WATER
         reads = ru_sum = 0
         try:
             for handled, req in chain((first,), numbered):
@@ -437,16 +439,16 @@ class Session(Execution):
                 else:
                     # The read's units (see Node.read_cost), inline for one record.
                     if len(sizes) < 2 and self.read_keys == 1:
-                        ru = -(-sizes[0] // unit) if sizes else 0
+                        ru = -(-sizes.pop() // unit) if sizes else 0
                         c = ru if ru > floor else floor
                     else:
                         ru, c = self.node.read_cost(sizes, self.read_keys)
                         self.read_keys = 1
-                    sizes.clear()
+                        sizes.clear()
                     ru_sum += ru
                     cost += c
-                    out += _pack([protocol.RESPONSE, msgid, None, result])  # _reply, inline
-                if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                    out += _pack([RESPONSE, msgid, None, result])  # _reply, inline
+                if not handled % fair or len(out) > high_water:
                     break
         finally:
             self._run_reads += reads
