@@ -349,8 +349,6 @@ class Execution:
                 if not run.unlimited:
                     self.node.check_write_cost(b.name, op)
                 if run.room > 0 or run.may_join():
-                    run.room -= 1
-                    run.joined += 1
                     run.add(msgid, op)
                     return True
                 user = self.user

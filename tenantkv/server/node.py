@@ -396,15 +396,16 @@ class Node:
         floor1 = cfg.min_op_units * weight
         wu_sum = cost_sum = 0
         for op in ops:
-            wu = 0
-            if wrote:
-                if op.record_bytes:
-                    wu = sum(write_units(n, unit) for n in op.record_bytes)
-                elif op.nbytes:
-                    wu = -(-op.nbytes // unit)  # write_units of one record, inline
+            if not wrote:
+                wu = 0
+            elif op.record_bytes:
+                wu = sum(write_units(n, unit) for n in op.record_bytes)
+            else:
+                wu = -(-op.nbytes // unit)  # write_units of one record (0: none), inline
             floor = floor1 * op.keys_touched
             wu_sum += wu
-            cost_sum += floor if floor > weight * wu else weight * wu
+            wu *= weight
+            cost_sum += floor if floor > wu else wu
         return wu_sum, cost_sum
 
     def charge_writes(self, bucket: str, wu: int, cost: int, unthrottled: bool) -> None:

@@ -503,8 +503,6 @@ class Session(Execution):
                 except Exception as exc:
                     self._inline_failed(msgid, method, exc)
                 else:
-                    run.room -= 1
-                    run.joined += 1
                     run.add(msgid, op)
                 if (
                     self.pending_writes >= max_inflight

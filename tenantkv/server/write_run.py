@@ -55,7 +55,6 @@ class WriteRun:
         "bucket",
         "cmd",
         "holds",
-        "joined",
         "room",
         "t0",
         "unlimited",
@@ -89,13 +88,20 @@ class WriteRun:
         self._bytes = 0  # their size_hint, summed
         self._closed = False
         #: how many more writes may join (-1: not asked yet, since a lone write
-        #: need not ask), and how many did: the gates count the joins when the
-        #: run closes (nothing else touches them before it does)
+        #: need not ask); the gates count the joins when the run closes (nothing
+        #: else touches them before it does)
         self.room = -1
-        self.joined = 0
+
+    @property
+    def joined(self) -> int:
+        """Writes that joined the run after its first."""
+        return len(self._msgids) - 1
 
     def add(self, msgid: int, op: WriteOp) -> None:
-        """A write admitted with the run (its gates taken: ``holds`` counts it)."""
+        """A write admitted with the run: its first, or one that joins it
+        (:meth:`may_join` said it may; its gates taken: ``holds`` counts it)."""
+        if self.room > 0:  # (-1 for the first: not asked)
+            self.room -= 1
         s = self._session
         self._msgids.append(msgid)
         self._ops.append(op)
@@ -140,18 +146,20 @@ class WriteRun:
         s.pending_write_bytes -= self._bytes
         wu_sum = cost_sum = 0
         succeeded: list[WriteOp] | None = None  # (None: every write so far)
-        for i, op in enumerate(ops):
-            result = error if error is not None else results[i]
+        if error is not None:
+            results = [error] * len(ops)
+        reply = s._reply
+        for i, result in enumerate(results):
             if isinstance(result, BaseException):
                 if succeeded is None:
                     succeeded = ops[:i]
-                wu, cost = self._failed(msgids[i], op, result)
+                wu, cost = self._failed(msgids[i], ops[i], result)
                 wu_sum += wu
                 cost_sum += cost
             else:
                 if succeeded is not None:
-                    succeeded.append(op)
-                s._reply(msgids[i], result)
+                    succeeded.append(ops[i])
+                reply(msgids[i], result)
         if succeeded is None:
             succeeded = ops
         if succeeded:

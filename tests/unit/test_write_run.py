@@ -78,9 +78,8 @@ def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     for msgid in (10, 11, 12):
         if msgid != 10:  # a write joining the run (Execution._write_inline)
             assert run.may_join()
-            run.room -= 1
-            run.joined += 1
         run.add(msgid, SetOp(bucket, b"k%d" % msgid, b"v"))
+    assert run.joined == 2 and run.room == 98  # (FakePipeline's room: 100)
     return run, holds
 
 
