@@ -402,8 +402,9 @@ class Engine:
             return None
         return BucketHandle(name, db, dict(props))
 
-    def reserve_cas_block(self, txn: lmdb.Transaction) -> None:
-        """Reserve the next ``CAS_BLOCK`` CAS values in the write transaction ``txn``.
+    def reserve_cas_block(self, txn: lmdb.Transaction, n: int = 1) -> None:
+        """Reserve the next ``CAS_BLOCK`` CAS values (``n`` if more: a run of
+        writes takes its values together) in the write transaction ``txn``.
 
         The ceiling is read from the system record, not from memory: worker
         processes sharing the environment take their blocks one after another
@@ -414,7 +415,7 @@ class Engine:
         raw = txn.get(CAS_KEY, db=self.system)
         base = max(int(raw) if raw else 0, self.cas_ceiling)
         self.cas_counter = base
-        self.cas_ceiling = base + CAS_BLOCK
+        self.cas_ceiling = base + max(CAS_BLOCK, n)
         txn.put(CAS_KEY, str(self.cas_ceiling).encode(), db=self.system)
 
     def adopt_map_size(self) -> None:

@@ -63,7 +63,7 @@ class WriteContext:
         """The next CAS value; with ``n``, the first of the next ``n`` (consecutive)."""
         eng = self.engine
         if eng.cas_counter + n > eng.cas_ceiling:
-            eng.reserve_cas_block(self.txn)
+            eng.reserve_cas_block(self.txn, n)
         first = eng.cas_counter + 1
         eng.cas_counter += n
         return first

@@ -523,3 +523,22 @@ def test_a_run_of_plain_sets_on_a_dropped_bucket_fails_each_write(store: Store) 
     store.ok(DropBucketOp(b))
     answers = store.ok(_run_op([SetOp(b, b"a", b"1"), SetOp(b, b"b", b"2")]))
     assert [type(a) for a in answers] == [errors.BucketNotFound] * 2
+
+
+def test_a_run_past_the_cas_block_reserves_enough_for_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CAS values stay unique across restarts when one run of plain sets takes more
+    than is left of the reserved block, or more than a whole block."""
+    from tenantkv.storage import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "CAS_BLOCK", 5)
+    s = Store(tmp_path / "db")
+    b = s.bucket()
+    s.ok(SetOp(b, b"first", b"v"))
+    answers = s.ok(_run_op([SetOp(b, b"k%d" % i, b"v") for i in range(12)]))
+    highest = max(a["cas"] for a in answers)
+    s.close()  # a restart: CAS values continue from the reserved ceiling
+    s2 = Store(tmp_path / "db")
+    assert s2.ok(SetOp(s2.engine.buckets["b"], b"after", b"v"))["cas"] > highest
+    s2.close()
