@@ -396,11 +396,11 @@ class Session(Execution):
         path: another command, parameters to check, no token left, the allowance
         reached) or when it is time to pause (:meth:`_should_pause`). Returns the
         count handled and that request, or None."""
-        if not handled % FAIR_SHARE_REQUESTS or len(self._out) > OUT_HIGH_WATER:
+        if self._should_pause(handled):
             return handled, None
         first = next(numbered, None)
         if first is None:
-            return handled, None  # the chunk is done (unpipelined: always)
+            return handled, None  # the chunk is done
         cmd, b = self._run_cmd, self._run_handle
         assert cmd is not None
         name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
@@ -527,9 +527,9 @@ class Session(Execution):
 
         A flood past the rate is what the limiter absorbs, so its cost per request
         is kept to decoding it and copying the answer: no dispatch, no call."""
-        out = self._out
-        if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+        if self._should_pause(handled):
             return handled, None
+        out = self._out
         refusal = self._chunk_refusal
         assert refusal is not None
         tail = protocol.error_tail(refusal)
