@@ -37,7 +37,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from itertools import chain
 from typing import Any, Protocol
 
 import trio
@@ -398,9 +397,6 @@ class Session(Execution):
         count handled and that request, or None."""
         if self._should_pause(handled):
             return handled, None
-        first = next(numbered, None)
-        if first is None:
-            return handled, None  # the chunk is done
         cmd, b = self._run_cmd, self._run_handle
         assert cmd is not None
         name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
@@ -415,7 +411,7 @@ class Session(Execution):
         fair, high_water = FAIR_SHARE_REQUESTS, OUT_HIGH_WATER
         reads = ru_sum = 0
         try:
-            for handled, req in chain((first,), numbered):
+            for handled, req in numbered:
                 msgid, method, params = req
                 if method != name or not joins(params):
                     return handled, req
@@ -475,9 +471,6 @@ class Session(Execution):
         count handled and that request, or None."""
         if self._should_pause(handled):
             return handled, None
-        first = next(numbered, None)
-        if first is None:
-            return handled, None  # the chunk is done
         run = self._wrun
         assert run is not None
         cmd, b = run.cmd, run.bucket
@@ -486,7 +479,7 @@ class Session(Execution):
         rate_room, rate_enabled = self.rate_room, self.node.pipeline.request_rate_enabled
         max_inflight, out = self._max_inflight, self._out
         try:
-            for handled, req in chain((first,), numbered):
+            for handled, req in numbered:
                 msgid, method, params = req
                 if method != name or not joins(params):
                     return handled, req
