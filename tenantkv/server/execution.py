@@ -337,27 +337,14 @@ class Execution:
         """
         msgid, method, params = req
         run = self._wrun
+        if run is not None and cmd is run.cmd and (run.room > 0 or run.may_join()):
+            self._join_write(run, msgid, method, params)
+            return True
         try:
-            if run is not None and cmd is run.cmd:
-                # The run's own command: the same bucket and user as its first
-                # write (anything that could change them ends the run first), so
-                # only the write itself is checked and built here.
-                b = run.bucket
-                if not cmd.inline_params.issuperset(params):
-                    check_params(cmd, params)
-                op = cmd.handler(self, b, params)
-                if not run.unlimited:
-                    self.node.check_write_cost(b.name, op)
-                if run.room > 0 or run.may_join():
-                    run.add(msgid, op)
-                    return True
-                user = self.user
-                assert user is not None
-            else:
-                prep = self._prepare(cmd, params)
-                b, op, user = prep.bucket, prep.op, prep.user
-                if self._run_cmd is not None:
-                    self._end_read_run()  # the throttle must see the reads before it
+            prep = self._prepare(cmd, params)
+            b, op, user = prep.bucket, prep.op, prep.user
+            if self._run_cmd is not None:
+                self._end_read_run()  # the throttle must see the reads before it
             if run is not None:
                 run.close()  # its joins counted: the gates as the next write finds them
                 self._wrun = None
@@ -373,6 +360,24 @@ class Execution:
         assert op is not None  # a write
         run.add(msgid, op)
         return True
+
+    def _join_write(self, run: WriteRun, msgid: int, method: str, params: dict[str, Any]) -> None:
+        """Add a write of the run's own command that the run has room for (its
+        token taken): the same bucket and user as the run's first write (anything
+        that could change them ends the run first), so only the write itself is
+        checked and built — its parameters, its op, its cost on a limited bucket.
+        One that fails them gets its own error, and the run goes on."""
+        cmd, b = run.cmd, run.bucket
+        try:
+            if not cmd.inline_params.issuperset(params):
+                check_params(cmd, params)
+            op = cmd.handler(self, b, params)
+            if not run.unlimited:
+                self.node.check_write_cost(b.name, op)
+        except Exception as exc:
+            self._inline_failed(msgid, method, exc)
+            return
+        run.add(msgid, op)
 
     def _start_write_run(
         self, bucket: BucketHandle, cmd: Command, holds: Holds, t0: float

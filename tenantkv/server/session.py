@@ -457,31 +457,26 @@ class Session(Execution):
         self, numbered: Iterator[tuple[int, protocol.Request]], handled: int
     ) -> tuple[int, protocol.Request | None]:
         """After the ``handled``-th request of the chunk joined a run of writes:
-        build and queue the next ones while they join it, as
-        :meth:`~Execution._write_inline` does for a write of its run's command —
-        the same command, so the same bucket and user; its parameters known,
-        room left at the gates, a token of the chunk's rate loan; the write's own
-        checks (the handler's, its cost) — in one loop, with no dispatch and no
-        call per write but the handler's and the run's. A write that fails its
-        checks gets its error, and the run goes on.
+        add the next ones while they are writes of the run's command with room
+        at the gates and a token of the chunk's rate loan, each checked and built
+        by :meth:`~Execution._join_write` as :meth:`~Execution._write_inline`
+        does — in one loop, with no dispatch per write.
 
         Stops before a request that does not join (returned, for the general
-        path: another command, parameters to check, no room, no token) or when it
-        is time to pause (:meth:`_should_pause`: its writes count). Returns the
-        count handled and that request, or None."""
+        path: another command, no room, no token) or when it is time to pause
+        (:meth:`_should_pause`: its writes count). Returns the count handled and
+        that request, or None."""
         if self._should_pause(handled):
             return handled, None
         run = self._wrun
         assert run is not None
-        cmd, b = run.cmd, run.bucket
-        name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
-        check_cost = None if run.unlimited else self.node.check_write_cost
+        name = run.cmd.name
         rate_room, rate_enabled = self.rate_room, self.node.pipeline.request_rate_enabled
         max_inflight, out = self._max_inflight, self._out
         try:
             for handled, req in numbered:
                 msgid, method, params = req
-                if method != name or not joins(params):
+                if method != name:
                     return handled, req
                 if run.room <= 0 and not run.may_join():
                     return handled, req  # (it closes the run and begins another)
@@ -489,14 +484,7 @@ class Session(Execution):
                     rate_room -= 1
                 elif rate_enabled:
                     return handled, req  # (the loan is settled or refused there)
-                try:
-                    op = handler(self, b, params)
-                    if check_cost is not None:
-                        check_cost(b.name, op)
-                except Exception as exc:
-                    self._inline_failed(msgid, method, exc)
-                else:
-                    run.add(msgid, op)
+                self._join_write(run, msgid, method, params)
                 if (
                     self.pending_writes >= max_inflight
                     or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
