@@ -272,10 +272,10 @@ def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
     if type(key) is not bytes or not key or len(key) > MAX_KEY_BYTES:
         key = key_param(p)  # a str key, or the precise error
     value = p.get("value")
-    if isinstance(value, str):
-        value = value.encode()
-    if not isinstance(value, bytes):
-        raise errors.BadValue("'value' must be bytes or a string")
+    if type(value) is not bytes:
+        if not isinstance(value, (str, bytes)):
+            raise errors.BadValue("'value' must be bytes or a string")
+        value = value.encode() if isinstance(value, str) else bytes(value)
     if len(value) > s.node.config.max_value_bytes:
         raise errors.ValueTooLarge(
             f"value of {len(value)} bytes exceeds max_value_bytes={s.node.config.max_value_bytes}"

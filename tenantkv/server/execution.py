@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,12 @@ class Execution:
 
     def _reply(self, msgid: int, result: Any) -> None:
         raise NotImplementedError
+
+    def _reply_all(self, msgids: list[int], results: Sequence[Any]) -> None:
+        """:meth:`_reply` to each request of ``msgids`` with its result (a run of
+        writes, answered together)."""
+        for msgid, result in zip(msgids, results, strict=True):
+            self._reply(msgid, result)
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         raise NotImplementedError
@@ -338,7 +345,9 @@ class Execution:
         msgid, method, params = req
         run = self._wrun
         if run is not None and cmd is run.cmd and (run.room > 0 or run.may_join()):
-            self._join_write(run, msgid, method, params)
+            op = self._join_write(run, msgid, method, params)
+            if op is not None:
+                run.add(msgid, op)
             return True
         try:
             prep = self._prepare(cmd, params)
@@ -361,12 +370,15 @@ class Execution:
         run.add(msgid, op)
         return True
 
-    def _join_write(self, run: WriteRun, msgid: int, method: str, params: dict[str, Any]) -> None:
-        """Add a write of the run's own command that the run has room for (its
-        token taken): the same bucket and user as the run's first write (anything
-        that could change them ends the run first), so only the write itself is
-        checked and built — its parameters, its op, its cost on a limited bucket.
-        One that fails them gets its own error, and the run goes on."""
+    def _join_write(
+        self, run: WriteRun, msgid: int, method: str, params: dict[str, Any]
+    ) -> WriteOp | None:
+        """The op of a write of the run's own command that the run has room for
+        (its token taken), for the caller to add to the run: the same bucket and
+        user as the run's first write (anything that could change them ends the
+        run first), so only the write itself is checked and built — its
+        parameters, its op, its cost on a limited bucket. One that fails them
+        gets its own error (None), and the run goes on."""
         cmd, b = run.cmd, run.bucket
         try:
             if not cmd.inline_params.issuperset(params):
@@ -376,8 +388,8 @@ class Execution:
                 self.node.check_write_cost(b.name, op)
         except Exception as exc:
             self._inline_failed(msgid, method, exc)
-            return
-        run.add(msgid, op)
+            return None
+        return op
 
     def _start_write_run(
         self, bucket: BucketHandle, cmd: Command, holds: Holds, t0: float

@@ -32,6 +32,7 @@ import trio
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
 from tenantkv.server import redis_docs
+from tenantkv.server.execution import Execution
 from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
@@ -125,6 +126,9 @@ class RedisSession(Session):
     def _reply(self, msgid: int, result: Any) -> None:
         convert = self._convert.pop(msgid, None)
         self._fill(msgid, convert(self.enc, result) if convert else self.enc.value(result))
+
+    #: each answer through this door's _reply (Session's encodes MessagePack)
+    _reply_all = Execution._reply_all
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         data = self.enc.error(error_text(exc))

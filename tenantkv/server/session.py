@@ -36,7 +36,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -47,6 +47,7 @@ from tenantkv.server import auth
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS
 from tenantkv.server.execution import ASK_ALLOWANCE, Execution
 from tenantkv.server.node import Node
+from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
 _pack = protocol.pack
@@ -216,6 +217,11 @@ class Session(Execution):
 
     def _reply(self, msgid: int, result: Any) -> None:
         self._out += _pack([RESPONSE, msgid, None, result])  # encode_result, inline
+
+    def _reply_all(self, msgids: list[int], results: Sequence[Any]) -> None:
+        out = self._out
+        for msgid, result in zip(msgids, results, strict=True):
+            out += _pack([RESPONSE, msgid, None, result])  # _reply, inline
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self._out += protocol.encode_error(msgid, exc)
@@ -470,30 +476,46 @@ class Session(Execution):
             return handled, None
         run = self._wrun
         assert run is not None
-        name = run.cmd.name
+        name, join = run.cmd.name, self._join_write
         rate_room, rate_enabled = self.rate_room, self.node.pipeline.request_rate_enabled
         max_inflight, out = self._max_inflight, self._out
+        # The joined writes, added to the run together when the loop stops
+        # (WriteRun.add_many); until then the pause checks count them here.
+        msgids: list[int] = []
+        ops: list[WriteOp] = []
+        size = 0
+        room = run.room  # (-1: the gates not asked yet)
+        writes = max_inflight - self.pending_writes
+        write_bytes = PENDING_WRITE_HIGH_WATER - self.pending_write_bytes
         try:
             for handled, req in numbered:
                 msgid, method, params = req
                 if method != name:
                     return handled, req
-                if run.room <= 0 and not run.may_join():
-                    return handled, req  # (it closes the run and begins another)
+                if len(ops) >= room:
+                    if room >= 0 or not run.may_join():
+                        return handled, req  # (it closes the run and begins another)
+                    room = run.room
                 if rate_room:  # (last: a request handed back has taken no token)
                     rate_room -= 1
                 elif rate_enabled:
                     return handled, req  # (the loan is settled or refused there)
-                self._join_write(run, msgid, method, params)
+                op = join(run, msgid, method, params)
+                if op is not None:
+                    msgids.append(msgid)
+                    ops.append(op)
+                    size += op.size_hint
                 if (
-                    self.pending_writes >= max_inflight
-                    or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+                    len(ops) >= writes
+                    or size > write_bytes
                     or len(out) > OUT_HIGH_WATER
                     or not handled % FAIR_SHARE_REQUESTS
                 ):
                     break
         finally:
             self.rate_room = rate_room
+            if ops:
+                run.add_many(msgids, ops, size)
         return handled, None
 
     def _refuse_rest(

@@ -14,6 +14,7 @@ once — per run, not per write, as the reads of a chunk are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from tenantkv import errors
@@ -35,6 +36,8 @@ class WriteSession(Protocol):
     _reader_parked: bool
 
     def _reply(self, msgid: int, result: Any) -> None: ...
+
+    def _reply_all(self, msgids: list[int], results: Sequence[Any]) -> None: ...
 
     def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None: ...
 
@@ -100,14 +103,20 @@ class WriteRun:
     def add(self, msgid: int, op: WriteOp) -> None:
         """A write admitted with the run: its first, or one that joins it
         (:meth:`may_join` said it may; its gates taken: ``holds`` counts it)."""
+        self.add_many([msgid], [op], op.size_hint)
+
+    def add_many(self, msgids: list[int], ops: list[WriteOp], nbytes: int) -> None:
+        """:meth:`add` each of ``ops`` (``nbytes``: their size_hint, summed), as the
+        session's write join loop does once it stops, for all the writes it
+        joined: its room is what the run had (:attr:`room`) when it began."""
         if self.room > 0:  # (-1 for the first: not asked)
-            self.room -= 1
+            self.room -= len(ops)
         s = self._session
-        self._msgids.append(msgid)
-        self._ops.append(op)
-        self._bytes += op.size_hint
-        s.pending_writes += 1
-        s.pending_write_bytes += op.size_hint
+        self._msgids += msgids
+        self._ops += ops
+        self._bytes += nbytes
+        s.pending_writes += len(ops)
+        s.pending_write_bytes += nbytes
 
     def may_join(self) -> bool:
         """May one more write join? The gates are asked once, by the second write."""
@@ -145,23 +154,21 @@ class WriteRun:
         s.pending_writes -= len(ops)
         s.pending_write_bytes -= self._bytes
         wu_sum = cost_sum = 0
-        succeeded: list[WriteOp] | None = None  # (None: every write so far)
         if error is not None:
             results = [error] * len(ops)
-        reply = s._reply
-        for i, result in enumerate(results):
-            if isinstance(result, BaseException):
-                if succeeded is None:
-                    succeeded = ops[:i]
-                wu, cost = self._failed(msgids[i], ops[i], result)
-                wu_sum += wu
-                cost_sum += cost
-            else:
-                if succeeded is not None:
-                    succeeded.append(ops[i])
-                reply(msgids[i], result)
-        if succeeded is None:
+        if not any([isinstance(r, BaseException) for r in results]):
+            s._reply_all(msgids, results)  # the usual answer: all succeeded
             succeeded = ops
+        else:
+            succeeded = []
+            for msgid, op, result in zip(msgids, ops, results, strict=True):
+                if isinstance(result, BaseException):
+                    wu, cost = self._failed(msgid, op, result)
+                    wu_sum += wu
+                    cost_sum += cost
+                else:
+                    succeeded.append(op)
+                    s._reply(msgid, result)
         if succeeded:
             wu, cost = node.write_costs(succeeded)
             wu_sum += wu
