@@ -6,6 +6,7 @@ public interface (``tenantkv-admin status --json``, ``docs/operations.md``).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
@@ -55,6 +56,11 @@ def status_document(node: Node) -> dict[str, Any]:
             "admin_reserved": node.config.admin_reserved_connections,
             "table": node.connection_table.statistics().as_dict(),
             "receive_buffers": node.receive_buffers.statistics().as_dict(),
+        },
+        "gc": {
+            "thresholds": list(gc.get_threshold()),
+            "collections": [g["collections"] for g in gc.get_stats()],
+            "frozen_objects": gc.get_freeze_count(),
         },
         "storage": {
             "path": node.engine.path,

@@ -141,18 +141,15 @@ def _plain_sets(w: WriteContext, ops: list[WriteOp]) -> list[Any] | None:
     if h.dropped or not w.expiry_index_empty():
         return None
     sets = cast(list[SetOp], ops)
-    cas = w.next_cas(len(sets))
-    encode = records.encode
-    items = []
-    out: list[Any] = []
+    first_cas = w.next_cas(len(sets))
+    cas = range(first_cas, first_cas + len(sets))
+    header = records.HEADER.pack  # (records.encode, inline)
+    items = [(op.key, header(c, 0, op.flags) + op.value) for op, c in zip(sets, cas, strict=True)]
     for op in sets:
         op.nbytes = op.size_hint
-        items.append((op.key, encode(op.value, cas, 0, op.flags)))
-        out.append({"cas": cas})
-        cas += 1
     with w.txn.cursor(h.db) as cursor:
         cursor.putmulti(items)
-    return out
+    return [{"cas": c} for c in cas]
 
 
 def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:

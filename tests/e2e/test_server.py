@@ -13,6 +13,7 @@ import trio
 
 import tenantkv
 from tenantkv import errors
+from tenantkv.server.server import GC_YOUNG_THRESHOLD
 from tests.conftest import ADMIN_PASSWORD, Daemon, read_response
 
 TIMEOUT = 30
@@ -275,6 +276,10 @@ def test_status_document(setup: Daemon) -> None:
     assert {"alpha", "beta"} <= set(st["buckets"])
     assert st["storage"]["durability"] == "fsync"
     assert st["storage"]["writer"]["ops_committed"] > 0
+    # What start-up built is out of the collector's reach, and the young
+    # generation's threshold is the server's own (GC_YOUNG_THRESHOLD).
+    assert st["gc"]["frozen_objects"] > 1000
+    assert st["gc"]["thresholds"][0] == GC_YOUNG_THRESHOLD
 
 
 def test_delete_bucket_drops_data_and_detaches_sessions(setup: Daemon) -> None:
