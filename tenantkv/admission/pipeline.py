@@ -195,6 +195,17 @@ class Pipeline:
             return limiter.rejection()
         return None
 
+    def take_request_token(self, peer_ip: str, now: float) -> bool:
+        """The request rate limiter's token for the first request of a received chunk
+        (:meth:`TokenBucket.take_at` at ``now``, the chunk's reading of trio's clock),
+        or True for an exempt client address, counted as exempted; False, with
+        nothing taken, when no token is there: the chunk then takes a loan
+        (:meth:`lend_request_tokens`), which answers and counts the refusal."""
+        if self.request_exemptions.matches(peer_ip):
+            self.request_limiter.try_acquire(exempt=True)
+            return True
+        return self.request_limiter.take_at(now)
+
     def lend_request_tokens(self, peer_ip: str, now: float) -> float | None:
         """The request rate limiter's tokens for the requests of one received chunk
         (:meth:`TokenBucket.lend`; ``now``: the chunk's reading of trio's clock),

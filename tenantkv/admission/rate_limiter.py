@@ -287,6 +287,28 @@ class TokenBucket:
         self._tokens = 0.0
         return t
 
+    def take_at(self, now: float) -> bool:
+        """Take a token at ``now`` (the caller's reading of this bucket's clock) if
+        one is there, counted as admitted; False, with nothing taken or counted,
+        when none is or callers wait to borrow: the caller then asks another way
+        (:meth:`lend`, whose refusals :meth:`settle` counts). One call for the
+        first request of a received chunk, which is most often its only one."""
+        if self._waiters:
+            return False
+        t = self._tokens
+        if now > self._last:
+            t += (now - self._last) * self._rate
+            if t > self._burst:
+                t = self._burst
+            self._last = now
+        if t < _ONE:
+            self._tokens = t
+            return False
+        self._tokens = t - 1.0
+        self._attempted += 1
+        self._successful += 1
+        return True
+
     def settle(self, left: float, admitted: int, refused: int) -> None:
         """End a loan of :meth:`lend`: ``left`` tokens come back; count the batch."""
         self._tokens += left
@@ -497,9 +519,11 @@ class RateLimiter:
     def __init__(self, bucket: TokenBucket) -> None:
         self.bucket = bucket
         #: :meth:`TokenBucket.lend` and :meth:`TokenBucket.settle`: one received
-        #: chunk's loan (the core's own methods: nothing to wake, a call less each)
+        #: chunk's loan, and :meth:`TokenBucket.take_at`: its first request's token
+        #: (the core's own methods: nothing to wake, a call less each)
         self.lend = bucket.lend
         self.settle = bucket.settle
+        self.take_at = bucket.take_at
         #: the wait of the last refusal of try_acquire, for rejection()
         self._refused_wait = 0.0
 

@@ -46,6 +46,8 @@ log = logging.getLogger("tenantkv.session")
 
 #: A whole token of a request-rate loan (the token bucket's own float tolerance).
 RATE_TOKEN = 1.0 - 1e-9
+#: ``_rate_left`` once a chunk's first request took its token without a loan.
+FIRST_TOKEN_TAKEN = -math.inf
 #: A read run's allowance before its second read asks for it (costs are >= 0).
 ASK_ALLOWANCE = -1.0
 #: A connection whose request the rate limiter refused is read again when the
@@ -174,13 +176,17 @@ class Execution:
         (call it when ``pipeline.request_rate_enabled``): True when it refused the
         request, answered with 462.
 
-        Decided per chunk: the first request of a chunk borrows every token the
-        limiter holds at the chunk's instant (:meth:`Pipeline.lend_request_tokens`); each
-        request of the chunk then takes one from the loan while one is left and is
-        refused otherwise — all with the same answer, as at the chunk's instant —
-        and :meth:`_settle_rate` gives back the rest and counts them when the chunk
-        ends or anything awaits. Admin commands and exempt addresses pass, counted,
-        as :meth:`Pipeline.check_request_rate` says.
+        Decided per chunk, at the chunk's instant. Its first request takes a token
+        if there is one (:meth:`Pipeline.take_request_token`): most chunks hold one
+        request (unpipelined clients), and for them a loan would be a lend and a
+        settle more. The next request — or the first, when no token was there —
+        borrows every token the limiter holds then
+        (:meth:`Pipeline.lend_request_tokens`); each request of the chunk then
+        takes one from the loan while one is left and is refused otherwise — all
+        with the same answer, as at the chunk's instant — and
+        :meth:`_settle_rate` gives back the rest and counts them when the chunk
+        ends or anything awaits. Admin commands and exempt addresses pass,
+        counted, as :meth:`Pipeline.check_request_rate` says.
 
         The loan's whole tokens are counted down in ``rate_room``; a session's
         loop may take one itself (``rate_room -= 1`` for a request that is not an
@@ -193,10 +199,13 @@ class Execution:
         batches, one wake-up per pause."""
         if not admin:
             left = self._rate_left
-            if left is None:
-                left = self._rate_left = self.node.pipeline.lend_request_tokens(
-                    self.peer_ip, self._chunk_now or self._read_clock()
-                )
+            if left is None or left == FIRST_TOKEN_TAKEN:
+                pipeline = self.node.pipeline
+                now = self._chunk_now or self._read_clock()
+                if left is None and pipeline.take_request_token(self.peer_ip, now):
+                    self._rate_left = FIRST_TOKEN_TAKEN
+                    return False
+                left = self._rate_left = pipeline.lend_request_tokens(self.peer_ip, now)
                 if left is not None:
                     # Request j of the chunk passes when left - (j - 1) >= RATE_TOKEN.
                     self._rate_lent = self.rate_room = max(0, int(left + (1.0 - RATE_TOKEN)))
@@ -230,7 +239,8 @@ class Execution:
         return True
 
     def _settle_rate(self) -> None:
-        """Give the chunk's unused request tokens back and count its requests."""
+        """Give the chunk's unused request tokens back and count its requests (a
+        loan's: :meth:`_settle_chunk` calls it for one)."""
         left = self._rate_left
         if left is not None:
             self._rate_left = None
@@ -637,8 +647,12 @@ class Execution:
         self._turn = None
         if self._run_cmd is not None:
             self._end_read_run()
-        if self._rate_left is not None:
-            self._settle_rate()
+        left = self._rate_left
+        if left is not None:
+            if left == FIRST_TOKEN_TAKEN:  # (no loan to settle: a call less a chunk)
+                self._rate_left = None
+            else:
+                self._settle_rate()
         if self.rtxn is not None:
             self.node.engine.end_read(self.rtxn)
             self.rtxn = None

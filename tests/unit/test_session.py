@@ -307,6 +307,47 @@ async def test_a_chunk_past_the_request_rate_is_refused_once_decided_and_counted
     assert node.bucket_stats["b"].errors["IngressRequestRateLimitExceeded"] == 15
 
 
+async def test_a_chunks_first_request_takes_its_token_without_a_loan(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A chunk's first request takes a token directly, a loan starts with its
+    second, and a chunk whose first finds none is refused as a loan refuses:
+    the limiter admits exactly its tokens, each request counted once."""
+    await limit_requests_to_five_tokens(node, mock_clock)
+    limiter = node.pipeline.request_limiter
+    lends = 0
+    lend = limiter.lend
+
+    def counted_lend(now: float | None = None) -> float | None:
+        nonlocal lends
+        lends += 1
+        return lend(now)
+
+    limiter.lend = counted_lend
+    before = limiter.statistics()
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        for i in range(3):  # unpipelined: a chunk each, no loan
+            await peer.send((i, "get", {"key": b"k"}))
+            assert (await peer.responses(1))[0].error is None
+        assert lends == 0
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(10, 15)))
+        got = await peer.responses(5)
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        assert codes == ["ok"] * 2 + ["IngressRequestRateLimitExceeded"] * 3
+        assert lends == 1  # (the chunk's second request)
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)
+        await peer.send((20, "get", {"key": b"k"}))  # no token: refused as by a loan
+        (refused,) = await peer.responses(1)
+        assert refused.error is not None and refused.error["retryAfterMs"] > 0
+        assert lends == 2
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)
+        await peer.stream.aclose()
+    st = limiter.statistics()
+    assert (st.attempted - before.attempted, st.successful - before.successful) == (9, 5)
+    assert st.rejected - before.rejected == 4
+
+
 async def test_each_request_takes_one_token_where_a_run_of_reads_ends(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
