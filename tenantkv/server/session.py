@@ -543,7 +543,9 @@ class Session(Execution):
             if req[1] in ADMIN_METHODS:
                 stop = req
                 break
-            out += head + _pack(req[0]) + tail
+            out += head  # (three appends: no intermediate bytes per refusal)
+            out += _pack(req[0])
+            out += tail
             if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
                 break
         self._rate_refused += handled - first - (stop is not None)
