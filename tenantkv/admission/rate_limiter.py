@@ -295,14 +295,8 @@ class TokenBucket:
         first request of a received chunk, which is most often its only one."""
         if self._waiters:
             return False
-        t = self._tokens
-        if now > self._last:
-            t += (now - self._last) * self._rate
-            if t > self._burst:
-                t = self._burst
-            self._last = now
+        t = self._refill(now)
         if t < _ONE:
-            self._tokens = t
             return False
         self._tokens = t - 1.0
         self._attempted += 1
