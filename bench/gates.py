@@ -7,17 +7,17 @@ measured in two modes, switched at runtime by ``admin`` with
 - **off** — every gate that has a switch is off: the tenant throttle at
   capacity ``"unlimited"`` (its admission check is skipped; metering, the
   RU/WU charge after each operation, runs in both modes), the ingress request
-  rate limiter and the connection-establishment limiter disabled, throughput
+  rate limiter, the connection-establishment limiter, the ingress admission
+  controller, the bucket queues and the write permits disabled, throughput
   probing off (execution pools fixed);
 - **on** — every gate on but generous, so nothing is ever rejected or queued:
-  capacity 10**12, both limiters enabled at 10**9 per second, throughput
+  capacity 10**12, both limiters enabled at 10**9 per second, 10**9 ingress
+  tickets, bucket queues and write permits far above the load, throughput
   probing on with pools that cannot shrink below the load.
 
-Four gates have **no off switch**: the ingress admission ticket, the bucket
-queues, the write permits and the execution tickets themselves are taken by
-every operation in both modes; they are set generous once, for both modes
-alike (:data:`GATES` says how), so their cost is in both columns and the
-on/off ratio does not show it.
+One gate has **no off switch**: the execution tickets are taken by every
+operation in both modes, with pools set generous (:data:`GATES` says how), so
+their cost is in both columns and the on/off ratio does not show it.
 
 Each cell (op x connections x pipeline depth, closed loop, a plain ``bench``
 user with the readwrite role) runs ``--reps`` off/on pairs; the pairs
@@ -30,8 +30,9 @@ the pairs of the ratio within each pair.
 Every run is checked against the server's own counters (``server_status``
 before and after): in the on runs the throttle was enabled and charged units,
 the request limiter admitted every operation, the connection limiter every
-connection, and the always-on gates saw every operation; in the off runs the
-switchable gates saw nothing; in both, no gate queued or rejected anything
+connection, and the ingress tickets, bucket queues, write permits and
+execution tickets every operation; in the off runs the switchable gates saw
+nothing and were reported disabled; in both, no gate queued or rejected anything
 and no request failed. The evidence is in the output and the JSON; the exit
 status is 1 if any check failed.
 """
@@ -65,9 +66,12 @@ FIXED_READ = "storage_engine_concurrent_read_transactions"
 FIXED_WRITE = "storage_engine_concurrent_write_transactions"
 REQ_ENABLED = "ingress_request_rate_limiter_enabled"
 CONN_ENABLED = "ingress_connection_establishment_rate_limiter_enabled"
+INGRESS_ENABLED = "ingress_admission_controller_enabled"
+QUEUES_ENABLED = "bucket_queue_enabled"
+PERMITS_ENABLED = "write_permit_enabled"
 
-#: Parameters set once, for both modes: the gates without an off switch made
-#: generous, and the limits the on mode runs under (inert while a limiter is off).
+#: Parameters set once, for both modes: the limits the on mode runs under (inert
+#: while a gate is off), all generous.
 COMMON: dict[str, Any] = {
     "ingress_admission_tickets": 1_000_000_000,
     "bucket_queue_concurrency": 65536,
@@ -113,21 +117,21 @@ GATES: dict[str, dict[str, Any]] = {
         "below POOL",
     },
     "ingress_admission_tickets": {
-        "switch": False,
-        "off": "no off switch: on in both modes, ingress_admission_tickets=1000000000",
-        "on": "ingress_admission_tickets=1000000000",
+        "switch": True,
+        "off": f"{INGRESS_ENABLED}=false",
+        "on": f"{INGRESS_ENABLED}=true, ingress_admission_tickets=1000000000",
     },
     "bucket_queues": {
-        "switch": False,
-        "off": "no off switch: on in both modes, bucket_queue_concurrency=65536, "
+        "switch": True,
+        "off": f"{QUEUES_ENABLED}=false",
+        "on": f"{QUEUES_ENABLED}=true, bucket_queue_concurrency=65536, "
         "bucket_queue_tolerance=1000000",
-        "on": "bucket_queue_concurrency=65536, bucket_queue_tolerance=1000000",
     },
     "write_permits": {
-        "switch": False,
-        "off": "no off switch: on in both modes, write_permit_max_capacity=65536, "
-        "target/critical lag 1000000/2000000 (capacity stays at the maximum)",
-        "on": "write_permit_max_capacity=65536, target/critical lag 1000000/2000000",
+        "switch": True,
+        "off": f"{PERMITS_ENABLED}=false",
+        "on": f"{PERMITS_ENABLED}=true, write_permit_max_capacity=65536, target/critical "
+        "lag 1000000/2000000 (capacity stays at the maximum)",
     },
 }
 
@@ -218,7 +222,7 @@ def _set(admin: Any, name: str, value: Any) -> None:
 
 
 def configure_common(admin: Any, pool: int) -> None:
-    """Both modes: the always-on gates generous, the on mode's limits, the bucket unlimited."""
+    """Both modes: the on mode's limits (generous), the pools, the bucket unlimited."""
     for name, value in COMMON.items():
         _set(admin, name, value)
     # max before min: the server requires min <= max at every step
@@ -231,8 +235,8 @@ def set_mode(admin: Any, mode: str, pool: int) -> None:
     """Switch every gate that has a switch (see :data:`GATES`)."""
     on = mode == "on"
     admin.set_node_throttle({"capacity": HUGE_CAPACITY if on else "unlimited"})
-    _set(admin, REQ_ENABLED, on)
-    _set(admin, CONN_ENABLED, on)
+    for name in (REQ_ENABLED, CONN_ENABLED, INGRESS_ENABLED, QUEUES_ENABLED, PERMITS_ENABLED):
+        _set(admin, name, on)
     # 0 and 0: probing on (the pools follow the stable concurrency, >= pool each)
     _set(admin, FIXED_READ, 0 if on else pool)
     _set(admin, FIXED_WRITE, 0 if on else pool)
@@ -268,15 +272,18 @@ def counters(st: dict[str, Any]) -> dict[str, Any]:
         "conn_rejected": conn["rejected"],
         "conn_queued": conn["added_to_queue"],
         "conn_refused": st["connections"]["rejected"],
+        "ingress_enabled": bool(adm["enabled"]),
         "ingress_admitted": adm["started_processing"],
         "ingress_queued": adm["added_to_queue"],
         "ingress_tickets": adm["total_tickets"],
+        "queue_enabled": bool(st["bucket_queues"]["enabled"]),
         "queue_admitted": q["read"]["admitted"] + q["write"]["admitted"],
         "queue_queued": q["read"]["queued_total"] + q["write"]["queued_total"],
         "queue_rejected": sum(
             q[c]["rejected_overflow"] + q[c]["rejected_timeout"] for c in ("read", "write")
         ),
         "queue_concurrency": q["read"]["concurrency"],
+        "permit_enabled": bool(st["write_permits"]["enabled"]),
         "permit_granted": wp["granted"],
         "permit_waited": wp["waited"],
         "permit_capacity": wp["capacity"],
@@ -330,17 +337,20 @@ def evidence(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "canceled": d("exec_canceled"),
         },
         "ingress_admission_tickets": {
+            "enabled": [a["ingress_enabled"], b["ingress_enabled"]],
             "tickets": b["ingress_tickets"],
             "admitted": d("ingress_admitted"),
             "queued": d("ingress_queued"),
         },
         "bucket_queues": {
+            "enabled": [a["queue_enabled"], b["queue_enabled"]],
             "concurrency": b["queue_concurrency"],
             "admitted": d("queue_admitted"),
             "queued": d("queue_queued"),
             "rejected": d("queue_rejected"),
         },
         "write_permits": {
+            "enabled": [a["permit_enabled"], b["permit_enabled"]],
             "capacity": b["permit_capacity"],
             "granted": d("permit_granted"),
             "waited": d("permit_waited"),
@@ -386,11 +396,20 @@ def problems(ev: dict[str, Any], mode: str, conns: int, pool: int) -> list[str]:
             f"ingress_connection_establishment_limiter: admitted "
             f"{ev['ingress_connection_establishment_limiter']['admitted']} of {conns} connections"
         )
-    for gate in ("execution_tickets", "ingress_admission_tickets", "bucket_queues"):
-        if ev[gate]["admitted"] < ops:
-            out.append(f"{gate}: admitted {ev[gate]['admitted']} of {ops} operations")
-    if ev["write_permits"]["granted"] < sets:
-        out.append(f"write_permits: granted {ev['write_permits']['granted']} of {sets} SETs")
+    if ev["execution_tickets"]["admitted"] < ops:  # (no off switch: on in both modes)
+        out.append(f"execution_tickets: admitted {ev['execution_tickets']['admitted']} of {ops}")
+    for gate, count, want in (
+        ("ingress_admission_tickets", "admitted", ops),
+        ("bucket_queues", "admitted", ops),
+        ("write_permits", "granted", sets),
+    ):
+        g = ev[gate]
+        if g["enabled"] != [on, on]:
+            out.append(f"{gate}: enabled {g['enabled']}, expected {on}")
+        if on and g[count] < want:
+            out.append(f"{gate}: {count} {g[count]} of {want}")
+        if not on and g[count]:
+            out.append(f"{gate}: {count} {g[count]} while off")
     ex = ev["execution_tickets"]
     want = "stable" if on else "fixed"
     if (ex["probing"] == "fixed") == on:
@@ -665,10 +684,11 @@ def format_evidence(doc: dict[str, Any]) -> list[str]:
         f"({off['tenant_throttle']['units_charged']:,} units metered), request limiter saw "
         f"{off['ingress_request_rate_limiter']['attempted']} ops, connection limiter "
         f"{off['ingress_connection_establishment_limiter']['attempted']} connections, probing "
-        f"{_show(off['execution_tickets']['probing'])}; always-on gates: execution tickets "
-        f"{off['execution_tickets']['admitted']:,}, ingress tickets "
-        f"{off['ingress_admission_tickets']['admitted']:,}, bucket queue slots "
-        f"{off['bucket_queues']['admitted']:,}",
+        f"{_show(off['execution_tickets']['probing'])}, ingress tickets "
+        f"{off['ingress_admission_tickets']['admitted']}, bucket queue slots "
+        f"{off['bucket_queues']['admitted']}, write permits "
+        f"{off['write_permits']['granted']}; execution tickets (no off switch) "
+        f"{off['execution_tickets']['admitted']:,}",
         f"  queued/throttled/rejected anywhere: on {waits_on}, off {waits_off}; failed "
         f"requests: client {on['client_errors'] + off['client_errors']}, server "
         f"{on['server_errors'] + off['server_errors']}",

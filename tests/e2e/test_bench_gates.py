@@ -5,7 +5,8 @@ environment without the caller's ``TENANTKV_*`` variables. Beyond "both modes
 served requests without errors", the server's own counters must show that the
 on runs really went through every gate (throttle enabled and charging, the
 request limiter admitting every operation, the connection limiter every
-connection, probing on) and that the off runs bypassed the switchable ones.
+connection, probing on) and that the off runs bypassed the switchable ones (all
+but the execution tickets).
 """
 
 from __future__ import annotations
@@ -87,10 +88,15 @@ def test_bench_gates_quick_get(tmp_path: Path) -> None:
         else:
             assert req["attempted"] == conn["attempted"] == 0
             assert ev["execution_tickets"]["probing"] == "fixed"
-        # the gates without an off switch see every operation in both modes, never a wait
+        # the execution tickets (no off switch) see every operation in both modes; the
+        # ingress tickets and bucket queues every one when on, none when off; never a wait
+        assert ev["execution_tickets"]["admitted"] >= ops
         for gate in ("execution_tickets", "ingress_admission_tickets", "bucket_queues"):
-            assert ev[gate]["admitted"] >= ops, gate
             assert ev[gate]["queued"] == 0, gate
+        for gate in ("ingress_admission_tickets", "bucket_queues"):
+            assert ev[gate]["enabled"] == [on, on], gate
+            assert (ev[gate]["admitted"] >= ops) if on else (ev[gate]["admitted"] == 0), gate
+        assert ev["write_permits"]["enabled"] == [on, on]
 
     (s,) = [x for x in doc["summary"] if x["depth"] == 16]
     assert s["op"] == "get"
