@@ -273,36 +273,84 @@ def glob_prefix(pattern: bytes) -> bytes:
     return bytes(out)
 
 
-def glob_regex(pattern: bytes) -> re.Pattern[bytes]:
-    """Redis's glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``) as a regex."""
-    out, i, n = [], 0, len(pattern)
+#: Longest MATCH / KEYS pattern accepted: it is parsed on the event loop, and no
+#: key is longer than protocol.MAX_KEY_BYTES.
+MAX_PATTERN_BYTES = 16 * 1024
+
+
+def glob_matcher(pattern: bytes) -> Callable[[bytes], bool]:
+    """Redis's glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``) as a test of a
+    whole key, in time linear in the key's length times the pattern's.
+
+    Not one regex: ``.*a.*a.*b``-like translations backtrack exponentially in
+    Python's ``re`` (a 60-byte key held the event loop for seconds). The
+    pattern is cut at its stars into fixed-length segments: the first must
+    match the key's start, the last its end, and each one between goes at its
+    earliest match after the one before — where a match exists at all, the
+    earliest leaves the most room for the rest, since a star takes anything.
+    """
+    if len(pattern) > MAX_PATTERN_BYTES:
+        raise errors.BadValue(f"pattern longer than {MAX_PATTERN_BYTES} bytes")
+    segments: list[list[bytes]] = [[]]  # regex atoms of one byte each, cut at the stars
+    i, n = 0, len(pattern)
     while i < n:
         c = pattern[i : i + 1]
         if c == b"*":
-            out.append(b".*")
+            if segments[-1] or len(segments) == 1:  # (consecutive stars are one)
+                segments.append([])
         elif c == b"?":
-            out.append(b".")
+            segments[-1].append(b".")
         elif c == b"\\" and i + 1 < n:
             i += 1
-            out.append(re.escape(pattern[i : i + 1]))
+            segments[-1].append(re.escape(pattern[i : i + 1]))
         elif c == b"[":
             j = pattern.find(b"]", i + 2 if pattern[i + 1 : i + 2] in (b"^", b"]") else i + 1)
             if j < 0:
-                out.append(re.escape(c))
+                segments[-1].append(re.escape(c))
             else:
-                body = pattern[i + 1 : j]
-                neg = body.startswith(b"^")
-                body = body[1:] if neg else body
-                klass = b"".join(
-                    re.escape(body[k : k + 1]) if body[k : k + 1] != b"-" else b"-"
-                    for k in range(len(body))
-                )
-                out.append(b"[" + (b"^" if neg else b"") + klass + b"]")
+                segments[-1].append(_glob_class(pattern[i + 1 : j]))
                 i = j
         else:
-            out.append(re.escape(c))
+            segments[-1].append(re.escape(c))
         i += 1
-    return re.compile(b"".join(out), re.S)
+    if sum(len(seg) for seg in segments) > protocol.MAX_KEY_BYTES:
+        return _never  # more bytes than any key holds
+    rx = [re.compile(b"".join(seg), re.S) for seg in segments]
+    if len(rx) == 1:
+        whole = rx[0]
+        return lambda key: whole.fullmatch(key) is not None
+    head, mids, tail = rx[0], rx[1:-1], rx[-1]
+    head_len, tail_len = len(segments[0]), len(segments[-1])
+
+    def match(key: bytes) -> bool:
+        end = len(key) - tail_len
+        if end < head_len or head.match(key) is None or tail.fullmatch(key, end) is None:
+            return False
+        pos = head_len
+        for mid in mids:
+            m = mid.search(key, pos, end)
+            if m is None:
+                return False
+            pos = m.end()
+        return True
+
+    return match
+
+
+def _glob_class(body: bytes) -> bytes:
+    """A glob's ``[...]`` (without its brackets) as a regex class of one byte."""
+    neg = body.startswith(b"^")
+    body = body[1:] if neg else body
+    if not body:  # Redis: [^] is any byte, [] none
+        return b"." if neg else b"(?!)"
+    klass = b"".join(
+        re.escape(body[k : k + 1]) if body[k : k + 1] != b"-" else b"-" for k in range(len(body))
+    )
+    return b"[" + (b"^" if neg else b"") + klass + b"]"
+
+
+def _never(key: bytes) -> bool:
+    return False
 
 
 def encode_cursor(key: bytes | None) -> bytes:
@@ -345,7 +393,7 @@ def _scan_parse(args: list[bytes]) -> dict[str, Any]:
     return p
 
 
-def _range(match: bytes | None) -> tuple[bytes, bytes | None, re.Pattern[bytes] | None]:
+def _range(match: bytes | None) -> tuple[bytes, bytes | None, Callable[[bytes], bool] | None]:
     """(start, end, filter) of the keys a pattern can match: a prefix pattern
     (``user:*``) is a key range and needs no filter."""
     if match is None or match == b"*":
@@ -353,24 +401,24 @@ def _range(match: bytes | None) -> tuple[bytes, bytes | None, re.Pattern[bytes] 
     prefix = glob_prefix(match)
     end = prefix_end(prefix) if prefix else None
     exact_prefix = match == prefix + b"*" and prefix
-    return prefix, end, None if exact_prefix else glob_regex(match)
+    return prefix, end, None if exact_prefix else glob_matcher(match)
 
 
 def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    start, end, regex = _range(p["match"])
+    start, end, matches = _range(p["match"])
     if p.get("only", b"string") != b"string":
         return [b"0", []]  # every key is a string
     items, more = s.node.engine.scan(b, start=start, end=end, after=p["cursor"], limit=p["count"])
     keys = []
     for key, rec in items:
         s.read_sizes.append(len(key) + rec.stored_bytes)
-        if regex is None or regex.fullmatch(key):
+        if matches is None or matches(key):
             keys.append(key)
     return [encode_cursor(items[-1][0] if more and items else None), keys]
 
 
 def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    start, end, regex = _range(p["match"])
+    start, end, matches = _range(p["match"])
     out: list[bytes] = []
     after = None
     examined = 0
@@ -378,7 +426,7 @@ def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
         items, more = s.node.engine.scan(b, start=start, end=end, after=after, limit=1000)
         for key, rec in items:
             s.read_sizes.append(len(key) + rec.stored_bytes)
-            if regex is None or regex.fullmatch(key):
+            if matches is None or matches(key):
                 out.append(key)
         examined += len(items)
         if not more or not items:

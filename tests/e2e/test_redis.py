@@ -191,6 +191,18 @@ def test_scan_to_completion_and_keys(r: redis.Redis) -> None:
     assert r.scan(0, _type="hash") == (0, [])
 
 
+def test_a_pattern_that_backtracks_in_a_regex_is_answered_at_once(r: redis.Redis) -> None:
+    """KEYS and SCAN MATCH run on the event loop: a glob must cost time linear in
+    the keys it tests (test_redis_glob.py), whatever its stars."""
+    key = b"a" * 60
+    r.set(key, b"v")
+    assert r.keys("*a*a*a*a*a*a*a*b") == []
+    assert list(r.scan_iter(match="*a*a*a*a*a*a*a*b")) == []
+    assert r.keys("*a*a*a*a*a*a*a*") == [key]
+    with pytest.raises(redis.ResponseError, match="pattern longer than"):
+        r.keys("*" * 20_000)
+
+
 def test_connection_and_server_commands(d: Daemon, r: redis.Redis) -> None:
     assert r.echo("hi") == b"hi"
     secs, usecs = r.time()
