@@ -186,7 +186,8 @@ class Pipeline:
     def check_request_rate(self, peer_ip: str, *, admin: bool) -> errors.ServerError | None:
         """The ingress request rate limiter, first on every request after hello:
         None when the request may go on, else the 462 error to answer it with.
-        Admin commands and exempt client addresses pass, counted as exempted.
+        An admin's admin commands (``admin``: the caller checks the user, not only
+        the command's name) and exempt client addresses pass, counted as exempted.
         The caller skips it when ``request_rate_enabled`` is off (a switched-off
         gate costs nothing)."""
         limiter = self.request_limiter

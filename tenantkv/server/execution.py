@@ -185,12 +185,12 @@ class Execution:
         takes one from the loan while one is left and is refused otherwise — all
         with the same answer, as at the chunk's instant — and
         :meth:`_settle_rate` gives back the rest and counts them when the chunk
-        ends or anything awaits. Admin commands and exempt addresses pass,
-        counted, as :meth:`Pipeline.check_request_rate` says.
+        ends or anything awaits. An admin's admin commands (``admin``) and exempt
+        addresses pass, counted, as :meth:`Pipeline.check_request_rate` says.
 
         The loan's whole tokens are counted down in ``rate_room``; a session's
         loop may take one itself (``rate_room -= 1`` for a request that is not an
-        admin command) instead of calling this: the same answer, a call less per
+        admin's admin command) instead of calling this: the same answer, a call less per
         request.
 
         A refusal also sets ``reads_paused_until`` (when the wait for a token is

@@ -347,10 +347,13 @@ class Session(Execution):
                             return False
                     else:
                         cmd = COMMANDS.get(req[1])
-                        if self.rate_room and (cmd is None or cmd.kind != "admin"):
+                        # Only an admin's admin commands are exempt: a command's name
+                        # exempts no one (the role check comes after the limiter).
+                        exempt = cmd is not None and cmd.kind == "admin" and self.user.admin
+                        if self.rate_room and not exempt:
                             self.rate_room -= 1  # a token of the chunk's loan (_refused_by_rate)
                         elif pipeline.request_rate_enabled and self._refused_by_rate(
-                            req[0], req[1], admin=cmd is not None and cmd.kind == "admin"
+                            req[0], req[1], admin=exempt
                         ):
                             if self._chunk_refusal is not None:
                                 # The limiter refused the chunk: the rest of it likewise.
@@ -524,7 +527,7 @@ class Session(Execution):
         """After :meth:`_refused_by_rate` refused the ``handled``-th request of the
         chunk for want of a token: refuse the next ones as it would — at the chunk's
         instant none is left — without asking it, each with the chunk's 462 from
-        its template, until one is an admin command (returned: admin commands
+        its template, until one is an admin's admin command (returned: those
         pass) or it is time to pause (:meth:`_should_pause`). Returns the count
         handled so far and that command, or None.
 
@@ -534,13 +537,14 @@ class Session(Execution):
             return handled, None
         out = self._out
         refusal = self._chunk_refusal
-        assert refusal is not None
+        assert refusal is not None and self.user is not None
         tail = protocol.error_tail(refusal)
         head = protocol.RESPONSE_HEAD
         first = handled
         stop: protocol.Request | None = None
+        exempt = ADMIN_METHODS if self.user.admin else frozenset()
         for handled, req in numbered:
-            if req[1] in ADMIN_METHODS:
+            if req[1] in exempt:
                 stop = req
                 break
             out += head  # (three appends: no intermediate bytes per refusal)

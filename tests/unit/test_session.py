@@ -467,44 +467,58 @@ async def test_a_refusal_with_a_token_due_soon_does_not_pause_the_connection(
         await peer.stream.aclose()
 
 
-async def test_admin_commands_in_a_rate_limited_chunk_take_no_token(
-    node: Node, mock_clock: trio.testing.MockClock
+async def add_admin(node: Node) -> None:
+    """An admin user ``adm`` (password ``pw``)."""
+    adm = await trio.to_thread.run_sync(lambda: auth.new_user("adm", "pw", admin=True))
+    await node.accounts.save_user(adm, expect="absent")
+
+
+@pytest.mark.parametrize(("user", "admin_answer"), [("adm", "ok"), ("u", "Unauthorized")])
+async def test_an_admins_admin_commands_in_a_rate_limited_chunk_take_no_token(
+    node: Node, mock_clock: trio.testing.MockClock, user: str, admin_answer: str
 ) -> None:
-    """The loan's tokens go to data requests only: an admin command in the middle
-    of a chunk passes as exempt (here refused for want of the admin role, never
-    with 462) and leaves its token to the requests after it."""
+    """The loan's tokens go to data requests and to what anyone but an admin
+    sends: an admin's admin command in the middle of a chunk passes as exempt
+    and leaves its token to the requests after it. Another user's admin command
+    takes a token like any request (and is refused for want of the role): a
+    command's name exempts no one."""
+    await add_admin(node)
     await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
-        peer = await hello_session(node, nursery)
+        peer = await hello_session(node, nursery, user=user)
         reqs = [(i, "get", {"key": b"k"}) for i in range(1, 9)]
         reqs.insert(3, (100, "list_buckets", {}))
         await peer.send(*reqs)
         got = await peer.responses(9)
         codes = [r.error["codeName"] if r.error else "ok" for r in got]
-        assert (
-            codes
-            == ["ok"] * 3 + ["Unauthorized"] + ["ok"] * 2 + ["IngressRequestRateLimitExceeded"] * 3
-        )
+        refused = "IngressRequestRateLimitExceeded"
+        if user == "adm":
+            assert codes == ["ok"] * 3 + [admin_answer] + ["ok"] * 2 + [refused] * 3
+        else:
+            assert codes == ["ok"] * 3 + [admin_answer] + ["ok"] + [refused] * 4
         mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
     st = node.pipeline.request_limiter.statistics()
-    assert st.rejected - before.rejected == 3
     assert st.successful - before.successful == 5
+    assert st.rejected - before.rejected == (3 if user == "adm" else 4)
 
 
-async def test_the_rest_of_a_refused_chunk_is_refused_alike_but_admin_commands(
-    node: Node, mock_clock: trio.testing.MockClock
+@pytest.mark.parametrize("user", ["adm", "u"])
+async def test_the_rest_of_a_refused_chunk_is_refused_alike_but_an_admins_admin_commands(
+    node: Node, mock_clock: trio.testing.MockClock, user: str
 ) -> None:
     """Once the limiter refused a chunk, every next data request of it — unknown
     commands and malformed parameters too, as on their own — gets the same 462
-    in order, counted; an admin command among them still passes (here refused for
-    want of the role, never with 462). A chunk of many (past the fair-share pause
-    and several output writes) is answered in full, each request once."""
+    in order, counted; an admin's admin command among them still passes, anyone
+    else's is refused alike (a flood of admin command names is no way past the
+    limiter). A chunk of many (past the fair-share pause and several output
+    writes) is answered in full, each request once."""
+    await add_admin(node)
     await limit_requests_to_five_tokens(node, mock_clock)
     before = node.pipeline.request_limiter.statistics()
     async with trio.open_nursery() as nursery:
-        peer = await hello_session(node, nursery)
+        peer = await hello_session(node, nursery, user=user)
         reqs: list[tuple[int, str, dict[str, Any]]] = [
             (i, "get", {"key": b"k"}) for i in range(1, 1001)
         ]
@@ -518,14 +532,16 @@ async def test_the_rest_of_a_refused_chunk_is_refused_alike_but_admin_commands(
         codes = [r.error["codeName"] if r.error else "ok" for r in got]
         refused = "IngressRequestRateLimitExceeded"
         expected = ["ok"] * 5 + [refused] * 995
-        expected[20] = expected[700] = "Unauthorized"
+        if user == "adm":
+            expected[20] = expected[700] = "ok"
         assert codes == expected
         mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
     st = node.pipeline.request_limiter.statistics()
-    assert st.rejected - before.rejected == 993
-    assert st.attempted - before.attempted == 998
-    assert node.bucket_stats["b"].errors[refused] == 993
+    exempt = 2 if user == "adm" else 0
+    assert st.rejected - before.rejected == 995 - exempt
+    assert st.attempted - before.attempted == 1000 - exempt
+    assert node.bucket_stats["b"].errors[refused] == 995 - exempt
 
 
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
