@@ -47,6 +47,13 @@ from tenantkv.server.session import Session
 log = logging.getLogger("tenantkv.session")
 
 PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: Commands a connection may send before it authenticates, AUTH and HELLO
+#: included; the next one closes it. Nothing before AUTH is metered or
+#: rate-limited, so this bounds what an anonymous connection costs (the
+#: MessagePack door closes one whose first request is not hello), while
+#: leaving room for a client's handshake and a few tries at the password
+#: (which the login limiter bounds as well).
+MAX_PRE_AUTH_COMMANDS = 16
 #: Command names as clients send them (upper or lower case) -> the lower-case name:
 #: a dict lookup per command instead of a decode and a lower().
 _NAMES: dict[bytes, str] = {}
@@ -109,6 +116,8 @@ class RedisSession(Session):
         self._slots: dict[int, bytes] = {}
         #: how to turn each pending data command's result into its reply
         self._convert: dict[int, Reply] = {}
+        #: commands received before authenticating (MAX_PRE_AUTH_COMMANDS)
+        self._pre_auth_commands = 0
 
     # -- framing hooks ------------------------------------------------------------
 
@@ -187,9 +196,13 @@ class RedisSession(Session):
         self._last_id = msgid = self._last_id + 1
         raw = args[0]
         name = _NAMES.get(raw) or raw.decode("latin-1").lower()
-        if self.user is None and name not in PRE_AUTH:
-            self._fail(msgid, name, errors.HelloRequired("authentication required"))
-            return None
+        if self.user is None:
+            self._pre_auth_commands += 1
+            if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
+                return self._close_unauthenticated(msgid, name)
+            if name not in PRE_AUTH:
+                self._fail(msgid, name, errors.HelloRequired("authentication required"))
+                return None
         pipeline = self.node.pipeline
         if (
             self.user is not None
@@ -216,6 +229,20 @@ class RedisSession(Session):
             return None
         self._settle_chunk()  # INFO and SELECT see the reads before them
         return self._local(handler, msgid, name, args)
+
+    async def _close_unauthenticated(self, msgid: int, name: str) -> bool:
+        """Past :data:`MAX_PRE_AUTH_COMMANDS` without authenticating: answer, then close."""
+        log.info(
+            "connection %d from %s: %d commands without authentication; closing",
+            self.conn_id,
+            self.peer,
+            MAX_PRE_AUTH_COMMANDS,
+        )
+        exc = errors.HelloRequired(
+            f"{MAX_PRE_AUTH_COMMANDS} commands without authentication: closing the connection"
+        )
+        self._fail(msgid, name, exc)
+        return False
 
     async def _local(self, handler: LocalHandler, msgid: int, name: str, args: list[bytes]) -> bool:
         try:

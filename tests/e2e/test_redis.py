@@ -280,6 +280,31 @@ def test_auth_errors_and_nothing_before_auth(d: Daemon) -> None:
     assert out.startswith(b"-WRONGPASS") and b"+OK\r\n" in out
 
 
+def test_a_connection_that_does_not_authenticate_is_closed_after_a_few_commands(
+    d: Daemon,
+) -> None:
+    """Before AUTH nothing is metered or rate-limited, so an anonymous connection
+    gets MAX_PRE_AUTH_COMMANDS answers (PINGs and NOAUTH refusals alike), then
+    an error and the end of the connection — not a free PONG
+    server without end."""
+    from tenantkv.server.redis_session import MAX_PRE_AUTH_COMMANDS
+
+    flood = b"PING\r\n" * (MAX_PRE_AUTH_COMMANDS + 500)
+    out = raw(d, flood)  # (returns when the server closes)
+    # (Redis's words, which clients know; the server's log says why it closed)
+    assert out == b"+PONG\r\n" * MAX_PRE_AUTH_COMMANDS + b"-NOAUTH Authentication required.\r\n"
+    mixed = b"GET k\r\nPING\r\n" * MAX_PRE_AUTH_COMMANDS
+    out = raw(d, mixed)
+    assert out.count(b"\r\n") == MAX_PRE_AUTH_COMMANDS + 1
+    assert out.endswith(b"-NOAUTH Authentication required.\r\n")
+    # Within the allowance a client still authenticates and carries on.
+    handshake = b"PING\r\n" * (MAX_PRE_AUTH_COMMANDS - 1) + b"AUTH alice " + PW.encode()
+    out = raw(d, handshake + b"\r\n" + b"PING\r\n" * 100 + b"QUIT\r\n")
+    assert out == b"+PONG\r\n" * (MAX_PRE_AUTH_COMMANDS - 1) + b"+OK\r\n" + b"+PONG\r\n" * 100 + (
+        b"+OK\r\n"
+    )
+
+
 def test_read_role_cannot_write(d: Daemon) -> None:
     c = connect(d, user="reader")
     try:
