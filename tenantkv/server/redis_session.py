@@ -572,12 +572,30 @@ def _command_docs(name: str) -> dict[str, Any]:
     return doc
 
 
+#: COMMAND's replies that name no command, by (RESP version, subcommand): they never
+#: change, and built anew each one cost ~0.75 ms of the event loop for a 17-byte
+#: request (COMMAND DOCS: 13.6 KB of reply).
+_COMMAND_REPLIES: dict[tuple[int, bytes], bytes] = {}
+
+
 @local("command")
 async def _command(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
-    enc = s.enc
-    names = sorted({*REDIS_COMMANDS, *LOCAL})
     sub = args[1].lower() if len(args) > 1 else b""
-    asked = [a.decode(errors="replace").lower() for a in args[2:]]
+    if len(args) <= 2 and sub in (b"", b"count", b"list", b"info", b"docs"):
+        key = (s.enc.version, sub)
+        reply = _COMMAND_REPLIES.get(key)
+        if reply is None:
+            reply = _COMMAND_REPLIES[key] = _command_reply(s.enc, sub, [])
+    else:
+        # Each command named once: a reply no larger than the one naming none.
+        asked = list(dict.fromkeys(a.decode(errors="replace").lower() for a in args[2:]))
+        reply = _command_reply(s.enc, sub, asked)
+    s._fill(msgid, reply)
+    return True
+
+
+def _command_reply(enc: resp.Encoder, sub: bytes, asked: list[str]) -> bytes:
+    names = sorted({*REDIS_COMMANDS, *LOCAL})
     if sub == b"":
         reply = b"*%d\r\n" % len(names) + b"".join(_command_info(enc, n) for n in names)
     elif sub == b"count":
@@ -592,10 +610,9 @@ async def _command(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         reply = enc.map({n: _command_docs(n) for n in wanted})
     else:
         raise errors.BadValue(
-            f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP."
+            f"unknown subcommand '{sub.decode(errors='replace')}'. Try COMMAND HELP."
         )
-    s._fill(msgid, reply)
-    return True
+    return reply
 
 
 _NAMES.update(

@@ -222,6 +222,12 @@ def test_connection_and_server_commands(d: Daemon, r: redis.Redis) -> None:
     # redis-cli builds its hints from the arguments, and aborts unless flags are status replies
     docs = raw(d, b"AUTH alice " + PW.encode() + b"\r\nCOMMAND DOCS set\r\nQUIT\r\n")
     assert b"arguments" in docs and b"KEEPTTL" in docs and b"+optional\r\n" in docs
+    # The same reply each time (built once); a name asked twice is answered once.
+    every = b"AUTH alice " + PW.encode() + b"\r\n" + b"COMMAND DOCS\r\n" * 3 + b"QUIT\r\n"
+    replies = raw(d, every).split(b"+OK\r\n")[1]
+    assert len(replies) % 3 == 0 and replies[: len(replies) // 3] * 3 == replies
+    twice = raw(d, b"AUTH alice " + PW.encode() + b"\r\nCOMMAND DOCS get get GET\r\nQUIT\r\n")
+    assert twice.count(b"Get the value of a key.") == 1
     with pytest.raises(redis.ResponseError, match="tenantkv stores strings"):
         r.lpush("l", "a")
     with pytest.raises(redis.ResponseError, match="unknown command 'nosuch'"):
