@@ -616,10 +616,50 @@ class Execution:
             outcome=outcome,
         )
 
-    def _fail(self, msgid: int, method: str, exc: errors.TenantKVError) -> None:
+    def _fail(
+        self, msgid: int, method: str, exc: errors.TenantKVError, *, charge: bool = True
+    ) -> None:
+        """Answer a request with its error. One refused for what it asked (no
+        overload labels) costs its bucket a read's floor, unless it was charged
+        already (``charge``): see :meth:`_charge_floor`."""
+        if charge and not exc.labels:
+            self._charge_floor()
         exc.command = method
         self._count_error(exc)
         self._reply_error(msgid, exc)
+
+    def _floor_tenant(self) -> tuple[str, bool] | None:
+        """The bucket a request that is no data operation is charged to, and
+        whether its user is unthrottled; None for an admin or a connection with no
+        bucket: no tenant to charge."""
+        user, bucket = self.user, self.bucket
+        if user is None or user.admin or bucket is None or bucket not in self.node.throttle:
+            return None
+        return bucket, user.unthrottled
+
+    def _charge_floor(self) -> None:
+        """A request after hello that is no data operation — a session command,
+        or one refused for what it asked (unknown, malformed, not allowed) —
+        costs the connection's bucket a read's floor (``min_op_units``), metered
+        as a read of nothing: otherwise such requests would be free, past every
+        limit. Charged after the fact, the floor is debt the bucket's next
+        requests wait for; :meth:`_admit_floor` also holds one to the allowance."""
+        tenant = self._floor_tenant()
+        if tenant is not None:
+            self.node.charge_read(tenant[0], [], tenant[1])
+
+    async def _admit_floor(self) -> None:
+        """:meth:`_charge_floor`, admitted by the tenant throttle first as a read is
+        (it waits, or raises Throttled on a non-blocking connection or past
+        ``throttle_max_wait_ms``): for a command that does work on request (PING,
+        ECHO, INFO, ...), so a flood of them is held to the bucket's limits."""
+        tenant = self._floor_tenant()
+        if tenant is not None:
+            bucket, unthrottled = tenant
+            await self.node.gate.acquire(
+                bucket, unthrottled=unthrottled, nonblocking=self.nonblocking_throttle
+            )
+            self.node.charge_read(bucket, [], unthrottled)
 
     def read_txn(self) -> Any:
         """The read transaction of the chunk being handled (opened on first use)."""
@@ -711,9 +751,23 @@ class Execution:
         self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
 
     async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
-        if cmd.kind == "admin" and not self.current_user().admin:
-            raise errors.Unauthorized(f"{cmd.name} needs an admin user")
-        self._reply(msgid, await cmd.handler(self, params))
+        if cmd.kind == "admin":
+            if not self.current_user().admin:
+                raise errors.Unauthorized(f"{cmd.name} needs an admin user")
+            self._reply(msgid, await cmd.handler(self, params))
+            return
+        # A session command: a request like any other, at a read's floor. Choosing
+        # a bucket is part of setting the connection up: charged, never held.
+        if cmd.name == "select_bucket":
+            self._charge_floor()
+        else:
+            await self._admit_floor()
+        try:
+            result = await cmd.handler(self, params)
+        except errors.TenantKVError as exc:
+            self._fail(msgid, cmd.name, exc, charge=False)
+            return
+        self._reply(msgid, result)
 
     def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):

@@ -47,6 +47,9 @@ from tenantkv.server.session import Session
 log = logging.getLogger("tenantkv.session")
 
 PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: Connection commands that set the connection up or end it: charged a read's
+#: floor like every request after AUTH, but never held to the bucket's allowance.
+HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
 #: Commands a connection may send before it authenticates, AUTH and HELLO
 #: included; the next one closes it. Nothing before AUTH is metered or
 #: rate-limited, so this bounds what an anonymous connection costs (the
@@ -245,10 +248,22 @@ class RedisSession(Session):
         return False
 
     async def _local(self, handler: LocalHandler, msgid: int, name: str, args: list[bytes]) -> bool:
+        """A connection command: once authenticated, a request like any other, at a
+        read's floor — held to the bucket's allowance (PING, ECHO, INFO, ...:
+        :meth:`_admit_floor`), or only charged while it sets the connection up or
+        ends it (:data:`HANDSHAKE`), which a throttled client must still do."""
+        try:
+            if name in HANDSHAKE:
+                self._charge_floor()
+            else:
+                await self._admit_floor()
+        except errors.TenantKVError as exc:
+            self._fail(msgid, name, exc)
+            return True
         try:
             return await handler(self, msgid, args)
         except errors.TenantKVError as exc:
-            self._fail(msgid, name, exc)
+            self._fail(msgid, name, exc, charge=False)
             return True
 
     # -- authentication -------------------------------------------------------------

@@ -390,6 +390,32 @@ def test_hard_limit_holds_through_resp(d: Daemon) -> None:
         c.close()
 
 
+def test_connection_commands_are_held_to_the_hard_limit_too(d: Daemon) -> None:
+    """PING, ECHO and INFO cost the bucket a read's floor and are refused past
+    its allowance like GET (a flood of them is no way around the hard limit);
+    the handshake (CLIENT) is charged but still answered."""
+    with d.client() as admin:
+        admin.set_bucket_throttle("limited", {"hard_limit": 20})
+    c = connect(d, user="slow")
+    try:
+        c.execute_command("CLIENT", "NONBLOCKING", "ON")
+        answers: dict[str, list[int]] = {}
+        for cmd in (("PING",), ("ECHO", "x" * 1000), ("INFO",)):
+            ok = refused = 0
+            for _ in range(200):
+                try:
+                    c.execute_command(*cmd)
+                    ok += 1
+                except redis.exceptions.TryAgainError as exc:
+                    refused += 1
+                    assert "Throttled retryAfterMs=" in str(exc)
+            answers[cmd[0]] = [ok, refused]
+        assert all(refused > 100 for _, refused in answers.values()), answers
+        assert c.execute_command("CLIENT", "SETNAME", "still-here")
+    finally:
+        c.close()
+
+
 def test_flushdb_empties_only_its_bucket(d: Daemon, r: redis.Redis) -> None:
     b = connect(d, user="bob")
     try:

@@ -544,6 +544,79 @@ async def test_the_rest_of_a_refused_chunk_is_refused_alike_but_an_admins_admin_
     assert node.bucket_stats["b"].errors[refused] == 995 - exempt
 
 
+def units_used(node: Node) -> float:
+    """What bucket b has spent in the throttle's current window."""
+    return node.throttle.statistics().buckets["b"].units_used_window
+
+
+async def test_requests_that_are_no_data_operation_cost_the_floor(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """ping, whoami, select_bucket, unknown commands, malformed requests (inline
+    or not) and an admin command from a user who is no admin each cost the
+    bucket a read's floor (min_op_units), once: none is free."""
+    floor = node.config.min_op_units
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        before = units_used(node)
+        await peer.send(
+            (1, "ping", {}),
+            (2, "whoami", {}),
+            (3, "no_such_command", {}),
+            (4, "get", {"key": 5}),  # inline: the handler refuses it
+            (5, "get", {"key": b"k", "bogus": 1}),  # the waiting path refuses it
+            (6, "list_buckets", {}),
+            (7, "hello", {"user": "u", "password": "pw"}),
+            (8, "select_bucket", {"bucket": "nope"}),
+            (9, "select_bucket", {"bucket": "b"}),
+        )
+        got = await peer.responses(9)
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        assert codes == [
+            "ok",
+            "ok",
+            "UnknownCommand",
+            "BadValue",
+            "BadValue",
+            "Unauthorized",
+            "BadValue",
+            "BucketNotFound",
+            "ok",
+        ]
+        assert units_used(node) - before == 9 * floor
+        await peer.stream.aclose()
+
+
+@pytest.mark.parametrize("nonblocking", [True, False])
+async def test_a_flood_of_pings_is_held_to_the_buckets_allowance(
+    node: Node, mock_clock: trio.testing.MockClock, nonblocking: bool
+) -> None:
+    """Past the bucket's allowance a ping is refused with Throttled on a
+    non-blocking connection, and waits for its turn on a blocking one — as a
+    read would — while an error is still answered at once (charged: debt)."""
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery, nonblocking_throttle=nonblocking)
+        node.throttle.set_bucket("b", hard_limit=200)  # 20 units a 100 ms slice
+        mock_clock.jump(1)
+        mock_clock.autojump_threshold = 0  # (waits pass in virtual time)
+        t0 = trio.current_time()
+        await peer.send(*((i, "ping", {}) for i in range(1, 51)))
+        got = await peer.responses(50)
+        codes = [r.error["codeName"] if r.error else "ok" for r in got]
+        if nonblocking:
+            served = codes.count("ok")
+            assert 0 < served <= 21
+            assert codes == ["ok"] * served + ["Throttled"] * (50 - served)
+        else:
+            assert codes == ["ok"] * 50
+            assert trio.current_time() - t0 >= 0.1  # they waited for the hard limit
+        await peer.send((99, "no_such_command", {}))
+        assert [r.error["codeName"] for r in await peer.responses(1) if r.error] == [
+            "UnknownCommand"
+        ]
+        await peer.stream.aclose()
+
+
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
