@@ -268,8 +268,9 @@ class Accounts:
     def reload(self, users: dict[str, auth.User]) -> None:
         """Another worker changed users (``serve --workers N``): take the committed
         registry. Sessions re-check their user at the next command (the epoch),
-        and a deleted user's connections close, as with a local change."""
-        gone = self.users.keys() - users.keys()
+        and a deleted user's connections close, as with a local change — also
+        when it was created again meanwhile (another user: a new ``uid``)."""
+        gone = {n for n, u in self.users.items() if n not in users or users[n].uid != u.uid}
         changed = {n for n, u in users.items() if self.users.get(n) != u}
         self.users = users
         for name in gone | changed:

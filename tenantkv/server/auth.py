@@ -42,6 +42,10 @@ class User:
     unthrottled: bool = False
     #: bucket name -> "read" | "readwrite"
     roles: dict[str, str] = field(default_factory=dict)
+    #: this user's identity, made when it is created and kept through updates: a
+    #: user deleted and created again under its name is another user, whose roles
+    #: the old one's connections must not take (users made before it have "")
+    uid: str = ""
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -51,6 +55,7 @@ class User:
             "admin": self.admin,
             "unthrottled": self.unthrottled,
             "roles": self.roles,
+            "uid": self.uid,
         }
 
     @classmethod
@@ -62,6 +67,7 @@ class User:
             bool(rec.get("admin")),
             bool(rec.get("unthrottled")),
             dict(rec.get("roles") or {}),
+            str(rec.get("uid") or ""),
         )
 
     def public(self) -> dict[str, Any]:
@@ -94,7 +100,15 @@ def new_user(
     roles: dict[str, str] | None = None,
 ) -> User:
     salt = os.urandom(16)
-    return User(name, salt, hash_password(password, salt), admin, unthrottled, dict(roles or {}))
+    return User(
+        name,
+        salt,
+        hash_password(password, salt),
+        admin,
+        unthrottled,
+        dict(roles or {}),
+        os.urandom(8).hex(),
+    )
 
 
 def verify(user: User, password: str) -> bool:

@@ -775,14 +775,15 @@ class Execution:
 
     def current_user(self) -> auth.User:
         """This connection's user as the registry has it now. Checked before every
-        command runs, after any wait: the requests of a user deleted meanwhile fail
+        command runs, after any wait: the requests of a user deleted meanwhile —
+        or deleted and created again, another user under the same name — fail
         (and the connection closes), changed roles and privileges apply at once."""
         user = self.user
         assert user is not None
         node = self.node
         if self._auth_epoch != node.accounts.epoch:
             fresh = node.accounts.users.get(user.name)
-            if fresh is None:
+            if fresh is None or fresh.uid != user.uid:
                 self.begin_shutdown()
                 raise errors.Unauthorized(f"user {user.name!r} was deleted")
             self.user = user = fresh

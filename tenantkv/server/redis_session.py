@@ -273,6 +273,7 @@ class RedisSession(Session):
         and audited like the MessagePack hello; the connection stays open on failure."""
         node = self.node
         name, _, bucket_part = username.decode(errors="replace").partition("@")
+        epoch = node.accounts.epoch  # (as Session._hello: a change meanwhile is seen)
         try:
             user = await node.accounts.authenticate(
                 name, password.decode(errors="replace"), peer=self.peer_ip
@@ -290,7 +291,7 @@ class RedisSession(Session):
         if self.user is None:
             await self._take_authenticated_slot(user)
         self.user = user
-        self._auth_epoch = node.accounts.epoch
+        self._auth_epoch = epoch
         if self._decoder is not None:
             self._decoder.frame_limit = self._decoder.max_frame_bytes
         self.select(bucket)

@@ -643,6 +643,9 @@ class Session(Execution):
             for k in p:
                 if k not in HELLO_PARAMS:
                     raise errors.BadValue(f"unknown parameter {k!r} for hello")
+            # The registry as of before the awaits: a change to the user while they
+            # last is then seen at the first request (current_user).
+            epoch = self.node.accounts.epoch
             user = await self.node.accounts.authenticate(
                 p.get("user"), p.get("password"), peer=self.peer_ip
             )
@@ -670,7 +673,7 @@ class Session(Execution):
             self._reply_error(msgid, exc)
             return False  # a failed hello always closes the connection
         self.user = user
-        self._auth_epoch = self.node.accounts.epoch
+        self._auth_epoch = epoch
         if self._decoder is not None:  # authenticated: frames up to the full bound
             self._decoder.frame_limit = self._decoder.max_frame_bytes
             # The unpacker made for hello (41 KiB) goes now unless more came with

@@ -617,6 +617,50 @@ async def test_a_flood_of_pings_is_held_to_the_buckets_allowance(
         await peer.stream.aclose()
 
 
+async def test_a_user_created_again_elsewhere_is_not_the_connections_user(node: Node) -> None:
+    """Another worker deleted user u and created it again before this one reloaded
+    (serve --workers N): the new u is another user, with its own password and
+    roles, so the old u's connection closes instead of taking them."""
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((1, "get", {"key": b"k"}))
+        assert (await peer.responses(1))[0].error is None
+        again = await trio.to_thread.run_sync(
+            lambda: auth.new_user("u", "other", roles={"b": "readwrite"})
+        )
+        node.accounts.reload({**node.accounts.users, "u": again})
+        with trio.fail_after(TIMEOUT):
+            assert await peer.stream.receive_some(1) == b""  # closed, as for a deletion
+
+
+async def test_a_user_created_again_while_its_hello_waits_is_not_the_connections_user(
+    node: Node,
+) -> None:
+    """u is deleted and created again while a hello as the old u is being
+    authenticated: the connection's first request finds another user under the
+    name and fails, and the connection closes; it never runs with the new u's
+    roles on the old u's password."""
+    real = node.accounts.authenticate
+
+    async def racing(name: Any, password: Any, peer: str | None = None) -> auth.User:
+        user = await real(name, password, peer=peer)
+        await node.accounts.drop_user("u")
+        again = await trio.to_thread.run_sync(
+            lambda: auth.new_user("u", "other", roles={"b": "readwrite"})
+        )
+        await node.accounts.save_user(again, expect="absent")
+        return user
+
+    node.accounts.authenticate = racing  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((1, "get", {"key": b"k"}))
+        (got,) = await peer.responses(1)
+        assert got.error is not None and got.error["codeName"] == "Unauthorized"
+        assert "was deleted" in got.error["errmsg"]
+        assert await peer.stream.receive_some(1) == b""
+
+
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
