@@ -27,11 +27,40 @@ the matching subclass (:func:`from_wire`), so both sides share one vocabulary.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, ClassVar
 
 SYSTEM_OVERLOADED = "SystemOverloadedError"
 RETRYABLE = "RetryableError"
 OVERLOAD_LABELS: tuple[str, ...] = (SYSTEM_OVERLOADED, RETRYABLE)
+
+
+#: Longest error message kept: messages quote what a client sent, and one
+#: quoting a megabyte would cost that much in every reply, log line and cached
+#: error template (see :func:`shown`, which bounds a quote where it is made).
+MAX_ERRMSG_CHARS = 1024
+
+
+class _Shown(reprlib.Repr):
+    """reprlib's bounded repr, bytes included (reprlib would repr them whole first)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        if len(x) <= self.maxstring:
+            return repr(x)
+        return repr(x[: self.maxstring]) + f"...({len(x)} bytes)"
+
+    repr_bytearray = repr_bytes
+
+
+_SHOWN = _Shown()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def shown(value: Any) -> str:
+    """A value a client sent, quoted in an error message: its repr, bounded (a long
+    string or bytes cut, a container's first elements), without building the
+    whole repr first."""
+    return _SHOWN.repr(value)
 
 
 class TenantKVError(Exception):
@@ -56,6 +85,8 @@ class TenantKVError(Exception):
         retry_after_ms: int | None = None,
         command: str | None = None,
     ) -> None:
+        if len(errmsg) > MAX_ERRMSG_CHARS:
+            errmsg = errmsg[:MAX_ERRMSG_CHARS] + "..."
         super().__init__(errmsg or self.code_name)
         self.errmsg = errmsg or self.code_name
         self.labels: tuple[str, ...] = tuple(labels) if labels is not None else self.default_labels

@@ -111,7 +111,7 @@ def command(name: str, kind: Kind, *params: str) -> Callable[[Callable[..., Any]
 def check_params(cmd: Command, params: dict[str, Any]) -> None:
     for p in params:
         if p not in cmd.params:
-            raise errors.BadValue(f"unknown parameter {p!r} for {cmd.name}")
+            raise errors.BadValue(f"unknown parameter {errors.shown(p)} for {cmd.name}")
     if "timeout_ms" in params:
         t = params["timeout_ms"]
         if type(t) is not int or t < 0:
@@ -148,7 +148,7 @@ def int_param(p: dict[str, Any], name: str, default: int, lo: int, hi: int) -> i
     if v is None:
         return default
     if type(v) is not int or not lo <= v <= hi:
-        raise errors.BadValue(f"{name!r} must be an integer in [{lo}, {hi}], got {v!r}")
+        raise errors.BadValue(f"{name!r} must be an integer in [{lo}, {hi}], got {errors.shown(v)}")
     return v
 
 
@@ -157,14 +157,16 @@ def ttl_param(p: dict[str, Any]) -> float:
     if v is None:
         return 0
     if type(v) not in (int, float) or not 0 <= v <= 10 * 365 * 86400:
-        raise errors.BadValue(f"'ttl' must be seconds >= 0 (0 = never expires), got {v!r}")
+        raise errors.BadValue(
+            f"'ttl' must be seconds >= 0 (0 = never expires), got {errors.shown(v)}"
+        )
     return v
 
 
 def bool_param(p: dict[str, Any], name: str, default: bool = False) -> bool:
     v = p.get(name, default)
     if type(v) is not bool:
-        raise errors.BadValue(f"{name!r} must be true or false, got {v!r}")
+        raise errors.BadValue(f"{name!r} must be true or false, got {errors.shown(v)}")
     return v
 
 
@@ -284,7 +286,7 @@ def set_(s: Session, b: BucketHandle, p: dict[str, Any]) -> WriteOp:
         return SetOp(b, key, value)
     mode = p.get("mode", "upsert")
     if mode not in ("upsert", "add", "replace"):
-        raise errors.BadValue(f"'mode' must be upsert, add or replace, got {mode!r}")
+        raise errors.BadValue(f"'mode' must be upsert, add or replace, got {errors.shown(mode)}")
     return SetOp(
         b,
         key,

@@ -503,7 +503,7 @@ class Execution:
             if cmd is None:
                 if method == "hello":
                     raise errors.BadValue("hello was already received on this connection")
-                raise errors.UnknownCommand(f"no command named {method!r:.80}")
+                raise errors.UnknownCommand(f"no command named {errors.shown(method)}")
             if cmd.kind in DATA_KINDS:
                 holds = await self._admit(self._prepare(cmd, params))
                 try:

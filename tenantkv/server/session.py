@@ -639,10 +639,12 @@ class Session(Execution):
         msgid, method, p = req
         try:
             if method != "hello":
-                raise errors.HelloRequired(f"the first request must be hello, not {method!r:.80}")
+                raise errors.HelloRequired(
+                    f"the first request must be hello, not {errors.shown(method)}"
+                )
             for k in p:
                 if k not in HELLO_PARAMS:
-                    raise errors.BadValue(f"unknown parameter {k!r} for hello")
+                    raise errors.BadValue(f"unknown parameter {errors.shown(k)} for hello")
             # The registry as of before the awaits: a change to the user while they
             # last is then seen at the first request (current_user).
             epoch = self.node.accounts.epoch

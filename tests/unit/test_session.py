@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from tenantkv import protocol
+from tenantkv import errors, protocol
 from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
 from tenantkv.config import Config
 from tenantkv.server import auth
@@ -659,6 +659,42 @@ async def test_a_user_created_again_while_its_hello_waits_is_not_the_connections
         assert got.error is not None and got.error["codeName"] == "Unauthorized"
         assert "was deleted" in got.error["errmsg"]
         assert await peer.stream.receive_some(1) == b""
+
+
+async def test_what_a_client_sent_is_quoted_short_in_errors(node: Node) -> None:
+    """An error quoting what the client sent (an unknown parameter's name, a bad
+    value, an unknown method) quotes a bounded part of it: a 5 MiB parameter
+    name once made a 20-million-character reply, kept in the server's cache of
+    error templates (20 of them took ~900 MiB)."""
+    huge = b"\x01" * (5 * 1024 * 1024)
+    async with trio.open_nursery() as nursery:
+        anonymous = await run_session(node, nursery)
+        await anonymous.send((0, "hello", {"user": "u", "password": "pw", "x" * 3000: 1}))
+        (got,) = await anonymous.responses(1)
+        assert got.error is not None and len(got.error["errmsg"]) < 200
+        peer = await hello_session(node, nursery)
+        await peer.send(
+            (1, "get", {"key": b"k", huge: 1}),
+            (2, "set", {"key": b"k", "value": b"v", "ttl": [huge, huge]}),
+            (3, "set", {"key": b"k", "value": b"v", "mode": huge}),
+            (4, "m" * 60_000, {}),
+        )
+        got = await peer.responses(4)
+        assert [r.error["codeName"] for r in got if r.error] == [
+            "BadValue",
+            "BadValue",
+            "BadValue",
+            "UnknownCommand",
+        ]
+        assert max(len(r.error["errmsg"]) for r in got if r.error) < 1000
+        await peer.stream.aclose()
+    assert max(len(t) for t in protocol._ERROR_MAPS.values()) < 1000
+
+
+def test_no_error_message_is_longer_than_the_bound() -> None:
+    assert len(errors.BadValue("x" * 10**6).errmsg) <= errors.MAX_ERRMSG_CHARS + 3
+    assert errors.shown(b"a" * 10**7).endswith("...(10000000 bytes)")
+    assert len(errors.shown([b"b" * 10**6] * 10)) < 600
 
 
 async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
