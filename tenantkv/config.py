@@ -177,8 +177,9 @@ class Config:
     )
     max_receive_buffer_bytes: int = declare(
         256 * 1024 * 1024,
-        "Most bytes received and not yet decoded, over all connections together; "
-        "a connection that would pass it waits (TCP back-pressure).",
+        "Most bytes received and not yet decoded, over all connections together (one "
+        "user's connections: at most half); a connection that would pass it waits (TCP "
+        "back-pressure), except one at a time that holds part of a frame, which finishes it.",
         1024 * 1024,
     )
     max_inflight_per_connection: int = declare(

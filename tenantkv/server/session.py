@@ -142,7 +142,7 @@ class Session(Execution):
             pass  # the peer is gone (a reset, a broken TLS stream)
         finally:
             if self._held:
-                self.node.receive_buffers.update(self._held, 0)
+                self.node.receive_buffers.update(self, 0)
                 self._held = 0
             with trio.CancelScope(shield=True):
                 await self._finish_writes()
@@ -283,8 +283,9 @@ class Session(Execution):
                     # again when it could admit (Execution._refused_by_rate).
                     await trio.sleep_until(self.reads_paused_until)
                     self.reads_paused_until = 0.0
-                if not (n := buffers.try_reserve(self._held, want)):
-                    n = await buffers.reserve(self._held, want)
+                user = self.user.name if self.user is not None else None
+                if not (n := buffers.try_reserve(self, self._held, want, user)):
+                    n = await buffers.reserve(self, self._held, want, user)
                 data = await self.stream.receive_some(n)
                 self._receiving = False
                 if self._cancelled:
@@ -583,7 +584,8 @@ class Session(Execution):
         if decoder is not None:
             held = decoder.buffered
             if held != self._held:
-                self.node.receive_buffers.update(self._held, held)
+                user = self.user.name if self.user is not None else None
+                self.node.receive_buffers.update(self, held, user)
                 self._held = held
 
     def _refuse_shutting_down(self, req: protocol.Request) -> None:

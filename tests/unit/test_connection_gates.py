@@ -72,30 +72,75 @@ def test_closed_connections_free_their_address() -> None:
 
 def test_receive_buffers_cap_what_is_held() -> None:
     b = ReceiveBuffers(1000)
-    assert b.try_reserve(0, 4096) == 4096
-    b.update(0, 1200)  # one connection holds a partial frame past the cap
-    assert b.try_reserve(1200, 4096) == 0  # it waits
-    assert b.try_reserve(0, 65536) == SMALL_READ_BYTES  # an empty one reads a little
-    b.update(1200, 0)
-    assert b.try_reserve(1200, 4096) == 4096
+    a, c = object(), object()
+    assert b.try_reserve(a, 0, 4096) == 4096
+    b.update(a, 1200)  # one connection holds a partial frame past the cap
+    assert b.try_reserve(c, 0, 65536) == SMALL_READ_BYTES  # an empty one reads a little
+    b.update(c, 10)  # and holds part of a frame too
+    assert b.try_reserve(a, 1200, 4096) == 4096  # the first to ask finishes its frame
+    assert b.try_reserve(c, 10, 4096) == 0  # the other waits
+    b.update(a, 0)  # the finisher's frame is decoded
+    assert b.try_reserve(c, 10, 4096) == 4096  # under the cap again
+    b.update(c, 0)
+    assert b.buffered == 0
+
+
+def test_connections_that_all_hold_partial_frames_at_the_cap_finish_one_at_a_time() -> None:
+    """Thirty connections each holding part of a frame past the cap: without a
+    finisher each waits for the others until its frame deadline."""
+    b = ReceiveBuffers(1000)
+    conns = [object() for _ in range(30)]
+    for c in conns:
+        b.update(c, 100)
+    done = 0
+    for _ in range(100):
+        readers = [c for c in conns if b.try_reserve(c, 100, 4096)]
+        assert readers  # progress
+        if b.buffered >= b.capacity:
+            assert len(readers) == 1  # and at the cap, one at a time
+        b.update(readers[0], 0)  # its frame completes
+        conns.remove(readers[0])
+        done += 1
+        if not conns:
+            break
+    assert done == 30 and b.buffered == 0
+
+
+def test_one_user_holds_at_most_its_share_of_the_cap() -> None:
+    b = ReceiveBuffers(100_000)
+    hog, other = object(), object()
+    b.update(hog, 60_000, "mallory")  # past the user's share (half the cap)
+    assert b.try_reserve(object(), 0, 65536, "mallory") == SMALL_READ_BYTES
+    assert b.try_reserve(other, 0, 65536, "alice") == 65536  # another tenant has room
+    b.update(other, 30_000, "alice")
+    assert b.try_reserve(other, 30_000, 65536, "alice") == 65536
+    b.update(hog, 0)
+    assert b.try_reserve(object(), 0, 65536, "mallory") == 65536
+    assert b.statistics().user_capacity_bytes == 50_000
 
 
 async def test_a_waiting_connection_wakes_when_room_frees() -> None:
     b = ReceiveBuffers(100)
-    b.update(0, 150)
+    first, second = object(), object()
+    b.update(first, 150)
+    b.update(second, 10)
+    assert b.try_reserve(first, 150, 4096) == 4096  # (the finisher)
     got: list[int] = []
 
     async def reader() -> None:
-        got.append(await b.reserve(150, 4096))
+        got.append(await b.reserve(second, 10, 4096))
 
     async with trio.open_nursery() as n:
         n.start_soon(reader)
         await trio.testing.wait_all_tasks_blocked()
         assert got == [] and b.statistics().waiting == 1
-        b.update(150, 50)
-    assert got == [4096] and b.statistics().waits_total == 1
+        b.update(first, 95)  # it decoded some: woken, still at the cap, and
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # the finisher has not finished
+        b.update(first, 0)
+    assert got == [4096] and b.statistics().waits_total == 2
 
 
 @pytest.mark.parametrize("held", [0, 10])
 def test_under_the_cap_everyone_reads_in_full(held: int) -> None:
-    assert ReceiveBuffers(100).try_reserve(held, 300) == 300
+    assert ReceiveBuffers(100).try_reserve(object(), held, 300) == 300

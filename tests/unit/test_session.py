@@ -173,6 +173,33 @@ async def test_a_connection_that_ends_mid_frame_releases_its_buffer(node: Node) 
     assert node.receive_buffers.buffered == 0
 
 
+async def test_connections_holding_partial_frames_at_the_cap_all_finish(node: Node) -> None:
+    """Past the node's receive-buffer cap, connections that each hold part of a
+    large write still complete it: one at a time (the finisher), not each
+    waiting on the others until its frame deadline."""
+    from tenantkv.admission.receive_buffers import ReceiveBuffers
+
+    node.receive_buffers = ReceiveBuffers(1_000_000)
+    async with trio.open_nursery() as nursery:
+        peers = [await hello_session(node, nursery) for _ in range(4)]
+        frames = [
+            protocol.encode_request(1, "set", {"key": b"k%d" % i, "value": bytes(600_000)})
+            for i in range(4)
+        ]
+        for peer, frame in zip(peers, frames, strict=True):
+            await peer.stream.send_all(frame[:400_000])
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered >= 1_000_000  # at the cap, every frame partial
+        for peer, frame in zip(peers, frames, strict=True):
+            await peer.stream.send_all(frame[400_000:])
+        with trio.fail_after(5):
+            for peer in peers:
+                assert [r.error for r in await peer.responses(1)] == [None]
+        assert node.receive_buffers.buffered == 0
+        for peer in peers:
+            await peer.stream.aclose()
+
+
 async def test_what_a_chunk_still_holds_is_counted_while_its_handling_waits(node: Node) -> None:
     """The receive-buffer cap learns what a connection holds when its chunk
     settles, which is before anything awaits: a read waiting behind the
