@@ -326,16 +326,19 @@ class Execution:
         return True
 
     def _read_failed(self, msgid: int, method: str, exc: Exception) -> None:
-        """:meth:`_inline_failed` for a read: drop what its handler metered too."""
+        """:meth:`_inline_failed` for a read: drop what its handler metered, but not
+        its keys: it still costs the floor for each (an mget refused for the size
+        of its values has looked them all up)."""
+        keys = self.read_keys
         self.read_sizes.clear()
         self.read_keys = 1
-        self._inline_failed(msgid, method, exc)
+        self._inline_failed(msgid, method, exc, keys)
 
-    def _inline_failed(self, msgid: int, method: str, exc: Exception) -> None:
+    def _inline_failed(self, msgid: int, method: str, exc: Exception, keys: int = 1) -> None:
         """Answer a request run inline that failed: refused at once (a cheap
-        rejection), or its handler's error."""
+        rejection), or its handler's error (``keys``: the floors it costs)."""
         if isinstance(exc, errors.TenantKVError):
-            self._fail(msgid, method, exc)
+            self._fail(msgid, method, exc, keys=keys)
         else:
             self._internal_error(msgid, method, exc)
 
@@ -579,6 +582,7 @@ class Execution:
         method = cmd.name
         node = self.node
         h = holds
+        keys = 1  # (the floors a read that fails costs: _read_failed)
         try:
             if prep.op is None:  # a read that waited (an inline one is _read_inline's)
                 assert holds is not None and t0 is not None
@@ -588,6 +592,7 @@ class Execution:
                     h = None
                     node.charge_read(b.name, self.read_sizes, prep.user.unthrottled, self.read_keys)
                 finally:
+                    keys = self.read_keys
                     self.read_sizes.clear()
                     self.read_keys = 1
                 self._reply(msgid, result)
@@ -598,7 +603,7 @@ class Execution:
                 h = None  # its run gives them back once the write is durable
                 self._start_write_run(b, cmd, holds, t0).add(msgid, prep.op)
         except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc)
+            self._fail(msgid, method, exc, keys=keys)
         except Exception as exc:
             self._internal_error(msgid, method, exc)
         finally:
@@ -617,13 +622,19 @@ class Execution:
         )
 
     def _fail(
-        self, msgid: int, method: str, exc: errors.TenantKVError, *, charge: bool = True
+        self,
+        msgid: int,
+        method: str,
+        exc: errors.TenantKVError,
+        *,
+        charge: bool = True,
+        keys: int = 1,
     ) -> None:
         """Answer a request with its error. One refused for what it asked (no
-        overload labels) costs its bucket a read's floor, unless it was charged
-        already (``charge``): see :meth:`_charge_floor`."""
+        overload labels) costs its bucket a read's floor (per key it named),
+        unless it was charged already (``charge``): see :meth:`_charge_floor`."""
         if charge and not exc.labels:
-            self._charge_floor()
+            self._charge_floor(keys)
         exc.command = method
         self._count_error(exc)
         self._reply_error(msgid, exc)
@@ -637,7 +648,7 @@ class Execution:
             return None
         return bucket, user.unthrottled
 
-    def _charge_floor(self) -> None:
+    def _charge_floor(self, keys: int = 1) -> None:
         """A request after hello that is no data operation — a session command,
         or one refused for what it asked (unknown, malformed, not allowed) —
         costs the connection's bucket a read's floor (``min_op_units``), metered
@@ -646,7 +657,7 @@ class Execution:
         requests wait for; :meth:`_admit_floor` also holds one to the allowance."""
         tenant = self._floor_tenant()
         if tenant is not None:
-            self.node.charge_read(tenant[0], [], tenant[1])
+            self.node.charge_read(tenant[0], [], tenant[1], keys)
 
     async def _admit_floor(self) -> None:
         """:meth:`_charge_floor`, admitted by the tenant throttle first as a read is

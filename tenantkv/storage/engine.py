@@ -300,20 +300,25 @@ class Engine:
         now = self.now_ms()
         out: list[Record | None] = []
         total = 0
-        with self.txn_lock, self.env.begin(db=h.db) as txn:
+        # Views of the stored records (buffers=True): each value's size is checked
+        # before anything is copied, and a live one is copied once, by decode.
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
             for key in keys:
                 raw = txn.get(key)
-                rec = records.decode(raw) if raw is not None else None
-                if rec is not None and rec.live(now):
-                    total += len(rec.value) + RESULT_ENTRY_OVERHEAD
-                    if total > max_bytes:
-                        raise errors.BadValue(
-                            f"the values of these {len(keys)} keys exceed {max_bytes} bytes, "
-                            "more than one response may carry; ask for fewer keys"
-                        )
-                    out.append(rec)
-                else:
+                if raw is None:
                     out.append(None)
+                    continue
+                expiry_ms = records.unpack_header(raw)[1]
+                if expiry_ms and expiry_ms <= now:
+                    out.append(None)
+                    continue
+                total += len(raw) - records.HEADER_BYTES + RESULT_ENTRY_OVERHEAD
+                if total > max_bytes:
+                    raise errors.BadValue(
+                        f"the values of these {len(keys)} keys exceed {max_bytes} bytes, "
+                        "more than one response may carry; ask for fewer keys"
+                    )
+                out.append(records.decode(raw))
         return out
 
     def scan(

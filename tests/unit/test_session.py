@@ -614,6 +614,27 @@ async def test_requests_that_are_no_data_operation_cost_the_floor(
         await peer.stream.aclose()
 
 
+async def test_an_mget_refused_for_its_size_costs_a_floor_per_key(node: Node) -> None:
+    """An mget whose values exceed what one response carries is refused, having
+    looked every key up: it costs the floor for each key, as one that succeeds
+    does (it cost a single floor, so a flood of them copied ~40 MB a unit)."""
+    floor = node.config.min_op_units
+    big = bytes(11 * 1024 * 1024)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((1, "set", {"key": b"big1", "value": big}))
+        await peer.send((2, "set", {"key": b"big2", "value": big}))
+        assert [r.error for r in await peer.responses(2)] == [None, None]
+        keys = [b"big1", b"big2"] + [b"none%d" % i for i in range(998)]
+        before = units_used(node)
+        await peer.send((3, "mget", {"keys": keys}))
+        (got,) = await peer.responses(1)
+        assert got.error is not None and got.error["codeName"] == "BadValue"
+        assert "exceed" in got.error["errmsg"]
+        assert units_used(node) - before == 1000 * floor
+        await peer.stream.aclose()
+
+
 @pytest.mark.parametrize("nonblocking", [True, False])
 async def test_a_flood_of_pings_is_held_to_the_buckets_allowance(
     node: Node, mock_clock: trio.testing.MockClock, nonblocking: bool
