@@ -223,12 +223,7 @@ class Execution:
                     wait = limiter.wait_when(left)
                     refused = self._chunk_refusal = limiter.rejection_in(wait)
                     refused.command = method
-                    if wait >= REFUSAL_PAUSE_MIN_SECS:
-                        # (the loan's reading: taken since the chunk last waited)
-                        self.reads_paused_until = self._chunk_now + min(
-                            wait, REFUSAL_PAUSE_MAX_SECS
-                        )
-                        self.node.refusal_pauses += 1
+                    self._pause_reads(wait)  # (at the loan's reading: the chunk's)
                 self._rate_refused += 1
                 self._reply_error(msgid, refused)
                 return True
@@ -635,9 +630,24 @@ class Execution:
         unless it was charged already (``charge``): see :meth:`_charge_floor`."""
         if charge and not exc.labels:
             self._charge_floor(keys)
+        elif exc.retry_after_ms is not None:
+            self._pause_reads(exc.retry_after_ms / 1000)
         exc.command = method
         self._count_error(exc)
         self._reply_error(msgid, exc)
+
+    def _pause_reads(self, wait: float) -> None:
+        """A refusal that tells the client to come back in ``wait`` seconds (its
+        retryAfterMs) and costs no units: read the connection again then, at most
+        :data:`REFUSAL_PAUSE_MAX_SECS` later, if that is
+        :data:`REFUSAL_PAUSE_MIN_SECS` or more — so a client that keeps sending
+        anyway is answered a receive at a time, not as fast as it sends."""
+        if wait >= REFUSAL_PAUSE_MIN_SECS:
+            now = self._chunk_now or self._read_clock()
+            until = now + min(wait, REFUSAL_PAUSE_MAX_SECS)
+            if until > self.reads_paused_until:
+                self.reads_paused_until = until
+                self.node.refusal_pauses += 1
 
     def _floor_tenant(self) -> tuple[str, bool] | None:
         """The bucket a request that is no data operation is charged to, and

@@ -265,6 +265,7 @@ async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_s
             r.ru_total,
             r.used_window,
         )
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # (the refusals paused reading)
         await peer.stream.aclose()
 
 
@@ -396,6 +397,7 @@ async def test_each_request_takes_one_token_where_a_run_of_reads_ends(
         got = await peer.responses(30)
         codes = {"ok" if r.error is None else r.error["codeName"] for r in got}
         assert codes == {"ok", "Throttled"}  # the allowance ran out mid-chunk
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # (the refusals paused reading)
         await peer.stream.aclose()
     st = node.pipeline.request_limiter.statistics()
     assert st.attempted - before.attempted == 30
@@ -469,6 +471,35 @@ async def test_a_refused_connection_is_read_again_when_a_token_could_be_there(
         mock_clock.jump(1.0)
         await peer.send((10, "get", {"key": b"k"}))
         assert (await peer.responses(1))[0].error is None
+        await peer.stream.aclose()
+
+
+async def test_a_throttled_refusal_pauses_the_connection_too(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A refusal by the tenant throttle (Throttled, with retryAfterMs) costs no
+    units, so a client that ignores it and keeps sending — on a non-blocking
+    connection, or with a short timeout_ms — must not be served refusals as fast
+    as it sends: its connection is not read again until the refusal's wait (at
+    most REFUSAL_PAUSE_MAX_SECS), as after a request-rate refusal."""
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery, nonblocking_throttle=True)
+        node.throttle.set_bucket("b", hard_limit=1)  # a unit a second
+        mock_clock.jump(10)
+        await peer.send(*((i, "get", {"key": b"k"}) for i in range(1, 4)))
+        codes = [r.error["codeName"] if r.error else "ok" for r in await peer.responses(3)]
+        assert codes[0] == "ok" and set(codes[1:]) == {"Throttled"}
+        pauses = node.refusal_pauses
+        assert pauses >= 1
+        await peer.send((4, "get", {"key": b"k"}))
+        got = await answered_so_far(peer, nursery, 1)
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS - 0.001)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [], "read before the pause ended"
+        mock_clock.jump(0.001)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r.msgid for r in got] == [4]
+        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
 
 
