@@ -693,7 +693,7 @@ METRICS: tuple[Metric, ...] = (
         "tenantkv_ingress_request_rate_limiter_refusal_pauses",
         "counter",
         "ingress.request_rate_limiter.refusal_pauses",
-        "Ingress request rate limiter: refusals after which the connection was not read again until a token could be there (at most 10 ms, when at least 1 ms away): what its client sent meanwhile is answered together.",
+        "Refusals (by the ingress request rate limiter, or the tenant throttle's Throttled) after which the connection was not read again until the refused request could pass (at most 10 ms, when at least 1 ms away): what its client sent meanwhile is answered together.",
         section="Ingress: rate limiters and admission tickets",
     ),
     Metric(
