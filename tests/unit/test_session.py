@@ -444,6 +444,19 @@ async def answered_so_far(peer: Peer, nursery: trio.Nursery, n: int) -> list[pro
     return got
 
 
+async def read_when_the_pause_ends(
+    mock_clock: trio.testing.MockClock, got: list[protocol.Response]
+) -> None:
+    """A refusal paused the connection: nothing sent meanwhile is answered a
+    moment before the pause ends (``got``: :func:`answered_so_far`'s list), and
+    it is read once it is over."""
+    mock_clock.jump(REFUSAL_PAUSE_MAX_SECS - 0.001)
+    await trio.testing.wait_all_tasks_blocked()
+    assert got == [], "read before the pause ended"
+    mock_clock.jump(0.001)
+    await trio.testing.wait_all_tasks_blocked()
+
+
 async def test_a_refused_connection_is_read_again_when_a_token_could_be_there(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
@@ -460,11 +473,7 @@ async def test_a_refused_connection_is_read_again_when_a_token_could_be_there(
         for i in range(7, 10):
             await peer.send((i, "get", {"key": b"k"}))
         got = await answered_so_far(peer, nursery, 3)
-        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS - 0.001)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == [], "read before the pause ended"
-        mock_clock.jump(0.001)
-        await trio.testing.wait_all_tasks_blocked()
+        await read_when_the_pause_ends(mock_clock, got)
         assert [r.msgid for r in got] == [7, 8, 9]
         assert {r.error["codeName"] for r in got} == {"IngressRequestRateLimitExceeded"}
         # A token's wait later the next request is served.
@@ -493,11 +502,7 @@ async def test_a_throttled_refusal_pauses_the_connection_too(
         assert pauses >= 1
         await peer.send((4, "get", {"key": b"k"}))
         got = await answered_so_far(peer, nursery, 1)
-        mock_clock.jump(REFUSAL_PAUSE_MAX_SECS - 0.001)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == [], "read before the pause ended"
-        mock_clock.jump(0.001)
-        await trio.testing.wait_all_tasks_blocked()
+        await read_when_the_pause_ends(mock_clock, got)
         assert [r.msgid for r in got] == [4]
         mock_clock.jump(REFUSAL_PAUSE_MAX_SECS)  # the session reads (and sees EOF) again
         await peer.stream.aclose()
