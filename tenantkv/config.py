@@ -176,10 +176,12 @@ class Config:
         0,
     )
     max_receive_buffer_bytes: int = declare(
-        256 * 1024 * 1024,
-        "Most bytes received and not yet decoded, over all connections together (one "
-        "user's connections: at most half); a connection that would pass it waits (TCP "
-        "back-pressure), except one at a time that holds part of a frame, which finishes it.",
+        128 * 1024 * 1024,
+        "Most bytes clients make the server hold, over all connections together: received "
+        "and not yet decoded, and writes decoded and not yet durable (one user's connections: "
+        "at most half). A connection that would pass it is not read (TCP back-pressure), "
+        "except one at a time that holds part of a frame, which finishes it. The server's "
+        "memory under such load is about twice this (a write's value and its commit's copy).",
         1024 * 1024,
     )
     max_inflight_per_connection: int = declare(

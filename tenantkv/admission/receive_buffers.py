@@ -1,11 +1,15 @@
-"""Node-wide cap on bytes received and not yet decoded, over all connections.
+"""Node-wide cap on the bytes clients make the server hold, over all connections.
 
 Each connection's decoder holds what it received until a frame completes (up
-to one maximal frame, ~20 MiB). Bounding each connection alone lets N
-connections hold N frames; this gate bounds their sum (``max_receive_buffer_bytes``).
-A connection asks for room before it reads: while the node is at its cap it
-waits (and so does TCP for its client) until another connection decodes or
-closes; the cap is back-pressure, never an error.
+to one maximal frame, ~20 MiB), and a decoded write's value stays in memory
+until the write is durable (its connection may pipeline 64 MiB of them). Bounding
+each connection alone lets N connections hold N times that; this gate bounds
+the sum of both over every connection (``max_receive_buffer_bytes``): a
+connection tells it what it holds when its chunk settles and as the writer
+answers its writes. A connection asks for room before it reads: while the node
+is at its cap it waits (and so does TCP for its client) until another connection
+decodes, has its writes answered or closes; the cap is back-pressure, never an
+error.
 
 Two rules keep the cap from becoming a stall:
 

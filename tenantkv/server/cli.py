@@ -20,6 +20,7 @@ import trio
 
 from tenantkv import config as config_mod
 from tenantkv._version import __version__
+from tenantkv.server import process_memory
 from tenantkv.server.log_setup import configure_logging
 
 
@@ -201,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tenantkv: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, cfg.log_format)
+    # The daemon (or the supervisor, whose writer holds every worker's values)
+    # owns this process: large buffers go back to the kernel when freed.
+    process_memory.return_large_allocations()
     from tenantkv.server.supervisor import usable_cores
 
     workers = cfg.workers or usable_cores()

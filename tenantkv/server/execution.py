@@ -169,6 +169,11 @@ class Execution:
     def begin_shutdown(self) -> None:
         raise NotImplementedError
 
+    def _held_changed(self) -> None:
+        """The connection's writes not yet durable changed (``pending_write_bytes``,
+        as a run's writes were answered): the framing half tells the node-wide
+        cap on what clients make the server hold."""
+
     # -- the path ---------------------------------------------------------------
 
     def _refused_by_rate(self, msgid: int, method: str, *, admin: bool) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import trio
 
 from tenantkv.config import Config
+from tenantkv.server import process_memory
 from tenantkv.server.log_setup import configure_logging
 from tenantkv.server.server import Server
 from tenantkv.server.worker import WorkerLink, read_init
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A terminal hangup reaches the whole process group; the supervisor decides
     # what SIGHUP means (reload the config) and tells the workers.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    process_memory.return_large_allocations()
     link = WorkerLink(init, sock)
     try:
         server = Server(config, link=link)

@@ -45,6 +45,8 @@ class WriteSession(Protocol):
 
     def _wake_reader(self) -> None: ...
 
+    def _held_changed(self) -> None: ...
+
 
 class WriteRun:
     """Writes of one session on one bucket, one command, admitted together."""
@@ -153,6 +155,7 @@ class WriteRun:
         node = s.node
         s.pending_writes -= len(ops)
         s.pending_write_bytes -= self._bytes
+        s._held_changed()
         wu_sum = cost_sum = 0
         if error is not None:
             results = [error] * len(ops)

@@ -216,13 +216,54 @@ async def test_what_a_chunk_still_holds_is_counted_while_its_handling_waits(node
             + rest
         )
         await trio.testing.wait_all_tasks_blocked()
-        assert node.receive_buffers.buffered == len(rest)
+        # the rest of the chunk, and the set's value until it is durable
+        assert node.receive_buffers.buffered == len(rest) + stalled[0].op.size_hint
         node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
         real_submit_many(stalled)
         got = await peer.responses(3)
         assert [r.result["value"] for r in got[1:]] == [b"v", b"v"]
         assert node.receive_buffers.buffered == 0
         await peer.stream.aclose()
+
+
+async def test_writes_not_yet_durable_count_against_the_receive_buffer_cap(node: Node) -> None:
+    """A decoded write's value is still held until the write is durable: it counts
+    against the node-wide cap, so connections pipelining large writes cannot hold
+    many times the cap between decoding and commit. Connections waiting for room
+    read again as the writer answers (not only when another frame is decoded)."""
+    # (hello_session's hellos, before the cap binds: a session waiting to receive
+    # was given its room when it began to wait)
+    from tenantkv.admission.receive_buffers import SMALL_READ_BYTES, ReceiveBuffers
+
+    node.receive_buffers = ReceiveBuffers(1_000_000)
+    stalled: list[Any] = []
+    real_submit_many = node.writer.submit_many  # type: ignore[union-attr]
+    node.writer.submit_many = stalled.extend  # type: ignore[union-attr]
+
+    def set_frame(key: bytes, size: int) -> bytes:
+        return protocol.encode_request(1, "set", {"key": key, "value": bytes(size)})
+
+    async with trio.open_nursery() as nursery:
+        a = await hello_session(node, nursery)
+        await a.stream.send_all(set_frame(b"a", 900_000))
+        await trio.testing.wait_all_tasks_blocked()
+        a_held = node.receive_buffers.buffered
+        assert a_held >= 900_000  # decoded, queued, not durable: still held
+        # Past the user's half, connections that come now read a little each, and
+        # then wait: the one finishing a frame is still a, until its write is durable.
+        b, c = [await hello_session(node, nursery) for _ in range(2)]
+        for peer in (b, c):
+            await peer.stream.send_all(set_frame(b"x", 150_000))
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered == a_held + 2 * SMALL_READ_BYTES
+        # The writer answers: the room a's write held is free and b, then c, read on.
+        node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+        real_submit_many(stalled)
+        for peer in (a, b, c):
+            assert [r.error for r in await peer.responses(1)] == [None]
+        assert node.receive_buffers.buffered == 0
+        for peer in (a, b, c):
+            await peer.stream.aclose()
 
 
 async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_split_it(
