@@ -27,7 +27,11 @@ connection reads its own writes and sees responses in request order.
 
 Back-pressure: when a connection has ``max_inflight_per_connection`` writes
 unanswered or more than ``PENDING_WRITE_HIGH_WATER`` bytes of them, it waits
-for them; more than ``OUT_HIGH_WATER`` bytes of replies are sent at once.
+for them; more than ``OUT_HIGH_WATER`` bytes of replies are sent at once. A
+client that does not read its replies is not read either: its task waits in
+that send, holding at most ``OUT_HIGH_WATER`` plus one reply (plus the answers
+of writes already in flight), counted against the node-wide cap
+(``node.receive_buffers``) while it waits.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ RECEIVE_BYTES = 256 * 1024
 FAIR_SHARE_REQUESTS = 256
 #: Unsent response bytes above which the reader pauses.
 OUT_HIGH_WATER = 4 * 1024 * 1024
+#: A send at least this large counts against the node-wide cap while it is
+#: under way (``node.receive_buffers``). Smaller ones are not counted: most
+#: sends complete at once, and counting costs two updates of the cap.
+UNSENT_COUNTED_BYTES = 64 * 1024
 #: Bytes of unanswered writes (queued values) above which the reader pauses: with
 #: 20 MiB values the in-flight count alone would let one connection queue 20 GiB.
 PENDING_WRITE_HIGH_WATER = 64 * 1024 * 1024
@@ -126,10 +134,13 @@ class Session(Execution):
         self._decoder: Decoder | None = None
         #: bytes this connection holds for its client, as last told to
         #: node.receive_buffers: its decoder's undecoded bytes (``_buffered``, as of
-        #: the last chunk settled) plus its writes not yet durable
-        #: (``pending_write_bytes``); once closed (``_released``) it holds none
+        #: the last chunk settled), its writes not yet durable
+        #: (``pending_write_bytes``) and a large send under way (``_unsent``);
+        #: once closed (``_released``) it holds none
         self._held = 0
         self._buffered = 0
+        #: bytes of replies being sent (a send of UNSENT_COUNTED_BYTES or more)
+        self._unsent = 0
         self._released = False
         #: bucket-queue event subscription of a watch_events connection
         self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
@@ -236,7 +247,20 @@ class Session(Execution):
 
     async def _send_out(self) -> None:
         data, self._out = self._out, bytearray()
-        await self.stream.send_all(data)
+        if len(data) < UNSENT_COUNTED_BYTES:
+            await self.stream.send_all(data)
+            return
+        # A client that does not read its replies holds this send (and stops being
+        # read: the task is here, not at its next receive). What it holds counts
+        # against the node-wide cap meanwhile, so many such clients cannot hold
+        # many times a reply each between them.
+        self._unsent = len(data)
+        self._report_held()
+        try:
+            await self.stream.send_all(data)
+        finally:
+            self._unsent = 0
+            self._report_held()
 
     # -- input ---------------------------------------------------------------------
 
@@ -594,14 +618,14 @@ class Session(Execution):
         self._report_held()
 
     def _report_held(self) -> None:
-        """Tell the node-wide cap what this connection holds: its undecoded bytes
-        and its decoded writes not yet durable. A value stops being received
+        """Tell the node-wide cap what this connection holds: its undecoded bytes,
+        its decoded writes not yet durable, and a large send under way. A value stops being received
         bytes when its frame is decoded, but the server still holds it (and a
         copy in the commit) until its write is durable: counting only the
         undecoded bytes let 32 connections pipelining 20 MiB writes hold 1.6 GB
         against a 256 MiB cap. The writer's answers call it as they free bytes
         (:meth:`Execution._held_changed`), waking connections that wait for room."""
-        held = 0 if self._released else self._buffered + self.pending_write_bytes
+        held = 0 if self._released else self._buffered + self.pending_write_bytes + self._unsent
         if held != self._held:
             user = self.user.name if self.user is not None else None
             self.node.receive_buffers.update(self, held, user)

@@ -266,6 +266,45 @@ async def test_writes_not_yet_durable_count_against_the_receive_buffer_cap(node:
             await peer.stream.aclose()
 
 
+async def test_a_client_that_does_not_read_its_replies_stops_being_read(node: Node) -> None:
+    """Replies wait in one send of at most OUT_HIGH_WATER plus a reply; meanwhile the
+    connection is not read (its client's requests wait in TCP) and what the send
+    holds counts against the node-wide cap. (A lockstep stream: a send waits until
+    the peer receives, as a socket whose peer stops reading does.)"""
+    from tenantkv.server.session import OUT_HIGH_WATER
+
+    value = bytes(200_000)
+    client, server = trio.testing.lockstep_stream_pair()
+    node.connection_table.admit(
+        9999, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
+    )
+    session = Session(node, server, "127.0.0.1:5555", 9999)
+    peer = Peer(client)
+    gets = 100  # 20 MB of replies
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        await peer.send(HELLO, (1, "set", {"key": b"v", "value": value}))
+        assert [r.error for r in await peer.responses(2)] == [None, None]
+        await peer.send(*[(i, "get", {"key": b"v"}) for i in range(2, 2 + gets)])
+        await trio.testing.wait_all_tasks_blocked()  # answering them, stuck in a send
+        sent = trio.Event()
+
+        async def send_more() -> None:
+            await peer.send(*[(i, "get", {"key": b"v"}) for i in range(2 + gets, 2 + 2 * gets)])
+            sent.set()
+
+        nursery.start_soon(send_more)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not sent.is_set()  # the server stopped reading
+        held = node.receive_buffers.buffered
+        assert OUT_HIGH_WATER < held <= OUT_HIGH_WATER + len(value) + 64 * 1024
+        got = await peer.responses(2 * gets)
+        assert all(r.result["value"] == value for r in got)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.is_set() and node.receive_buffers.buffered == 0
+        await client.aclose()
+
+
 async def test_a_chunk_of_reads_is_admitted_where_the_per_operation_path_would_split_it(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
