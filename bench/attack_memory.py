@@ -1,0 +1,245 @@
+"""``python -m bench attack-memory``: what one tenant can make the server hold.
+
+A self-started daemon (durable defaults) is pushed by one tenant, its bucket
+at a hard limit (``--hard-limit``, 1,000 units/s: 4 MB/s), while a healthy
+tenant, its own user and bucket on its own connection, runs GETs; each part
+prints the server's ``RssAnon`` growth over idle (peak while attacked,
+and after) and the healthy tenant's rate during the attack over its calm rate:
+
+1. **large writes** — ``--connections`` connections each pipelining
+   ``--pipelined`` SETs of ``--value-mib`` MiB (the MessagePack door), all at
+   once. Writes decoded and not yet durable count against
+   ``max_receive_buffer_bytes`` (docs/security.md).
+2. **value-returning writes** — RESP ``GETEX`` of one ``--value-mib`` MiB key,
+   ``--pipelined-getex`` of them in one pipeline: each answer carries the
+   value, so each counts as held until it is answered.
+
+Targets (the isolation issue's): growth ≤ 256 MiB, healthy ≥ 80 % of calm.
+Exit status 0 when every target is met, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from bench import report, servers
+from bench.attack import rss_anon_kib
+from bench.loadgen import BenchError
+
+RSS_GROWTH_TARGET_MIB = 256.0
+HEALTHY_TARGET = 0.80
+ATTACKER, HEALTHY = "attacker", "healthy"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "attack-memory",
+        help="large pipelined writes and value-returning writes from one tenant: the "
+        "server's memory and a healthy tenant's rate",
+        description="One tenant pipelines large writes (and RESP GETEX of a large value) "
+        "while another runs GETs: RssAnon growth (<= 256 MiB) and the healthy tenant's rate "
+        "(>= 80 %% of calm). See docs/security.md.",
+    )
+    p.add_argument("--connections", type=int, default=32, help="attacking connections [32]")
+    p.add_argument("--pipelined", type=int, default=4, help="SETs per connection [4]")
+    p.add_argument("--value-mib", type=int, default=20, help="value size, MiB [20]")
+    p.add_argument("--pipelined-getex", type=int, default=100, help="GETEX in one pipeline [100]")
+    p.add_argument(
+        "--hard-limit",
+        type=int,
+        default=1000,
+        help="the attacking bucket's hard limit, units/s (0: none) [1000]",
+    )
+    p.add_argument("--quick", action="store_true", help="16 connections, 8 MiB values")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
+    p.set_defaults(func=run)
+
+
+class Healthy:
+    """A tenant's GETs in a thread: ops counted in windows while the attack runs."""
+
+    def __init__(self, srv: servers.ServerHandle, password: str) -> None:
+        import tenantkv
+
+        self.client = tenantkv.Client(
+            srv.host, srv.port, user=HEALTHY, password=password, bucket=HEALTHY, timeout=60
+        )
+        self.client.set("canary", b"alive")
+
+    def rate(self, seconds: float) -> float:
+        n, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.client.get("canary")
+            n += 1
+        return n / seconds
+
+    def during(self, attack: Callable[[], None], pid: int) -> tuple[float, float]:
+        """Run ``attack`` in a thread; this tenant's rate meanwhile, and peak RssAnon."""
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def attacker() -> None:
+            try:
+                attack()
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+        t = threading.Thread(target=attacker)
+        t.start()
+        ops, start, peak = 0, time.monotonic(), rss_anon_kib(pid)
+        while not done.is_set():
+            self.client.get("canary")
+            ops += 1
+            if ops % 20 == 0:
+                peak = max(peak, rss_anon_kib(pid))
+        elapsed = time.monotonic() - start
+        t.join()
+        if errors:
+            raise BenchError(f"the attack failed: {errors[0]!r}")
+        return ops / elapsed, peak / 1024
+
+
+def _prepare(srv: servers.ServerHandle, hard_limit: int) -> str:
+    import tenantkv
+
+    assert srv.password is not None
+    password = "bench-attack-pw"
+    with tenantkv.Client(srv.host, srv.port, user="admin", password=srv.password) as c:
+        for name in (ATTACKER, HEALTHY):
+            c.create_bucket(name)
+            c.create_user(name, password, roles={name: "readwrite"})
+        if hard_limit:
+            c.set_bucket_throttle(ATTACKER, {"hard_limit": hard_limit})
+    return password
+
+
+def _large_writes(srv: servers.ServerHandle, password: str, args: argparse.Namespace) -> None:
+    value = os.urandom(args.value_mib * 1024 * 1024 - 1024)
+
+    def one(i: int) -> None:
+        with socket.create_connection((srv.host, srv.port), timeout=120) as s:
+            hello = {"user": ATTACKER, "password": password, "bucket": ATTACKER}
+            s.sendall(msgpack.packb([0, 0, "hello", hello]))
+            frames = [
+                msgpack.packb([0, j + 1, "set", {"key": b"k%d-%d" % (i, j), "value": value}])
+                for j in range(args.pipelined)
+            ]
+            s.sendall(b"".join(frames))
+            unpacker, got = msgpack.Unpacker(raw=False), 0
+            while got < args.pipelined + 1:
+                data = s.recv(65536)
+                if not data:
+                    raise BenchError("the server closed an attacking connection")
+                unpacker.feed(data)
+                got += sum(1 for _ in unpacker)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(args.connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _getex(srv: servers.ServerHandle, password: str, args: argparse.Namespace) -> None:
+    import redis
+
+    r = redis.Redis(
+        host=srv.host,
+        port=srv.resp_port,
+        username=f"{ATTACKER}@{ATTACKER}",
+        password=password,
+        socket_timeout=120,
+    )
+    try:
+        pipe = r.pipeline(transaction=False)
+        for _ in range(args.pipelined_getex):
+            pipe.execute_command("GETEX", "big")
+        pipe.execute(raise_on_error=False)
+    finally:
+        r.close()
+
+
+def _part(
+    srv: servers.ServerHandle,
+    attack: Callable[[str], None],
+    setup: Callable[[str], None],
+    hard_limit: int,
+) -> dict[str, Any]:
+    assert srv.pid is not None
+    password = _prepare(srv, hard_limit)
+    setup(password)
+    healthy = Healthy(srv, password)
+    try:
+        calm = healthy.rate(2.0)
+        idle = rss_anon_kib(srv.pid) / 1024
+        under, peak = healthy.during(lambda: attack(password), srv.pid)
+        time.sleep(1.0)  # the sweep drops idle decoders
+        after = rss_anon_kib(srv.pid) / 1024
+    finally:
+        healthy.client.close()
+    fig = {
+        "rss_idle_mib": round(idle, 1),
+        "rss_growth_peak_mib": round(peak - idle, 1),
+        "rss_growth_after_mib": round(after - idle, 1),
+        "healthy_calm_ops": round(calm),
+        "healthy_under_attack_ops": round(under),
+        "healthy_ratio": round(under / calm, 3) if calm else None,
+    }
+    fig["met"] = (
+        fig["rss_growth_peak_mib"] <= RSS_GROWTH_TARGET_MIB
+        and (fig["healthy_ratio"] or 0) >= HEALTHY_TARGET
+    )
+    return fig
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.connections, args.value_mib = 16, 8
+    figures: dict[str, Any] = {}
+    report.log("attack-memory: large writes")
+    with servers.tenantkv_server() as srv:
+        figures["large_writes"] = _part(
+            srv, lambda pw: _large_writes(srv, pw, args), lambda pw: None, args.hard_limit
+        )
+
+    def big_key(password: str) -> None:
+        import tenantkv
+
+        with tenantkv.Client(
+            srv.host, srv.port, user=ATTACKER, password=password, bucket=ATTACKER, timeout=60
+        ) as c:
+            c.set("big", os.urandom(args.value_mib * 1024 * 1024 - 1024))
+
+    report.log("attack-memory: value-returning writes")
+    with servers.tenantkv_server() as srv:
+        figures["getex"] = _part(srv, lambda pw: _getex(srv, pw, args), big_key, args.hard_limit)
+    print(f"{'part':26} {'RssAnon growth peak / after':30} {'healthy during / calm':30} met")
+    for name, f in figures.items():
+        print(
+            f"{name:26} {f['rss_growth_peak_mib']:>8} / {f['rss_growth_after_mib']:<8} MiB"
+            f"{'':10} {f['healthy_under_attack_ops']:>6} / {f['healthy_calm_ops']:<6} "
+            f"= {f['healthy_ratio']:<10} {f['met']}"
+        )
+    print(f"targets: growth <= {RSS_GROWTH_TARGET_MIB:.0f} MiB, healthy >= {HEALTHY_TARGET}")
+    met = all(f["met"] for f in figures.values())
+    print("all targets met" if met else "TARGET MISSED")
+    if args.json:
+        report.write_json(
+            args.json, {"benchmark": "attack-memory", "meta": report.run_meta(args), **figures}
+        )
+    return 0 if met else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run(argparse.ArgumentParser().parse_args()))
