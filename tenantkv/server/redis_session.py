@@ -50,6 +50,9 @@ PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
 #: Connection commands that set the connection up or end it: charged a read's
 #: floor like every request after AUTH, but never held to the bucket's allowance.
 HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
+#: The most bytes of arguments such a command may carry (the frame bound before
+#: authentication): one with more is refused as a request, never held as a handshake.
+HANDSHAKE_ARG_BYTES = protocol.MAX_HELLO_FRAME_BYTES
 #: Commands a connection may send before it authenticates, AUTH and HELLO
 #: included; the next one closes it. Nothing before AUTH is metered or
 #: rate-limited, so this bounds what an anonymous connection costs (the
@@ -236,6 +239,15 @@ class RedisSession(Session):
         handler = LOCAL.get(name)
         if handler is None:
             return self._refuse(msgid, name, _unknown(name, args))
+        if name in HANDSHAKE and (size := sum(map(len, args))) > HANDSHAKE_ARG_BYTES:
+            # No handshake is this big (a name is at most 128 bytes, a password
+            # 1 KiB): refused as a request, at a floor per 4 KB, without keeping
+            # its bytes while it waits for the allowance (the caller holds the list).
+            args.clear()
+            too_big = errors.BadValue(
+                f"'{name}' takes at most {HANDSHAKE_ARG_BYTES} bytes of arguments"
+            )
+            return self._refuse(msgid, name, too_big, 1 + size // self.node.config.read_unit_size)
         self._settle_chunk()  # INFO and SELECT see the reads before them
         return self._local(handler, msgid, name, args)
 
@@ -295,12 +307,18 @@ class RedisSession(Session):
         """A connection command: once authenticated, a request like any other, at a
         read's floor — held to the bucket's allowance (PING, ECHO, INFO, ...:
         :meth:`_admit_floor`), or only charged while it sets the connection up or
-        ends it (:data:`HANDSHAKE`), which a throttled client must still do."""
+        ends it (:data:`HANDSHAKE`), which a throttled client must still do.
+
+        Its arguments cost a floor per read unit (4 KB) beyond that (an ECHO of
+        20 MiB is not one unit's work)."""
+        extra = sum(map(len, args)) // self.node.config.read_unit_size
         try:
             if name in HANDSHAKE:
-                self._charge_floor()
+                self._charge_floor(1 + extra)
             else:
                 await self._admit_floor()
+                if extra:
+                    self._charge_floor(extra)
         except errors.TenantKVError as exc:
             self._fail(msgid, name, exc)
             return True

@@ -223,6 +223,14 @@ async def test_client_names_are_bounded(node: Node) -> None:
         assert got[0] == b"+OK\r\n" and got[1] == b"$128\r\n" + longest + b"\r\n"
         assert got[2:6] == [too_long, too_long, special, special]
         assert got[6] == got[1]
+        # More than any handshake (the 20 MiB names): refused as a request,
+        # at a floor per 4 KB of it, its bytes not kept while it waits.
+        before = units_used(node)
+        await peer.send((b"CLIENT", b"SETNAME", b"n" * (1 << 20)))
+        (got_big,) = await peer.replies(1)
+        assert got_big == b"-ERR 'client' takes at most 4096 bytes of arguments\r\n"
+        floors = 1 + (1 << 20) // node.config.read_unit_size
+        assert units_used(node) - before == floors * node.config.min_op_units
         nursery.cancel_scope.cancel()
 
 
