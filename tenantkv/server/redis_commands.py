@@ -25,6 +25,7 @@ from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND, Command, Session, prefix_end
 from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.string_ops import (
     CLEAR,
     KEEP,
@@ -522,12 +523,11 @@ def _range(s: Session, match: bytes | None) -> tuple[bytes, bytes | None, Matche
     return prefix, end, matches
 
 
-def _examined(s: Session, items: list[tuple[bytes, Any]]) -> None:
-    """Meter the keys a scan examined: what each record read, and a read floor
-    for each (``read_keys``), matched or not."""
-    for key, rec in items:
-        s.read_sizes.append(len(key) + rec.stored_bytes)
-    s.read_keys += len(items)
+def _examined(s: Session, keys: list[bytes]) -> None:
+    """Meter the keys a scan examined — each key and its record's header, what was
+    read of it — at a read floor each (``read_keys``), matched or not."""
+    s.read_sizes += [len(key) + HEADER_BYTES for key in keys]
+    s.read_keys += len(keys)
 
 
 def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -536,14 +536,14 @@ def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
         start, end, matches = _range(s, p["match"])
         if p.get("only", b"string") != b"string":
             return [b"0", []]  # every key is a string
-        items, more = s.node.engine.scan(
+        keys, more = s.node.engine.scan_keys(
             b, start=start, end=end, after=p["cursor"], limit=p["count"]
         )
-        _examined(s, items)
+        _examined(s, keys)
     finally:
         s.read_keys = max(1, s.read_keys)
-    keys = [key for key, _ in items if matches is None or matches(key)]
-    return [encode_cursor(items[-1][0] if more and items else None), keys]
+    cursor = encode_cursor(keys[-1] if more and keys else None)
+    return [cursor, keys if matches is None else [k for k in keys if matches(k)]]
 
 
 def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -554,17 +554,17 @@ def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     examined = 0
     try:
         while True:
-            items, more = s.node.engine.scan(b, start=start, end=end, after=after, limit=1000)
-            _examined(s, items)
-            out += (key for key, _ in items if matches is None or matches(key))
-            examined += len(items)
-            if not more or not items:
+            keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=1000)
+            _examined(s, keys)
+            out += keys if matches is None else (k for k in keys if matches(k))
+            examined += len(keys)
+            if not more or not keys:
                 return out
             if examined >= MAX_KEYS:
                 raise errors.BadValue(
                     f"KEYS would examine more than {MAX_KEYS} keys in this bucket; use SCAN"
                 )
-            after = items[-1][0]
+            after = keys[-1]
     finally:
         s.read_keys = max(1, s.read_keys)
 

@@ -262,3 +262,36 @@ async def test_an_unexpected_failure_is_logged_once_a_second_with_a_count(
         assert "(0 more" in lines[0].getMessage() and lines[0].exc_info is not None
         assert "(49 more" in lines[1].getMessage()
         nursery.cancel_scope.cancel()
+
+
+async def test_keys_and_scan_read_keys_without_copying_values(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KEYS and SCAN examine keys on views of the records (a KEYS over 10,000 keys
+    of 1 MiB copied 10 GB): the same keys as the engine's scan, expired ones
+    skipped, from ``after`` to ``end``, ``limit`` at a time."""
+    engine = node.engine
+    b = engine.bucket("b")
+    async with trio.open_nursery() as nursery:
+        peer = await resp_session(node, nursery)
+        await peer.send(*[(b"SET", b"k%02d" % i, bytes(i * 1000)) for i in range(30)])
+        await peer.send((b"PEXPIRE", b"k07", b"30000"), (b"PEXPIRE", b"k19", b"30000"))
+        await peer.replies(32)
+        later = engine.now_ms() + 60_000
+        monkeypatch.setattr(engine, "now_ms", lambda: later)  # (k07, k19 expired, not gone)
+        for start, end, after, limit in [
+            (b"", None, None, 100),
+            (b"k1", b"k2", None, 100),
+            (b"", None, b"k05", 3),
+            (b"k", b"l", b"k18", 5),
+            (b"z", None, None, 10),
+        ]:
+            items, more = engine.scan(b, start=start, end=end, after=after, limit=limit)
+            want = ([k for k, _ in items], more)
+            assert engine.scan_keys(b, start=start, end=end, after=after, limit=limit) == want
+        await peer.send((b"KEYS", b"k?7"), (b"KEYS", b"k*9"))
+        assert await peer.replies(2) == [
+            b"*2\r\n$3\r\nk17\r\n$3\r\nk27\r\n",
+            b"*2\r\n$3\r\nk09\r\n$3\r\nk29\r\n",
+        ]
+        nursery.cancel_scope.cancel()
