@@ -151,13 +151,6 @@ def _simple(enc: Encoder, v: Any) -> bytes:
 # -- reads ---------------------------------------------------------------------------------
 
 
-def _get_record(s: Session, b: BucketHandle, key: bytes) -> Any:
-    rec = s.node.engine.get_in(s.read_txn(), b, key)
-    if rec is not None:
-        s.read_sizes.append(len(key) + rec.stored_bytes)
-    return rec
-
-
 def _one_key(args: list[bytes]) -> dict[str, Any]:
     return {"key": _key(args[1])}
 
@@ -191,28 +184,37 @@ def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     return out
 
 
+def _headers(s: Session, b: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
+    """The live records' (stored size, expiry) on views of them, no value copied;
+    metered as the records read (what a read of each costs, whatever is copied)."""
+    found = s.node.engine.headers(b, keys)
+    s.read_sizes += [len(k) + h[0] for k, h in zip(keys, found, strict=True) if h is not None]
+    return found
+
+
 def _exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     s.read_keys = len(p["keys"])
-    return sum(1 for key in p["keys"] if _get_record(s, b, key) is not None)
+    return sum(h is not None for h in _headers(s, b, p["keys"]))
 
 
 def _strlen(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    rec = _get_record(s, b, p["key"])
-    return 0 if rec is None else len(rec.value)
+    (h,) = _headers(s, b, [p["key"]])
+    return 0 if h is None else h[0] - HEADER_BYTES
 
 
 def _type(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    return "none" if _get_record(s, b, p["key"]) is None else "string"
+    (h,) = _headers(s, b, [p["key"]])
+    return "none" if h is None else "string"
 
 
 def _ttl_ms(s: Session, b: BucketHandle, key: bytes) -> int:
     """Redis's TTL answer in ms: -2 no key, -1 no expiry, else what is left."""
-    rec = _get_record(s, b, key)
-    if rec is None:
+    (h,) = _headers(s, b, [key])
+    if h is None:
         return -2
-    if not rec.expiry_ms:
+    if not h[1]:
         return -1
-    return max(0, rec.expiry_ms - s.node.engine.now_ms())
+    return max(0, h[1] - s.node.engine.now_ms())
 
 
 def _ttl(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:

@@ -321,6 +321,22 @@ class Engine:
                 out.append(records.decode(raw))
         return out
 
+    def headers(self, h: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
+        """``(stored bytes, expiry_ms)`` of each key's live record (None where there
+        is none), read on views of the records: for readers that want no value
+        (Redis EXISTS, STRLEN, TYPE, TTL), which copied up to 1 MiB per key named."""
+        now = self.now_ms()
+        out: list[tuple[int, int] | None] = []
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
+            for key in keys:
+                raw = txn.get(key)
+                if raw is None:
+                    out.append(None)
+                    continue
+                expiry_ms = records.unpack_header(raw)[1]
+                out.append(None if expiry_ms and expiry_ms <= now else (len(raw), expiry_ms))
+        return out
+
     def scan(
         self,
         h: BucketHandle,

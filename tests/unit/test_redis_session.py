@@ -102,6 +102,13 @@ async def test_an_mget_of_a_big_value_named_1000_times_is_refused_up_front(node:
         await peer.send((b"MGET", b"big", b"none"))
         (got,) = await peer.replies(1)
         assert got.startswith(b"*2\r\n$1048576\r\n")
+        # EXISTS, STRLEN, TYPE, TTL read the record's header on a view (EXISTS of
+        # the key named 1,000 times copied 1 GB), metered as the records read.
+        before = units_used(node)
+        await peer.send((b"EXISTS", *[b"big"] * 1000), (b"STRLEN", b"big"), (b"TYPE", b"big"))
+        assert await peer.replies(3) == [b":1000\r\n", b":1048576\r\n", b"+string\r\n"]
+        per_read = -(-(3 + (1 << 20) + 20) // node.config.read_unit_size)
+        assert units_used(node) - before == 1002 * per_read
         nursery.cancel_scope.cancel()
 
 
