@@ -77,7 +77,8 @@ CONFIG_VALUES = {
     "maxmemory-policy": "noeviction",
 }
 #: Patterns one ``CONFIG GET`` may give (each up to MAX_PATTERN_BYTES, compiled
-#: on the event loop), and the pattern cache's name for them (no bucket's).
+#: on the event loop), and the pattern cache's name for them (no bucket's name
+#: starts so; the bucket's follows, as for its other patterns).
 MAX_CONFIG_PATTERNS = 16
 CONFIG_PATTERNS = "\0config"
 
@@ -641,7 +642,7 @@ async def _config(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
     floors = 0
     for pattern in dict.fromkeys(a.lower() for a in args[2:]):
         # Redis's glob, case-insensitive as Redis's CONFIG GET: on lower case.
-        matches, compiled = compiled_glob(CONFIG_PATTERNS, pattern)
+        matches, compiled = compiled_glob(CONFIG_PATTERNS + (s.bucket or ""), pattern)
         floors += compiled
         found.update((k, v) for k, v in CONFIG_VALUES.items() if matches(k.encode()))
     if floors:

@@ -24,7 +24,7 @@ from tenantkv import resp
 from tenantkv.server import redis_commands
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND
 from tenantkv.server.node import Node
-from tenantkv.server.redis_session import MAX_CLIENT_NAME_BYTES, RedisSession
+from tenantkv.server.redis_session import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS, RedisSession
 from tests.e2e.test_fuzz_resp import replies
 from tests.unit.test_session import hello_session, node, units_used
 
@@ -301,4 +301,27 @@ async def test_keys_and_scan_read_keys_without_copying_values(
             b"*2\r\n$3\r\nk17\r\n$3\r\nk27\r\n",
             b"*2\r\n$3\r\nk09\r\n$3\r\nk29\r\n",
         ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_config_get_matches_redis_globs_case_insensitively_and_is_bounded(
+    node: Node,
+) -> None:
+    """CONFIG GET reads its patterns as KEYS does (fnmatch compiled any pattern,
+    kept up to 32,768 of them, and read ``[!a]`` as a negation), without case, and
+    takes at most MAX_CONFIG_PATTERNS of them."""
+    async with trio.open_nursery() as nursery:
+        peer = await resp_session(node, nursery)
+        await peer.send(
+            (b"CONFIG", b"GET", b"APPEND*", b"[z-a]ave"),
+            (b"CONFIG", b"GET", b"[!a]ppendonly"),
+            (b"CONFIG", b"GET", *[b"x%d" % i for i in range(MAX_CONFIG_PATTERNS + 1)]),
+        )
+        got = await peer.replies(3)
+        assert got[0] == (
+            b"*6\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n$11\r\nappendfsync\r\n$6\r\nalways\r\n"
+            b"$4\r\nsave\r\n$0\r\n\r\n"
+        )
+        assert got[1] == b"*2\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n"  # [!a]: ! or a
+        assert got[2] == b"-ERR CONFIG GET takes at most %d patterns\r\n" % MAX_CONFIG_PATTERNS
         nursery.cancel_scope.cancel()
