@@ -285,6 +285,8 @@ def _tenants(
 
 
 def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One attack on a fresh server: the healthy tenant's rate calm (before and
+    after), and during it; RSS, the attacker's replies and the log meanwhile."""
     hard_limit, role, attack, keys = PARTS[name]
     with servers.tenantkv_server() as srv, _tenants(srv, hard_limit, role, keys) as healthy:
         assert srv.pid is not None and srv.resp_port
@@ -312,6 +314,9 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         peak = max(peak, rss_anon_kib(srv.pid))
         lines = _log_lines(srv) - lines_before
         under = sum(rates) / len(rates) if rates else 0.0
+        # Calm again after it (the mean of both): on a shared machine the rate
+        # drifts with other load, and one calm window would take drift for harm.
+        calm = (calm + _healthy_rate(healthy, min(3.0, args.seconds))) / 2
     requests, internal = counts[0], counts[1]
     fig: dict[str, Any] = {
         "attacker_hard_limit": hard_limit,
