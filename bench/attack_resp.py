@@ -18,12 +18,12 @@ attacking request (no line per request: <= 0.05).
 3. **pattern** — a fresh ``KEYS [<510 random bytes>]`` and ``SCAN 0 MATCH ... COUNT
    1`` each time, and one 16,000-byte pattern per round, on an empty bucket at
    hard limit 100 (compiled in linear time, charged a floor per class).
-4. **del** — 40 pipelined ``DEL``\\ s of 100,000 keys (past the argument bound: a
+4. **del** — 40 pipelined ``DEL``\\ s of 99,999 keys (past the argument bound: a
    protocol error before any argument is decoded), and 40 pipelined ``DEL``\\ s of
    1,000 keys (a floor per key), bucket at hard limit 100.
 5. **setname** — 40 connections each sending ``CLIENT SETNAME`` of 20 MiB (refused:
    names are capped at 128 bytes; held to the allowance as more than a
-   handshake's bytes), then keeping a 128-byte name.
+   handshake's bytes), then staying open.
 
 Exit status 0 when every target is met, 1 otherwise.
 """
@@ -179,7 +179,7 @@ def _pattern(host: str, port: int, until: float, out: Any) -> None:
 
 
 def _del(host: str, port: int, until: float, out: Any) -> None:
-    big = encode(b"DEL", *[b"key:%06d" % i for i in range(100_000)])
+    big = encode(b"DEL", *[b"key:%06d" % i for i in range(99_999)])  # (the most it took)
     most = encode(b"DEL", *[b"key:%06d" % i for i in range(1000)])
     c = Conn(host, port)
     while time.monotonic() < until:
@@ -198,8 +198,8 @@ def _del(host: str, port: int, until: float, out: Any) -> None:
 
 def _setname(host: str, port: int, until: float, out: Any) -> None:
     """20 connections that each send a CLIENT SETNAME of 20 MiB (refused: names are
-    capped; and held to the bucket's allowance, as more than a handshake's
-    bytes), then keep a 128-byte name until the attack ends."""
+    capped, and more than a handshake's bytes is a request held to the bucket's
+    allowance), then stay open until the attack ends (a name is kept as long)."""
     name = b"n" * (20 << 20)
     conns = []
     requests = 0
@@ -208,8 +208,7 @@ def _setname(host: str, port: int, until: float, out: Any) -> None:
             break
         c = Conn(host, port)
         c.call(b"CLIENT", b"SETNAME", name)
-        c.call(b"CLIENT", b"SETNAME", b"n" * 128)
-        requests += 2
+        requests += 1
         conns.append(c)
     while time.monotonic() < until:
         time.sleep(0.05)
