@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from bench import (
     attack,
     attack_memory,
+    attack_resp,
     cpu,
     crash,
     gates,
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     crash.add_parser(sub)
     attack.add_parser(sub)
     attack_memory.add_parser(sub)
+    attack_resp.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
     resp.add_parser(sub)

@@ -76,7 +76,10 @@ Kind = Literal["read", "write", "admin", "session"]
 #: Parameters any command accepts.
 COMMON_PARAMS = frozenset({"timeout_ms"})
 MAX_SCAN_LIMIT = 1000
-MAX_MGET_KEYS = 1000
+#: The most keys one command may name, on either door (MessagePack ``mget``;
+#: RESP ``MGET``, ``DEL``, ``EXISTS``, ``MSET``...): one asking for more is
+#: refused before it runs and costs the read floor per key it named.
+MAX_KEYS_PER_COMMAND = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +220,10 @@ def exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 def mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     """A list, one entry per key: {value, cas, flags, expiry_ms} or nil."""
     keys = p.get("keys")
-    if not isinstance(keys, list) or not 0 < len(keys) <= MAX_MGET_KEYS:
-        raise errors.BadValue(f"'keys' must be a list of 1-{MAX_MGET_KEYS} keys")
+    if not isinstance(keys, list) or not 0 < len(keys) <= MAX_KEYS_PER_COMMAND:
+        if isinstance(keys, list):
+            s.read_keys = len(keys)  # a floor per key named (see _read_failed)
+        raise errors.BadValue(f"'keys' must be a list of 1-{MAX_KEYS_PER_COMMAND} keys")
     ks = [key_param({"key": k}) for k in keys]
     s.read_keys = len(ks)
     out: list[dict[str, Any] | None] = []

@@ -58,6 +58,9 @@ REFUSAL_PAUSE_MAX_SECS = 0.010
 #: ...if that is at least this far off. Sooner, the limiter admits over a thousand
 #: requests a second, and a pause would only delay the ones it admits next.
 REFUSAL_PAUSE_MIN_SECS = 0.001
+#: A connection logs an unexpected command failure at most once per this many
+#: seconds (see Execution._log_internal_error).
+ERROR_LOG_INTERVAL_SECS = 1.0
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
 
@@ -151,6 +154,10 @@ class Execution:
         #: the selected bucket as last authorized for reads / writes (see _data_bucket)
         self._read_handle: BucketHandle | None = None
         self._write_handle: BucketHandle | None = None
+        #: when this connection last logged an unexpected failure (trio time), and
+        #: how many it did not log since (_log_internal_error)
+        self._error_logged_at = -math.inf
+        self._errors_not_logged = 0
 
     # -- what the framing half provides ---------------------------------------
 
@@ -773,8 +780,28 @@ class Execution:
             self._count_error(bad)
             self._reply_error(msgid, bad)
             return
-        log.error("command %r failed on connection %d", method, self.conn_id, exc_info=exc)
+        self._log_internal_error(method, exc)
+        self._charge_floor()  # (not free, even when it is our fault)
         self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
+
+    def _log_internal_error(self, method: str, exc: Exception) -> None:
+        """Log a command's unexpected failure (a bug, never a client's error: those
+        are answered, not logged) at most once per connection per
+        :data:`ERROR_LOG_INTERVAL_SECS`, with the count of those not logged since:
+        a client that found one cannot fill the log by repeating it."""
+        now = trio.current_time()
+        if now < self._error_logged_at + ERROR_LOG_INTERVAL_SECS:
+            self._errors_not_logged += 1
+            return
+        suppressed, self._errors_not_logged = self._errors_not_logged, 0
+        self._error_logged_at = now
+        log.error(
+            "command %r failed on connection %d (%d more such failures not logged before it)",
+            method,
+            self.conn_id,
+            suppressed,
+            exc_info=exc,
+        )
 
     async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
         if cmd.kind == "admin":

@@ -16,14 +16,16 @@ types get an error naming the command and saying so (:data:`OTHER_TYPES`).
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
-from tenantkv.server.commands import Command, Session, prefix_end
+from tenantkv.server.commands import MAX_KEYS_PER_COMMAND, Command, Session, prefix_end
 from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.string_ops import (
     CLEAR,
     KEEP,
@@ -45,8 +47,8 @@ SCAN_COUNT = 10
 MAX_SCAN_COUNT = 1000
 #: KEYS examines at most this many keys; past it the caller is told to use SCAN.
 MAX_KEYS = 10_000
-#: The most keys one multi-key command may name (the MessagePack mget's bound).
-MAX_MULTI_KEYS = 1000
+#: The most keys one multi-key command may name: the MessagePack mget's bound.
+MAX_MULTI_KEYS = MAX_KEYS_PER_COMMAND
 
 Reply = Callable[[Encoder, Any], bytes]
 
@@ -149,13 +151,6 @@ def _simple(enc: Encoder, v: Any) -> bytes:
 # -- reads ---------------------------------------------------------------------------------
 
 
-def _get_record(s: Session, b: BucketHandle, key: bytes) -> Any:
-    rec = s.node.engine.get_in(s.read_txn(), b, key)
-    if rec is not None:
-        s.read_sizes.append(len(key) + rec.stored_bytes)
-    return rec
-
-
 def _one_key(args: list[bytes]) -> dict[str, Any]:
     return {"key": _key(args[1])}
 
@@ -174,36 +169,52 @@ def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    s.read_keys = len(p["keys"])
-    out = []
-    for key in p["keys"]:
-        rec = _get_record(s, b, key)
-        out.append(None if rec is None else rec.value)
+    # The MessagePack mget's engine read: refused, having copied nothing big, when
+    # the values exceed what one reply may carry (engine.MAX_RESULT_BYTES, from
+    # the stored sizes); the floor is per key named either way.
+    keys = p["keys"]
+    s.read_keys = len(keys)
+    out: list[bytes | None] = []
+    for key, rec in zip(keys, s.node.engine.mget(b, keys), strict=True):
+        if rec is None:
+            out.append(None)
+        else:
+            s.read_sizes.append(len(key) + rec.stored_bytes)
+            out.append(rec.value)
     return out
+
+
+def _headers(s: Session, b: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
+    """The live records' (stored size, expiry) on views of them, no value copied;
+    metered as the records read (what a read of each costs, whatever is copied)."""
+    found = s.node.engine.headers(b, keys)
+    s.read_sizes += [len(k) + h[0] for k, h in zip(keys, found, strict=True) if h is not None]
+    return found
 
 
 def _exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     s.read_keys = len(p["keys"])
-    return sum(1 for key in p["keys"] if _get_record(s, b, key) is not None)
+    return sum(h is not None for h in _headers(s, b, p["keys"]))
 
 
 def _strlen(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    rec = _get_record(s, b, p["key"])
-    return 0 if rec is None else len(rec.value)
+    (h,) = _headers(s, b, [p["key"]])
+    return 0 if h is None else h[0] - HEADER_BYTES
 
 
 def _type(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    return "none" if _get_record(s, b, p["key"]) is None else "string"
+    (h,) = _headers(s, b, [p["key"]])
+    return "none" if h is None else "string"
 
 
 def _ttl_ms(s: Session, b: BucketHandle, key: bytes) -> int:
     """Redis's TTL answer in ms: -2 no key, -1 no expiry, else what is left."""
-    rec = _get_record(s, b, key)
-    if rec is None:
+    (h,) = _headers(s, b, [key])
+    if h is None:
         return -2
-    if not rec.expiry_ms:
+    if not h[1]:
         return -1
-    return max(0, rec.expiry_ms - s.node.engine.now_ms())
+    return max(0, h[1] - s.node.engine.now_ms())
 
 
 def _ttl(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -273,14 +284,111 @@ def glob_prefix(pattern: bytes) -> bytes:
     return bytes(out)
 
 
-#: Longest MATCH / KEYS pattern accepted: it is parsed on the event loop, and no
-#: key is longer than protocol.MAX_KEY_BYTES.
-MAX_PATTERN_BYTES = 16 * 1024
+#: Longest MATCH / KEYS / CONFIG GET pattern accepted. A pattern is read in one
+#: pass (time linear in its length) and compiled once per distinct pattern and
+#: bucket (:func:`compiled_glob`). No key is longer than protocol.MAX_KEY_BYTES
+#: (250), so 512 bytes holds a pattern for any key with room for escapes and
+#: classes, and bounds a fresh pattern's compiling to ~2 ms of the event loop
+#: (a class costs Python's ``re`` 10-35 us to compile: see :func:`compile_floors`).
+MAX_PATTERN_BYTES = 512
+#: Compiling a pattern costs one read floor (``min_op_units``) per class in it,
+#: and one per this many of its bytes, plus one (:func:`compile_floors`).
+PATTERN_UNIT_BYTES = 64
+#: Compiled patterns kept, per (bucket, pattern), least recently used dropped
+#: first: at most MAX_PATTERN_BYTES each plus its compiled form, ~1 MiB in all.
+PATTERN_CACHE_SIZE = 256
+
+Matcher = Callable[[bytes], bool]
+#: A pattern position: the bytes it takes (a star is None).
+_Position = frozenset[int] | None
+_ANY = frozenset(range(256))
 
 
-def glob_matcher(pattern: bytes) -> Callable[[bytes], bool]:
-    """Redis's glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``) as a test of a
-    whole key, in time linear in the key's length times the pattern's.
+def _signed(c: int) -> int:
+    """A byte as Redis's ``char`` compares it in a range (signed on x86-64 and
+    most builds): ``[a-\xff]`` is the bytes from -1 to 97."""
+    return c - 256 if c >= 128 else c
+
+
+def glob_positions(pattern: bytes) -> list[_Position]:
+    """What each position of a Redis glob takes, read as Redis's
+    ``stringmatchlen`` (``util.c``) reads it — case-sensitive, as KEYS and SCAN
+    use it — in one pass:
+
+    - ``*`` any run of bytes, ``?`` any one byte, ``\\x`` the byte ``x`` (a
+      trailing ``\\`` is itself);
+    - ``[...]`` one byte of a class: ``^`` first negates it, ``\\x`` is ``x``,
+      ``a-z`` a range whose ends are swapped when reversed (``[z-a]`` is
+      ``[a-z]``), compared as signed chars; the first ``]`` closes it, so ``[]``
+      takes nothing and ``[^]`` anything; an unclosed class runs to the end of
+      the pattern (``x[`` matches no key, ``k[1-`` is ``k`` then ``1`` or ``-``).
+    """
+    out: list[_Position] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == 0x2A:  # *
+            out.append(None)
+        elif c == 0x3F:  # ?
+            out.append(_ANY)
+        elif c == 0x5B:  # [
+            i += 1
+            negate = i < n and pattern[i] == 0x5E  # ^
+            if negate:
+                i += 1
+            members: set[int] = set()
+            while i < n:
+                c = pattern[i]
+                if c == 0x5C and i + 1 < n:  # \x
+                    i += 1
+                    members.add(pattern[i])
+                elif c == 0x5D:  # ]
+                    break
+                elif i + 2 < n and pattern[i + 1] == 0x2D:  # a-z
+                    lo, hi = sorted((_signed(c), _signed(pattern[i + 2])))
+                    members.update(b & 0xFF for b in range(lo, hi + 1))
+                    i += 2
+                else:
+                    members.add(c)
+                i += 1
+            out.append(_ANY - members if negate else frozenset(members))
+        else:
+            if c == 0x5C and i + 1 < n:  # \x
+                i += 1
+            out.append(frozenset((pattern[i],)))
+        i += 1
+    return out
+
+
+def _byte(b: int) -> bytes:
+    """One byte in a regex: itself when it is a letter or digit (the cheapest to
+    parse), else escaped."""
+    return bytes((b,)) if 48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122 else b"\\x%02x" % b
+
+
+def _atom(taken: frozenset[int]) -> bytes:
+    """One position as a regex atom: a byte, any byte, or a class of runs."""
+    if len(taken) == 256:
+        return b"."
+    if not taken:
+        return b"(?!)"
+    if len(taken) == 1:
+        return _byte(next(iter(taken)))
+    parts = []
+    ordered = sorted(taken)
+    first = prev = ordered[0]
+    for b in (*ordered[1:], -2):
+        if b != prev + 1:
+            parts.append(_byte(first) if first == prev else _byte(first) + b"-" + _byte(prev))
+            first = b
+        prev = b
+    return b"[" + b"".join(parts) + b"]"
+
+
+def glob_matcher(pattern: bytes) -> Matcher:
+    """Redis's glob (:func:`glob_positions`) as a test of a whole key, compiled
+    in time linear in the pattern's length, matching in time linear in the
+    key's length times the pattern's.
 
     Not one regex: ``.*a.*a.*b``-like translations backtrack exponentially in
     Python's ``re`` (a 60-byte key held the event loop for seconds). The
@@ -288,34 +396,23 @@ def glob_matcher(pattern: bytes) -> Callable[[bytes], bool]:
     match the key's start, the last its end, and each one between goes at its
     earliest match after the one before — where a match exists at all, the
     earliest leaves the most room for the rest, since a star takes anything.
+    (Redis's own backtracking answers the same for every key: a star never
+    needs to take the empty end of a key, since what follows it takes a byte.)
     """
     if len(pattern) > MAX_PATTERN_BYTES:
         raise errors.BadValue(f"pattern longer than {MAX_PATTERN_BYTES} bytes")
-    segments: list[list[bytes]] = [[]]  # regex atoms of one byte each, cut at the stars
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i : i + 1]
-        if c == b"*":
+    segments: list[list[frozenset[int]]] = [[]]  # positions, cut at the stars
+    for pos in glob_positions(pattern):
+        if pos is None:
             if segments[-1] or len(segments) == 1:  # (consecutive stars are one)
                 segments.append([])
-        elif c == b"?":
-            segments[-1].append(b".")
-        elif c == b"\\" and i + 1 < n:
-            i += 1
-            segments[-1].append(re.escape(pattern[i : i + 1]))
-        elif c == b"[":
-            j = pattern.find(b"]", i + 2 if pattern[i + 1 : i + 2] in (b"^", b"]") else i + 1)
-            if j < 0:
-                segments[-1].append(re.escape(c))
-            else:
-                segments[-1].append(_glob_class(pattern[i + 1 : j]))
-                i = j
         else:
-            segments[-1].append(re.escape(c))
-        i += 1
+            segments[-1].append(pos)
     if sum(len(seg) for seg in segments) > protocol.MAX_KEY_BYTES:
         return _never  # more bytes than any key holds
-    rx = [re.compile(b"".join(seg), re.S) for seg in segments]
+    if any(not pos for seg in segments for pos in seg):
+        return _never  # a class that takes no byte ([], x[)
+    rx = [re.compile(b"".join(_atom(p) for p in seg), re.S) for seg in segments]
     if len(rx) == 1:
         whole = rx[0]
         return lambda key: whole.fullmatch(key) is not None
@@ -337,16 +434,32 @@ def glob_matcher(pattern: bytes) -> Callable[[bytes], bool]:
     return match
 
 
-def _glob_class(body: bytes) -> bytes:
-    """A glob's ``[...]`` (without its brackets) as a regex class of one byte."""
-    neg = body.startswith(b"^")
-    body = body[1:] if neg else body
-    if not body:  # Redis: [^] is any byte, [] none
-        return b"." if neg else b"(?!)"
-    klass = b"".join(
-        re.escape(body[k : k + 1]) if body[k : k + 1] != b"-" else b"-" for k in range(len(body))
-    )
-    return b"[" + (b"^" if neg else b"") + klass + b"]"
+_compiled: OrderedDict[tuple[str, bytes], Matcher] = OrderedDict()
+
+
+def compiled_glob(bucket: str, pattern: bytes) -> tuple[Matcher, int]:
+    """:func:`glob_matcher` of ``pattern``, compiled once while it stays among the
+    :data:`PATTERN_CACHE_SIZE` last used, and the read floors compiling it cost
+    (:func:`compile_floors`; 0 when it was cached). Kept per bucket: what one
+    tenant's request costs never depends on what another one asked."""
+    key = (bucket, pattern)
+    matcher = _compiled.get(key)
+    if matcher is not None:
+        _compiled.move_to_end(key)
+        return matcher, 0
+    matcher = glob_matcher(pattern)  # (refuses one too long, before it is kept)
+    _compiled[key] = matcher
+    if len(_compiled) > PATTERN_CACHE_SIZE:
+        _compiled.popitem(last=False)
+    return matcher, compile_floors(pattern)
+
+
+def compile_floors(pattern: bytes) -> int:
+    """The read floors compiling ``pattern`` costs: one, one per
+    :data:`PATTERN_UNIT_BYTES` of it, and one per ``[`` — each class is ~10-35 us
+    of Python's ``re`` compiler, a GET's order; literals, ``?`` and stars are a
+    few us each. A pattern refused for its length costs the same."""
+    return 1 + len(pattern) // PATTERN_UNIT_BYTES + pattern.count(b"[")
 
 
 def _never(key: bytes) -> bool:
@@ -393,49 +506,69 @@ def _scan_parse(args: list[bytes]) -> dict[str, Any]:
     return p
 
 
-def _range(match: bytes | None) -> tuple[bytes, bytes | None, Callable[[bytes], bool] | None]:
+def _range(s: Session, match: bytes | None) -> tuple[bytes, bytes | None, Matcher | None]:
     """(start, end, filter) of the keys a pattern can match: a prefix pattern
-    (``user:*``) is a key range and needs no filter."""
+    (``user:*``) is a key range and needs no filter. A pattern compiled now
+    costs its floors (:func:`compiled_glob`), counted in ``s.read_keys``."""
     if match is None or match == b"*":
         return b"", None, None
     prefix = glob_prefix(match)
     end = prefix_end(prefix) if prefix else None
-    exact_prefix = match == prefix + b"*" and prefix
-    return prefix, end, None if exact_prefix else glob_matcher(match)
+    if match == prefix + b"*" and prefix:
+        return prefix, end, None
+    try:
+        matches, floors = compiled_glob(s.bucket or "", match)
+    except errors.BadValue:
+        s.read_keys += compile_floors(match)  # (refused unread: it was received)
+        raise
+    s.read_keys += floors
+    return prefix, end, matches
+
+
+def _examined(s: Session, keys: list[bytes]) -> None:
+    """Meter the keys a scan examined — each key and its record's header, what was
+    read of it — at a read floor each (``read_keys``), matched or not."""
+    s.read_sizes += [len(key) + HEADER_BYTES for key in keys]
+    s.read_keys += len(keys)
 
 
 def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    start, end, matches = _range(p["match"])
-    if p.get("only", b"string") != b"string":
-        return [b"0", []]  # every key is a string
-    items, more = s.node.engine.scan(b, start=start, end=end, after=p["cursor"], limit=p["count"])
-    keys = []
-    for key, rec in items:
-        s.read_sizes.append(len(key) + rec.stored_bytes)
-        if matches is None or matches(key):
-            keys.append(key)
-    return [encode_cursor(items[-1][0] if more and items else None), keys]
+    s.read_keys = 0
+    try:
+        start, end, matches = _range(s, p["match"])
+        if p.get("only", b"string") != b"string":
+            return [b"0", []]  # every key is a string
+        keys, more = s.node.engine.scan_keys(
+            b, start=start, end=end, after=p["cursor"], limit=p["count"]
+        )
+        _examined(s, keys)
+    finally:
+        s.read_keys = max(1, s.read_keys)
+    cursor = encode_cursor(keys[-1] if more and keys else None)
+    return [cursor, keys if matches is None else [k for k in keys if matches(k)]]
 
 
 def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    start, end, matches = _range(p["match"])
+    s.read_keys = 0
+    start, end, matches = _range(s, p["match"])
     out: list[bytes] = []
     after = None
     examined = 0
-    while True:
-        items, more = s.node.engine.scan(b, start=start, end=end, after=after, limit=1000)
-        for key, rec in items:
-            s.read_sizes.append(len(key) + rec.stored_bytes)
-            if matches is None or matches(key):
-                out.append(key)
-        examined += len(items)
-        if not more or not items:
-            return out
-        if examined >= MAX_KEYS:
-            raise errors.BadValue(
-                f"KEYS would examine more than {MAX_KEYS} keys in this bucket; use SCAN"
-            )
-        after = items[-1][0]
+    try:
+        while True:
+            keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=1000)
+            _examined(s, keys)
+            out += keys if matches is None else (k for k in keys if matches(k))
+            examined += len(keys)
+            if not more or not keys:
+                return out
+            if examined >= MAX_KEYS:
+                raise errors.BadValue(
+                    f"KEYS would examine more than {MAX_KEYS} keys in this bucket; use SCAN"
+                )
+            after = keys[-1]
+    finally:
+        s.read_keys = max(1, s.read_keys)
 
 
 def _scan_reply(enc: Encoder, v: Any) -> bytes:

@@ -20,7 +20,6 @@ bucket only lands in it; ``SELECT bucket`` switches.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import time
@@ -39,6 +38,7 @@ from tenantkv.server.redis_commands import (
     REFUSED,
     UNSUPPORTED_STRING,
     Reply,
+    compiled_glob,
     parse_call,
     syntax_error,
 )
@@ -50,6 +50,9 @@ PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
 #: Connection commands that set the connection up or end it: charged a read's
 #: floor like every request after AUTH, but never held to the bucket's allowance.
 HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
+#: The most bytes of arguments such a command may carry (the frame bound before
+#: authentication): one with more is refused as a request, never held as a handshake.
+HANDSHAKE_ARG_BYTES = protocol.MAX_HELLO_FRAME_BYTES
 #: Commands a connection may send before it authenticates, AUTH and HELLO
 #: included; the next one closes it. Nothing before AUTH is metered or
 #: rate-limited, so this bounds what an anonymous connection costs (the
@@ -57,6 +60,10 @@ HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
 #: leaving room for a client's handshake and a few tries at the password
 #: (which the login limiter bounds as well).
 MAX_PRE_AUTH_COMMANDS = 16
+#: The longest CLIENT SETNAME / HELLO SETNAME a connection may keep; CLIENT
+#: SETINFO's values are cut to as many (Redis bounds neither, but for its
+#: 512 MB argument limit).
+MAX_CLIENT_NAME_BYTES = 128
 #: Command names as clients send them (upper or lower case) -> the lower-case name:
 #: a dict lookup per command instead of a decode and a lower().
 _NAMES: dict[bytes, str] = {}
@@ -69,6 +76,11 @@ CONFIG_VALUES = {
     "maxmemory": "0",
     "maxmemory-policy": "noeviction",
 }
+#: Patterns one ``CONFIG GET`` may give (each up to MAX_PATTERN_BYTES, compiled
+#: on the event loop), and the pattern cache's name for them (no bucket's name
+#: starts so; the bucket's follows, as for its other patterns).
+MAX_CONFIG_PATTERNS = 16
+CONFIG_PATTERNS = "\0config"
 
 
 def error_text(exc: errors.TenantKVError) -> str:
@@ -218,8 +230,7 @@ class RedisSession(Session):
             try:
                 params, reply = parse_call(rc, args)
             except errors.TenantKVError as exc:
-                self._fail(msgid, name, exc)
-                return None
+                return self._refuse(msgid, name, exc, keys_named(rc.keys, len(args)))
             self._convert[msgid] = reply
             req = (msgid, rc.command.name, params)
             if self._run_inline(rc.command, req):
@@ -228,10 +239,56 @@ class RedisSession(Session):
             return self._run(rc.command, req)
         handler = LOCAL.get(name)
         if handler is None:
-            self._fail(msgid, name, _unknown(name, args))
-            return None
+            return self._refuse(msgid, name, _unknown(name, args))
+        if name in HANDSHAKE and (size := sum(map(len, args))) > HANDSHAKE_ARG_BYTES:
+            # No handshake is this big (a name is at most 128 bytes, a password
+            # 1 KiB): refused as a request, at a floor per 4 KB, without keeping
+            # its bytes while it waits for the allowance (the caller holds the list).
+            args.clear()
+            too_big = errors.BadValue(
+                f"'{name}' takes at most {HANDSHAKE_ARG_BYTES} bytes of arguments"
+            )
+            return self._refuse(msgid, name, too_big, 1 + size // self.node.config.read_unit_size)
         self._settle_chunk()  # INFO and SELECT see the reads before them
         return self._local(handler, msgid, name, args)
+
+    def _refuse(
+        self, msgid: int, name: str, exc: errors.TenantKVError, keys: int = 1
+    ) -> Coroutine[Any, Any, bool] | None:
+        """Answer a command refused for what it asked (malformed, unknown, too many
+        keys): it costs the read floor per key it named, and it is held to the
+        bucket's allowance as a read is — a tenant in debt that keeps sending
+        them waits (its connection unread) instead of having each decoded and
+        answered at once. None when answered now, else the coroutine to await."""
+        tenant = self._floor_tenant()
+        if tenant is not None:
+            try:
+                admitted = self.node.gate.try_acquire(
+                    tenant[0], unthrottled=tenant[1], nonblocking=self.nonblocking_throttle
+                )
+            except errors.TenantKVError as refused:  # (non-blocking, or hard limit 0)
+                self._fail(msgid, name, refused)
+                return None
+            if admitted is None:
+                self._settle_chunk()
+                return self._refuse_when_admitted(msgid, name, exc, keys)
+        self._fail(msgid, name, exc, keys=keys)
+        return None
+
+    async def _refuse_when_admitted(
+        self, msgid: int, name: str, exc: errors.TenantKVError, keys: int
+    ) -> bool:
+        tenant = self._floor_tenant()
+        if tenant is not None:
+            try:
+                await self.node.gate.acquire(
+                    tenant[0], unthrottled=tenant[1], nonblocking=self.nonblocking_throttle
+                )
+            except errors.TenantKVError as refused:
+                self._fail(msgid, name, refused)
+                return True
+        self._fail(msgid, name, exc, keys=keys)
+        return True
 
     async def _close_unauthenticated(self, msgid: int, name: str) -> bool:
         """Past :data:`MAX_PRE_AUTH_COMMANDS` without authenticating: answer, then close."""
@@ -251,12 +308,18 @@ class RedisSession(Session):
         """A connection command: once authenticated, a request like any other, at a
         read's floor — held to the bucket's allowance (PING, ECHO, INFO, ...:
         :meth:`_admit_floor`), or only charged while it sets the connection up or
-        ends it (:data:`HANDSHAKE`), which a throttled client must still do."""
+        ends it (:data:`HANDSHAKE`), which a throttled client must still do.
+
+        Its arguments cost a floor per read unit (4 KB) beyond that (an ECHO of
+        20 MiB is not one unit's work)."""
+        extra = sum(map(len, args)) // self.node.config.read_unit_size
         try:
             if name in HANDSHAKE:
-                self._charge_floor()
+                self._charge_floor(1 + extra)
             else:
                 await self._admit_floor()
+                if extra:
+                    self._charge_floor(extra)
         except errors.TenantKVError as exc:
             self._fail(msgid, name, exc)
             return True
@@ -338,6 +401,27 @@ class RedisSession(Session):
         return "\r\n".join(out)
 
 
+def client_name(name: bytes) -> bytes | None:
+    """A name for CLIENT SETNAME / HELLO SETNAME (empty: none), as Redis checks it —
+    printable ASCII only, no spaces — and at most :data:`MAX_CLIENT_NAME_BYTES`
+    (Redis sets no length limit; a connection keeps its name until it closes)."""
+    if len(name) > MAX_CLIENT_NAME_BYTES:
+        raise errors.BadValue(f"Client names are limited to {MAX_CLIENT_NAME_BYTES} bytes")
+    if any(c < 0x21 or c > 0x7E for c in name):
+        raise errors.BadValue("Client names cannot contain spaces, newlines or special characters.")
+    return name or None
+
+
+def keys_named(spec: tuple[int, int, int], argc: int) -> int:
+    """How many keys a command of ``argc`` arguments names, by its COMMAND INFO key
+    specification (first, last, step); at least 1 (the floor of any request)."""
+    first, last, step = spec
+    if first <= 0:
+        return 1
+    stop = argc if last < 0 else min(argc, last + 1)
+    return max(1, len(range(first, stop, step)))
+
+
 def _unknown(name: str, args: list[bytes]) -> errors.TenantKVError:
     if name in OTHER_TYPES:
         return errors.UnknownCommand(
@@ -397,7 +481,7 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
             authed = True
             i += 3
         elif opt == b"setname" and i + 1 < len(args):
-            name = args[i + 1]
+            name = client_name(args[i + 1])
             i += 2
         else:
             raise syntax_error()
@@ -412,7 +496,7 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         )
         return True
     if name is not None:
-        s.name = name
+        s.name = name or None
     s.enc.version = version
     s._fill(
         msgid,
@@ -499,9 +583,7 @@ async def _client(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
     sub = args[1].lower()
     enc = s.enc
     if sub == b"setname" and len(args) == 3:
-        if b" " in args[2] or b"\n" in args[2]:
-            raise errors.BadValue("Client names cannot contain spaces, newlines or special chars.")
-        s.name = args[2] or None
+        s.name = client_name(args[2])
         reply = enc.simple("OK")
     elif sub == b"getname" and len(args) == 2:
         reply = enc.null() if s.name is None else enc.bulk(s.name)
@@ -511,9 +593,9 @@ async def _client(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         attr = args[2].lower()
         if attr not in (b"lib-name", b"lib-ver"):
             raise errors.BadValue(f"Unrecognized option '{args[2].decode(errors='replace')}'")
-        s.client_info["name" if attr == b"lib-name" else "version"] = args[3].decode(
-            errors="replace"
-        )[:128]
+        s.client_info["name" if attr == b"lib-name" else "version"] = args[3][
+            :MAX_CLIENT_NAME_BYTES
+        ].decode(errors="replace")
         reply = enc.simple("OK")
     elif sub == b"nonblocking" and len(args) == 3 and args[2].lower() in (b"on", b"off"):
         s.nonblocking_throttle = args[2].lower() == b"on"
@@ -554,10 +636,17 @@ async def _config(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         )
     if len(args) < 3:
         raise _arity("config|get")
-    patterns = [a.decode(errors="replace").lower() for a in args[2:]]
-    found = {
-        k: v for k, v in CONFIG_VALUES.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)
-    }
+    if len(args) - 2 > MAX_CONFIG_PATTERNS:
+        raise errors.BadValue(f"CONFIG GET takes at most {MAX_CONFIG_PATTERNS} patterns")
+    found: dict[str, str] = {}
+    floors = 0
+    for pattern in dict.fromkeys(a.lower() for a in args[2:]):
+        # Redis's glob, case-insensitive as Redis's CONFIG GET: on lower case.
+        matches, compiled = compiled_glob(CONFIG_PATTERNS + (s.bucket or ""), pattern)
+        floors += compiled
+        found.update((k, v) for k, v in CONFIG_VALUES.items() if matches(k.encode()))
+    if floors:
+        s._charge_floor(floors)  # (its compiling, beyond the request's own floor)
     s._fill(msgid, s.enc.map(found))
     return True
 

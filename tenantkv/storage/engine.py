@@ -321,6 +321,22 @@ class Engine:
                 out.append(records.decode(raw))
         return out
 
+    def headers(self, h: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
+        """``(stored bytes, expiry_ms)`` of each key's live record (None where there
+        is none), read on views of the records: for readers that want no value
+        (Redis EXISTS, STRLEN, TYPE, TTL), which copied up to 1 MiB per key named."""
+        now = self.now_ms()
+        out: list[tuple[int, int] | None] = []
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
+            for key in keys:
+                raw = txn.get(key)
+                if raw is None:
+                    out.append(None)
+                    continue
+                expiry_ms = records.unpack_header(raw)[1]
+                out.append(None if expiry_ms and expiry_ms <= now else (len(raw), expiry_ms))
+        return out
+
     def scan(
         self,
         h: BucketHandle,
@@ -362,6 +378,44 @@ class Engine:
                     return items, True
                 items.append((key, rec))
         return items, False
+
+    def scan_keys(
+        self,
+        h: BucketHandle,
+        *,
+        start: bytes = b"",
+        end: bytes | None = None,
+        after: bytes | None = None,
+        limit: int = 100,
+    ) -> tuple[list[bytes], bool]:
+        """:meth:`scan` for the keys alone (Redis KEYS and SCAN): each record's
+        expiry is read on a view of it, and nothing of its value is copied — a
+        scan of 10,000 keys of 1 MiB copied 10 GB on the event loop.
+
+        Returns (keys, more): ``more`` says a further call may return more.
+        """
+        now = self.now_ms()
+        keys: list[bytes] = []
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
+            cur = txn.cursor()
+            seek = start
+            if after is not None and after >= seek:
+                seek = after
+            if not cur.set_range(seek):
+                return keys, False
+            for view, raw in cur:
+                key = bytes(view)
+                if after is not None and key <= after:
+                    continue
+                if end is not None and key >= end:
+                    return keys, False
+                expiry_ms = records.unpack_header(raw)[1]
+                if expiry_ms and expiry_ms <= now:
+                    continue
+                if len(keys) == limit:
+                    return keys, True
+                keys.append(key)
+        return keys, False
 
     def next_expiry_ms(self) -> int | None:
         """When the earliest record with an expiry expires (wall-clock ms), from the

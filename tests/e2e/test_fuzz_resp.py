@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tenantkv.server.redis_commands import REDIS_COMMANDS
@@ -143,3 +143,47 @@ def test_every_command_with_random_arguments(
         cmd = encode([b"ping"])  # would end the connection or empty the canary's bucket
     check(rd, healthy, exchange(rd, AUTH + cmd + cmd[: len(cmd) - cut % (len(cmd) + 1)]))
     check(rd, healthy, exchange(rd, cmd))  # before AUTH: NOAUTH, never a crash
+
+
+#: Bytes that mean something in a glob or an option, and some that do not.
+GLOB_BYTES = b"*?[]^-\\az09:\x00\xff "
+patterns = st.one_of(
+    st.lists(st.sampled_from(list(GLOB_BYTES)), min_size=1, max_size=16).map(bytes),
+    st.sampled_from([b"[z-a]", b"[^]", b"[", b"k[1-", b"\\", b"[]", b"[a-", b"x[", b"[\\"]),
+)
+pattern_args = st.lists(
+    st.one_of(
+        patterns,
+        st.sampled_from([b"MATCH", b"COUNT", b"TYPE", b"0", b"1", b"-1", b"SETNAME", b"lib-name"]),
+    ),
+    max_size=6,
+)
+calls = st.one_of(
+    st.tuples(st.sampled_from(NAMES), pattern_args),
+    st.tuples(st.just("keys"), patterns.map(lambda p: [p])),
+    st.tuples(st.just("scan"), patterns.map(lambda p: [b"0", b"MATCH", p, b"COUNT", b"100"])),
+    st.tuples(st.just("config"), patterns.map(lambda p: [b"GET", p])),
+    st.tuples(st.just("client"), patterns.map(lambda p: [b"SETNAME", p])),
+)
+
+
+@fuzz_settings
+@given(pipeline=st.lists(calls, min_size=1, max_size=12))
+@example(pipeline=[("keys", [b"[z-a]"]), ("scan", [b"0", b"MATCH", b"k[1-"])])
+def test_every_command_with_glob_arguments(
+    rd: Daemon, healthy: redis.Redis, pipeline: list[tuple[str, list[bytes]]]
+) -> None:
+    """Patterns and options as arguments to every command (``KEYS [z-a]``, ``SCAN 0
+    MATCH k[1-``, ``CONFIG GET [``, ...), pipelined on one connection: each gets
+    a Redis-style reply — a value or an error naming what is wrong, never an
+    internal error — and nothing is logged for them."""
+    payload = AUTH
+    for name, argv in pipeline:
+        if name in ("quit", "reset", "flushdb", "auth", "hello", "select"):
+            name = "keys"  # would end, reset or move the connection (or empty the bucket)
+        payload += encode([name.encode(), *argv])
+    out = exchange(rd, payload)
+    got = replies(out)
+    assert len(got) == 1 + len(pipeline), out[-300:]
+    check(rd, healthy, out)
+    assert "Traceback" not in rd.log(), rd.log()[-3000:]
