@@ -1325,10 +1325,19 @@ class TenantThrottle:
             span = max(ended - self._last_sample, self._slice / 2)
             idle = (1.0 - alpha) ** (n - 1)
         self._last_sample = now
+        # Use past the node's capacity claims nothing more of it, so the averages
+        # count it at most at the capacity: once an (unthrottled) burst far past it
+        # stops, the capacity comes back to the others within a few slices, not
+        # after the average has halved its way down from many times the capacity.
+        most = _INF if self._capacity is None else float(self._capacity)
         for b in self._buckets.values():
             s = b.used_sample / span
+            if s > most:
+                s = most
             e = b.demand_ewma + alpha * (s - b.demand_ewma)
             p = b.prio_sample / span
+            if p > most:
+                p = most
             q = b.prio_ewma + alpha * (p - b.prio_ewma)
             if n > 1:
                 e *= idle
