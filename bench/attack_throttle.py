@@ -337,6 +337,8 @@ def part_burst(args: argparse.Namespace) -> dict[str, Any]:
 
 _HELD = re.compile(r"\((\d+) units/s\) takes all of its rate \((\d+) units/s\).*repaid in (\d+) ms")
 _WAIT = re.compile(r"the wait \((\d+) ms\)")
+_BOUND = re.compile(r"throttle_max_wait_ms \((\d+) ms\)")
+_PARKED = re.compile(r"after (\d+) ms parked")
 
 
 def part_held(args: argparse.Namespace) -> dict[str, Any]:
@@ -393,7 +395,15 @@ def part_held(args: argparse.Namespace) -> dict[str, Any]:
                         and (repaid <= hint <= repaid + 101)
                     )
                 elif w is not None:
-                    agree = hint is not None and int(w.group(1)) <= hint
+                    # The wait must outlast what was left of the bound it names.
+                    b = _BOUND.search(msg)
+                    parked = _PARKED.search(msg)
+                    waited = int(parked.group(1)) if parked else 0
+                    agree = (
+                        hint is not None
+                        and int(w.group(1)) <= hint
+                        and (b is None or waited + int(w.group(1)) > int(b.group(1)))
+                    )
                 else:
                     agree = False
             ok = secs < AT_ONCE_S and agree
