@@ -1659,23 +1659,27 @@ class TenantThrottleGate:
         admitted, before anything else runs."""
         return self.throttle.reserve(bucket, cost, unthrottled=unthrottled)
 
-    def _refused_at_once(self, bucket: str, wait: float, nonblocking: bool) -> ServerError | None:
+    def _refused_at_once(
+        self, bucket: str, wait: float, nonblocking: bool, *, count: bool = True
+    ) -> ServerError | None:
         """The rejection of a request that must not wait: none on a bucket whose hard
         limit is 0 (HardLimitZero), none while the bucket's own unthrottled use
         takes all its allowance (Throttled), or a non-blocking one (Throttled);
-        counted."""
+        counted (unless ``count`` is off: a parked request is counted as it leaves)."""
         throttle = self.throttle
         if wait == _INF:
             if throttle.bucket_limits(bucket)[1] == 0:
                 # Not "retry later": nothing will ever pass until an operator acts.
-                throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+                if count:
+                    throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
                 return HardLimitZero(
                     f"bucket {bucket!r} has hard_limit 0: nothing runs on it until an admin "
                     "raises it (set-bucket-throttle)"
                 )
             used, rate = throttle.unthrottled_hold(bucket)
             if used > 0.0:
-                throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+                if count:
+                    throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
                 return self._held(bucket, used, rate)
             wait = throttle.until_next_slice()  # unknown: the next recompute may tell
         if nonblocking:
@@ -1801,7 +1805,7 @@ class TenantThrottleGate:
                 else:
                     unknown = wait == _INF
                     if unknown:
-                        refused = self._refused_at_once(bucket, wait, False)
+                        refused = self._refused_at_once(bucket, wait, False, count=False)
                         if refused is not None:
                             raise refused
                         wait = throttle.until_next_slice()
