@@ -25,11 +25,18 @@ Properties (all in units per second; ``None`` means "unlimited")
         the bucket completely.
 
 Decision (:meth:`TenantThrottle.admission_wait`, before each operation)
-    Optimistic: an operation is admitted while its bucket has any allowance left
-    (``> 0``); its real cost is charged afterwards and may drive the allowance
-    negative. That overshoot is **debt**: it is repaid from later refills before
-    the bucket runs again, so the long-run rate honours every limit even for
-    operations far larger than a slice's allowance.
+    Every request is bounded before it runs and pays for what it did after. An
+    operation is admitted while its bucket has allowance left (``> 0``). A
+    write's cost is known before it runs, so it is admitted at that cost
+    (:meth:`TenantThrottle.write_wait`) and the cost is taken from the counters
+    at once (:meth:`TenantThrottle.reserve`): writes in flight are paid for and
+    cannot overshoot. After an operation ran it is charged what it did (a
+    write: the difference from what was reserved). What it cost beyond the
+    allowance is **debt**: repaid in full from later refills before the bucket
+    runs again — debt is never forgiven — so the long-run rate honours every
+    limit even for operations far larger than a slice's allowance. A write
+    costing more than ``max_debt_secs`` of the hard limit runs only when its
+    bucket owes nothing (its hard counter full).
 
     * the ``Unthrottled`` privilege is never delayed but always charged, against
       its bucket and, through the bucket's share, against the node;
@@ -75,13 +82,13 @@ Burst (exactly what a bucket may take at once)
       ``rate x slice_secs`` (800 units at 8000 units/s). After any idle
       period that is all it can take at once. A bucket that turns hungry
       inside the slice gets its higher rate for the rest of that slice, so the
-      bound is one slice of the higher rate. On top of that comes the overshoot
-      of operations admitted while the counter was still positive (at most the
-      cost of the operations in flight), recorded as debt and repaid first.
+      bound is one slice of the higher rate. On top of that comes the cost of
+      the one operation that found the counter positive (a write reserved as
+      admitted, a read charged after), recorded as debt and repaid first.
     * A finite hard limit has a counter of its own, capped at
       ``hard_limit x slice_secs``: in any interval of ``T`` seconds a bucket is
       admitted at most ``hard_limit x (T + 2 x slice_secs)`` units (one full
-      counter plus every refill inside the interval) plus that in-flight
+      counter plus every refill inside the interval) plus that one operation's
       overshoot, which again is repaid.
     * Redistributed unused share may top a hungry bucket's counter up to at
       most ``(rate + min(hard_limit - rate, free pool)) x slice_secs`` (after
@@ -110,8 +117,18 @@ Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
     (``retryAfterMs`` set) as soon as that is known, without sleeping first; a
     request that must wait although its deadline has already passed gets
     :class:`~tenantkv.errors.DeadlineExceeded`. Non-blocking connections get
-    ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a bucket
-    wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
+    ``Throttled`` at once. A hint is the predicted wait spread by at most one
+    slice. Predictions count the bucket's own unthrottled use as going on: when
+    it takes all of the bucket's rate, other requests fail at once (hint: how
+    soon the debt is repaid once it stops). A wait with no prediction (a rate of
+    0 for now) is waited out a slice at a time, within the bound; a non-blocking
+    request is told the next recompute. Removing a bucket wakes its waiters with
+    :class:`~tenantkv.errors.BucketNotFound`.
+
+Timekeeping
+    Usage is averaged per slice: at a call after ``n`` slice boundaries, the
+    moving averages take ``n`` steps (the usage sampled ran in the first slice,
+    the others were idle); use past the node's capacity counts at the capacity.
 
 Across workers (``serve --workers N``, :mod:`tenantkv.admission.quota_lease`)
     Each worker reports :meth:`TenantThrottle.usage` to the supervisor, which
@@ -128,7 +145,8 @@ Server integration (what :mod:`tenantkv.server` calls)
     ``connection_opened/closed`` when a session selects / leaves a bucket;
     ``gate.try_acquire(bucket, ...)`` or ``await gate.acquire(bucket, ...)``
     before an operation (the gate protocol of :mod:`tenantkv.admission.gate`);
-    ``throttle.charge(bucket, ru, wu, unthrottled=...)`` after it;
+    ``throttle.charge(bucket, ru, wu, unthrottled=..., reserved=...)`` after it
+    (a write: ``gate.try_acquire(..., cost=)`` then ``gate.reserve`` before it);
     ``gate.wake()`` after ``set_node`` / ``set_bucket`` so waiters re-check at
     once; ``gate.statistics()`` for ``server_status``.
 """
