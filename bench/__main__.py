@@ -18,6 +18,7 @@ from bench import (
     attack,
     attack_memory,
     attack_resp,
+    attack_throttle,
     cpu,
     crash,
     gates,
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_parser(sub)
     attack_memory.add_parser(sub)
     attack_resp.add_parser(sub)
+    attack_throttle.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
     resp.add_parser(sub)

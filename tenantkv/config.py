@@ -404,9 +404,9 @@ class Config:
     )
     throttle_max_request_secs: float = declare(
         5.0,
-        "A request may cost at most this many seconds of its bucket's hard limit: a "
-        "costlier write is refused up front (RequestTooCostly), and no bucket's debt "
-        "exceeds it (one request cannot block a tenant for minutes).",
+        "Most debt, in seconds of its bucket's hard limit, that admitting a write may "
+        "leave: a write costing more is admitted only when its bucket owes nothing, then "
+        "repaid before anything else runs on the bucket (debt is never forgiven).",
         0.1,
         3600.0,
     )

@@ -359,7 +359,9 @@ class TooManyLoginFailures(ServerError):
 
 class RequestTooCostly(ServerError):
     """One request would cost more units than its bucket may spend in
-    throttle_max_request_secs of its hard limit; it was refused before it ran."""
+    throttle_max_request_secs of its hard limit; it was refused before it ran.
+    (No longer sent for writes: a costlier write runs once its bucket owes
+    nothing, docs/throttling.md. The code stays reserved.)"""
 
     code = 29
     code_name = "RequestTooCostly"

@@ -75,6 +75,7 @@ class Holds:
         "ingress",
         "permit",
         "queue",
+        "reserved",
         "ticket",
         "unanswered",
         "untaken",
@@ -93,6 +94,10 @@ class Holds:
         self.queue = queue
         self.permit = permit
         self.ticket = ticket
+        #: units the tenant throttle reserved for the write admitted with this
+        #: (its known cost, :meth:`TenantThrottle.reserve`): charged against it once
+        #: the write ran, given back if it never does (:meth:`Pipeline.refund`)
+        self.reserved = 0
         #: operations whose bucket slot, write permit and execution ticket are held
         self.held = 1
         #: operations not yet taken by the writer, and not yet answered
@@ -265,18 +270,28 @@ class Pipeline:
         self.read_tickets.try_pass(n)
 
     def try_acquire(
-        self, bucket: str, kind: str, *, unthrottled: bool, nonblocking: bool = False
+        self,
+        bucket: str,
+        kind: str,
+        *,
+        unthrottled: bool,
+        nonblocking: bool = False,
+        cost: int = 0,
     ) -> Holds | None:
         """Admit a ``kind`` (``"read"`` or ``"write"``) operation on ``bucket`` now
         through every gate, or take nothing and return None — or raise, having
         taken nothing, the throttle's rejection when waiting could not help (a
-        ``nonblocking`` request over its allowance, a hard limit of 0)."""
+        ``nonblocking`` request over its allowance, a hard limit of 0).
+
+        ``cost``: a write's cost, known before it runs: the throttle admits it at
+        that cost and reserves it (``Holds.reserved``), the other gates all
+        admitting, so writes in flight cannot overshoot a limit."""
         ingress = None
         if self.ingress_enabled and (ingress := self.ingress.try_acquire()) is None:
             return None
         try:
             admitted = self.throttle.try_acquire(
-                bucket, unthrottled=unthrottled, nonblocking=nonblocking
+                bucket, unthrottled=unthrottled, nonblocking=nonblocking, cost=cost
             )
         except BaseException:
             if ingress is not None:
@@ -312,7 +327,18 @@ class Pipeline:
             if ingress is not None:
                 ingress.release()
             return None
-        return Holds(self, ingress, queue, permit, ticket)
+        holds = Holds(self, ingress, queue, permit, ticket)
+        if cost:
+            # Every gate admitted it, nothing ran since the throttle did: reserve.
+            holds.reserved = self.throttle.reserve(bucket, cost, unthrottled=unthrottled)
+        return holds
+
+    def refund(self, bucket: str, holds: Holds) -> None:
+        """The write admitted with ``holds`` will not run (refused after its wait):
+        give its reserved units back — "not executed" costs nothing."""
+        if holds.reserved:
+            self.throttle.throttle.refund(bucket, holds.reserved)
+            holds.reserved = 0
 
     def join_room(self, holds: Holds) -> int:
         """How many more writes may join a run that :meth:`try_acquire` admitted
@@ -322,9 +348,9 @@ class Pipeline:
         the same gate objects, and the next refused: each join takes exactly one
         more at every gate. The joins are counted by :meth:`join`, once.
 
-        The throttle is not asked again: a write is charged when it is durable,
-        so nothing has touched its allowance since the run's first write was
-        admitted, and an allowance only grows with time."""
+        The throttle is not among them: each joining write has a cost of its
+        own, so the caller asks the throttle for each at that cost and reserves
+        it (``server/execution.py``), as for the run's first."""
         if not holds.untaken:
             return 0
         room = sys.maxsize
@@ -366,16 +392,26 @@ class Pipeline:
         nonblocking: bool,
         operation: str,
         key_len: int,
+        cost: int = 0,
     ) -> Holds:
-        """Wait at each gate in order; raises the first gate's rejection (nothing held)."""
+        """Wait at each gate in order; raises the first gate's rejection (nothing held).
+        ``cost``: a write's known cost, reserved the moment the throttle admits it
+        (before the gates after it wait; given back if one of them refuses)."""
         ingress = await self.ingress.acquire(deadline=deadline) if self.ingress_enabled else None
         queue: BucketQueue | None = None
         permit: BucketPermits | None = None
         write = kind == WRITE
+        reserved = 0
         try:
             await self.throttle.acquire(
-                bucket, unthrottled=unthrottled, deadline=deadline, nonblocking=nonblocking
+                bucket,
+                unthrottled=unthrottled,
+                deadline=deadline,
+                nonblocking=nonblocking,
+                cost=cost,
             )
+            if cost:
+                reserved = self.throttle.reserve(bucket, cost, unthrottled=unthrottled)
             if self.queues_enabled:
                 queue = await self.queues.acquire(
                     bucket, kind, operation=operation, key_len=key_len, deadline=deadline
@@ -385,6 +421,8 @@ class Pipeline:
             holder = self.write_tickets if write else self.read_tickets
             ticket = await holder.acquire(deadline=deadline)
         except BaseException:
+            if reserved:
+                self.throttle.throttle.refund(bucket, reserved)
             if permit is not None:
                 self.permits.release(permit)
             if queue is not None:
@@ -392,7 +430,9 @@ class Pipeline:
             if ingress is not None:
                 ingress.release()
             raise
-        return Holds(self, ingress, queue, permit, ticket)
+        holds = Holds(self, ingress, queue, permit, ticket)
+        holds.reserved = reserved
+        return holds
 
     def release(self, holds: Holds, /, operation: str = "", key_len: int = 0) -> None:
         """:meth:`Holds.release` (the gate protocol's spelling)."""

@@ -25,11 +25,18 @@ Properties (all in units per second; ``None`` means "unlimited")
         the bucket completely.
 
 Decision (:meth:`TenantThrottle.admission_wait`, before each operation)
-    Optimistic: an operation is admitted while its bucket has any allowance left
-    (``> 0``); its real cost is charged afterwards and may drive the allowance
-    negative. That overshoot is **debt**: it is repaid from later refills before
-    the bucket runs again, so the long-run rate honours every limit even for
-    operations far larger than a slice's allowance.
+    Every request is bounded before it runs and pays for what it did after. An
+    operation is admitted while its bucket has allowance left (``> 0``). A
+    write's cost is known before it runs, so it is admitted at that cost
+    (:meth:`TenantThrottle.write_wait`) and the cost is taken from the counters
+    at once (:meth:`TenantThrottle.reserve`): writes in flight are paid for and
+    cannot overshoot. After an operation ran it is charged what it did (a
+    write: the difference from what was reserved). What it cost beyond the
+    allowance is **debt**: repaid in full from later refills before the bucket
+    runs again — debt is never forgiven — so the long-run rate honours every
+    limit even for operations far larger than a slice's allowance. A write
+    costing more than ``max_debt_secs`` of the hard limit runs only when its
+    bucket owes nothing (its hard counter full).
 
     * the ``Unthrottled`` privilege is never delayed but always charged, against
       its bucket and, through the bucket's share, against the node;
@@ -75,13 +82,13 @@ Burst (exactly what a bucket may take at once)
       ``rate x slice_secs`` (800 units at 8000 units/s). After any idle
       period that is all it can take at once. A bucket that turns hungry
       inside the slice gets its higher rate for the rest of that slice, so the
-      bound is one slice of the higher rate. On top of that comes the overshoot
-      of operations admitted while the counter was still positive (at most the
-      cost of the operations in flight), recorded as debt and repaid first.
+      bound is one slice of the higher rate. On top of that comes the cost of
+      the one operation that found the counter positive (a write reserved as
+      admitted, a read charged after), recorded as debt and repaid first.
     * A finite hard limit has a counter of its own, capped at
       ``hard_limit x slice_secs``: in any interval of ``T`` seconds a bucket is
       admitted at most ``hard_limit x (T + 2 x slice_secs)`` units (one full
-      counter plus every refill inside the interval) plus that in-flight
+      counter plus every refill inside the interval) plus that one operation's
       overshoot, which again is repaid.
     * Redistributed unused share may top a hungry bucket's counter up to at
       most ``(rate + min(hard_limit - rate, free pool)) x slice_secs`` (after
@@ -110,8 +117,18 @@ Waiting (:class:`TenantThrottleGate`, the Trio adapter at the bottom)
     (``retryAfterMs`` set) as soon as that is known, without sleeping first; a
     request that must wait although its deadline has already passed gets
     :class:`~tenantkv.errors.DeadlineExceeded`. Non-blocking connections get
-    ``Throttled`` at once with ``0 < retryAfterMs <= 1000``. Removing a bucket
-    wakes its waiters with :class:`~tenantkv.errors.BucketNotFound`.
+    ``Throttled`` at once. A hint is the predicted wait spread by at most one
+    slice. Predictions count the bucket's own unthrottled use as going on: when
+    it takes all of the bucket's rate, other requests fail at once (hint: how
+    soon the debt is repaid once it stops). A wait with no prediction (a rate of
+    0 for now) is waited out a slice at a time, within the bound; a non-blocking
+    request is told the next recompute. Removing a bucket wakes its waiters with
+    :class:`~tenantkv.errors.BucketNotFound`.
+
+Timekeeping
+    Usage is averaged per slice: at a call after ``n`` slice boundaries, the
+    moving averages take ``n`` steps (the usage sampled ran in the first slice,
+    the others were idle); use past the node's capacity counts at the capacity.
 
 Across workers (``serve --workers N``, :mod:`tenantkv.admission.quota_lease`)
     Each worker reports :meth:`TenantThrottle.usage` to the supervisor, which
@@ -128,7 +145,8 @@ Server integration (what :mod:`tenantkv.server` calls)
     ``connection_opened/closed`` when a session selects / leaves a bucket;
     ``gate.try_acquire(bucket, ...)`` or ``await gate.acquire(bucket, ...)``
     before an operation (the gate protocol of :mod:`tenantkv.admission.gate`);
-    ``throttle.charge(bucket, ru, wu, unthrottled=...)`` after it;
+    ``throttle.charge(bucket, ru, wu, unthrottled=..., reserved=...)`` after it
+    (a write: ``gate.try_acquire(..., cost=)`` then ``gate.reserve`` before it);
     ``gate.wake()`` after ``set_node`` / ``set_bucket`` so waiters re-check at
     once; ``gate.statistics()`` for ``server_status``.
 """
@@ -876,6 +894,58 @@ class TenantThrottle:
             return 0.0
         return self._throttled(b, now)
 
+    def write_wait(self, bucket: str, cost: float) -> float:
+        """:meth:`admission_wait` for a write whose cost (``cost`` units) is known
+        before it runs, from its value: ``0.0`` when it may run now — and then the
+        caller reserves that cost (:meth:`reserve`) before anything else runs.
+
+        A write is admitted while its bucket has allowance left, as any request;
+        since every write admitted before it was reserved at its cost, in flight
+        or not, the debt it may leave is less than its own cost: writes in flight
+        cannot overshoot. A write costing more than :meth:`max_request_units` (a
+        *big write*) is admitted only when its bucket owes nothing — its hard-limit
+        counter full: no debt, nothing in flight, nothing spent since the last
+        refill — and its debt is then repaid before anything else on the bucket
+        runs. ``inf``: not before something changes (:meth:`admission_wait`).
+        """
+        wait = self.admission_wait(bucket)
+        if wait != 0.0 or cost <= self.max_request_units(bucket):
+            return wait
+        now = self._catch_up()  # (the fast check above reads no clock)
+        b = self._buckets[bucket]
+        hr = b.hard_rate
+        full = hr * self._slice
+        short = full - b.hard - full * 1e-9  # (a refill clips the counter at ``full``)
+        if short <= 0.0 or hr == _INF:
+            return 0.0
+        b.hungry_until = max(b.hungry_until, now + self._hold)
+        return self._time_to_positive(short, hr, now) + WAKE_GUARD_SECS
+
+    def reserve(self, bucket: str, cost: int, *, unthrottled: bool = False) -> int:
+        """Spend a write's known cost from its bucket's counters the moment
+        :meth:`write_wait` admitted it (before it runs): the units reserved, which
+        the caller passes to :meth:`charge` as ``reserved`` once the write ran, to
+        settle the difference (0: nothing reserved — throttling off, an
+        ``unthrottled`` user, no such bucket). No bound on the debt it leaves:
+        debt is never forgiven."""
+        if unthrottled or not self._enabled or cost <= 0:
+            return 0
+        b = self._buckets.get(bucket)
+        if b is None:
+            return 0
+        now = self._clock()
+        if now >= self._next_slice:
+            self._advance(now)
+        self._spend(b, float(cost), None)
+        return cost
+
+    def refund(self, bucket: str, units: int) -> None:
+        """Give back ``units`` a write reserved and never ran (a later gate refused
+        it: "not executed" costs nothing); a counter never grows past one slice."""
+        b = self._buckets.get(bucket)
+        if b is not None and units > 0:
+            self._give_back(b, float(units))
+
     def run_allowance(self, bucket: str, *, unthrottled: bool = False) -> float:
         """Just after an operation on ``bucket`` was admitted: the units the
         operations run right after it — back to back, with nothing else touching
@@ -897,9 +967,11 @@ class TenantThrottle:
         return (c if c < h else h) if c > 0.0 and h > 0.0 else 0.0
 
     def max_request_units(self, bucket: str) -> float:
-        """The most one request on ``bucket`` may cost: ``max_debt_secs`` of its hard
-        limit (``inf`` when the hard limit is unlimited or 0: a 0 limit throttles
-        everything anyway)."""
+        """The most a write on ``bucket`` may cost and still be admitted while the
+        bucket has allowance left: ``max_debt_secs`` of its hard limit, so the debt
+        it leaves stays below that; a costlier one waits until the bucket owes
+        nothing (:meth:`write_wait`). ``inf`` when the hard limit is unlimited or 0
+        (a 0 limit throttles everything anyway)."""
         b = self._buckets.get(bucket)
         if b is None:
             return _INF
@@ -918,6 +990,7 @@ class TenantThrottle:
         unthrottled: bool = False,
         min_cost: int = 0,
         now: float | None = None,
+        reserved: int = 0,
     ) -> None:
         """Account an operation that ran: ``ru`` read and ``wu`` write units.
 
@@ -929,6 +1002,13 @@ class TenantThrottle:
         the free pool before it is shared. ``now`` is the throttle clock's reading
         when the caller has one (the operations of one received chunk are charged
         at the chunk's instant: one clock read per chunk, not per operation).
+        ``reserved``: what :meth:`reserve` spent for it when it was admitted (writes):
+        only the difference is spent now, or given back.
+
+        Debt is never forgiven: what an operation cost beyond its allowance is
+        repaid from later refills, however large (reads are bounded before they
+        run by their own rules). Only unthrottled use, which is never held back,
+        leaves at most :data:`UNTHROTTLED_DEBT_SECS` of its bucket's rate.
         """
         cost = ru + self._write_weight * wu
         if cost < min_cost:
@@ -954,6 +1034,12 @@ class TenantThrottle:
         res = b.res_rate
         if after > res:
             self._free_used_window += round(after - (before if before > res else res))
+        if reserved:
+            owed = cost - reserved
+            if owed < 0:
+                self._give_back(b, float(-owed))
+                return
+            cost = owed
         c = b.credit
         h = b.hard
         if c >= cost and h >= cost:
@@ -962,26 +1048,42 @@ class TenantThrottle:
             b.credit = c - cost
             b.hard = h - cost
             return
+        self._spend(b, float(cost), UNTHROTTLED_DEBT_SECS if unthrottled else None)
+
+    def _spend(self, b: _Bucket, cost: float, bound_secs: float | None) -> None:
+        """Take ``cost`` from ``b``'s counters, beyond its own allowance from the node
+        spare first; what is left is debt, bounded to ``bound_secs`` of the rates
+        only for unthrottled use (None: never forgiven)."""
+        c = b.credit
+        h = b.hard
         spare = self._spare
         if c < cost and spare > 0.0:
             # Overshoot beyond the bucket's own allowance comes from the spare first.
-            take = cost - c if c > 0.0 else float(cost)
+            take = cost - c if c > 0.0 else cost
             if take > spare:
                 take = spare
             self._spare = spare - take
             c += take
         c -= cost
         h -= cost
-        # Debt is bounded: a burst of large requests admitted together (or a read
-        # whose size was known only after it ran) leaves a bucket at most
-        # max_debt_secs of its rate to repay, never minutes of lockout.
-        secs = UNTHROTTLED_DEBT_SECS if unthrottled else self.max_debt_secs
-        if h < 0.0 and h < -b.hard_rate * secs:
-            h = -b.hard_rate * secs
-        if c < 0.0 and c < -b.rate * secs:
-            c = -b.rate * secs
+        if bound_secs is not None:
+            # Unthrottled work is never held back: the debt it leaves its bucket's
+            # other users is one refill window, not minutes of lockout.
+            if h < 0.0 and h < -b.hard_rate * bound_secs:
+                h = -b.hard_rate * bound_secs
+            if c < 0.0 and c < -b.rate * bound_secs:
+                c = -b.rate * bound_secs
         b.credit = c
         b.hard = h
+
+    def _give_back(self, b: _Bucket, units: float) -> None:
+        """Return ``units`` reserved and not spent to ``b``'s counters, never past
+        one slice of their rates (what a refill would allow)."""
+        burst = self._slice
+        if b.credit != _INF:
+            b.credit = min(b.credit + units, max(b.credit, b.rate * burst))
+        if b.hard != _INF:
+            b.hard = min(b.hard + units, max(b.hard, b.hard_rate * burst))
 
     # ------------------------------------------------------------------ waits & stats
 
@@ -1162,21 +1264,55 @@ class TenantThrottle:
             b.hungry_until = until
         return wait
 
-    def _predict(self, b: _Bucket, now: float) -> float:
-        """Seconds until the slice refills bring ``b``'s counters above zero."""
+    def _predict(self, b: _Bucket, now: float, *, gross: bool = False) -> float:
+        """Seconds until the slice refills bring ``b``'s counters above zero, at
+        their rates less what the bucket's own unthrottled use goes on spending
+        (``gross``: without that use, as once it stops). ``inf``: not at these
+        rates (a rate of 0, or unthrottled use that takes all of it)."""
+        p = 0.0 if gross else (b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last)
         wait = 0.0
         if b.credit <= 0.0 and self._spare <= 0.0:
-            wait = self._time_to_positive(-b.credit, b.rate + b.bonus, now)
+            wait = self._time_to_positive(-b.credit, b.rate + b.bonus - p, now)
         if b.hard <= 0.0:
-            wait = max(wait, self._time_to_positive(-b.hard, b.hard_rate, now))
+            wait = max(wait, self._time_to_positive(-b.hard, b.hard_rate - p, now))
         if self._lease is not None and wait > self._slice and b.hard_limit != 0:
             # Leased rates are this worker's share until the next lease, at most a
             # slice away (sooner once this bucket turns hungry here): a prediction
             # from the share alone (a new connection's zero share, say) would send
             # clients away for seconds the node would serve them in. A hard limit
-            # of 0 stays "never" (HardLimitZero).
-            wait = self._slice
+            # of 0 stays "never" (HardLimitZero). But a debt is never repaid faster
+            # than at the node's whole hard limit: that wait is certain.
+            least = 0.0
+            if b.hard <= 0.0:
+                least = self._time_to_positive(-b.hard, _rate(b.hard_limit) - p, now)
+            wait = least if least > self._slice else self._slice
         return wait + WAKE_GUARD_SECS
+
+    def unthrottled_hold(self, bucket: str) -> tuple[float, float]:
+        """Why :meth:`admission_wait` said ``inf`` for a bucket whose limit is not 0:
+        ``(unthrottled rate, allowance rate)`` when the bucket's own unthrottled use
+        (never held back) spends all the allowance rate of a counter that is spent —
+        no other request on it can run while that use goes on — else ``(0.0, 0.0)``
+        (the rate is 0 for now: the rates are recomputed every slice)."""
+        b = self._get(bucket)
+        p = b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last
+        if p <= 0.0:
+            return 0.0, 0.0
+        if b.hard <= 0.0 and 0.0 < b.hard_rate <= p:
+            return p, b.hard_rate
+        r = b.rate + b.bonus
+        if b.credit <= 0.0 and self._spare <= 0.0 and 0.0 < r <= p:
+            return p, r
+        return 0.0, 0.0
+
+    def gross_wait(self, bucket: str) -> float:
+        """The wait :meth:`admission_wait` would predict without the bucket's own
+        unthrottled use: how soon its debt is repaid once that use stops."""
+        return self._predict(self._get(bucket), self._catch_up(), gross=True)
+
+    def until_next_slice(self) -> float:
+        """Seconds to the next refill, when the rates are next recomputed."""
+        return self._next_slice - self._catch_up() + WAKE_GUARD_SECS
 
     def _time_to_positive(self, deficit: float, rate: float, now: float) -> float:
         if rate <= 0.0:
@@ -1189,20 +1325,46 @@ class TenantThrottle:
         idx = self._slice_index(now)
         n = idx - self._slice_idx
         since = self._slice_idx * self._slice
+        ended = self._next_slice  # the end of the slice every usage sampled ran in
         self._slice_idx = idx
         self._next_slice = (idx + 1) * self._slice
         self._refill(n, since)
         # Usage is sampled over the real time between calls, which jitters.
-        span = max(now - self._last_sample, self._slice / 2)
-        self._last_sample = now
         alpha = DEMAND_EWMA_ALPHA
+        if n <= 1:
+            span = max(now - self._last_sample, self._slice / 2)
+            idle = 1.0  # (the averages take this one step)
+        else:
+            # Slices passed with no call at all: the usage sampled ran in the slice
+            # the last call was in (every call first advances), and the slices
+            # since were idle. The averages take one step per slice, so a burst
+            # that stopped is forgotten at the rate the slices pass, not at the
+            # rate calls come (16 s once after an unthrottled burst).
+            span = max(ended - self._last_sample, self._slice / 2)
+            idle = (1.0 - alpha) ** (n - 1)
+        self._last_sample = now
+        # Use past the node's capacity claims nothing more of it, so the averages
+        # count it at most at the capacity: once an (unthrottled) burst far past it
+        # stops, the capacity comes back to the others within a few slices, not
+        # after the average has halved its way down from many times the capacity.
+        most = _INF if self._capacity is None else float(self._capacity)
         for b in self._buckets.values():
             s = b.used_sample / span
-            b.demand_last = s
-            b.demand_ewma += alpha * (s - b.demand_ewma)
+            if s > most:
+                s = most
+            e = b.demand_ewma + alpha * (s - b.demand_ewma)
             p = b.prio_sample / span
+            if p > most:
+                p = most
+            q = b.prio_ewma + alpha * (p - b.prio_ewma)
+            if n > 1:
+                e *= idle
+                q *= idle
+                s = p = 0.0  # the last slice was idle
+            b.demand_last = s
+            b.demand_ewma = e
             b.prio_last = p
-            b.prio_ewma += alpha * (p - b.prio_ewma)
+            b.prio_ewma = q
             b.used_sample = 0
             b.prio_sample = 0
         window = math.floor(now)
@@ -1419,26 +1581,28 @@ class _Waiter:
 
 
 def _spread(wait: float, slice_secs: float) -> float:
-    """A retry hint spread over the next refills: every rejected client is told a
+    """A retry hint spread over the next refill: every rejected client is told a
     different moment, so their retries do not all land on the same refill (and
-    crowd out first attempts there). Never sooner than the predicted wait."""
-    return wait + random.random() * max(slice_secs, wait)
+    crowd out first attempts there). Never sooner than the predicted wait, and
+    at most one slice later."""
+    return wait + random.random() * slice_secs
 
 
 #: A paced wait shorter than this admits now (a timer for less is all overhead).
 PACE_MIN_SECS: Final = 20e-6
 
-#: The hint for a wait with no end in sight (a zero rate that only a property
-#: change, or another bucket leaving capacity unused, can end).
-UNKNOWN_WAIT_RETRY_MS: Final = 10_000
-
 
 def _retry_after_ms(wait: float) -> int:
     """``retryAfterMs`` for a predicted wait: never shorter than the wait itself
-    (a hint that is too short only brings a retry that fails again), at least 1."""
+    (a hint that is too short only brings a retry that fails again), at least 1.
+    Callers never pass an unknown wait (``inf``): they resolve it first."""
     if wait == _INF:
-        return UNKNOWN_WAIT_RETRY_MS
+        return NONBLOCKING_MAX_RETRY_MS
     return max(1, math.ceil((wait - WAKE_GUARD_SECS) * 1000.0))
+
+
+def _ms(secs: float) -> int:
+    return max(0, math.ceil(secs * 1000.0 - 1e-6))
 
 
 class TenantThrottleGate:
@@ -1447,6 +1611,10 @@ class TenantThrottleGate:
     The throttle's clock must be ``trio.current_time``. No background task: the
     head of each bucket's queue sleeps until the throttle's predicted refill and
     re-checks; the others park on an event until they reach the head.
+
+    A wait the throttle cannot predict (``inf``: a rate of 0 for now, which the
+    next slice's recompute may change) is waited out a slice at a time, within
+    the request's bound; it never becomes a long hint.
     """
 
     def __init__(self, throttle: TenantThrottle) -> None:
@@ -1465,10 +1633,14 @@ class TenantThrottleGate:
         unthrottled: bool = False,
         nonblocking: bool = False,
         turn: bool = False,
+        cost: int = 0,
     ) -> Admitted | None:
         """:data:`ADMITTED` if an operation on ``bucket`` may run now (allowance left
         and nobody parked ahead of it, or ``unthrottled``), else None. The fast path:
         no clock read while the bucket has allowance.
+
+        ``cost``: a write's cost, known before it runs (:meth:`TenantThrottle.write_wait`);
+        the caller then reserves it (:meth:`reserve`) before anything else runs.
 
         ``turn``: the caller comes right after one of its own requests was
         admitted on the waiting path, with nothing run in between (the rest of a
@@ -1476,8 +1648,9 @@ class TenantThrottleGate:
         allowance does. The queue then takes turns a connection's chunk at a
         time, not a request at a time.
 
-        When waiting could not help — a ``nonblocking`` request, or a hard limit of
-        0 — it raises the rejection :meth:`acquire` would raise, at once: a refused
+        When waiting could not help — a ``nonblocking`` request, a hard limit of
+        0, or the bucket's own unthrottled use taking all its allowance — it
+        raises the rejection :meth:`acquire` would raise, at once: a refused
         request then costs no coroutine, no second pass through the gates.
         """
         throttle = self.throttle
@@ -1491,7 +1664,7 @@ class TenantThrottleGate:
                 return None
             wait = throttle.estimate_wait(bucket)
         else:
-            wait = throttle.admission_wait(bucket)
+            wait = throttle.write_wait(bucket, cost) if cost else throttle.admission_wait(bucket)
             if wait == 0.0:
                 return ADMITTED
         refused = self._refused_at_once(bucket, wait, nonblocking)
@@ -1499,17 +1672,34 @@ class TenantThrottleGate:
             raise refused
         return None
 
-    def _refused_at_once(self, bucket: str, wait: float, nonblocking: bool) -> ServerError | None:
+    def reserve(self, bucket: str, cost: int, *, unthrottled: bool = False) -> int:
+        """:meth:`TenantThrottle.reserve`: right after a write costing ``cost`` was
+        admitted, before anything else runs."""
+        return self.throttle.reserve(bucket, cost, unthrottled=unthrottled)
+
+    def _refused_at_once(
+        self, bucket: str, wait: float, nonblocking: bool, *, count: bool = True
+    ) -> ServerError | None:
         """The rejection of a request that must not wait: none on a bucket whose hard
-        limit is 0 (HardLimitZero), or a non-blocking one (Throttled); counted."""
+        limit is 0 (HardLimitZero), none while the bucket's own unthrottled use
+        takes all its allowance (Throttled), or a non-blocking one (Throttled);
+        counted (unless ``count`` is off: a parked request is counted as it leaves)."""
         throttle = self.throttle
-        if wait == _INF and throttle.bucket_limits(bucket)[1] == 0:
-            # Not "retry later": nothing will ever pass until an operator acts.
-            throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
-            return HardLimitZero(
-                f"bucket {bucket!r} has hard_limit 0: nothing runs on it until an admin "
-                "raises it (set-bucket-throttle)"
-            )
+        if wait == _INF:
+            if throttle.bucket_limits(bucket)[1] == 0:
+                # Not "retry later": nothing will ever pass until an operator acts.
+                if count:
+                    throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+                return HardLimitZero(
+                    f"bucket {bucket!r} has hard_limit 0: nothing runs on it until an admin "
+                    "raises it (set-bucket-throttle)"
+                )
+            used, rate = throttle.unthrottled_hold(bucket)
+            if used > 0.0:
+                if count:
+                    throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
+                return self._held(bucket, used, rate)
+            wait = throttle.until_next_slice()  # unknown: the next recompute may tell
         if nonblocking:
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
             return Throttled(
@@ -1547,6 +1737,7 @@ class TenantThrottleGate:
         unthrottled: bool = False,
         deadline: float | None = None,
         nonblocking: bool = False,
+        cost: int = 0,
     ) -> Admitted:
         """Return when an operation on ``bucket`` may run.
 
@@ -1554,7 +1745,8 @@ class TenantThrottleGate:
         ahead). Raises :class:`Throttled` when the wait would outlast ``deadline``
         (absolute trio time) or ``max_wait_secs``, or at once if ``nonblocking``;
         :class:`DeadlineExceeded` if it must wait and ``deadline`` already passed;
-        :class:`BucketNotFound` if the bucket is (or gets) removed.
+        :class:`BucketNotFound` if the bucket is (or gets) removed. ``cost``: a
+        write's known cost (:meth:`try_acquire`); the caller reserves it.
         """
         throttle = self.throttle
         if unthrottled:
@@ -1564,12 +1756,15 @@ class TenantThrottleGate:
         if queue:
             wait = throttle.estimate_wait(bucket)  # FIFO: queue behind the others
         else:
-            wait = throttle.admission_wait(bucket)
+            wait = throttle.write_wait(bucket, cost) if cost else throttle.admission_wait(bucket)
             if wait == 0.0:
                 return ADMITTED
         refused = self._refused_at_once(bucket, wait, nonblocking)
         if refused is not None:
             raise refused
+        unknown = wait == _INF
+        if unknown:
+            wait = throttle.until_next_slice()
         start = trio.current_time()
         if deadline is not None and deadline <= start:
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
@@ -1580,14 +1775,17 @@ class TenantThrottleGate:
         if start + wait > limit:
             # Sleeping just to fail would hold the client for nothing.
             throttle.record_throttled(bucket, 0.0, rejected=True, parked=False)
-            raise self._throttled(bucket, wait, deadline is not None and deadline < limit + 1e-9)
+            raise self._throttled(
+                bucket, wait, deadline is not None and deadline < limit + 1e-9, unknown=unknown
+            )
         if queue is None:
             queue = self._queues[bucket] = deque()
         waiter = _Waiter()
         queue.append(waiter)
         rejected = False
         try:
-            await self._wait_turn(bucket, queue, waiter, limit)
+            by_deadline = deadline is not None and deadline <= limit
+            await self._wait_turn(bucket, queue, waiter, limit, start, by_deadline, cost)
         except Throttled:
             rejected = True
             raise
@@ -1597,7 +1795,14 @@ class TenantThrottleGate:
         return ADMITTED
 
     async def _wait_turn(
-        self, bucket: str, queue: deque[_Waiter], waiter: _Waiter, limit: float
+        self,
+        bucket: str,
+        queue: deque[_Waiter],
+        waiter: _Waiter,
+        limit: float,
+        start: float,
+        by_deadline: bool,
+        cost: int,
     ) -> None:
         throttle = self.throttle
         while True:
@@ -1606,15 +1811,26 @@ class TenantThrottleGate:
             waiter.event = trio.Event()
             head = queue[0] is waiter
             if head:
-                wait = throttle.admission_wait(bucket)
+                wait = (
+                    throttle.write_wait(bucket, cost) if cost else throttle.admission_wait(bucket)
+                )
                 now = trio.current_time()
                 if wait == 0.0:
                     # Admitted; queued requests go at the bucket's rate, though.
                     wait = throttle.paced_wait(bucket)
                     if wait == 0.0 or now + wait > limit:
                         return
-                elif now + wait > limit:
-                    raise self._throttled(bucket, wait, False)
+                else:
+                    unknown = wait == _INF
+                    if unknown:
+                        refused = self._refused_at_once(bucket, wait, False, count=False)
+                        if refused is not None:
+                            raise refused
+                        wait = throttle.until_next_slice()
+                    if now + wait > limit:
+                        raise self._throttled(
+                            bucket, wait, by_deadline, unknown=unknown, waited=now - start
+                        )
                 wake_at = now + wait
             else:
                 wake_at = limit
@@ -1623,22 +1839,77 @@ class TenantThrottleGate:
             timed_out = scope.cancelled_caught and not head and not waiter.removed
             if timed_out and queue[0] is not waiter:
                 # Out of time while others were still ahead.
-                raise self._throttled(bucket, throttle.estimate_wait(bucket), False)
+                now = trio.current_time()
+                wait = throttle.estimate_wait(bucket)
+                unknown = wait == _INF
+                if unknown:
+                    wait = throttle.until_next_slice()
+                raise self._throttled(
+                    bucket,
+                    wait,
+                    by_deadline,
+                    unknown=unknown,
+                    waited=now - start,
+                    behind=queue.index(waiter) if waiter in queue else 0,
+                )
 
-    def _throttled(self, bucket: str, wait: float, by_deadline: bool) -> ServerError:
+    def _held(self, bucket: str, used: float, rate: float) -> ServerError:
+        """The rejection of a request on a bucket whose own unthrottled use spends
+        all of its allowance: it fails at once — no wait can be predicted to end
+        within a bound — with the hint of how soon the bucket's debt is repaid
+        once that use stops (one refill window at most)."""
+        throttle = self.throttle
+        gross = throttle.gross_wait(bucket)
+        if gross == _INF:
+            gross = throttle.until_next_slice()
+        return Throttled(
+            f"bucket {bucket!r} is over its unit allowance: its unthrottled use "
+            f"({used:.0f} units/s) takes all of its rate ({rate:.0f} units/s), so nothing "
+            f"else runs on it while that goes on; once it stops, its debt is repaid in "
+            f"{_ms(gross)} ms",
+            retry_after_ms=_retry_after_ms(_spread(gross, throttle.slice_secs)),
+        )
+
+    def _throttled(
+        self,
+        bucket: str,
+        wait: float,
+        by_deadline: bool,
+        *,
+        unknown: bool = False,
+        waited: float = 0.0,
+        behind: int = 0,
+    ) -> ServerError:
         """A :class:`Throttled` error whose ``retryAfterMs`` is the real wait, spread
-        (never a blanket cap), and whose message says which bound the wait passed."""
+        by at most a slice (never a blanket cap), and whose message states the real
+        numbers: the wait, the bound it passed, and how long the request waited."""
         throttle = self.throttle
         bound = (
             "the request's deadline"
             if by_deadline
-            else f"throttle_max_wait_ms ({round(throttle.max_wait_secs * 1000)} ms)"
+            else f"throttle_max_wait_ms ({_ms(throttle.max_wait_secs)} ms)"
         )
         hint = _retry_after_ms(_spread(wait, throttle.slice_secs))
-        what = "an unknown time" if wait == _INF else f"{math.ceil(wait * 1000)} ms"
+        if unknown:
+            why = (
+                f"its allowance rate is 0 for now (the rates are recomputed every "
+                f"{_ms(throttle.slice_secs)} ms)"
+            )
+        else:
+            why = f"the wait ({_ms(wait)} ms)"
+        if behind:
+            what = (
+                f"after {_ms(waited)} ms parked behind {behind} earlier requests, "
+                f"its turn does not come within {bound}"
+            )
+        elif waited > 0.0:
+            what = f"after {_ms(waited)} ms parked, {why} outlasts {bound}"
+        elif unknown:
+            what = f"{why}, and none comes within {bound}"
+        else:
+            what = f"{why} exceeds {bound}"
         return Throttled(
-            f"bucket {bucket!r} is over its unit allowance: the wait ({what}) exceeds {bound}",
-            retry_after_ms=hint,
+            f"bucket {bucket!r} is over its unit allowance: {what}", retry_after_ms=hint
         )
 
     def _leave(self, bucket: str, queue: deque[_Waiter], waiter: _Waiter) -> None:

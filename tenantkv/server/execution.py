@@ -65,6 +65,11 @@ ERROR_LOG_INTERVAL_SECS = 1.0
 DATA_KINDS = frozenset({"read", "write"})
 
 
+class NotNow(Exception):
+    """A write that would join a run, which the tenant throttle cannot admit at
+    once at its cost: it takes the waiting path instead (nothing was taken)."""
+
+
 @dataclass(slots=True)
 class Prepared:
     """A data command ready to admit: its bucket, its user, and (a write) its op.
@@ -80,6 +85,8 @@ class Prepared:
     bucket: BucketHandle
     user: auth.User
     op: WriteOp | None
+    #: a write's cost known before it runs (Node.write_admission_cost; 0: a read)
+    cost: int = 0
 
 
 class Execution:
@@ -365,7 +372,10 @@ class Execution:
         msgid, method, params = req
         run = self._wrun
         if run is not None and cmd is run.cmd and (run.room > 0 or run.may_join()):
-            op = self._join_write(run, msgid, method, params)
+            try:
+                op = self._join_write(run, msgid, method, params)
+            except NotNow:
+                return False  # the throttle cannot admit it now: the waiting path
             if op is not None:
                 run.add(msgid, op)
             return True
@@ -378,7 +388,11 @@ class Execution:
                 run.close()  # its joins counted: the gates as the next write finds them
                 self._wrun = None
             holds = self.node.pipeline.try_acquire(
-                b.name, "write", unthrottled=user.unthrottled, nonblocking=self.nonblocking_throttle
+                b.name,
+                "write",
+                unthrottled=user.unthrottled,
+                nonblocking=self.nonblocking_throttle,
+                cost=prep.cost,
             )
             if holds is None:
                 return False
@@ -397,15 +411,31 @@ class Execution:
         (its token taken), for the caller to add to the run: the same bucket and
         user as the run's first write (anything that could change them ends the
         run first), so only the write itself is checked and built — its
-        parameters, its op, its cost on a limited bucket. One that fails them
-        gets its own error (None), and the run goes on."""
+        parameters, its op — and, on a throttled bucket, admitted by the tenant
+        throttle at its own cost and that cost reserved (the run's turn: nobody
+        parked counts as ahead of it), as the run's first was. One that fails
+        them gets its own error (None), and the run goes on; one the throttle
+        cannot admit now raises :class:`NotNow` (nothing taken): it takes the
+        waiting path."""
         cmd, b = run.cmd, run.bucket
         try:
             if not cmd.inline_params.issuperset(params):
                 check_params(cmd, params)
             op = cmd.handler(self, b, params)
             if not run.unlimited:
-                self.node.check_write_cost(b.name, op)
+                node = self.node
+                cost = node.write_admission_cost(op)
+                gate = node.gate
+                if (
+                    gate.try_acquire(
+                        b.name, cost=cost, turn=True, nonblocking=self.nonblocking_throttle
+                    )
+                    is None
+                ):
+                    raise NotNow
+                run.reserved += gate.reserve(b.name, cost)
+        except NotNow:
+            raise
         except Exception as exc:
             self._inline_failed(msgid, method, exc)
             return None
@@ -417,7 +447,8 @@ class Execution:
         """A run of ``cmd`` writes on ``bucket`` whose first was admitted with ``holds``."""
         if self._wrun is not None:
             self._wrun.close()
-        unlimited = self.node.throttle.max_request_units(bucket.name) == math.inf
+        user = self.user
+        unlimited = not self.node.throttle.enabled or (user is not None and user.unthrottled)
         run = self._wrun = WriteRun(self, bucket, cmd, holds, t0, unlimited=unlimited)
         return run
 
@@ -515,12 +546,15 @@ class Execution:
                     raise errors.BadValue("hello was already received on this connection")
                 raise errors.UnknownCommand(f"no command named {errors.shown(method)}")
             if cmd.kind in DATA_KINDS:
-                holds = await self._admit(self._prepare(cmd, params))
+                prep = self._prepare(cmd, params)
+                bucket = prep.bucket.name
+                holds = await self._admit(prep)
                 try:
                     # Again after the wait: the user, its roles or the bucket may
                     # have changed meanwhile.
                     prep = self._prepare(cmd, params)
                 except BaseException:
+                    self.node.pipeline.refund(bucket, holds)  # it never runs
                     holds.release(method, outcome="rejected")
                     raise
                 if prep.op is None:
@@ -547,16 +581,16 @@ class Execution:
         user = self.user
         assert user is not None  # _data_bucket checked it
         op = None
+        cost = 0
         if write:
             op = cmd.handler(self, b, params)
-            run = self._wrun
-            if run is None or run.bucket is not b or not run.unlimited:
-                self.node.check_write_cost(b.name, op)
+            cost = self.node.write_admission_cost(op)
         prep = self._prepared
         if prep is None:
-            prep = self._prepared = Prepared(cmd, params, b, user, op)
+            prep = self._prepared = Prepared(cmd, params, b, user, op, cost)
         else:
             prep.cmd, prep.params, prep.bucket, prep.user, prep.op = cmd, params, b, user, op
+            prep.cost = cost
         return prep
 
     async def _admit(self, prep: Prepared) -> Holds:
@@ -575,6 +609,7 @@ class Execution:
             nonblocking=self.nonblocking_throttle,
             operation=prep.cmd.name,
             key_len=len(key) if isinstance(key, (bytes, str)) else 0,
+            cost=prep.cost,
         )
 
     def _execute(self, msgid: int, prep: Prepared, holds: Holds | None, t0: float | None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -364,21 +363,17 @@ class Node:
         ru, cost = self.read_cost(sizes, keys)
         self.charge_reads(bucket, ru, cost, unthrottled)
 
-    def check_write_cost(self, bucket: str, op: WriteOp) -> None:
-        """Refuse, before it runs, a write costing more than its bucket may spend in
-        ``throttle_max_request_secs`` of its hard limit (an 8 MiB write on a bucket
-        limited to 10 units/s would otherwise block it for 13 minutes)."""
-        most = self.throttle.max_request_units(bucket)
-        if most == math.inf:
-            return
-        cost = write_units(op.size_hint, self.config.write_unit_size) * self.config.write_weight
-        if cost > most:
-            raise errors.RequestTooCostly(
-                f"this write costs {cost} units; bucket {bucket!r} may spend at most "
-                f"{most:.0f} in one request (throttle_max_request_secs="
-                f"{self.config.throttle_max_request_secs:g} s of its hard_limit "
-                f"{self.throttle.bucket_limits(bucket)[1]} units/s)"
-            )
+    def write_admission_cost(self, op: WriteOp) -> int:
+        """A write's cost known before it runs, from what it will write: the units
+        the tenant throttle admits it at and reserves (:meth:`TenantThrottle.write_wait`),
+        so that writes in flight cannot overshoot a limit. It is what
+        :meth:`write_cost` charges for a put (key, value and header: its size hint);
+        the charge after the write settles any difference."""
+        cfg = self.config
+        weight = cfg.write_weight
+        wu = -(-op.size_hint // cfg.write_unit_size) * weight
+        floor = cfg.min_op_units * weight * op.keys_touched
+        return wu if wu > floor else floor
 
     def write_cost(self, op: WriteOp, *, wrote: bool) -> tuple[int, int]:
         """``(wu, cost)`` of a write that ran, succeeded or not (a CAS mismatch,
@@ -408,23 +403,29 @@ class Node:
             cost_sum += floor if floor > wu else wu
         return wu_sum, cost_sum
 
-    def charge_writes(self, bucket: str, wu: int, cost: int, unthrottled: bool) -> None:
+    def charge_writes(
+        self, bucket: str, wu: int, cost: int, unthrottled: bool, reserved: int = 0
+    ) -> None:
         """Charge writes that ran: ``wu`` metered, ``cost`` units to the throttle
-        (sums of :meth:`write_cost`). Within a delivered commit the charges add up
-        per bucket and go to the throttle once, at the delivery's instant
-        (:meth:`_deliver`)."""
+        (sums of :meth:`write_cost`), less the ``reserved`` units it took for them
+        when they were admitted (:meth:`write_admission_cost`). Within a delivered
+        commit the charges add up per bucket and go to the throttle once, at the
+        delivery's instant (:meth:`_deliver`)."""
         tally = self._tally
         if tally is None:
             if bucket in self.throttle:
-                self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost)
+                self.throttle.charge(
+                    bucket, 0, wu, unthrottled=unthrottled, min_cost=cost, reserved=reserved
+                )
             return
         key = (bucket, unthrottled)
         sums = tally.charges.get(key)
         if sums is None:
-            tally.charges[key] = [wu, cost]
+            tally.charges[key] = [wu, cost, reserved]
         else:
             sums[0] += wu
             sums[1] += cost
+            sums[2] += reserved
 
     def count_write(self, bucket: str, method: str, t0: float, n: int = 1) -> None:
         """Count ``n`` writes that succeeded and time them from ``t0`` (perf_counter)
@@ -476,9 +477,17 @@ class Node:
 
     def _settle(self, tally: WriteTally) -> None:
         now = self.throttle.clock()
-        for (bucket, unthrottled), (wu, cost) in tally.charges.items():
+        for (bucket, unthrottled), (wu, cost, reserved) in tally.charges.items():
             if bucket in self.throttle:  # not deleted meanwhile
-                self.throttle.charge(bucket, 0, wu, unthrottled=unthrottled, min_cost=cost, now=now)
+                self.throttle.charge(
+                    bucket,
+                    0,
+                    wu,
+                    unthrottled=unthrottled,
+                    min_cost=cost,
+                    now=now,
+                    reserved=reserved,
+                )
         if tally.timed:
             done = time.perf_counter()
             for (bucket, method, t0), n in tally.timed.items():

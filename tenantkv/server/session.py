@@ -49,7 +49,7 @@ from tenantkv import errors, protocol
 from tenantkv._version import __version__
 from tenantkv.server import auth
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS
-from tenantkv.server.execution import ASK_ALLOWANCE, Execution
+from tenantkv.server.execution import ASK_ALLOWANCE, Execution, NotNow
 from tenantkv.server.node import Node
 from tenantkv.storage.ops import WriteOp
 
@@ -536,7 +536,10 @@ class Session(Execution):
                     rate_room -= 1
                 elif rate_enabled:
                     return handled, req  # (the loan is settled or refused there)
-                op = join(run, msgid, method, params)
+                try:
+                    op = join(run, msgid, method, params)
+                except NotNow:
+                    return handled, req  # (the throttle's waiting path)
                 if op is not None:
                     msgids.append(msgid)
                     ops.append(op)

@@ -60,6 +60,7 @@ class WriteRun:
         "bucket",
         "cmd",
         "holds",
+        "reserved",
         "room",
         "t0",
         "unlimited",
@@ -82,10 +83,13 @@ class WriteRun:
         self.holds = holds
         #: when the run's first write was received (perf_counter): its latency's start
         self.t0 = t0
-        #: no request on the bucket can cost too much (Node.check_write_cost): so
-        #: while the run lasts — nothing else runs, no limit changes — the writes
-        #: prepared after its first need not ask
+        #: the tenant throttle does not hold these writes back (throttling off, an
+        #: unthrottled user): while the run lasts — nothing else runs, no limit
+        #: changes — the writes that join it need not ask it
         self.unlimited = unlimited
+        #: units the throttle reserved for the run's writes when it admitted each
+        #: (their known cost): the charge once they ran settles the difference
+        self.reserved = holds.reserved
         self._msgids: list[int] = []
         #: the run's writes, until they are answered (their values must not
         #: outlive their answers)
@@ -204,6 +208,7 @@ class WriteRun:
         name = self.bucket.name
         if ok:
             node.count_write(name, self.cmd.name, self.t0, ok)
-        if cost:
+        if cost or self.reserved:
             user = s.user
-            node.charge_writes(name, wu, cost, user is not None and user.unthrottled)
+            node.charge_writes(name, wu, cost, user is not None and user.unthrottled, self.reserved)
+            self.reserved = 0

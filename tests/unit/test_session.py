@@ -865,15 +865,15 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
     """The writes a commit delivers are charged to the throttle in one sum per
-    bucket; the state afterwards is that of charging each write on its own,
-    debt bound included."""
+    bucket, less what was reserved for each when it was admitted; the state
+    afterwards is that of charging each write on its own."""
     from tenantkv.storage.records import HEADER_BYTES
 
     cfg = node.config
     sizes = [10, 5000, 9000, 100, 13000, 1, 4096, 20000] * 2
     async with trio.open_nursery() as nursery:
         peer = await hello_session(node, nursery)
-        node.throttle.set_bucket("b", hard_limit=300)  # 30 units a slice: into debt
+        node.throttle.set_bucket("b", hard_limit=800)  # 80 units a slice: 76 of them spent
         mock_clock.jump(1.0)
         ref = frozen_copy(node.throttle)
         for i, n in enumerate(sizes):
@@ -885,7 +885,7 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
         got = await peer.responses(len(sizes))
         assert all(r.error is None for r in got)
         b, r = node.throttle._buckets["b"], ref._buckets["b"]
-        assert r.hard < 0  # the writes went into debt: the bound was in play
+        assert r.hard < 5  # the writes spent nearly all of the slice
         assert (b.credit, b.hard, b.wu_total, b.used_window) == (
             r.credit,
             r.hard,
@@ -896,45 +896,35 @@ async def test_a_commits_writes_are_charged_once_as_if_one_by_one(
         await peer.stream.aclose()
 
 
-async def test_a_write_too_costly_for_its_bucket_is_refused_within_a_run(node: Node) -> None:
-    """A run's writes skip the request-cost check only on a bucket where no request
-    can cost too much: on a limited one each joining write is still checked."""
-    node.throttle.set_bucket("b", hard_limit=10_000)
-    node.throttle.max_debt_secs = 0.005  # 50 units: a costly write fits the run's chunk
-    most = node.throttle.max_request_units("b")
-    big = b"x" * int(most * node.config.write_unit_size)  # over the most, whatever the weight
+async def test_each_write_of_a_run_is_admitted_at_its_own_cost(node: Node) -> None:
+    """A run's writes used to join it on the room of the other gates alone, the
+    throttle asked once: a chunk of large writes overshot the hard limit by all
+    but the first. Each joining write is admitted at its own cost and reserved;
+    one the throttle cannot admit now waits its turn. A write costlier than
+    throttle_max_request_secs of the hard limit runs once the bucket owes nothing."""
+    node.throttle.set_bucket("b", hard_limit=1000)  # 100 units a slice
+    node.throttle.max_debt_secs = 0.05  # 50 units: the 200-unit write is a big one
+    big = b"x" * (100 * node.config.write_unit_size - 100)  # 100 WU: 200 units
     async with trio.open_nursery() as nursery:
         peer = await run_session(node, nursery)
         await peer.send(HELLO)
         assert [r.error for r in await peer.responses(1)] == [None]
-        # One chunk: the costly write would join the run of the write before it.
+        await trio.sleep(0.2)  # a fresh slice: the counter full
+        start = trio.current_time()
+        # One chunk: the big write would join the run of the write before it.
         await peer.send(
             (1, "set", {"key": b"a", "value": b"1"}),
             (2, "set", {"key": b"big", "value": big}),
             (3, "set", {"key": b"c", "value": b"3"}),
+            (4, "set", {"key": b"d", "value": b"4"}),
         )
-        got = sorted(await peer.responses(3), key=lambda r: r.msgid)
-        assert [r.error["codeName"] if r.error else None for r in got] == [
-            None,
-            "RequestTooCostly",
-            None,
-        ]
-        # Deep in a long run too.
-        await peer.send(
-            *((10 + i, "set", {"key": b"k%d" % i, "value": b"1"}) for i in range(5)),
-            (15, "set", {"key": b"big", "value": big}),
-            (16, "set", {"key": b"z"}),
-        )
-        got = sorted(await peer.responses(7), key=lambda r: r.msgid)
-        assert [r.error["codeName"] if r.error else None for r in got] == [None] * 5 + [
-            "RequestTooCostly",
-            "BadValue",
-        ]
-        node.throttle.set_bucket("b", hard_limit=None)  # unlimited
-        await peer.send(
-            (4, "set", {"key": b"a", "value": b"1"}), (5, "set", {"key": b"big", "value": big})
-        )
-        assert [r.error for r in await peer.responses(2)] == [None, None]
+        got = sorted(await peer.responses(4), key=lambda r: r.msgid)
+        assert [r.error for r in got] == [None] * 4
+        # The big write waited for the next refill (the counter full again), then
+        # its 200 units were repaid before c ran: 100 units a slice.
+        assert trio.current_time() - start >= 0.2
+        st = node.throttle.statistics().buckets["b"]
+        assert st.wu_total == 1 + 100 + 1 + 1
         await peer.stream.aclose()
 
 
