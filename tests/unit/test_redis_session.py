@@ -149,7 +149,8 @@ async def test_refused_commands_wait_for_the_buckets_allowance(
     is held as its reads are: the next is answered only once the debt is paid
     (each was decoded and answered at once, at any rate)."""
     node.throttle.set_bucket("b", reserved=10, hard_limit=10)
-    node.throttle.max_wait_secs = 60  # (past it, a request is refused at once: TRYAGAIN)
+    node.throttle.max_wait_secs = 1000  # (past it a request is refused at once: TRYAGAIN;
+    # 1,001 floors at 10 units/s are 100 s of debt, never forgiven)
     async with trio.open_nursery() as nursery:
         peer = await resp_session(node, nursery)
         await peer.send((b"DEL", *[b"k%d" % i for i in range(MAX_KEYS_PER_COMMAND + 1)]))

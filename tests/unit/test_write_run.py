@@ -44,7 +44,9 @@ class FakeNode:
     def count_write(self, bucket: str, method: str, t0: float, n: int = 1) -> None:
         self.counted.append((bucket, method, t0, n))
 
-    def charge_writes(self, bucket: str, wu: int, cost: int, unthrottled: bool) -> None:
+    def charge_writes(
+        self, bucket: str, wu: int, cost: int, unthrottled: bool, reserved: int = 0
+    ) -> None:
         self.charged.append((bucket, wu, cost, unthrottled))
 
 
@@ -69,6 +71,9 @@ class FakeSession:
 
     def _wake_reader(self) -> None:
         pass
+
+    def _held_changed(self) -> None:
+        self.held_reports = getattr(self, "held_reports", 0) + 1
 
 
 def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
