@@ -63,6 +63,28 @@ REFUSAL_PAUSE_MIN_SECS = 0.001
 ERROR_LOG_INTERVAL_SECS = 1.0
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
+#: A request that waits with at least this many bytes of arguments counts them
+#: against the node-wide cap on what clients make the server hold while it waits
+#: (``max_receive_buffer_bytes``): decoded, they are no longer received bytes, and
+#: a tenant held at its limit would otherwise keep a 20 MiB value per connection
+#: waiting uncounted. Smaller ones are not counted (two updates of the cap each).
+WAITING_COUNTED_BYTES = 64 * 1024
+
+
+def request_bytes(params: dict[str, Any] | list[bytes]) -> int:
+    """The bytes of a decoded request's arguments (values, keys, pairs): what it
+    holds while it waits. Containers one level down are counted (keys, pairs)."""
+    n = 0
+    for v in params.values() if isinstance(params, dict) else params:
+        if isinstance(v, (bytes, bytearray, str)):
+            n += len(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, (bytes, bytearray, str)):
+                    n += len(x)
+                elif isinstance(x, tuple):
+                    n += sum(len(y) for y in x if isinstance(y, (bytes, bytearray, str)))
+    return n
 
 
 class NotNow(Exception):
@@ -107,6 +129,9 @@ class Execution:
         self.pending_writes = 0
         #: bytes of those writes (their values and keys), for back-pressure
         self.pending_write_bytes = 0
+        #: bytes of the decoded request waiting (at a gate, or for this connection's
+        #: writes), when it has WAITING_COUNTED_BYTES or more: held all the same
+        self.waiting_bytes = 0
         # A plain flag says whether the task is parked waiting for writes: checking
         # a bool per write callback is much cheaper than asking the ParkingLot.
         self._drain_lot = trio.lowlevel.ParkingLot()
@@ -536,6 +561,25 @@ class Execution:
         connection must close (a fatal error)."""
         msgid, method, params = req
         t0 = time.perf_counter()
+        held = request_bytes(params)
+        if held < WAITING_COUNTED_BYTES:
+            return await self._run_held(cmd, msgid, method, params, t0)
+        self._hold_waiting(held)
+        try:
+            return await self._run_held(cmd, msgid, method, params, t0)
+        finally:
+            self._hold_waiting(0)
+
+    def _hold_waiting(self, nbytes: int) -> None:
+        """A large request waits (``nbytes``), or no longer does (0): the framing
+        half tells the node-wide cap (see :data:`WAITING_COUNTED_BYTES`)."""
+        self.waiting_bytes = nbytes
+        self._held_changed()
+
+    async def _run_held(
+        self, cmd: Command | None, msgid: int, method: str, params: Any, t0: float
+    ) -> bool:
+        """:meth:`_run`, its request's bytes counted as held if need be."""
         if self._backlogged(cmd):
             await self._wait_writes()
         if self.node.failpoints.active and await self._failpoint(msgid, method):

@@ -31,7 +31,7 @@ import trio
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
 from tenantkv.server import redis_docs
-from tenantkv.server.execution import Execution
+from tenantkv.server.execution import WAITING_COUNTED_BYTES, Execution
 from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
@@ -312,14 +312,21 @@ class RedisSession(Session):
 
         Its arguments cost a floor per read unit (4 KB) beyond that (an ECHO of
         20 MiB is not one unit's work)."""
-        extra = sum(map(len, args)) // self.node.config.read_unit_size
+        size = sum(map(len, args))
+        extra = size // self.node.config.read_unit_size
         try:
             if name in HANDSHAKE:
                 self._charge_floor(1 + extra)
-            else:
+            elif size < WAITING_COUNTED_BYTES:
                 await self._admit_floor()
-                if extra:
-                    self._charge_floor(extra)
+            else:
+                self._hold_waiting(size)  # (its arguments are held while it waits)
+                try:
+                    await self._admit_floor()
+                finally:
+                    self._hold_waiting(0)
+            if extra and name not in HANDSHAKE:
+                self._charge_floor(extra)
         except errors.TenantKVError as exc:
             self._fail(msgid, name, exc)
             return True

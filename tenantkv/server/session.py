@@ -135,7 +135,8 @@ class Session(Execution):
         #: bytes this connection holds for its client, as last told to
         #: node.receive_buffers: its decoder's undecoded bytes (``_buffered``, as of
         #: the last chunk settled), its writes not yet durable
-        #: (``pending_write_bytes``) and a large send under way (``_unsent``);
+        #: (``pending_write_bytes``), a large request waiting (``waiting_bytes``) and
+        #: a large send under way (``_unsent``);
         #: once closed (``_released``) it holds none
         self._held = 0
         self._buffered = 0
@@ -622,13 +623,18 @@ class Session(Execution):
 
     def _report_held(self) -> None:
         """Tell the node-wide cap what this connection holds: its undecoded bytes,
-        its decoded writes not yet durable, and a large send under way. A value stops being received
+        its decoded writes not yet durable, a large request waiting at a gate, and
+        a large send under way. A value stops being received
         bytes when its frame is decoded, but the server still holds it (and a
         copy in the commit) until its write is durable: counting only the
         undecoded bytes let 32 connections pipelining 20 MiB writes hold 1.6 GB
         against a 256 MiB cap. The writer's answers call it as they free bytes
         (:meth:`Execution._held_changed`), waking connections that wait for room."""
-        held = 0 if self._released else self._buffered + self.pending_write_bytes + self._unsent
+        held = (
+            0
+            if self._released
+            else self._buffered + self.pending_write_bytes + self.waiting_bytes + self._unsent
+        )
         if held != self._held:
             user = self.user.name if self.user is not None else None
             self.node.receive_buffers.update(self, held, user)

@@ -266,6 +266,30 @@ async def test_writes_not_yet_durable_count_against_the_receive_buffer_cap(node:
             await peer.stream.aclose()
 
 
+async def test_a_large_write_waiting_at_the_throttle_counts_as_held(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A decoded write waiting for its bucket's allowance holds its value: it counts
+    against the node-wide cap until it joins the writer's queue (then as a write
+    not yet durable), so connections of a tenant held at its limit cannot each
+    keep a large value uncounted."""
+    node.throttle.set_bucket("b", reserved=10, hard_limit=10)
+    node.throttle.max_wait_secs = 1000
+    value = bytes(200_000)  # 49 units: ~5 s of the bucket's rate
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send((1, "set", {"key": b"first", "value": value}))
+        assert [r.error for r in await peer.responses(1)] == [None]  # its debt: ~4 s
+        await peer.send((2, "set", {"key": b"second", "value": value}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered >= len(value)  # waiting, and held
+        mock_clock.jump(60)
+        assert [r.error for r in await peer.responses(1)] == [None]
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered == 0
+        await peer.stream.aclose()
+
+
 async def test_a_client_that_does_not_read_its_replies_stops_being_read(node: Node) -> None:
     """Replies wait in one send of at most OUT_HIGH_WATER plus a reply; meanwhile the
     connection is not read (its client's requests wait in TCP) and what the send
