@@ -401,6 +401,8 @@ class Node:
             wu_sum += wu
             wu *= weight
             cost_sum += floor if floor > wu else wu
+            if op.reply_hint:  # the value its answer carries: read units, as a GET's
+                cost_sum += -(-op.reply_hint // cfg.read_unit_size)
         return wu_sum, cost_sum
 
     def charge_writes(

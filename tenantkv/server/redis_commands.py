@@ -661,7 +661,24 @@ def _set_parse(args: list[bytes]) -> dict[str, Any]:
 
 
 def _set(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    return StringSetOp(b, p["key"], _check_value(s, p["value"]), p["expiry"], p["only"])
+    get = p.get("get", False)
+    return StringSetOp(
+        b,
+        p["key"],
+        _check_value(s, p["value"]),
+        p["expiry"],
+        p["only"],
+        get=get,
+        reply_hint=_stored_value_bytes(s, b, p["key"]) if get else 0,
+    )
+
+
+def _stored_value_bytes(s: Session, b: BucketHandle, key: bytes) -> int:
+    """The size of ``key``'s value now, read on a view of its record: what a write
+    that answers with the value it finds will hold and read (``WriteOp.reply_hint``).
+    A pipeline of GETEX on a 10 MiB key held 600 MB of answers uncounted."""
+    found = s.node.engine.headers(b, [key])[0]
+    return 0 if found is None else max(0, found[0] - HEADER_BYTES)
 
 
 def _set_reply(enc: Encoder, v: Any) -> bytes:
@@ -724,7 +741,13 @@ _register(
         "getset",
         3,
         "write",
-        lambda args: {"key": _key(args[1]), "value": args[2], "expiry": CLEAR, "only": ""},
+        lambda args: {
+            "key": _key(args[1]),
+            "value": args[2],
+            "expiry": CLEAR,
+            "only": "",
+            "get": True,
+        },
         _set,
         _set_get_reply,
         ("write", "denyoom", "fast"),
@@ -802,7 +825,7 @@ _register(
         2,
         "write",
         _one_key,
-        lambda s, b, p: GetDelOp(b, p["key"]),
+        lambda s, b, p: GetDelOp(b, p["key"], reply_hint=_stored_value_bytes(s, b, p["key"])),
         _bulk_or_null,
         ("write", "fast"),
         summary="Get the value of a key and delete it.",
@@ -825,7 +848,8 @@ def _getex_parse(args: list[bytes]) -> dict[str, Any]:
 
 
 def _getex(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    return GetExOp(b, p["key"], p.get("expiry", KEEP))
+    key = p["key"]
+    return GetExOp(b, key, p.get("expiry", KEEP), reply_hint=_stored_value_bytes(s, b, key))
 
 
 _register(
@@ -976,7 +1000,7 @@ def parse_call(rc: RedisCommand, args: list[bytes]) -> tuple[dict[str, Any], Rep
     if (rc.arity >= 0 and n != rc.arity) or (rc.arity < 0 and n < -rc.arity):
         raise arity_error(rc.name)
     p = rc.parse(args)
-    if p.pop("get", False):
+    if p.get("get", False):  # (kept: the op then carries the old value)
         return p, _set_get_reply
     return p, rc.reply
 

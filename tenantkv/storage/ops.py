@@ -87,6 +87,10 @@ class WriteOp:
     record_bytes: tuple[int, ...] | list[int] = ()
     #: writes this queued item carries (a worker's message of writes: many)
     op_count: int = 1
+    #: Bytes of a stored value the op's answer carries (GETDEL, GETEX, SET ... GET),
+    #: read from the stored record when the op is built: in ``size_hint``, so the
+    #: answer is held as a write in flight is, and charged as read units.
+    reply_hint: int = 0
 
     def apply(self, w: WriteContext) -> Any:
         raise NotImplementedError

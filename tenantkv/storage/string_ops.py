@@ -98,10 +98,13 @@ class StringSetOp(WriteOp):
     expiry: Expiry = CLEAR
     only: Literal["", "nx", "xx"] = ""
     nbytes: int = 0
+    #: the answer carries the old value (GET, GETSET); else it is not copied
+    get: bool = False
+    reply_hint: int = 0
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.key) + len(self.value) + records.HEADER_BYTES
+        return len(self.key) + len(self.value) + records.HEADER_BYTES + self.reply_hint
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
@@ -113,13 +116,13 @@ class StringSetOp(WriteOp):
                 # record, so one B-tree operation writes it and returns the old one.
                 _, old_raw = upsert(w, h, self.key, self.value, expiry, 0)
                 self.nbytes = len(self.key) + records.HEADER_BYTES + len(self.value)
-                if old_raw is None:
+                if old_raw is None or not self.get:
                     return True, None
                 old_expiry = records.HEADER.unpack_from(old_raw)[1]
                 live = not old_expiry or old_expiry > w.now_ms
                 return True, bytes(old_raw[records.HEADER_BYTES :]) if live else None
         old, live = _live(w, h, self.key)
-        previous = live.value if live is not None else None
+        previous = live.value if live is not None and self.get else None
         if (self.only == "nx" and live is not None) or (self.only == "xx" and live is None):
             return False, previous
         expiry = self.expiry.at(w.now_ms, live)
@@ -197,6 +200,11 @@ class GetDelOp(WriteOp):
     bucket: BucketHandle
     key: bytes
     nbytes: int = 0
+    reply_hint: int = 0
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        return len(self.key) + records.HEADER_BYTES + self.reply_hint
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
@@ -218,6 +226,11 @@ class GetExOp(WriteOp):
     key: bytes
     expiry: Expiry
     nbytes: int = 0
+    reply_hint: int = 0
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        return len(self.key) + records.HEADER_BYTES + self.reply_hint
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket

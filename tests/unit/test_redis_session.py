@@ -326,3 +326,43 @@ async def test_config_get_matches_redis_globs_case_insensitively_and_is_bounded(
         assert got[1] == b"*2\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n"  # [!a]: ! or a
         assert got[2] == b"-ERR CONFIG GET takes at most %d patterns\r\n" % MAX_CONFIG_PATTERNS
         nursery.cancel_scope.cancel()
+
+
+async def test_writes_that_answer_with_a_value_hold_and_pay_for_it(node: Node) -> None:
+    """GETEX, GETDEL and SET ... GET answer with a stored value: it is counted before
+    they run (held as a write in flight, against the connection's and the node's
+    bounds) and charged as the read units a GET of it costs. Pipelined GETEX of a
+    10 MiB key held 600 MB of answers, each charged one unit; and every plain SET
+    copied the value it replaced, to answer OK."""
+    stalled: list[Any] = []
+    real_submit_many = node.writer.submit_many  # type: ignore[union-attr]
+    value = bytes(400_000)
+    async with trio.open_nursery() as nursery:
+        peer = await resp_session(node, nursery)
+        await peer.send((b"SET", b"big", value))
+        assert await peer.replies(1) == [b"+OK\r\n"]
+        node.writer.submit_many = stalled.extend  # type: ignore[union-attr]
+        before = units_used(node)
+        await peer.send(*[(b"GETEX", b"big") for _ in range(3)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.receive_buffers.buffered >= 3 * len(value)  # answers to come, held
+        node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+        real_submit_many(stalled)
+        answers = (b"$400000\r\n" + value + b"\r\n") * 3
+        with trio.fail_after(TIMEOUT):
+            while len(peer.buf) < len(answers):
+                peer.buf += await peer.stream.receive_some(1 << 20)
+        assert peer.buf == answers
+        peer.buf = b""
+        read_units = -(-len(value) // node.config.read_unit_size)
+        assert units_used(node) - before >= 3 * read_units
+        # A plain SET answers OK: the value it replaces is neither copied nor held.
+        ops: list[Any] = []
+        node.writer.submit_many = lambda items: (ops.extend(items), real_submit_many(items))  # type: ignore[union-attr]
+        await peer.send((b"SET", b"big", b"small"), (b"SET", b"big", b"v", b"GET"))
+        assert await peer.replies(2) == [b"+OK\r\n", b"$5\r\nsmall\r\n"]
+        node.writer.submit_many = real_submit_many  # type: ignore[union-attr]
+        sets = [op for p in ops for op in getattr(p.op, "ops", [p.op])]  # (a run: one item)
+        # (the old value's size as it stood when the op was built: before the first SET)
+        assert [op.reply_hint for op in sets] == [0, len(value)]
+        nursery.cancel_scope.cancel()

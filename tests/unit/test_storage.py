@@ -336,18 +336,21 @@ def test_a_backward_clock_step_resurrects_no_expired_key(store: Store) -> None:
 
 def test_a_plain_redis_set_upserts_and_keeps_the_expiry_index_in_step(store: Store) -> None:
     """Redis SET without NX/XX/KEEPTTL writes in one B-tree operation: it returns the
-    old live value (for SET ... GET), clears or moves the expiry index entry, and an
-    expiry already past still deletes the key."""
+    old live value (for SET ... GET; a plain SET does not copy it), clears or moves
+    the expiry index entry, and an expiry already past still deletes the key."""
     from tenantkv.storage.string_ops import CLEAR, Expiry, StringSetOp
 
     b = store.bucket()
     assert store.ok(StringSetOp(b, b"k", b"v1", Expiry("relative", 10_000))) == (True, None)
-    assert store.ok(StringSetOp(b, b"k", b"v2")) == (True, b"v1")  # the TTL is cleared
+    assert store.ok(StringSetOp(b, b"k", b"v2", get=True)) == (True, b"v1")  # the TTL is cleared
     assert store.ok(StringSetOp(b, b"m", b"v1", Expiry("relative", 10_000))) == (True, None)
-    assert store.ok(StringSetOp(b, b"m", b"v2", Expiry("relative", 100_000))) == (True, b"v1")
+    assert store.ok(StringSetOp(b, b"m", b"v2", Expiry("relative", 100_000), get=True)) == (
+        True,
+        b"v1",
+    )
     assert store.ok(StringSetOp(b, b"x", b"v1", Expiry("relative", 1_000))) == (True, None)
     store.clock.ms += 20_000
-    assert store.ok(StringSetOp(b, b"x", b"v2", CLEAR)) == (True, None)  # old one expired
+    assert store.ok(StringSetOp(b, b"x", b"v2", CLEAR, get=True)) == (True, None)  # old one expired
     assert store.ok(ExpireDueOp())["removed"] == 0
     assert store.get(b"k").value == b"v2" and store.get(b"k").expiry_ms == 0
     assert store.get(b"m").value == b"v2" and store.get(b"x").value == b"v2"
@@ -355,7 +358,10 @@ def test_a_plain_redis_set_upserts_and_keeps_the_expiry_index_in_step(store: Sto
     assert store.ok(ExpireDueOp())["removed"] == 1
     assert store.get(b"m") is None and store.get(b"k") is not None
     past = Expiry("absolute", store.clock.ms - 1)
-    assert store.ok(StringSetOp(b, b"k", b"v3", past)) == (True, b"v2")
+    assert store.ok(StringSetOp(b, b"k", b"v3", past)) == (True, None)  # (no GET: not copied)
+    assert store.get(b"k") is None
+    assert store.ok(StringSetOp(b, b"k", b"v4")) == (True, None)
+    assert store.ok(StringSetOp(b, b"k", b"v5", past, get=True)) == (True, b"v4")
     assert store.get(b"k") is None  # an expiry already past deletes the key, as Redis does
 
 
