@@ -8,7 +8,7 @@ and after) and the healthy tenant's rate during the attack over its calm rate:
 
 1. **large writes** — ``--connections`` connections each pipelining
    ``--pipelined`` SETs of ``--value-mib`` MiB (the MessagePack door), all at
-   once. Writes decoded and not yet durable count against
+   once, for at most ``--seconds``. Writes decoded and not yet durable count against
    ``max_receive_buffer_bytes`` (docs/security.md).
 2. **value-returning writes** — RESP ``GETEX`` of one ``--value-mib`` MiB key,
    ``--pipelined-getex`` of them in one pipeline: each answer carries the
@@ -59,7 +59,10 @@ def add_parser(sub: Any) -> None:
         default=1000,
         help="the attacking bucket's hard limit, units/s (0: none) [1000]",
     )
-    p.add_argument("--quick", action="store_true", help="16 connections, 8 MiB values")
+    p.add_argument(
+        "--seconds", type=float, default=20.0, help="longest the large writes go on [20]"
+    )
+    p.add_argument("--quick", action="store_true", help="16 connections, 8 MiB values, 10 s")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
     p.set_defaults(func=run)
 
@@ -126,6 +129,7 @@ def _prepare(srv: servers.ServerHandle, hard_limit: int) -> str:
 
 def _large_writes(srv: servers.ServerHandle, password: str, args: argparse.Namespace) -> None:
     value = os.urandom(args.value_mib * 1024 * 1024 - 1024)
+    until = time.monotonic() + args.seconds
 
     def one(i: int) -> None:
         with socket.create_connection((srv.host, srv.port), timeout=120) as s:
@@ -136,9 +140,18 @@ def _large_writes(srv: servers.ServerHandle, password: str, args: argparse.Names
                 for j in range(args.pipelined)
             ]
             s.sendall(b"".join(frames))
+            # Until every write is answered or the attack's time is up: at the
+            # bucket's hard limit, 128 writes of 20 MiB take ~11 minutes.
             unpacker, got = msgpack.Unpacker(raw=False), 0
             while got < args.pipelined + 1:
-                data = s.recv(65536)
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                s.settimeout(left)
+                try:
+                    data = s.recv(65536)
+                except TimeoutError:
+                    return
                 if not data:
                     raise BenchError("the server closed an attacking connection")
                 unpacker.feed(data)
@@ -205,7 +218,7 @@ def _part(
 
 def run(args: argparse.Namespace) -> int:
     if args.quick:
-        args.connections, args.value_mib = 16, 8
+        args.connections, args.value_mib, args.seconds = 16, 8, 10.0
     figures: dict[str, Any] = {}
     report.log("attack-memory: large writes")
     with servers.tenantkv_server() as srv:

@@ -76,14 +76,16 @@ def check_one(data: bytes) -> None:
         for chunk in chunks:
             dec.feed(chunk)
             for req in dec:
-                assert isinstance(req, protocol.Request)
-                assert type(req.msgid) is int and 0 <= req.msgid < 2**32
-                assert type(req.method) is str and type(req.params) is dict
-                assert _containers(req.params) < protocol.MAX_FRAME_CONTAINERS
+                assert type(req) is tuple and len(req) == 3  # (msgid, method, params)
+                msgid, method, params = req
+                assert type(msgid) is int and 0 <= msgid < 2**32
+                assert type(method) is str and type(params) is dict
+                assert _containers(params) < protocol.MAX_FRAME_CONTAINERS
             # bytes of an incomplete frame: never more than the bound in force
             assert 0 <= dec.buffered <= dec.frame_limit, dec.buffered
             if not dec.buffered:
-                assert dec._unpacker is None  # idle: no parse stack held
+                dec.release_if_idle()
+                assert not dec.unpackers  # idle: no parse stack held
     except (errors.ProtocolError, errors.FrameTooLarge):
         pass
 

@@ -112,6 +112,10 @@ MAX_FRAME_CONTAINERS = FRAME_DECODE_BUDGET // (CONTAINER_COST + 1)
 UNCOUNTED_FRAME_BYTES = 16 * 1024
 #: How many leading bytes of a frame :func:`check_frame_head` looks at.
 FRAME_HEAD_BYTES = 256
+#: A counting unpacker that has decoded this many bytes is replaced by a fresh
+#: one when it stops inside a frame: its buffer grew to the largest frame it
+#: held and never shrinks, while the connection holds only the partial frame.
+COUNTING_RENEW_BYTES = 1024 * 1024
 
 #: ``[0, ...]``: a fixarray of 4 starting with the request type.
 _REQUEST_START = bytes([0x94, REQUEST])
@@ -352,9 +356,7 @@ class RequestDecoder:
             self._decide_head(carry[:FRAME_HEAD_BYTES])
         counting = self._counting
         if counting is None:
-            counting = self._counting = _unpacker(
-                self._buffer_bytes, list_hook=self._budget.count, object_hook=self._budget.count
-            )
+            counting = self._counting = self._new_counting()
         self._base = self._frame_start - counting.tell()
         rest = bytes(self._rest)
         counting.feed(carry)
@@ -365,6 +367,11 @@ class RequestDecoder:
         self._budget.left = FRAME_DECODE_BUDGET
         self._counted = True
         return counting
+
+    def _new_counting(self) -> msgpack.Unpacker:
+        return _unpacker(
+            self._buffer_bytes, list_hook=self._budget.count, object_hook=self._budget.count
+        )
 
     def release_if_idle(self) -> None:
         """Drop the unpackers when nothing received waits to be decoded."""
@@ -386,6 +393,20 @@ class RequestDecoder:
             self._head = last[start : start + FRAME_HEAD_BYTES] if start >= 0 else b""
             if self._head:
                 self._decide_head(self._head)
+        counting = self._counting
+        if (
+            counting is not None
+            and pending <= len(last)
+            and counting.tell() >= COUNTING_RENEW_BYTES
+        ):
+            # Pipelined 20 MiB frames kept a 20 MiB buffer per connection while
+            # the cap on what connections hold counted only the frame begun.
+            # The partial frame is all in the last chunk: it moves to a fresh
+            # unpacker, which decodes it from its start (so its budget restarts).
+            self._counting = self._new_counting()
+            self._counting.feed(last[len(last) - pending :])
+            self._base = self._frame_start
+            self._budget.left = FRAME_DECODE_BUDGET
 
     def _validate(self, obj: Any) -> Request:
         if type(obj) is not list or len(obj) != 4:

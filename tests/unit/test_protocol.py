@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import msgpack
 import pytest
@@ -191,6 +192,41 @@ def test_frames_either_side_of_the_uncounted_bound_round_trip(sizes: list[int], 
     dec = protocol.RequestDecoder()
     assert decode_in_chunks(dec, wire, chunk) == reqs
     assert dec.buffered == 0 and not dec._counted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([300, 4096, U - 1, U, U + 1, 3 * U]), max_size=6),
+    st.integers(64, 3 * U),
+)
+def test_a_renewed_counting_unpacker_decodes_the_same(sizes: list[int], chunk: int) -> None:
+    """The counting unpacker is replaced whenever it stops inside a frame once it
+    has decoded COUNTING_RENEW_BYTES (here: at once), its partial frame moving to
+    the new one: any chunking still gives the same requests."""
+    reqs = [_set_frame(i, n) for i, n in enumerate(sizes)]
+    wire = b"".join(protocol.encode_request(*r) for r in reqs)
+    dec = protocol.RequestDecoder()
+    with mock.patch.object(protocol, "COUNTING_RENEW_BYTES", 1):
+        assert decode_in_chunks(dec, wire, chunk) == reqs
+    assert dec.buffered == 0
+
+
+def test_pipelined_large_frames_do_not_keep_the_largest_buffer() -> None:
+    """After a large frame, a connection whose next frame has only begun holds that
+    much in a fresh unpacker, not the buffer the large frame grew (msgpack's never
+    shrinks): 20 MiB per connection pipelining large writes, uncounted."""
+    big = protocol.COUNTING_RENEW_BYTES + 100_000
+    frames = [protocol.encode_request(*_set_frame(i, big)) for i in range(3)]
+    wire = b"".join(frames)
+    dec = protocol.RequestDecoder()
+    got, seen = [], set()
+    for i in range(0, len(wire), 256 * 1024):
+        dec.feed(wire[i : i + 256 * 1024])
+        got += list(dec)
+        if dec._counting is not None:
+            seen.add(id(dec._counting))
+            assert dec._counting.tell() < protocol.COUNTING_RENEW_BYTES + 256 * 1024
+    assert [msgid for msgid, _, _ in got] == [0, 1, 2] and len(seen) >= 2
 
 
 def test_a_small_frame_is_not_counted_and_a_large_one_is() -> None:
