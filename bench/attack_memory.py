@@ -11,7 +11,8 @@ and after) and the healthy tenant's rate during the attack over its calm rate:
    once, for at most ``--seconds``. Writes decoded and not yet durable count against
    ``max_receive_buffer_bytes`` (docs/security.md).
 2. **value-returning writes** — RESP ``GETEX`` of one ``--value-mib`` MiB key,
-   ``--pipelined-getex`` of them in one pipeline: each answer carries the
+   ``--pipelined-getex`` of them in a pipeline, pipeline after pipeline for
+   ``--seconds``: each answer carries the
    value, so each counts as held until it is answered.
 
 Targets (the isolation issue's): growth ≤ 256 MiB, healthy ≥ 80 % of calm.
@@ -21,6 +22,8 @@ Exit status 0 when every target is met, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing as mp
 import os
 import socket
 import sys
@@ -86,30 +89,20 @@ class Healthy:
         return n / seconds
 
     def during(self, attack: Callable[[], None], pid: int) -> tuple[float, float]:
-        """Run ``attack`` in a thread; this tenant's rate meanwhile, and peak RssAnon."""
-        done = threading.Event()
-        errors: list[BaseException] = []
-
-        def attacker() -> None:
-            try:
-                attack()
-            except BaseException as exc:  # reported below, not lost in the thread
-                errors.append(exc)
-            finally:
-                done.set()
-
-        t = threading.Thread(target=attacker)
-        t.start()
+        """Run ``attack`` in a process of its own (its client's work must not take
+        this one's interpreter); this tenant's rate meanwhile, and peak RssAnon."""
+        proc = mp.get_context("fork").Process(target=attack)
+        proc.start()
         ops, start, peak = 0, time.monotonic(), rss_anon_kib(pid)
-        while not done.is_set():
+        while proc.is_alive():
             self.client.get("canary")
             ops += 1
             if ops % 20 == 0:
                 peak = max(peak, rss_anon_kib(pid))
         elapsed = time.monotonic() - start
-        t.join()
-        if errors:
-            raise BenchError(f"the attack failed: {errors[0]!r}")
+        proc.join()
+        if proc.exitcode:
+            raise BenchError(f"the attack failed (exit status {proc.exitcode})")
         return ops / elapsed, peak / 1024
 
 
@@ -132,6 +125,11 @@ def _large_writes(srv: servers.ServerHandle, password: str, args: argparse.Names
     until = time.monotonic() + args.seconds
 
     def one(i: int) -> None:
+        # (the attack's time is up, or the server closed a frame held too long)
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            send_and_wait(i)
+
+    def send_and_wait(i: int) -> None:
         with socket.create_connection((srv.host, srv.port), timeout=120) as s:
             hello = {"user": ATTACKER, "password": password, "bucket": ATTACKER}
             s.sendall(msgpack.packb([0, 0, "hello", hello]))
@@ -139,21 +137,16 @@ def _large_writes(srv: servers.ServerHandle, password: str, args: argparse.Names
                 msgpack.packb([0, j + 1, "set", {"key": b"k%d-%d" % (i, j), "value": value}])
                 for j in range(args.pipelined)
             ]
-            s.sendall(b"".join(frames))
             # Until every write is answered or the attack's time is up: at the
             # bucket's hard limit, 128 writes of 20 MiB take ~11 minutes.
+            s.settimeout(max(0.001, until - time.monotonic()))
+            s.sendall(b"".join(frames))
             unpacker, got = msgpack.Unpacker(raw=False), 0
             while got < args.pipelined + 1:
-                left = until - time.monotonic()
-                if left <= 0:
-                    return
-                s.settimeout(left)
-                try:
-                    data = s.recv(65536)
-                except TimeoutError:
-                    return
+                s.settimeout(max(0.001, until - time.monotonic()))
+                data = s.recv(65536)
                 if not data:
-                    raise BenchError("the server closed an attacking connection")
+                    return
                 unpacker.feed(data)
                 got += sum(1 for _ in unpacker)
 
@@ -174,11 +167,13 @@ def _getex(srv: servers.ServerHandle, password: str, args: argparse.Namespace) -
         password=password,
         socket_timeout=120,
     )
+    until = time.monotonic() + args.seconds
     try:
-        pipe = r.pipeline(transaction=False)
-        for _ in range(args.pipelined_getex):
-            pipe.execute_command("GETEX", "big")
-        pipe.execute(raise_on_error=False)
+        while time.monotonic() < until:  # (most are refused: the bucket is at its limit)
+            pipe = r.pipeline(transaction=False)
+            for _ in range(args.pipelined_getex):
+                pipe.execute_command("GETEX", "big")
+            pipe.execute(raise_on_error=False)
     finally:
         r.close()
 

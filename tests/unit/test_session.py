@@ -612,6 +612,40 @@ async def test_a_throttled_refusal_pauses_the_connection_too(
         await peer.stream.aclose()
 
 
+async def test_a_refused_large_request_pauses_its_connection_longer(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """A large write refused by the throttle was received and decoded whole to be
+    refused: its connection is not read again until the refusal's wait, up to
+    LARGE_REFUSAL_PAUSE_MAX_SECS (not REFUSAL_PAUSE_MAX_SECS), so a client that
+    pipelines large writes past its limit is not served refusals of them as fast
+    as it can send them. (A refusal on the inline path, a non-blocking one, pauses
+    it as any refusal does.)"""
+    from tenantkv.server.execution import LARGE_REFUSAL_PAUSE_MAX_SECS
+
+    value = bytes(100_000)  # 25 units: ~2 s of debt at 10 units/s
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        node.throttle.set_bucket("b", hard_limit=10)
+        node.throttle.max_wait_secs = 1  # (the second waits longer: refused at once)
+        mock_clock.jump(10)
+        await peer.send((1, "set", {"key": b"k1", "value": value}))
+        assert (await peer.responses(1))[0].error is None
+        await peer.send((2, "set", {"key": b"k2", "value": value}))
+        assert (await peer.responses(1))[0].error["codeName"] == "Throttled"
+        await peer.send((3, "get", {"key": b"k1"}))
+        got = await answered_so_far(peer, nursery, 1)
+        assert LARGE_REFUSAL_PAUSE_MAX_SECS > 10 * REFUSAL_PAUSE_MAX_SECS
+        mock_clock.jump(10 * REFUSAL_PAUSE_MAX_SECS)  # where a small request's would end
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [], "read before the pause ended"
+        mock_clock.jump(LARGE_REFUSAL_PAUSE_MAX_SECS - 10 * REFUSAL_PAUSE_MAX_SECS)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r.msgid for r in got] == [3]
+        mock_clock.jump(60)
+        await peer.stream.aclose()
+
+
 async def test_a_refusal_with_a_token_due_soon_does_not_pause_the_connection(
     node: Node, mock_clock: trio.testing.MockClock
 ) -> None:
