@@ -357,17 +357,7 @@ class Engine:
         items: list[tuple[bytes, Record]] = []
         total = 0
         with self.txn_lock, self.env.begin(db=h.db) as txn:
-            cur = txn.cursor()
-            seek = start
-            if after is not None and after >= seek:
-                seek = after
-            if not cur.set_range(seek):
-                return items, False
-            for key, raw in cur:
-                if after is not None and key <= after:
-                    continue
-                if end is not None and key >= end:
-                    return items, False
+            for key, raw in _in_range(txn, start, end, after):
                 rec = records.decode(raw)
                 if not rec.live(now):
                     continue
@@ -397,18 +387,7 @@ class Engine:
         now = self.now_ms()
         keys: list[bytes] = []
         with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
-            cur = txn.cursor()
-            seek = start
-            if after is not None and after >= seek:
-                seek = after
-            if not cur.set_range(seek):
-                return keys, False
-            for view, raw in cur:
-                key = bytes(view)
-                if after is not None and key <= after:
-                    continue
-                if end is not None and key >= end:
-                    return keys, False
+            for key, raw in _in_range(txn, start, end, after):
                 expiry_ms = records.unpack_header(raw)[1]
                 if expiry_ms and expiry_ms <= now:
                     continue
@@ -694,3 +673,24 @@ def _check_format(raw: bytes | None) -> int:
     if version < 1:
         raise DataDirError(f"unrecognised format version {version} in its system database")
     return version
+
+
+def _in_range(
+    txn: lmdb.Transaction, start: bytes, end: bytes | None, after: bytes | None
+) -> Iterator[tuple[bytes, Any]]:
+    """``(key, stored record)`` with start <= key < end and key > after, in key
+    order, from ``txn``'s database (records as the transaction gives them: views
+    in a ``buffers=True`` one; keys always copied)."""
+    cur = txn.cursor()
+    seek = start
+    if after is not None and after >= seek:
+        seek = after
+    if not cur.set_range(seek):
+        return
+    for view, raw in cur:
+        key = bytes(view)
+        if after is not None and key <= after:
+            continue
+        if end is not None and key >= end:
+            return
+        yield key, raw
