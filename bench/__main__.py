@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from bench import (
     attack,
+    attack_login,
     cpu,
     crash,
     gates,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     gates.add_parser(sub)
     crash.add_parser(sub)
     attack.add_parser(sub)
+    attack_login.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
     resp.add_parser(sub)

@@ -9,13 +9,16 @@ cost of an int compare.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -26,6 +29,7 @@ from tenantkv.storage.engine import Engine
 from tenantkv.storage.ops import PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
+T = TypeVar("T")
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
@@ -50,6 +54,43 @@ def stored_known_good(engine: Engine) -> list[tuple[str, str, float]]:
         if source and isinstance(at, (int, float)):
             out.append((user, source, max(now - float(at), 0.0)))
     return out
+
+
+#: Niceness of the threads that hash logins of pairs not known-good: scrypt is
+#: the one CPU-bound job a client can start before it is known, so a stranger's
+#: yields the CPU to the event loop and to known users' logins.
+HASH_NICENESS = 10
+#: [known-good pairs' hashing threads, the others'], made on first use
+_hash_threads: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICENESS)
+
+
+async def run_hash(fn: Callable[..., T], *args: Any, known: bool) -> T:
+    """``fn(*args)`` on a password-hashing thread: few and long-lived (the login
+    limiter bounds how many hash at once), at lower CPU priority unless
+    ``known``. Not cancellable midway, as ``trio.to_thread.run_sync``: a slot is
+    freed only when its hash is."""
+    if not _hash_threads:
+        _hash_threads.append(concurrent.futures.ThreadPoolExecutor(64, "tenantkv-hash"))
+        _hash_threads.append(
+            concurrent.futures.ThreadPoolExecutor(64, "tenantkv-hash-low", _lower_priority)
+        )
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future = _hash_threads[0 if known else 1].submit(fn, *args)
+    future.add_done_callback(lambda _: _set_soon(token, done))
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    return future.result()
+
+
+def _set_soon(token: trio.lowlevel.TrioToken, done: trio.Event) -> None:
+    with contextlib.suppress(trio.RunFinishedError):
+        token.run_sync_soon(done.set)
 
 
 class LoginGate(Protocol):
@@ -94,7 +135,7 @@ class LocalLoginGate:
             raise
         finally:
             self._grants.pop(start.ticket, None)
-        return auth.LoginStart("run", start.ticket)
+        return auth.LoginStart("run", start.ticket, known=start.known)
 
     async def end(
         self, ticket: int, source: str, user: str | None, ok: bool, s: auth.LoginSettings
@@ -198,7 +239,7 @@ class Accounts:
                 await self._finish(source, who, 0, ok=False)
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
-        ticket = await self._begin(source, name, cached=cached)
+        ticket, known = await self._begin(source, name, cached=cached)
         if cached:
             assert user is not None
             await self._finish(source, name, 0, ok=True)
@@ -207,7 +248,7 @@ class Accounts:
         self._verifying[key] = (done, box)
         ok = False
         try:
-            ok = await self._verify(user, name, password)
+            ok = await self._verify(user, name, password, known=known or source is None)
             box[0] = ok
         finally:
             del self._verifying[key]
@@ -236,14 +277,15 @@ class Accounts:
             hash_per_address=cfg.login_hash_per_address,
         )
 
-    async def _begin(self, source: str | None, name: str, *, cached: bool) -> int:
-        """The limiter's go-ahead (waiting for a hash slot if queued): its ticket,
-        0 for none; or TooManyLoginFailures, at once."""
+    async def _begin(self, source: str | None, name: str, *, cached: bool) -> tuple[int, bool]:
+        """The limiter's go-ahead (waiting for a hash slot if queued): its ticket
+        (0 for none) and whether it is a known-good pair's; or TooManyLoginFailures,
+        at once."""
         if source is None:
-            return 0
+            return 0, False
         start = await self.gate.begin(source, name, self.login_settings(), cached=cached)
         if start.status != "refused":
-            return start.ticket
+            return start.ticket, start.known
         ms = max(math.ceil(start.retry_after * 1000), 1)
         if start.reason == "busy":
             raise errors.TooManyLoginFailures(
@@ -288,13 +330,16 @@ class Accounts:
         except Exception as exc:  # the login stands; a restart only forgets the pair
             log.warning("could not record a known-good login address: %s", exc)
 
-    async def _verify(self, user: auth.User | None, name: str, password: str) -> bool:
-        """The slow check (scrypt on a worker thread); the same cost for unknown users."""
+    async def _verify(
+        self, user: auth.User | None, name: str, password: str, *, known: bool
+    ) -> bool:
+        """The slow check (scrypt on a hashing thread); the same cost for unknown
+        users. ``known``: a known-good pair's, hashed at normal CPU priority."""
         if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
             # Same cost as a real check, so a probe cannot tell unknown users apart.
-            await trio.to_thread.run_sync(auth.hash_password, password[:1024], b"0" * 16)
+            await run_hash(auth.hash_password, password[:1024], b"0" * 16, known=known)
             return False
-        ok = await trio.to_thread.run_sync(auth.verify, user, password)
+        ok = await run_hash(auth.verify, user, password, known=known)
         return ok and self.users.get(name) is user
 
     def login_statistics(self) -> dict[str, Any]:

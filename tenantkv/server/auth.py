@@ -170,6 +170,9 @@ KNOWN_GOOD_REFRESH_SECS = 86400.0
 #: retryAfterMs hint per login ahead of one refused because the hash pool is full
 #: (about one scrypt on a busy core).
 HASH_RETRY_SECS = 0.1
+#: Hashes beyond login_hash_concurrency that only known-good pairs may run: the
+#: admin (or any user) at its usual address never waits for strangers' hashes.
+KNOWN_RESERVED_HASHES = 1
 
 
 def login_source(peer_ip: str) -> str:
@@ -256,6 +259,8 @@ class LoginStart:
     ticket: int = 0
     retry_after: float = 0.0
     reason: str = ""
+    #: in the known-good lane (its hash runs at normal CPU priority)
+    known: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +320,10 @@ class LoginLimiter:
       :data:`KNOWN_GOOD_SECS`, and across restarts: the caller persists it) and
       until its next failure. Its logins are never refused for failures and go
       first to the hash pool.
-    * The pool runs ``hash_concurrency`` verifications; ``hash_queue`` may wait
-      in each lane (known-good first, then the others round-robin by address);
+    * The pool runs ``hash_concurrency`` verifications, and one more
+      (:data:`KNOWN_RESERVED_HASHES`) for known-good pairs only; ``hash_queue``
+      may wait in each lane (known-good first, then the others round-robin by
+      address; one login per known pair in the first lane);
       an address that is not known-good has at most ``hash_per_address``
       running or waiting. Excess is refused at once (``"busy"``, retryable).
     """
@@ -341,6 +348,8 @@ class LoginLimiter:
         self._per_source: dict[str, int] = {}
         #: pairs not known-good with a ticket
         self._busy_pairs: dict[tuple[str, str], int] = {}
+        #: known-good pairs with a ticket in the first lane
+        self._known_busy: set[tuple[str, str]] = set()
         self._failures_total = self._refused = self._refused_busy = self._hashes = 0
         #: known-good pairs read at start, not yet on the clock (load_known_good)
         self._loaded: list[tuple[str, str, float]] = []
@@ -388,6 +397,11 @@ class LoginLimiter:
         now = self._now()
         pair = None if user is None else (user, source)
         known = self.known_good(source, user)
+        if known and pair in self._known_busy:
+            # One login of a known pair goes first at a time (a client's concurrent
+            # logins share one credential's verification anyway): the rest wait
+            # with everyone else, so guesses at one's own known pair gain nothing.
+            known = False
         if not known and pair is not None and s.failure_limit > 0:
             f = self._fresh(self._pairs, pair, now, s)
             if f is not None and now < f.last + s.delay(f.count):
@@ -415,21 +429,23 @@ class LoginLimiter:
             self._per_source[source] = self._per_source.get(source, 0) + 1
             if pair is not None:
                 self._busy_pairs[pair] = self._busy_pairs.get(pair, 0) + 1
+        elif pair is not None:
+            self._known_busy.add(pair)
         if (
-            self._running < s.hash_concurrency
+            self._running < s.hash_concurrency + (KNOWN_RESERVED_HASHES if known else 0)
             and not self._queue_known
             and (known or not self._queued_new)
         ):
             t.running = True
             self._running += 1
             self._hashes += 1
-            return LoginStart("run", ticket)
+            return LoginStart("run", ticket, known=known)
         if known:
             self._queue_known.append(ticket)
         else:
             self._queue_new.setdefault(source, deque()).append(ticket)
             self._queued_new += 1
-        return LoginStart("queued", ticket)
+        return LoginStart("queued", ticket, known=known)
 
     def _busy(self, waiting: int, s: LoginSettings) -> LoginStart:
         self._refused_busy += 1
@@ -460,6 +476,8 @@ class LoginLimiter:
             _decrement(self._per_source, t.source)
             if t.pair is not None:
                 _decrement(self._busy_pairs, t.pair)
+        elif t.pair is not None:
+            self._known_busy.discard(t.pair)
         if t.running:
             self._running -= 1
         elif t.known:
@@ -471,16 +489,18 @@ class LoginLimiter:
             if not q:
                 del self._queue_new[t.source]
         granted = []
-        while self._running < s.hash_concurrency and (self._queue_known or self._queue_new):
-            if self._queue_known:
+        while True:
+            if self._queue_known and self._running < s.hash_concurrency + KNOWN_RESERVED_HASHES:
                 nxt = self._queue_known.popleft()
-            else:
+            elif self._queue_new and self._running < s.hash_concurrency:
                 src, q = next(iter(self._queue_new.items()))
                 nxt = q.popleft()
                 self._queued_new -= 1
                 del self._queue_new[src]
                 if q:  # round-robin: this address goes to the back
                     self._queue_new[src] = q
+            else:
+                break
             self._tickets[nxt].running = True
             self._running += 1
             self._hashes += 1

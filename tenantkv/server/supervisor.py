@@ -498,7 +498,12 @@ class Supervisor:
             self._logins[key] = start.ticket
         if scope.cancelled_caught:
             return {"status": "refused", "retry_after": auth.HASH_RETRY_SECS, "reason": "busy"}
-        return {"status": start.status, "retry_after": start.retry_after, "reason": start.reason}
+        return {
+            "status": start.status,
+            "retry_after": start.retry_after,
+            "reason": start.reason,
+            "known": start.known,
+        }
 
     def _login_end(self, w: _Worker, msg: Message) -> Message:
         ticket = self._logins.pop((w.index, int(msg["login"])), 0)

@@ -370,6 +370,7 @@ class RemoteLoginGate:
             login if status == "run" else 0,
             float(answer.get("retry_after", HASH_RETRY_SECS)),
             str(answer.get("reason", "busy")),
+            bool(answer.get("known")),
         )
 
     async def end(

@@ -359,18 +359,19 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
 ) -> None:
     """Many addresses guessing at once: at most login_hash_concurrency scrypts run,
     at most login_hash_queue wait, the rest are refused at once (retryable); a
-    user known at its address is served next."""
+    user known at its address does not wait for them."""
     n, _hashed = node
     n.config = n.config.with_values({"login_hash_queue": 4})
     running = [0, 0]
     real = auth.hash_password
     gate = trio.Event()
+    token = trio.lowlevel.current_trio_token()
 
     def slow(password: str, salt: bytes) -> bytes:
         running[0] += 1
         running[1] = max(running[1], running[0])
         try:
-            trio.from_thread.run(gate.wait)
+            trio.from_thread.run(gate.wait, trio_token=token)
             return real(password, salt)
         finally:
             running[0] -= 1
@@ -402,8 +403,8 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
             refused = codes.count("TooManyLoginFailures")
             gate.set()
     assert refused == 20 - 2 - 4  # two hashing, four waiting
-    assert running[1] == 2
-    assert order.index("alice") <= 2  # right after the two that were hashing
+    assert running[1] == 3  # and alice, in the hash kept for known-good pairs
+    assert order.index("alice") == 0
 
 
 async def test_concurrent_logins_with_one_credential_share_one_scrypt(

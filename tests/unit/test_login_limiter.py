@@ -91,14 +91,15 @@ def test_a_known_good_pair_is_never_refused_and_goes_first() -> None:
     for _ in range(10):
         clock.t += fail(lim, "10.0.0.66", "admin").hold
     assert lim.begin("10.0.0.1", "admin", S, cached=True).status == "cached"
-    # The pool is full of strangers' logins: the admin is next, ahead of the queue.
+    # The pool is full of strangers' logins: the admin runs at once, in the slot
+    # kept for known-good pairs.
     held = [lim.begin(f"10.1.0.{i}", f"u{i}", S) for i in range(6)]
     assert [h.status for h in held] == ["run", "run", "queued", "queued", "queued", "queued"]
     assert lim.begin("10.1.0.99", "u99", S).reason == "busy"  # the lane is full
     admin = lim.begin("10.0.0.1", "admin", S)
-    assert admin.status == "queued"
+    assert admin.status == "run"
     end = lim.end(held[0].ticket, "10.1.0.0", "u0", False, S)
-    assert end.granted == (admin.ticket,)
+    assert end.granted == ()  # the known slot's hash still runs: 3 = 2 + 1
     # A failure at the pair ends its standing until its next success.
     assert lim.end(admin.ticket, "10.0.0.1", "admin", False, S).hold > 0
     assert not lim.known_good("10.0.0.1", "admin")
@@ -175,3 +176,19 @@ def test_new_user_names_may_not_hold_an_at_sign() -> None:
     assert auth.validate_user_name("a.b-c_d") == "a.b-c_d"
     with pytest.raises(Exception, match="'@' is not allowed"):
         auth.validate_user_name("ann@example")
+
+
+def test_a_known_pair_has_one_login_in_the_first_lane_at_a_time() -> None:
+    """A tenant guessing at its own known pair gains no priority over neighbours."""
+    lim = auth.LoginLimiter(Clock())
+    succeed(lim, "10.0.0.1", "mallory")
+    succeed(lim, "10.0.0.1", "alice")
+    busy = [lim.begin("10.2.0.1", "x", S), lim.begin("10.2.0.2", "y", S)]  # the pool is full
+    first = lim.begin("10.0.0.1", "mallory", S)  # the slot kept for known pairs
+    second = lim.begin("10.0.0.1", "mallory", S)  # the other lane, at the address's share
+    alice = lim.begin("10.0.0.1", "alice", S)
+    assert [first.status, second.status, alice.status] == ["run", "queued", "queued"]
+    granted = lim.end(busy[0].ticket, "10.2.0.1", "x", False, S).granted
+    assert granted == (alice.ticket,)  # first lane, before `second`
+    assert lim.end(busy[1].ticket, "10.2.0.2", "y", False, S).granted == ()
+    assert lim.end(first.ticket, "10.0.0.1", "mallory", False, S).granted == (second.ticket,)
