@@ -188,12 +188,15 @@ class Accounts:
         sessions: Collection[Connection],
         data_dir: str,
         known_good: Iterable[tuple[str, str, float]] = (),
+        submit: Callable[[WriteOp], None] | None = None,
     ) -> None:
         self.users = users
         #: bumped whenever a user or a bucket changes (see the module docstring)
         self.epoch = 0
         self._config = config
         self._write = write
+        #: hands a write to the writer without waiting (known-good pairs)
+        self._submit = submit
         self._sessions = sessions
         self._data_dir = data_dir
         #: credential digests verified since the user last changed
@@ -221,7 +224,9 @@ class Accounts:
         Concurrent logins with the same credentials share one verification.
         """
         source = auth.login_source(peer) if peer is not None else None
-        who = name if isinstance(name, str) else None
+        # Counted under at most 129 characters (a real name has at most 128): a
+        # client cannot make the limiter hold 4 KiB names by the 65,536.
+        who = name[:129] if isinstance(name, str) else None
         if not isinstance(name, str) or not isinstance(password, str):
             await self._finish(source, who, 0, ok=False)
             raise errors.AuthenticationFailed("user and password must be strings")
@@ -239,10 +244,11 @@ class Accounts:
                 await self._finish(source, who, 0, ok=False)
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
-        ticket, known = await self._begin(source, name, cached=cached)
+        assert who is not None
+        ticket, known = await self._begin(source, who, cached=cached)
         if cached:
             assert user is not None
-            await self._finish(source, name, 0, ok=True)
+            await self._finish(source, who, 0, ok=True)
             return user
         done, box = trio.Event(), [None]
         self._verifying[key] = (done, box)
@@ -259,7 +265,7 @@ class Accounts:
             await self._finish(source, who, ticket, ok=False)
             raise errors.AuthenticationFailed("unknown user or wrong password")
         assert user is not None
-        await self._finish(source, name, ticket, ok=True)
+        await self._finish(source, who, ticket, ok=True)
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[key] = name
@@ -306,8 +312,7 @@ class Accounts:
             return
         end = await self.gate.end(ticket, source, name, ok, self.login_settings())
         if end.persist and name is not None and self.persist_known_good:
-            # In the background: the login does not wait for a commit.
-            trio.lowlevel.spawn_system_task(self._persist_known_good, name, source)
+            self._persist_known_good(name, source)
         if end.limited:
             log.warning(
                 "%d failed logins from %s within %gs (login_failure_limit): the answers to "
@@ -320,15 +325,15 @@ class Accounts:
         if end.hold > 0:
             await trio.sleep(end.hold)
 
-    async def _persist_known_good(self, name: str, source: str) -> None:
+    def _persist_known_good(self, name: str, source: str) -> None:
         """A known-good pair survives a restart: a system record, written when the
-        pair is new or its record a day old (auth.KNOWN_GOOD_REFRESH_SECS)."""
-        try:
-            await self._write(
+        pair is new or its record a day old (auth.KNOWN_GOOD_REFRESH_SECS). Handed
+        to the writer without waiting: the login does not wait for a commit, and
+        nothing waits on it at shutdown (a pair not written is only forgotten)."""
+        if self._submit is not None:
+            self._submit(
                 PutSystemOp(known_good_key(name, source), {"at": time.time()}, what="login")
             )
-        except Exception as exc:  # the login stands; a restart only forgets the pair
-            log.warning("could not record a known-good login address: %s", exc)
 
     async def _verify(
         self, user: auth.User | None, name: str, password: str, *, known: bool

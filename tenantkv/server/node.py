@@ -158,6 +158,7 @@ class Node:
             sessions=self.sessions,
             data_dir=engine.path,
             known_good=stored_known_good(engine),
+            submit=lambda op: self.writer.submit(op, _ignore_outcome),
         )
         self.no_sessions = trio.Event()
         self.connections_total = 0
@@ -674,3 +675,7 @@ class Node:
         for s in list(self.sessions):
             if s.bucket == bucket:
                 s.select(None)
+
+
+def _ignore_outcome(result: Any, error: BaseException | None) -> None:
+    """A write nobody waits for (a known-good login pair: lost, it is only forgotten)."""

@@ -387,7 +387,11 @@ class RemoteLoginGate:
         try:
             answer = await self._link.channel.call(msg)
         except ChannelClosed:
+            self.cancel(ticket)
             return LoginEnd(s.delay(1) if not ok else 0.0)
+        except BaseException:
+            self.cancel(ticket)  # its slot must not outlive the login
+            raise
         return LoginEnd(float(answer.get("hold", 0.0)), limited=bool(answer.get("limited")))
 
     def cancel(self, ticket: int) -> None:
