@@ -420,8 +420,9 @@ class Config:
         5000.0, "Longest hold of a failed login's answer (login_delay_ms grown).", 0.0, 600_000.0
     )
     login_hash_concurrency: int = declare(
-        2,
-        "Password verifications (scrypt, 16 MiB and ~50 ms each) running at once, node-wide.",
+        1,
+        "Password verifications (scrypt, 16 MiB and ~50 ms each) running at once, node-wide "
+        "(one more for users at addresses they logged in from before).",
         1,
         64,
     )

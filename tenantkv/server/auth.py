@@ -203,7 +203,7 @@ class LoginSettings:
     delay_secs: float = 0.1
     delay_max_secs: float = 5.0
     #: scrypt verifications running at once, node-wide
-    hash_concurrency: int = 2
+    hash_concurrency: int = 1
     #: logins waiting for a verification, node-wide, per lane
     hash_queue: int = 32
     #: logins of one address not known-good, running or waiting

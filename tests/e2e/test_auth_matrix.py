@@ -361,7 +361,7 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
     at most login_hash_queue wait, the rest are refused at once (retryable); a
     user known at its address does not wait for them."""
     n, _hashed = node
-    n.config = n.config.with_values({"login_hash_queue": 4})
+    n.config = n.config.with_values({"login_hash_queue": 4, "login_hash_concurrency": 2})
     running = [0, 0]
     real = auth.hash_password
     gate = trio.Event()
