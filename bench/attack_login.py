@@ -360,7 +360,7 @@ def part_same_address(srv: servers.ServerHandle, args: argparse.Namespace) -> di
             t.start()
         time.sleep(0.5)
         logins = []
-        while sent[0] < 1000 and len(logins) < 40:
+        while sent[0] < 1000 and len(logins) < 400:
             logins.append(_fresh_login(srv, admin, "alice", "pw-alice"))
             time.sleep(0.05)
         done.set()
