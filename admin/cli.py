@@ -276,7 +276,9 @@ def _bucket_delete(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 
 def _user_create_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . @ -")
+    p.add_argument(
+        "name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . - (no @)"
+    )
     p.add_argument(
         "--user-password",
         metavar="PW",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from bench import (
     attack,
+    attack_login,
     attack_memory,
     attack_resp,
     attack_throttle,
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack_memory.add_parser(sub)
     attack_resp.add_parser(sub)
     attack_throttle.add_parser(sub)
+    attack_login.add_parser(sub)
     cpu.add_parser(sub)
     ycsb.add_parser(sub)
     resp.add_parser(sub)

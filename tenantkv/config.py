@@ -175,6 +175,13 @@ class Config:
         "Connection slots only admins may use (at most max_connections - 1 apply).",
         0,
     )
+    admin_reserved_connections_per_address: int = declare(
+        3,
+        "Connections from one address beyond max_connections_per_address that only admins "
+        "may use (a host's users filling its slots cannot lock out its admin).",
+        0,
+        1000,
+    )
     max_receive_buffer_bytes: int = declare(
         128 * 1024 * 1024,
         "Most bytes clients make the server hold, over all connections together: received "
@@ -397,10 +404,44 @@ class Config:
     )
     login_failure_limit: int = declare(
         10,
-        "Failed logins allowed per client address per login_failure_window_secs; more get "
-        "TooManyLoginFailures (0 = no limit).",
+        "Failed logins counted per (user, address) pair and per address (each one doubles "
+        "the delay of the next failure, up to login_delay_max_ms); 0 turns login delays "
+        "and refusals off (the hash pool still applies).",
         0,
         1_000_000,
+    )
+    login_delay_ms: float = declare(
+        100.0,
+        "How long a failed login's answer is held (PostgreSQL's auth_delay), doubled for "
+        "each recent failure of its (user, address) pair or its address; meanwhile that "
+        "pair, unless it is known-good, is refused up front.",
+        0.0,
+        60_000.0,
+    )
+    login_delay_max_ms: float = declare(
+        5000.0, "Longest hold of a failed login's answer (login_delay_ms grown).", 0.0, 600_000.0
+    )
+    login_hash_concurrency: int = declare(
+        1,
+        "Password verifications (scrypt, 16 MiB and ~50 ms each) running at once, node-wide "
+        "(one more for users at addresses they logged in from before).",
+        1,
+        64,
+    )
+    login_hash_queue: int = declare(
+        32,
+        "Logins waiting for a password verification, node-wide, in each lane (known-good "
+        "pairs first, then the others round-robin by address); beyond it a login is refused "
+        "at once with a retry hint.",
+        0,
+        100_000,
+    )
+    login_hash_per_address: int = declare(
+        2,
+        "Logins from one address that is not known-good for their user, verifying or "
+        "waiting to; more are refused at once with a retry hint.",
+        1,
+        1000,
     )
     throttle_max_request_secs: float = declare(
         5.0,
@@ -410,15 +451,13 @@ class Config:
         0.1,
         3600.0,
     )
-    login_failure_user_limit: int = declare(
-        30,
-        "Failed logins allowed per user name per login_failure_window_secs, from all "
-        "addresses together; more are refused from addresses where the user has not "
-        "logged in successfully (0 = no limit).",
-        0,
-        1_000_000,
+    login_failure_window_secs: float = declare(
+        60.0,
+        "A (user, address) pair's or an address's failed logins are forgotten this long "
+        "after its last one.",
+        1.0,
+        86400.0,
     )
-    login_failure_window_secs: float = declare(60.0, "Window of login_failure_limit.", 1.0, 86400.0)
     enable_test_commands: bool = declare(
         False,
         "Allow test-only admin commands (configure_fail_point). Never in production.",
@@ -457,8 +496,13 @@ RUNTIME = frozenset(
         "throttle_max_request_secs",
         "log_level",
         "login_failure_limit",
-        "login_failure_user_limit",
         "login_failure_window_secs",
+        "login_delay_ms",
+        "login_delay_max_ms",
+        "login_hash_concurrency",
+        "login_hash_queue",
+        "login_hash_per_address",
+        "admin_reserved_connections_per_address",
         "execution_read_max_queue_depth",
         "execution_write_max_queue_depth",
         *PROBING_PARAMETERS,

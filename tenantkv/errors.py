@@ -350,7 +350,9 @@ class TooManyConnections(ServerError):
 
 
 class TooManyLoginFailures(ServerError):
-    """Too many failed logins from this address; wait retryAfterMs before trying again."""
+    """A login refused before its password was checked: its (user, address) pair
+    failed recently, or (labelled retryable) the password-hashing pool is full;
+    wait retryAfterMs before trying again."""
 
     code = 28
     code_name = "TooManyLoginFailures"

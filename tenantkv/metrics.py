@@ -343,7 +343,7 @@ def gate_metrics(st: dict[str, Any]) -> Iterator[Any]:
         delayed.add_metric([gate, ""], sec.get("added_to_queue", 0))
     auth = st.get("authentication")
     if auth is not None:
-        rejected.add_metric(["login", ""], auth.get("refused", 0))
+        rejected.add_metric(["login", ""], auth.get("refused", 0) + auth.get("refused_busy", 0))
     adm = ingress.get("admission") or {}
     delayed.add_metric(["ingress_admission", ""], adm.get("added_to_queue", 0))
     for bucket, b in ((st.get("throttle") or {}).get("buckets") or {}).items():

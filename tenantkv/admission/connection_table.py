@@ -5,7 +5,10 @@ in ``server/server.py``'s accept path, not in the request pipeline):
 
 * at most ``max_connections`` connections, pre-``hello`` ones included;
 * at most ``max_connections_per_address`` from one client address, so one
-  host cannot fill the node;
+  host cannot fill the node; ``admin_reserved_connections_per_address`` more
+  are admitted from it, for admins only: a non-admin ``hello`` is refused once
+  that address's authenticated non-admin sessions hold ``max_connections_per_address``
+  (so a host's users idling on all its slots cannot lock out its admin);
 * ``admin_reserved_connections`` of the node's slots are kept for admins (as
   PostgreSQL keeps ``superuser_reserved_connections``): a non-admin ``hello``
   is refused once non-admin sessions hold ``max_connections`` minus those;
@@ -48,6 +51,7 @@ class ConnectionTableStatistics:
     refused_node_full: int
     refused_address_full: int
     refused_reserved_for_admins: int
+    refused_reserved_for_admins_per_address: int
     evicted_unauthenticated: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,16 +66,30 @@ class ConnectionTable:
         #: connections without hello, oldest first: id -> time admitted
         self._unauthenticated: OrderedDict[int, float] = OrderedDict()
         self._admins: set[int] = set()
+        #: authenticated non-admin connections per address
+        self._users_per_addr: Counter[str] = Counter()
+        self._users: set[int] = set()
         self._refused_node = self._refused_addr = self._refused_reserved = self._evicted = 0
+        self._refused_reserved_addr = 0
 
     def __len__(self) -> int:
         return len(self._addr)
 
     def admit(
-        self, conn_id: int, addr: str, now: float, *, max_connections: int, per_address: int
+        self,
+        conn_id: int,
+        addr: str,
+        now: float,
+        *,
+        max_connections: int,
+        per_address: int,
+        reserved_per_address: int = 0,
     ) -> Admission:
-        """A new connection from ``addr``: admit it, maybe evicting an older one."""
+        """A new connection from ``addr``: admit it, maybe evicting an older one.
+        ``reserved_per_address`` more than ``per_address`` are admitted: who it is
+        is known at hello (:meth:`authenticated` keeps those for admins)."""
         evict = None
+        per_address += reserved_per_address
         if self._per_addr[addr] >= per_address:
             evict = self._evictable(now, addr)
             if evict is None:
@@ -103,12 +121,28 @@ class ConnectionTable:
         return None
 
     def authenticated(
-        self, conn_id: int, *, admin: bool, max_connections: int, reserved_for_admins: int
+        self,
+        conn_id: int,
+        *,
+        admin: bool,
+        max_connections: int,
+        reserved_for_admins: int,
+        per_address: int | None = None,
     ) -> str | None:
-        """``conn_id`` said hello; None if it may stay, else why it may not."""
-        if conn_id not in self._addr:
+        """``conn_id`` said hello; None if it may stay, else why it may not.
+        ``per_address``: the most authenticated non-admin sessions of one address
+        (those admitted beyond it are the admins' reserved slots)."""
+        addr = self._addr.get(conn_id)
+        if addr is None:
             return "the connection was closed to make room for another"
-        if not admin:
+        if not admin and conn_id not in self._users:
+            if per_address is not None and self._users_per_addr[addr] >= per_address:
+                self._refused_reserved_addr += 1
+                self.closed(conn_id)
+                return (
+                    f"max_connections_per_address={per_address} reached for {addr} by users "
+                    "who are not admins (admin_reserved_connections_per_address are kept)"
+                )
             others = len(self._addr) - len(self._unauthenticated) - len(self._admins)
             if others >= max_connections - reserved_for_admins:
                 self._refused_reserved += 1
@@ -120,6 +154,9 @@ class ConnectionTable:
         self._unauthenticated.pop(conn_id, None)
         if admin:
             self._admins.add(conn_id)
+        elif conn_id not in self._users:
+            self._users.add(conn_id)
+            self._users_per_addr[addr] += 1
         return None
 
     def closed(self, conn_id: int) -> None:
@@ -131,6 +168,11 @@ class ConnectionTable:
             del self._per_addr[addr]
         self._unauthenticated.pop(conn_id, None)
         self._admins.discard(conn_id)
+        if conn_id in self._users:
+            self._users.discard(conn_id)
+            self._users_per_addr[addr] -= 1
+            if not self._users_per_addr[addr]:
+                del self._users_per_addr[addr]
 
     def statistics(self) -> ConnectionTableStatistics:
         return ConnectionTableStatistics(
@@ -141,5 +183,6 @@ class ConnectionTable:
             refused_node_full=self._refused_node,
             refused_address_full=self._refused_addr,
             refused_reserved_for_admins=self._refused_reserved,
+            refused_reserved_for_admins_per_address=self._refused_reserved_addr,
             evicted_unauthenticated=self._evicted,
         )

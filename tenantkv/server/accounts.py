@@ -1,4 +1,4 @@
-"""Who may connect: the user registry, login (with its failure limiter) and grants.
+"""Who may connect: the user registry, login (with its limiter) and grants.
 
 The registry lives in memory and in LMDB system records (``user:<name>``);
 every change is written (and durable) before memory changes, so the two never
@@ -9,13 +9,16 @@ cost of an int compare.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import threading
 import time
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -26,10 +29,135 @@ from tenantkv.storage.engine import Engine
 from tenantkv.storage.ops import PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
+T = TypeVar("T")
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_ENV = "TENANTKV_ADMIN_PASSWORD"
 ADMIN_PASSWORD_FILE = "admin-password"
+
+
+#: System records of known-good login pairs: ``login:<user>\0<address>`` -> {"at": wall time}
+KNOWN_GOOD_PREFIX = b"login:"
+
+
+def known_good_key(user: str, source: str) -> bytes:
+    return KNOWN_GOOD_PREFIX + user.encode() + b"\0" + source.encode()
+
+
+def stored_known_good(engine: Engine) -> list[tuple[str, str, float]]:
+    """Known-good (user, address) pairs as committed, with their ages in seconds."""
+    now = time.time()
+    out = []
+    for raw, rec in engine.system_items(KNOWN_GOOD_PREFIX):
+        user, _, source = raw.decode(errors="replace").partition("\0")
+        at = rec.get("at") if isinstance(rec, dict) else None
+        if source and isinstance(at, (int, float)):
+            out.append((user, source, max(now - float(at), 0.0)))
+    return out
+
+
+#: Niceness of the threads that hash logins of pairs not known-good: scrypt is
+#: the one CPU-bound job a client can start before it is known, so a stranger's
+#: yields the CPU to the event loop and to known users' logins.
+HASH_NICENESS = 10
+#: [known-good pairs' hashing threads, the others'], made on first use
+_hash_threads: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICENESS)
+
+
+async def run_hash(fn: Callable[..., T], *args: Any, known: bool) -> T:
+    """``fn(*args)`` on a password-hashing thread: few and long-lived (the login
+    limiter bounds how many hash at once), at lower CPU priority unless
+    ``known``. Not cancellable midway, as ``trio.to_thread.run_sync``: a slot is
+    freed only when its hash is."""
+    if not _hash_threads:
+        _hash_threads.append(concurrent.futures.ThreadPoolExecutor(64, "tenantkv-hash"))
+        _hash_threads.append(
+            concurrent.futures.ThreadPoolExecutor(64, "tenantkv-hash-low", _lower_priority)
+        )
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future = _hash_threads[0 if known else 1].submit(fn, *args)
+    future.add_done_callback(lambda _: _set_soon(token, done))
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    return future.result()
+
+
+def _set_soon(token: trio.lowlevel.TrioToken, done: trio.Event) -> None:
+    with contextlib.suppress(trio.RunFinishedError):
+        token.run_sync_soon(done.set)
+
+
+class LoginGate(Protocol):
+    """The login limiter as a login sees it: in this process, or the node's in
+    the supervisor of ``serve --workers N`` (the supervisor decides; workers ask)."""
+
+    async def begin(
+        self, source: str, user: str | None, s: auth.LoginSettings, *, cached: bool
+    ) -> auth.LoginStart: ...
+
+    async def end(
+        self, ticket: int, source: str, user: str | None, ok: bool, s: auth.LoginSettings
+    ) -> auth.LoginEnd: ...
+
+    def cancel(self, ticket: int) -> None: ...
+
+    def statistics(self, s: auth.LoginSettings) -> auth.LoginLimiterStatistics: ...
+
+
+class LocalLoginGate:
+    """Drives an :class:`auth.LoginLimiter` from Trio: a queued login waits for
+    its grant; the limiter's decisions are synchronous."""
+
+    def __init__(self, limiter: auth.LoginLimiter) -> None:
+        self.limiter = limiter
+        self._grants: dict[int, trio.Event] = {}
+        #: the settings of the last call (a cancel needs them to grant the next)
+        self._settings = auth.LoginSettings()
+
+    async def begin(
+        self, source: str, user: str | None, s: auth.LoginSettings, *, cached: bool
+    ) -> auth.LoginStart:
+        self._settings = s
+        start = self.limiter.begin(source, user, s, cached=cached)
+        if start.status != "queued":
+            return start
+        granted = self._grants[start.ticket] = trio.Event()
+        try:
+            await granted.wait()
+        except BaseException:
+            self.cancel(start.ticket)
+            raise
+        finally:
+            self._grants.pop(start.ticket, None)
+        return auth.LoginStart("run", start.ticket, known=start.known)
+
+    async def end(
+        self, ticket: int, source: str, user: str | None, ok: bool, s: auth.LoginSettings
+    ) -> auth.LoginEnd:
+        self._settings = s
+        end = self.limiter.end(ticket, source, user, ok, s)
+        self.wake(end.granted)
+        return end
+
+    def cancel(self, ticket: int) -> None:
+        self.wake(self.limiter.cancel(ticket, self._settings))
+
+    def wake(self, granted: tuple[int, ...]) -> None:
+        for t in granted:
+            ev = self._grants.get(t)
+            if ev is not None:
+                ev.set()
+            else:  # its waiter is gone: pass the slot on
+                self.cancel(t)
+
+    def statistics(self, s: auth.LoginSettings) -> auth.LoginLimiterStatistics:
+        return self.limiter.statistics(s)
 
 
 def stored_users(engine: Engine) -> dict[str, auth.User]:
@@ -49,7 +177,7 @@ class Connection(Protocol):
 
 
 class Accounts:
-    """Users, their credentials and the login-failure limiter of one node."""
+    """Users, their credentials and the login limiter of one node."""
 
     def __init__(
         self,
@@ -59,178 +187,177 @@ class Accounts:
         write: Callable[[WriteOp], Awaitable[Any]],
         sessions: Collection[Connection],
         data_dir: str,
+        known_good: Iterable[tuple[str, str, float]] = (),
+        submit: Callable[[WriteOp], None] | None = None,
     ) -> None:
         self.users = users
         #: bumped whenever a user or a bucket changes (see the module docstring)
         self.epoch = 0
         self._config = config
         self._write = write
+        #: hands a write to the writer without waiting (known-good pairs)
+        self._submit = submit
         self._sessions = sessions
         self._data_dir = data_dir
         #: credential digests verified since the user last changed
         self._verified: dict[bytes, str] = {}
         #: credential digests being verified now -> (done, [succeeded: None until known])
         self._verifying: dict[bytes, tuple[trio.Event, list[bool | None]]] = {}
-        #: failed logins per source address (docs/security.md)
-        self.login_limiter = auth.LoginLimiter(time.monotonic)
-        #: ``serve --workers N``: tells the other workers of each login outcome
-        #: (``"failed"``/``"succeeded"``, source, user), so that the limiter's
-        #: windows are the node's, whatever worker a guess lands on. A failure is
-        #: relayed before it is answered: the next guess, on any worker, counts it.
-        self.relay: Callable[[str, str, str | None], Awaitable[None]] | None = None
-        #: successes relayed in the background (they only loosen the limiter)
-        self.relay_soon: Callable[[str, str, str | None], None] | None = None
+        #: the login limiter (docs/security.md, "Logins"): this node's own, or with
+        #: ``serve --workers N`` the supervisor's, asked over the control channel
+        limiter = auth.LoginLimiter(trio.current_time)
+        limiter.load_known_good(list(known_good))
+        self.gate: LoginGate = LocalLoginGate(limiter)
+        #: whether this process writes known-good pairs (the supervisor does it
+        #: for workers)
+        self.persist_known_good = True
 
     async def authenticate(self, name: Any, password: Any, peer: str | None = None) -> auth.User:
         """The user these credentials name, or AuthenticationFailed.
 
-        With ``peer`` (the client's address), failed logins are limited per
-        source, per user and per (user, source) (:class:`auth.LoginLimiter`; the
-        rule is in docs/security.md): a login over a limit gets
-        TooManyLoginFailures at once, before any scrypt is spent, and so does one
-        whose credentials being verified would reach it. Concurrent logins with
-        the same credentials share one verification.
+        With ``peer`` (the client's address) the login goes through the login
+        limiter (:class:`auth.LoginLimiter`; the rule is in docs/security.md,
+        "Logins"): it may be refused at once with TooManyLoginFailures (its
+        (user, address) pair is in its delay, or the hash pool is full), it waits
+        its turn for scrypt, and a failure is answered only after its delay.
+        Concurrent logins with the same credentials share one verification.
         """
         source = auth.login_source(peer) if peer is not None else None
-        who = name if isinstance(name, str) else None
+        # Counted under at most 129 characters (a real name has at most 128): a
+        # client cannot make the limiter hold 4 KiB names by the 65,536.
+        who = name[:129] if isinstance(name, str) else None
+        if not isinstance(name, str) or not isinstance(password, str):
+            await self._finish(source, who, 0, ok=False)
+            raise errors.AuthenticationFailed("user and password must be strings")
+        key = auth.digest(name, password)
         while True:
-            if source is not None:
-                self._check_login_rate(source, who)
-            if not isinstance(name, str) or not isinstance(password, str):
-                await self._login_failed(source, who)
-                raise errors.AuthenticationFailed("user and password must be strings")
             user = self.users.get(name)
-            key = auth.digest(name, password)
-            if user is not None and self._verified.get(key) == name:
-                if source is not None:
-                    self._succeeded(source, name)
-                return user
-            pending = self._verifying.get(key)
+            cached = user is not None and self._verified.get(key) == name
+            pending = None if cached else self._verifying.get(key)
             if pending is None:
                 break
             # The same credentials are being verified: wait for that outcome.
             done, box = pending
             await done.wait()
             if box[0] is False:
-                await self._login_failed(source, who)
+                await self._finish(source, who, 0, ok=False)
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
+        assert who is not None
+        ticket, known = await self._begin(source, who, cached=cached)
+        if cached:
+            assert user is not None
+            await self._finish(source, who, 0, ok=True)
+            return user
         done, box = trio.Event(), [None]
         self._verifying[key] = (done, box)
-        if source is not None:
-            self.login_limiter.begin(source, name)
+        ok = False
         try:
-            ok = await self._verify(user, name, password)
+            ok = await self._verify(user, name, password, known=known or source is None)
             box[0] = ok
         finally:
             del self._verifying[key]
             done.set()
-            if source is not None:
-                self.login_limiter.end(source, name)
+            if box[0] is None and source is not None and ticket:
+                self.gate.cancel(ticket)  # cancelled: free its slot, count nothing
         if not ok:
-            await self._login_failed(source, who)
+            await self._finish(source, who, ticket, ok=False)
             raise errors.AuthenticationFailed("unknown user or wrong password")
         assert user is not None
-        if source is not None:
-            self._succeeded(source, name)
+        await self._finish(source, who, ticket, ok=True)
         if len(self._verified) > 10_000:
             self._verified.clear()
         self._verified[key] = name
         return user
 
-    async def _verify(self, user: auth.User | None, name: str, password: str) -> bool:
-        """The slow check (scrypt on a worker thread); the same cost for unknown users."""
-        if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
-            # Same cost as a real check, so a probe cannot tell unknown users apart.
-            await trio.to_thread.run_sync(auth.hash_password, password[:1024], b"0" * 16)
-            return False
-        ok = await trio.to_thread.run_sync(auth.verify, user, password)
-        return ok and self.users.get(name) is user
-
-    def _check_login_rate(self, source: str, name: str | None) -> None:
+    def login_settings(self) -> auth.LoginSettings:
         cfg = self._config()
-        wait = self.login_limiter.retry_after(
-            source,
-            cfg.login_failure_limit,
-            cfg.login_failure_window_secs,
-            name,
-            cfg.login_failure_user_limit,
+        return auth.LoginSettings(
+            failure_limit=cfg.login_failure_limit,
+            window_secs=cfg.login_failure_window_secs,
+            delay_secs=cfg.login_delay_ms / 1000,
+            delay_max_secs=cfg.login_delay_max_ms / 1000,
+            hash_concurrency=cfg.login_hash_concurrency,
+            hash_queue=cfg.login_hash_queue,
+            hash_per_address=cfg.login_hash_per_address,
         )
-        if wait > 0:
-            self.login_limiter.refused()
+
+    async def _begin(self, source: str | None, name: str, *, cached: bool) -> tuple[int, bool]:
+        """The limiter's go-ahead (waiting for a hash slot if queued): its ticket
+        (0 for none) and whether it is a known-good pair's; or TooManyLoginFailures,
+        at once."""
+        if source is None:
+            return 0, False
+        start = await self.gate.begin(source, name, self.login_settings(), cached=cached)
+        if start.status != "refused":
+            return start.ticket, start.known
+        ms = max(math.ceil(start.retry_after * 1000), 1)
+        if start.reason == "busy":
             raise errors.TooManyLoginFailures(
-                "too many failed logins from this address or for this user; try again in "
-                f"{math.ceil(wait)} s",
-                retry_after_ms=math.ceil(wait * 1000),
+                f"too many logins being verified on this node; try again in {ms} ms",
+                labels=(errors.SYSTEM_OVERLOADED, errors.RETRYABLE),
+                retry_after_ms=ms,
             )
+        # Not labelled retryable: the client's overload policy must not replay a
+        # password that just failed; the hint says when this pair may try again.
+        raise errors.TooManyLoginFailures(
+            f"a login for this user from this address failed recently; try again in {ms} ms",
+            retry_after_ms=ms,
+        )
 
-    def _succeeded(self, source: str, name: str) -> None:
-        self.login_limiter.succeeded(source, name)
-        if self.relay_soon is not None:
-            self.relay_soon("succeeded", source, name)
-
-    def remote_login(self, outcome: str, source: str, name: str | None) -> None:
-        """A login outcome on another worker (see ``relay``): counted in the windows,
-        not in this worker's ``failures`` total (the node's is the sum)."""
-        if outcome == "succeeded" and name is not None:
-            self.login_limiter.succeeded(source, name)
-        elif outcome == "failed":
-            cfg = self._config()
-            self.login_limiter.failed(
-                source,
-                cfg.login_failure_limit,
-                cfg.login_failure_window_secs,
-                name,
-                cfg.login_failure_user_limit,
-                count=False,
-            )
-
-    async def _login_failed(self, source: str | None, name: str | None) -> None:
+    async def _finish(self, source: str | None, name: str | None, ticket: int, *, ok: bool) -> None:
+        """Tell the limiter the outcome; a failure's answer waits its delay."""
         if source is None:
             return
-        if self.relay is not None:
-            await self.relay("failed", source, name)
-        cfg = self._config()
-        hit = self.login_limiter.failed(
-            source,
-            cfg.login_failure_limit,
-            cfg.login_failure_window_secs,
-            name,
-            cfg.login_failure_user_limit,
-        )
-
-        if hit == "source":
+        end = await self.gate.end(ticket, source, name, ok, self.login_settings())
+        if end.persist and name is not None and self.persist_known_good:
+            self._persist_known_good(name, source)
+        if end.limited:
             log.warning(
-                "%d failed logins from %s within %gs (login_failure_limit): refusing its "
-                "logins until they age out",
-                cfg.login_failure_limit,
+                "%d failed logins from %s within %gs (login_failure_limit): the answers to "
+                "its failed logins are held %g ms (login_delay_max_ms or less)",
+                self._config().login_failure_limit,
                 source,
-                cfg.login_failure_window_secs,
+                self._config().login_failure_window_secs,
+                end.hold * 1000,
             )
-        elif hit == "user":
-            # An existing user's name only: an unknown "user name" is often a password
-            # typed in the wrong field, and passwords are never logged.
-            who = repr(name) if name in self.users else "an unknown user name"
-            log.warning(
-                "%d failed logins for %s within %gs from all addresses "
-                "(login_failure_user_limit): refusing its logins from addresses where it "
-                "has not logged in until they age out",
-                cfg.login_failure_user_limit,
-                who,
-                cfg.login_failure_window_secs,
+        if end.hold > 0:
+            await trio.sleep(end.hold)
+
+    def _persist_known_good(self, name: str, source: str) -> None:
+        """A known-good pair survives a restart: a system record, written when the
+        pair is new or its record a day old (auth.KNOWN_GOOD_REFRESH_SECS). Handed
+        to the writer without waiting: the login does not wait for a commit, and
+        nothing waits on it at shutdown (a pair not written is only forgotten)."""
+        if self._submit is not None:
+            self._submit(
+                PutSystemOp(known_good_key(name, source), {"at": time.time()}, what="login")
             )
+
+    async def _verify(
+        self, user: auth.User | None, name: str, password: str, *, known: bool
+    ) -> bool:
+        """The slow check (scrypt on a hashing thread); the same cost for unknown
+        users. ``known``: a known-good pair's, hashed at normal CPU priority."""
+        if user is None or len(password.encode()) > auth.MAX_PASSWORD_BYTES:
+            # Same cost as a real check, so a probe cannot tell unknown users apart.
+            await run_hash(auth.hash_password, password[:1024], b"0" * 16, known=known)
+            return False
+        ok = await run_hash(auth.verify, user, password, known=known)
+        return ok and self.users.get(name) is user
 
     def login_statistics(self) -> dict[str, Any]:
+        s = self.login_settings()
         cfg = self._config()
         return {
             "login_failure_limit": cfg.login_failure_limit,
-            "login_failure_user_limit": cfg.login_failure_user_limit,
             "login_failure_window_secs": cfg.login_failure_window_secs,
-            **self.login_limiter.statistics(
-                cfg.login_failure_limit,
-                cfg.login_failure_window_secs,
-                cfg.login_failure_user_limit,
-            ).as_dict(),
+            "login_delay_ms": cfg.login_delay_ms,
+            "login_delay_max_ms": cfg.login_delay_max_ms,
+            "login_hash_concurrency": cfg.login_hash_concurrency,
+            "login_hash_queue": cfg.login_hash_queue,
+            "login_hash_per_address": cfg.login_hash_per_address,
+            **self.gate.statistics(s).as_dict(),
         }
 
     async def save_user(self, user: auth.User, *, expect: str | None) -> None:

@@ -1,14 +1,14 @@
-"""Users, password hashes, role checks and the failed-login limiter.
+"""Users, password hashes, role checks and the login limiter.
 
 Passwords are stored as salted scrypt hashes and compared in constant time.
 scrypt is deliberately slow (~40 ms), so it runs on a worker thread, and a
 successful verification is remembered per (user, password digest) until the
 user changes — reconnect storms then cost a hash lookup, not a scrypt each.
 
-:class:`LoginLimiter` counts failed logins per source address in a sliding
-window (sans-IO, with an injected clock): past ``limit`` failures in
-``window`` seconds an address is refused before any scrypt is spent, until
-its oldest counted failure leaves the window. See docs/security.md.
+:class:`LoginLimiter` (sans-IO, with an injected clock) decides each login:
+a failure holds its answer for a growing delay and refuses its (user, address)
+pair up front meanwhile, never anyone else; and it runs the node's small pool
+of scrypt verifications with a bounded queue. See docs/security.md, "Logins".
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Any
 
 from tenantkv import errors
 
-#: Matched with fullmatch: ``$`` alone would also accept a trailing newline.
-USER_NAME_RE = re.compile(r"[A-Za-z0-9_.@\-]{1,128}")
+#: Matched with fullmatch: ``$`` alone would also accept a trailing newline. No
+#: ``@``: RESP's ``AUTH user@bucket`` splits there (users made before the rule
+#: keep their names and log in on the MessagePack door; see docs/security.md).
+USER_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 ROLES = ("read", "readwrite")
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 MAX_PASSWORD_BYTES = 1024
@@ -127,7 +129,8 @@ def generate_password() -> str:
 def validate_user_name(name: Any) -> str:
     if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
         raise errors.BadValue(
-            "user name must be 1-128 characters of letters, digits, '_', '.', '@', '-'"
+            "user name must be 1-128 characters of letters, digits, '_', '.', '-' ('@' is "
+            "not allowed: RESP's AUTH takes user@bucket)"
         )
     return name
 
@@ -153,25 +156,28 @@ def validate_roles(roles: Any) -> dict[str, str]:
     return dict(roles)
 
 
-# -- failed-login limiting ----------------------------------------------------------
+# -- login limiting -----------------------------------------------------------------
 
-#: Most sources, users and (user, source) pairs the login limiter remembers, each;
-#: beyond it the one whose last failure is oldest is forgotten (a scan from many
-#: addresses, or guesses at many user names, cannot grow memory).
+#: Most (user, address) pairs, addresses and known-good pairs the login limiter
+#: remembers, each; beyond it the least recently used is forgotten (a scan from
+#: many addresses, or guesses at many user names, cannot grow memory).
 MAX_TRACKED_SOURCES = 65_536
-#: retryAfterMs hint when a key is at its limit only because of logins still
-#: being verified (they may yet succeed).
-VERIFYING_RETRY_SECS = 0.5
-#: How long a successful login makes its (user, source) pair known-good: logins of
-#: that user from that source pass the source's and the user's limits (not the
-#: pair's own), so an attacker failing for a user cannot lock it out from an
-#: address it uses.
+#: How long a successful login makes its (user, address) pair known-good.
 KNOWN_GOOD_SECS = 7 * 86400.0
+#: A known-good pair's record is written again when it is older than this (so a
+#: restart keeps pairs in use, without a write per login).
+KNOWN_GOOD_REFRESH_SECS = 86400.0
+#: retryAfterMs hint per login ahead of one refused because the hash pool is full
+#: (about one scrypt on a busy core).
+HASH_RETRY_SECS = 0.1
+#: Hashes beyond login_hash_concurrency that only known-good pairs may run: the
+#: admin (or any user) at its usual address never waits for strangers' hashes.
+KNOWN_RESERVED_HASHES = 1
 
 
 def login_source(peer_ip: str) -> str:
-    """What failed logins are counted under: the IPv4 address, or the /64 of an IPv6
-    one (a single host usually holds a whole /64, so per-address counting would let it
+    """What logins are counted under: the IPv4 address, or the /64 of an IPv6 one
+    (a single host usually holds a whole /64, so per-address counting would let it
     rotate addresses). IPv4-mapped IPv6 counts as the IPv4 address."""
     try:
         addr = ipaddress.ip_address(peer_ip.split("%", 1)[0])
@@ -184,225 +190,394 @@ def login_source(peer_ip: str) -> str:
     return str(addr)
 
 
+@dataclass(frozen=True, slots=True)
+class LoginSettings:
+    """The runtime parameters the limiter decides with (docs/security.md, "Logins")."""
+
+    #: failures counted per pair and per address (each doubles the delay); 0 = no
+    #: delays and no refusals (the hash pool still applies)
+    failure_limit: int = 10
+    #: failures are forgotten after this long without another
+    window_secs: float = 60.0
+    #: the first failure's delay; each further one doubles it, up to ``delay_max_secs``
+    delay_secs: float = 0.1
+    delay_max_secs: float = 5.0
+    #: scrypt verifications running at once, node-wide
+    hash_concurrency: int = 1
+    #: logins waiting for a verification, node-wide, per lane
+    hash_queue: int = 32
+    #: logins of one address not known-good, running or waiting
+    hash_per_address: int = 2
+
+    def delay(self, failures: int) -> float:
+        """auth_delay, grown: the hold after the ``failures``-th recent failure."""
+        if failures <= 0 or self.failure_limit <= 0:
+            return 0.0
+        return min(self.delay_secs * 2 ** (min(failures, 64) - 1), self.delay_max_secs)
+
+    def to_wire(self) -> list[float]:
+        return [
+            self.failure_limit,
+            self.window_secs,
+            self.delay_secs,
+            self.delay_max_secs,
+            self.hash_concurrency,
+            self.hash_queue,
+            self.hash_per_address,
+        ]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> LoginSettings:
+        return cls(
+            int(w[0]), float(w[1]), float(w[2]), float(w[3]), int(w[4]), int(w[5]), int(w[6])
+        )
+
+
 @dataclass(slots=True)
-class _Window:
-    #: times of recent failures, oldest first (at most the limit kept)
-    failures: deque[float] = field(default_factory=deque)
-    #: logins of this key being verified right now
-    verifying: int = 0
-    #: a block was logged (cleared when the key drops under its limit)
-    blocked: bool = False
+class _Failures:
+    count: int
+    last: float
+
+
+@dataclass(slots=True)
+class _Ticket:
+    source: str
+    pair: tuple[str, str] | None
+    known: bool
+    running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoginStart:
+    """:meth:`LoginLimiter.begin`'s answer. ``status``: ``"refused"`` (answer at
+    once; ``retry_after`` seconds, ``reason`` ``"delay"`` or ``"busy"``),
+    ``"cached"`` (no verification needed), ``"run"`` (verify now, then
+    :meth:`LoginLimiter.end` the ticket) or ``"queued"`` (wait until ``end`` or
+    ``cancel`` grants the ticket, then verify)."""
+
+    status: str
+    ticket: int = 0
+    retry_after: float = 0.0
+    reason: str = ""
+    #: in the known-good lane (its hash runs at normal CPU priority)
+    known: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoginEnd:
+    """:meth:`LoginLimiter.end`'s answer: ``hold`` seconds to wait before
+    answering a failure (auth_delay); ``granted`` tickets may verify now;
+    ``persist``: a success made or renewed a known-good pair worth writing down;
+    ``limited``: this failure brought its address to ``failure_limit`` (log it once)."""
+
+    hold: float = 0.0
+    granted: tuple[int, ...] = ()
+    persist: bool = False
+    limited: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class LoginLimiterStatistics:
     tracked_sources: int
-    blocked_sources: int
-    tracked_users: int
-    blocked_users: int
+    tracked_pairs: int
+    delayed_pairs: int
     known_good_pairs: int
     failures: int
     refused: int
+    refused_busy: int
+    hashes: int
+    hashing: int
+    queued: int
 
     def as_dict(self) -> dict[str, int]:
         return {
             "tracked_sources": self.tracked_sources,
-            "blocked_sources": self.blocked_sources,
-            "tracked_users": self.tracked_users,
-            "blocked_users": self.blocked_users,
+            "tracked_pairs": self.tracked_pairs,
+            "delayed_pairs": self.delayed_pairs,
             "known_good_pairs": self.known_good_pairs,
             "failures": self.failures,
             "refused": self.refused,
+            "refused_busy": self.refused_busy,
+            "hashes": self.hashes,
+            "hashing": self.hashing,
+            "queued": self.queued,
         }
 
 
-class _Windows:
-    """Sliding windows of failures per key, LRU-bounded."""
-
-    def __init__(self, max_tracked: int) -> None:
-        self.max = max_tracked
-        self.items: OrderedDict[Any, _Window] = OrderedDict()
-
-    def wait(self, key: Any, limit: int, window: float, now: float) -> float:
-        """Seconds until ``key`` is under ``limit`` again; 0.0 when it is now."""
-        w = self.items.get(key)
-        if w is None or limit <= 0:
-            return 0.0
-        _expire(w, now, window)
-        if len(w.failures) + w.verifying < limit:
-            w.blocked = False
-            return 0.0
-        if len(w.failures) >= limit:
-            return max(w.failures[-limit] + window - now, 0.001)
-        return VERIFYING_RETRY_SECS
-
-    def get(self, key: Any) -> _Window:
-        w = self.items.get(key)
-        if w is None:
-            w = self.items[key] = _Window()
-            while len(self.items) > self.max:
-                self.items.popitem(last=False)
-        return w
-
-    def failed(self, key: Any, limit: int, window: float, now: float) -> bool:
-        """Count a failure; True when it put ``key`` at its limit (log that once)."""
-        w = self.get(key)
-        self.items.move_to_end(key)
-        w.failures.append(now)
-        while len(w.failures) > max(limit, 1):
-            w.failures.popleft()
-        _expire(w, now, window)
-        self.sweep(now, window)
-        if limit > 0 and len(w.failures) >= limit and not w.blocked:
-            w.blocked = True
-            return True
-        return False
-
-    def end(self, key: Any) -> None:
-        w = self.items.get(key)
-        if w is None:
-            return
-        w.verifying = max(w.verifying - 1, 0)
-        if not w.verifying and not w.failures:
-            del self.items[key]
-
-    def sweep(self, now: float, window: float) -> None:
-        """Forget keys whose failures all left the window (oldest first; amortised O(1))."""
-        while self.items:
-            key, w = next(iter(self.items.items()))
-            if w.verifying or (w.failures and w.failures[-1] > now - window):
-                return
-            del self.items[key]
-
-    def blocked(self, limit: int, window: float, now: float) -> int:
-        if limit <= 0:
-            return 0
-        n = 0
-        for w in self.items.values():
-            _expire(w, now, window)
-            n += len(w.failures) >= limit
-        return n
-
-
 class LoginLimiter:
-    """Failed logins per source, per user and per (user, source), in sliding
-    windows; no I/O, time from ``clock``.
+    """Login delays per (user, address) and the node's scrypt pool; no I/O, time
+    from ``clock``. The rule (docs/security.md, "Logins"):
 
-    The rule (docs/security.md): a login for ``user`` from ``source`` is refused,
-    before any scrypt is spent, when the pair has ``limit`` failures in the window;
-    else it passes if the pair is *known-good* (a successful login within
-    :data:`KNOWN_GOOD_SECS`); else it is refused when the source has ``limit``
-    failures (one address guessing at anything) or the user has ``user_limit``
-    failures from all sources together (many addresses guessing at one user).
-    So guessing from rotating addresses is bounded per user, and an attacker
-    failing for a user does not lock that user out of the addresses it uses.
-
-    Use: :meth:`retry_after` before a login (0 = go ahead; else refuse it and call
-    :meth:`refused`); :meth:`begin` / :meth:`end` around the slow verification (a
-    credential being verified counts, so a burst of concurrent guesses cannot all
-    reach scrypt); :meth:`failed` for every failed login, :meth:`succeeded` for a
-    successful one. Limits are passed per call: they are runtime parameters.
-    ``user`` None (not a string) is counted per source only.
+    * A failed login is answered after a hold of ``delay(n)`` — ``delay_secs``
+      doubled per recent failure of its pair or its address, up to
+      ``delay_max_secs`` (PostgreSQL's ``auth_delay``, grown). Only failures are
+      held: a neighbour at the same address with the right password is not.
+    * A pair that is not known-good is refused up front (no scrypt) until its
+      last failure's delay has passed, and while one of its logins is being
+      verified. Nothing else is refused for failures: not other users at the
+      address, not the user at other addresses.
+    * A pair is *known-good* after a successful login (for
+      :data:`KNOWN_GOOD_SECS`, and across restarts: the caller persists it) and
+      until its next failure. Its logins are never refused for failures and go
+      first to the hash pool.
+    * The pool runs ``hash_concurrency`` verifications, and one more
+      (:data:`KNOWN_RESERVED_HASHES`) for known-good pairs only; ``hash_queue``
+      may wait in each lane (known-good first, then the others round-robin by
+      address; one login per known pair in the first lane);
+      an address that is not known-good has at most ``hash_per_address``
+      running or waiting. Excess is refused at once (``"busy"``, retryable).
     """
 
     def __init__(
         self, clock: Callable[[], float], *, max_tracked: int = MAX_TRACKED_SOURCES
     ) -> None:
         self._clock = clock
-        self._max_tracked = max_tracked
-        self._sources = _Windows(max_tracked)
-        self._users = _Windows(max_tracked)
-        self._pairs = _Windows(max_tracked)
-        #: (user, source) -> time of its last successful login
-        self._good: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._failures_total = 0
-        self._refused_total = 0
+        self._max = max_tracked
+        self._pairs: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
+        self._sources: OrderedDict[str, _Failures] = OrderedDict()
+        #: known-good pair -> (time of its last success, time it was last persisted)
+        self._good: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
+        self._tickets: dict[int, _Ticket] = {}
+        self._next_ticket = 1
+        self._running = 0
+        self._queue_known: deque[int] = deque()
+        #: address -> its waiting tickets; served round-robin (first key first)
+        self._queue_new: OrderedDict[str, deque[int]] = OrderedDict()
+        self._queued_new = 0
+        #: tickets (running or waiting) per address, not known-good only
+        self._per_source: dict[str, int] = {}
+        #: pairs not known-good with a ticket
+        self._busy_pairs: dict[tuple[str, str], int] = {}
+        #: known-good pairs with a ticket in the first lane
+        self._known_busy: set[tuple[str, str]] = set()
+        self._failures_total = self._refused = self._refused_busy = self._hashes = 0
+        #: known-good pairs read at start, not yet on the clock (load_known_good)
+        self._loaded: list[tuple[str, str, float]] = []
 
-    def retry_after(
-        self,
-        source: str,
-        limit: int,
-        window: float,
-        user: str | None = None,
-        user_limit: int = 0,
-    ) -> float:
-        """Seconds until ``user`` may try to log in from ``source``; 0.0 when it may now."""
-        now = self._clock()
-        if user is not None:
-            pair = (user, source)
-            wait = self._pairs.wait(pair, limit, window, now)
-            if wait:
-                return wait
-            since = self._good.get(pair)
-            if since is not None and now - since < KNOWN_GOOD_SECS:
-                return 0.0
-        wait = self._sources.wait(source, limit, window, now)
-        if wait or user is None:
-            return wait
-        return self._users.wait(user, user_limit, window, now)
+    # -- known-good pairs ------------------------------------------------------------
 
-    def refused(self) -> None:
-        self._refused_total += 1
-
-    def begin(self, source: str, user: str | None = None) -> None:
-        """A credential of ``source`` (for ``user``) goes to the slow verification."""
-        self._sources.get(source).verifying += 1
-        if user is not None:
-            self._users.get(user).verifying += 1
-            self._pairs.get((user, source)).verifying += 1
-
-    def end(self, source: str, user: str | None = None) -> None:
-        """That verification finished (call :meth:`failed` too if it failed)."""
-        self._sources.end(source)
-        if user is not None:
-            self._users.end(user)
-            self._pairs.end((user, source))
-
-    def failed(
-        self,
-        source: str,
-        limit: int,
-        window: float,
-        user: str | None = None,
-        user_limit: int = 0,
-        *,
-        count: bool = True,
-    ) -> str | None:
-        """Count a failed login. Returns what this failure put at its limit —
-        ``"source"`` or ``"user"`` — once, for the caller to log; else None.
-        ``count=False``: a failure seen by another worker process (it counts it)."""
-        if count:
-            self._failures_total += 1
-        now = self._clock()
-        hit = "source" if self._sources.failed(source, limit, window, now) else None
-        if user is not None:
-            self._pairs.failed((user, source), limit, window, now)
-            if self._users.failed(user, user_limit, window, now) and hit is None:
-                hit = "user"
-        return hit
-
-    def succeeded(self, source: str, user: str) -> None:
-        """A successful login: the pair becomes known-good."""
+    def known_good(self, source: str, user: str | None) -> bool:
+        if user is None:
+            return False
         pair = (user, source)
-        self._good[pair] = self._clock()
+        now = self._now()
+        good = self._good.get(pair)
+        if good is None or now - good[0] >= KNOWN_GOOD_SECS:
+            return False
+        failed = self._pairs.get(pair)
+        return failed is None or failed.last < good[0]
+
+    def load_known_good(self, pairs: list[tuple[str, str, float]]) -> None:
+        """Known-good pairs from the system database: (user, source, age in seconds).
+        Placed on the clock at its first reading (it may not run yet: Trio's)."""
+        self._loaded.extend(pairs)
+
+    def _now(self) -> float:
+        now = self._clock()
+        if self._loaded:
+            loaded, self._loaded = self._loaded, []
+            for user, source, age in sorted(loaded, key=lambda p: -p[2]):
+                if 0 <= age < KNOWN_GOOD_SECS:
+                    self._remember((user, source), now - age, now - age)
+        return now
+
+    def _remember(self, pair: tuple[str, str], at: float, persisted: float) -> None:
+        self._good[pair] = (at, persisted)
         self._good.move_to_end(pair)
-        while len(self._good) > self._max_tracked:
+        while len(self._good) > self._max:
             self._good.popitem(last=False)
 
-    def statistics(self, limit: int, window: float, user_limit: int = 0) -> LoginLimiterStatistics:
-        now = self._clock()
+    # -- a login -----------------------------------------------------------------------
+
+    def begin(
+        self, source: str, user: str | None, s: LoginSettings, *, cached: bool = False
+    ) -> LoginStart:
+        """A login of ``user`` from ``source``; ``cached``: its credential is known
+        to be right (no verification needed, if it is not refused)."""
+        now = self._now()
+        pair = None if user is None else (user, source)
+        known = self.known_good(source, user)
+        if known and pair in self._known_busy:
+            # One login of a known pair goes first at a time (a client's concurrent
+            # logins share one credential's verification anyway): the rest wait
+            # with everyone else, so guesses at one's own known pair gain nothing.
+            known = False
+        if not known and pair is not None and s.failure_limit > 0:
+            f = self._fresh(self._pairs, pair, now, s)
+            if f is not None and now < f.last + s.delay(f.count):
+                self._refused += 1
+                return LoginStart(
+                    "refused", retry_after=f.last + s.delay(f.count) - now, reason="delay"
+                )
+            if pair in self._busy_pairs:
+                self._refused += 1
+                return LoginStart("refused", retry_after=HASH_RETRY_SECS, reason="delay")
+        if cached:
+            return LoginStart("cached")
+        if known:
+            waiting = len(self._queue_known)
+        else:
+            waiting = self._queued_new
+            if self._per_source.get(source, 0) >= s.hash_per_address:
+                return self._busy(waiting, s)
+        if self._running >= s.hash_concurrency and waiting >= s.hash_queue:
+            return self._busy(waiting, s)
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        t = self._tickets[ticket] = _Ticket(source, pair, known)
+        if not known:
+            self._per_source[source] = self._per_source.get(source, 0) + 1
+            if pair is not None:
+                self._busy_pairs[pair] = self._busy_pairs.get(pair, 0) + 1
+        elif pair is not None:
+            self._known_busy.add(pair)
+        if (
+            self._running < s.hash_concurrency + (KNOWN_RESERVED_HASHES if known else 0)
+            and not self._queue_known
+            and (known or not self._queued_new)
+        ):
+            t.running = True
+            self._running += 1
+            self._hashes += 1
+            return LoginStart("run", ticket, known=known)
+        if known:
+            self._queue_known.append(ticket)
+        else:
+            self._queue_new.setdefault(source, deque()).append(ticket)
+            self._queued_new += 1
+        return LoginStart("queued", ticket, known=known)
+
+    def _busy(self, waiting: int, s: LoginSettings) -> LoginStart:
+        self._refused_busy += 1
+        wait = HASH_RETRY_SECS * (1 + waiting // max(s.hash_concurrency, 1))
+        return LoginStart("refused", retry_after=wait, reason="busy")
+
+    def end(
+        self, ticket: int | None, source: str, user: str | None, ok: bool, s: LoginSettings
+    ) -> LoginEnd:
+        """A login's outcome (``ticket`` 0 or None: it had none — cached, or failed
+        before any verification). Frees its slot and grants the next ones."""
+        granted = self._release(ticket, s) if ticket else ()
+        if ok:
+            assert user is not None
+            return LoginEnd(granted=granted, persist=self._succeeded(source, user))
+        hold, limited = self._failed(source, user, s)
+        return LoginEnd(hold, granted, limited=limited)
+
+    def cancel(self, ticket: int, s: LoginSettings) -> tuple[int, ...]:
+        """A login left before its outcome (its connection closed): free its slot."""
+        return self._release(ticket, s)
+
+    def _release(self, ticket: int, s: LoginSettings) -> tuple[int, ...]:
+        t = self._tickets.pop(ticket, None)
+        if t is None:
+            return ()
+        if not t.known:
+            _decrement(self._per_source, t.source)
+            if t.pair is not None:
+                _decrement(self._busy_pairs, t.pair)
+        elif t.pair is not None:
+            self._known_busy.discard(t.pair)
+        if t.running:
+            self._running -= 1
+        elif t.known:
+            self._queue_known.remove(ticket)
+        else:
+            q = self._queue_new[t.source]
+            q.remove(ticket)
+            self._queued_new -= 1
+            if not q:
+                del self._queue_new[t.source]
+        granted = []
+        while True:
+            if self._queue_known and self._running < s.hash_concurrency + KNOWN_RESERVED_HASHES:
+                nxt = self._queue_known.popleft()
+            elif self._queue_new and self._running < s.hash_concurrency:
+                src, q = next(iter(self._queue_new.items()))
+                nxt = q.popleft()
+                self._queued_new -= 1
+                del self._queue_new[src]
+                if q:  # round-robin: this address goes to the back
+                    self._queue_new[src] = q
+            else:
+                break
+            self._tickets[nxt].running = True
+            self._running += 1
+            self._hashes += 1
+            granted.append(nxt)
+        return tuple(granted)
+
+    def _failed(self, source: str, user: str | None, s: LoginSettings) -> tuple[float, bool]:
+        self._failures_total += 1
+        if s.failure_limit <= 0:
+            return 0.0, False
+        now = self._now()
+        before = self._fresh(self._sources, source, now, s)
+        was = 0 if before is None else before.count
+        n = self._count(self._sources, source, now, s)
+        limited = n >= s.failure_limit > was
+        if user is not None:
+            n = max(n, self._count(self._pairs, (user, source), now, s))
+        return s.delay(n), limited
+
+    def _succeeded(self, source: str, user: str) -> bool:
+        now = self._now()
+        pair = (user, source)
+        self._pairs.pop(pair, None)
+        old = self._good.get(pair)
+        persist = old is None or now - old[1] >= KNOWN_GOOD_REFRESH_SECS
+        self._remember(pair, now, now if persist else old[1] if old else now)
+        return persist
+
+    def _count(
+        self, table: OrderedDict[Any, _Failures], key: Any, now: float, s: LoginSettings
+    ) -> int:
+        f = self._fresh(table, key, now, s)
+        if f is None:
+            f = table[key] = _Failures(0, now)
+        f.count = min(f.count + 1, s.failure_limit)
+        f.last = now
+        table.move_to_end(key)
+        while len(table) > self._max:
+            table.popitem(last=False)
+        # Forget the stalest while they have aged out (amortised O(1)).
+        while table:
+            oldest = next(iter(table.values()))
+            if now - oldest.last <= s.window_secs:
+                break
+            table.popitem(last=False)
+        return f.count
+
+    @staticmethod
+    def _fresh(
+        table: OrderedDict[Any, _Failures], key: Any, now: float, s: LoginSettings
+    ) -> _Failures | None:
+        f = table.get(key)
+        if f is not None and now - f.last > s.window_secs:
+            del table[key]
+            return None
+        return f
+
+    def statistics(self, s: LoginSettings) -> LoginLimiterStatistics:
+        now = self._now()
+        delayed = sum(1 for f in self._pairs.values() if now < f.last + s.delay(f.count))
         return LoginLimiterStatistics(
-            tracked_sources=len(self._sources.items),
-            blocked_sources=self._sources.blocked(limit, window, now),
-            tracked_users=len(self._users.items),
-            blocked_users=self._users.blocked(user_limit, window, now),
+            tracked_sources=len(self._sources),
+            tracked_pairs=len(self._pairs),
+            delayed_pairs=delayed,
             known_good_pairs=len(self._good),
             failures=self._failures_total,
-            refused=self._refused_total,
+            refused=self._refused,
+            refused_busy=self._refused_busy,
+            hashes=self._hashes,
+            hashing=self._running,
+            queued=len(self._queue_known) + self._queued_new,
         )
 
 
-def _expire(w: _Window, now: float, window: float) -> None:
-    cutoff = now - window
-    while w.failures and w.failures[0] <= cutoff:
-        w.failures.popleft()
+def _decrement(counts: dict[Any, int], key: Any) -> None:
+    n = counts.get(key, 0) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)

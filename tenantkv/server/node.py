@@ -37,7 +37,7 @@ from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, Throughput
 from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
-from tenantkv.server.accounts import Accounts, stored_users
+from tenantkv.server.accounts import Accounts, stored_known_good, stored_users
 from tenantkv.server.control import Channel
 from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
@@ -66,11 +66,23 @@ class WorkerLink(Protocol):
     async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
 
     async def admit_connection(
-        self, conn_id: int, addr: str, *, max_connections: int, per_address: int
+        self,
+        conn_id: int,
+        addr: str,
+        *,
+        max_connections: int,
+        per_address: int,
+        reserved_per_address: int = 0,
     ) -> Admission: ...
 
     async def connection_authenticated(
-        self, conn_id: int, *, admin: bool, max_connections: int, reserved_for_admins: int
+        self,
+        conn_id: int,
+        *,
+        admin: bool,
+        max_connections: int,
+        reserved_for_admins: int,
+        per_address: int | None = None,
     ) -> str | None: ...
 
     def connection_closed(self, conn_id: int) -> None: ...
@@ -144,6 +156,8 @@ class Node:
             write=self.write,
             sessions=self.sessions,
             data_dir=engine.path,
+            known_good=stored_known_good(engine),
+            submit=lambda op: self.writer.submit(op, _ignore_outcome),
         )
         self.no_sessions = trio.Event()
         self.connections_total = 0
@@ -560,6 +574,7 @@ class Node:
                 addr,
                 max_connections=cfg.max_connections,
                 per_address=cfg.max_connections_per_address,
+                reserved_per_address=cfg.admin_reserved_connections_per_address,
             )
         return self.connection_table.admit(
             conn_id,
@@ -567,6 +582,7 @@ class Node:
             trio.current_time(),
             max_connections=cfg.max_connections,
             per_address=cfg.max_connections_per_address,
+            reserved_per_address=cfg.admin_reserved_connections_per_address,
         )
 
     async def connection_authenticated(self, conn_id: int, *, admin: bool) -> str | None:
@@ -579,9 +595,14 @@ class Node:
                 admin=admin,
                 max_connections=cfg.max_connections,
                 reserved_for_admins=reserved,
+                per_address=cfg.max_connections_per_address,
             )
         return self.connection_table.authenticated(
-            conn_id, admin=admin, max_connections=cfg.max_connections, reserved_for_admins=reserved
+            conn_id,
+            admin=admin,
+            max_connections=cfg.max_connections,
+            reserved_for_admins=reserved,
+            per_address=cfg.max_connections_per_address,
         )
 
     def connection_closed(self, conn_id: int) -> None:
@@ -665,3 +686,7 @@ class Node:
         for s in list(self.sessions):
             if s.bucket == bucket:
                 s.select(None)
+
+
+def _ignore_outcome(result: Any, error: BaseException | None) -> None:
+    """A write nobody waits for (a known-good login pair: lost, it is only forgotten)."""

@@ -8,7 +8,9 @@ does not shrink while anything above the freed space lives. Measured: 32
 connections pipelining 20 MiB writes left the server 1.6 GB resident after
 they were all answered; with a fixed threshold, 68 MB. Setting the threshold
 fixes it (glibc stops adjusting it), so buffers of values, frames and replies
-over :data:`MMAP_THRESHOLD_BYTES` are returned when freed.
+over :data:`MMAP_THRESHOLD_BYTES` are returned when freed. So is scrypt's
+16 MiB buffer, one per password hash: each hashing thread's arena kept one,
+and 600 logins on a few threads kept +225 MiB.
 
 Elsewhere than glibc (musl, macOS) this does nothing: their allocators return
 large blocks already, or are not what Linux servers run.

@@ -92,15 +92,25 @@ def error_text(exc: errors.TenantKVError) -> str:
     msg = exc.errmsg
     if isinstance(exc, (errors.ProtocolError, errors.FrameTooLarge)):
         return f"ERR Protocol error: {msg}"
+    if isinstance(exc, errors.TooManyLoginFailures):
+        # A limited login is a failed AUTH to a Redis client (WRONGPASS), with the hint.
+        return f"WRONGPASS retryAfterMs={exc.retry_after_ms or 0} {msg}"
     if errors.RETRYABLE in exc.labels or errors.SYSTEM_OVERLOADED in exc.labels:
         return f"TRYAGAIN {exc.code_name} retryAfterMs={exc.retry_after_ms or 0} {msg}"
     if isinstance(exc, errors.AuthenticationFailed):
+        if exc.errmsg.startswith(AT_NAME_MESSAGE):
+            return f"WRONGPASS {exc.errmsg}"
         return "WRONGPASS invalid username-password pair or user is disabled."
     if isinstance(exc, errors.Unauthorized):
         return f"NOPERM {msg}"
     if isinstance(exc, errors.HelloRequired):
         return "NOAUTH Authentication required."
     return f"ERR {msg}"
+
+
+#: The answer to a user whose name holds '@' (made before the rule against it),
+#: once its password is proven: it cannot log in on this door.
+AT_NAME_MESSAGE = "user names containing '@' cannot log in over RESP"
 
 
 LocalHandler = Callable[["RedisSession", int, list[bytes]], Awaitable[bool]]
@@ -342,8 +352,19 @@ class RedisSession(Session):
         """AUTH / HELLO AUTH: the user (``name@bucket`` picks the bucket), limited
         and audited like the MessagePack hello; the connection stays open on failure."""
         node = self.node
-        name, _, bucket_part = username.decode(errors="replace").partition("@")
+        full = username.decode(errors="replace")
+        name, _, bucket_part = full.partition("@")
         epoch = node.accounts.epoch  # (as Session._hello: a change meanwhile is seen)
+        if "@" in full and full in node.accounts.users:
+            # A user named with '@' (made before the rule): its password proven
+            # (limited as any login), it is told why this door cannot take it.
+            await node.accounts.authenticate(
+                full, password.decode(errors="replace"), peer=self.peer_ip
+            )
+            raise errors.AuthenticationFailed(
+                f"{AT_NAME_MESSAGE} (AUTH takes user@bucket); log in on the MessagePack "
+                "port, or use a user without '@'"
+            )
         try:
             user = await node.accounts.authenticate(
                 name, password.decode(errors="replace"), peer=self.peer_ip

@@ -122,9 +122,6 @@ _SHARED_LEAVES = frozenset(
         "max",
         "max_per_address",
         "admin_reserved",
-        "login_failure_limit",
-        "login_failure_user_limit",
-        "login_failure_window_secs",
         "default_throttle_reserved_units",
         "default_throttle_hard_limit",
         "write_weight",
@@ -141,16 +138,10 @@ _SHARED_LEAVES = frozenset(
         "last_commit_micros",
         "last_batch_ops",
         "max_batch_ops",
-        # every worker hears of every login outcome (Accounts.relay)
-        "tracked_sources",
-        "blocked_sources",
-        "tracked_users",
-        "blocked_users",
-        "known_good_pairs",
     }
 )
 #: Leaves named so are settings of a gate: the same on every worker.
-_SHARED_PREFIXES = ("bucket_queue_", "write_permit_", "login_failure_")
+_SHARED_PREFIXES = ("bucket_queue_", "write_permit_", "login_")
 #: Whole sections that are settings, not counters.
 _SHARED_PATHS = frozenset({("throttle", "node", "capacity"), ("latency", "bounds_us")})
 
@@ -163,6 +154,8 @@ def node_document(workers: list[dict[str, Any]], node: dict[str, Any]) -> dict[s
     docs = sorted(workers, key=lambda d: d.get("worker", 0))
     merged = _merge(docs, ())
     merged["connections"]["table"] = node.get("connection_table", {})
+    # the login limiter is the supervisor's (the workers' settings, its figures)
+    merged["authentication"] = {**merged.get("authentication", {}), **node.get("login", {})}
     merged["storage"]["writer"] = node.get("writer", {})
     if "commit_latency" in node:
         merged["latency"]["commit"] = node["commit_latency"]

@@ -35,6 +35,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,8 @@ from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_
 from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.config import Config
 from tenantkv.metrics import Latency
-from tenantkv.server import sd_notify
+from tenantkv.server import auth, sd_notify
+from tenantkv.server.accounts import LocalLoginGate, known_good_key, stored_known_good
 from tenantkv.server.control import Channel, ChannelClosed, Message
 from tenantkv.server.server import ListenError, open_engine, server_ssl_context
 from tenantkv.server.shared_state import sync_throttle
@@ -58,7 +60,7 @@ from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import _lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.op_wire import RemoteBatchOp, op_from_wire
-from tenantkv.storage.ops import DropBucketOp, WriteOp
+from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.supervisor")
 
@@ -118,6 +120,15 @@ class Supervisor:
         self.metrics_port: int | None = None
         #: the node's connection table (every worker's connections)
         self.table = ConnectionTable()
+        #: the node's login limiter: every worker's logins ask it (RemoteLoginGate)
+        limiter = auth.LoginLimiter(trio.current_time)
+        limiter.load_known_good(stored_known_good(self.engine))
+        self.login_gate = LocalLoginGate(limiter)
+        #: logins holding a ticket or waiting for one: (worker, its call id) ->
+        #: ticket (0 while waiting), and the scope a cancel stops a wait with
+        self._logins: dict[tuple[int, int], int] = {}
+        self._login_waits: dict[tuple[int, int], trio.CancelScope] = {}
+        self._login_settings = auth.LoginSettings()
         #: node connection ids in the table, per worker (dropped if it dies)
         self._conns: dict[int, set[int]] = {w.index: set() for w in self.workers}
         #: each worker's latest demand on each node-wide rate limiter
@@ -301,6 +312,8 @@ class Supervisor:
         for conn in self._conns[w.index]:
             self.table.closed(conn)
         self._conns[w.index] = set()
+        for key in [k for k in self._logins if k[0] == w.index]:
+            self._login_cancel(key)
 
     async def _handle(self, w: _Worker, msg: Message) -> Message | None:
         kind = msg.get("type")
@@ -325,6 +338,7 @@ class Supervisor:
                 admin=bool(msg["admin"]),
                 max_connections=int(msg["max"]),
                 reserved_for_admins=int(msg["reserved"]),
+                per_address=None if msg.get("per_address") is None else int(msg["per_address"]),
             )
             if refused is not None:
                 self._conns[w.index].discard(msg["conn"])
@@ -333,13 +347,13 @@ class Supervisor:
             self.table.closed(msg["conn"])
             self._conns[w.index].discard(msg["conn"])
             return None
-        if kind == "login":
-            # Answered (when asked) once every other worker has counted it.
-            relay = {k: v for k, v in msg.items() if k != "id"}
-            async with trio.open_nursery() as nursery:
-                for peer in self._serving(but=w):
-                    nursery.start_soon(_call_quietly, peer, relay)
-            return {}
+        if kind == "login_begin":
+            return await self._login_begin(w, msg)
+        if kind == "login_end":
+            return self._login_end(w, msg)
+        if kind == "login_cancel":
+            self._login_cancel((w.index, int(msg["login"])))
+            return None
         if kind == "ready":
             w.ready.set()
             return None
@@ -443,6 +457,7 @@ class Supervisor:
             trio.current_time(),
             max_connections=int(msg["max"]),
             per_address=int(msg["per_address"]),
+            reserved_per_address=int(msg.get("reserved_per_address") or 0),
         )
         if not admitted.ok:
             return {"ok": False, "reason": admitted.reason}
@@ -458,6 +473,59 @@ class Supervisor:
                         await owner.channel.send({"type": "evict", "conn": evict})
                 evict = None
         return {"ok": True, "evict": evict}
+
+    # -- the node's login limiter ----------------------------------------------------
+
+    async def _login_begin(self, w: _Worker, msg: Message) -> Message:
+        key = (w.index, int(msg["login"]))
+        s = self._login_settings = auth.LoginSettings.from_wire(msg["settings"])
+        user = msg.get("user")
+        self._logins[key] = 0
+        with trio.CancelScope() as scope:
+            self._login_waits[key] = scope
+            try:
+                start = await self.login_gate.begin(
+                    str(msg["source"]),
+                    user if isinstance(user, str) else None,
+                    s,
+                    cached=bool(msg.get("cached")),
+                )
+            finally:
+                self._login_waits.pop(key, None)
+        if scope.cancelled_caught or start.status != "run":
+            self._logins.pop(key, None)
+        else:
+            self._logins[key] = start.ticket
+        if scope.cancelled_caught:
+            return {"status": "refused", "retry_after": auth.HASH_RETRY_SECS, "reason": "busy"}
+        return {
+            "status": start.status,
+            "retry_after": start.retry_after,
+            "reason": start.reason,
+            "known": start.known,
+        }
+
+    def _login_end(self, w: _Worker, msg: Message) -> Message:
+        ticket = self._logins.pop((w.index, int(msg["login"])), 0)
+        s = self._login_settings = auth.LoginSettings.from_wire(msg["settings"])
+        user = msg.get("user")
+        name = user if isinstance(user, str) else None
+        source = str(msg["source"])
+        end = self.login_gate.limiter.end(ticket, source, name, bool(msg.get("ok")), s)
+        self.login_gate.wake(end.granted)
+        if end.persist and name is not None:
+            op = PutSystemOp(known_good_key(name, source), {"at": time.time()}, what="login")
+            self.writer.submit(op, lambda result, error: None)
+        return {"hold": end.hold, "limited": end.limited}
+
+    def _login_cancel(self, key: tuple[int, int]) -> None:
+        scope = self._login_waits.get(key)
+        if scope is not None:
+            scope.cancel()  # still waiting for a slot: the wait frees its place
+            return
+        ticket = self._logins.pop(key, 0)
+        if ticket:
+            self.login_gate.cancel(ticket)
 
     def _rate_shares(self, w: _Worker, msg: Message) -> dict[str, float]:
         """This worker's fraction of each node-wide rate limiter (rate_share)."""
@@ -499,6 +567,7 @@ class Supervisor:
         """What only the supervisor knows of the node's status (see node_document)."""
         return {
             "connection_table": self.table.statistics().as_dict(),
+            "login": self.login_gate.statistics(self._login_settings).as_dict(),
             "writer": self.writer.statistics(),
             "commit_latency": self.latency.commit.status(),
         }

@@ -25,6 +25,7 @@ process:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import socket
 import struct
@@ -39,6 +40,13 @@ from tenantkv.admission.gate import ParameterTable
 from tenantkv.admission.quota_lease import BucketLease, lease_from_wire, usage_to_wire
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.config import Config
+from tenantkv.server.auth import (
+    HASH_RETRY_SECS,
+    LoginEnd,
+    LoginLimiterStatistics,
+    LoginSettings,
+    LoginStart,
+)
 from tenantkv.server.control import Channel, ChannelClosed, Message
 from tenantkv.server.remote_writer import RemoteWriter
 
@@ -111,8 +119,8 @@ class WorkerLink:
     async def run(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
         """Serve the channel and keep the throttle's lease fresh, until the
         supervisor goes away — then stop the server: a worker never outlives it."""
-        node.accounts.relay = self._relay_failure
-        node.accounts.relay_soon = self._relay_login
+        node.accounts.gate = RemoteLoginGate(self)
+        node.accounts.persist_known_good = False  # the supervisor writes them
         self.apply_rate_shares(node)
         # Provisional shares (1/N) until the first lease: never a whole node's worth.
         node.throttle.apply_lease({}, workers=self.workers)
@@ -151,7 +159,13 @@ class WorkerLink:
         return conn_id * MAX_WORKERS + self.index
 
     async def admit_connection(
-        self, conn_id: int, addr: str, *, max_connections: int, per_address: int
+        self,
+        conn_id: int,
+        addr: str,
+        *,
+        max_connections: int,
+        per_address: int,
+        reserved_per_address: int = 0,
     ) -> Admission:
         try:
             answer = await self.channel.call(
@@ -161,6 +175,7 @@ class WorkerLink:
                     "addr": addr,
                     "max": max_connections,
                     "per_address": per_address,
+                    "reserved_per_address": reserved_per_address,
                 }
             )
         except ChannelClosed:
@@ -173,7 +188,13 @@ class WorkerLink:
         )
 
     async def connection_authenticated(
-        self, conn_id: int, *, admin: bool, max_connections: int, reserved_for_admins: int
+        self,
+        conn_id: int,
+        *,
+        admin: bool,
+        max_connections: int,
+        reserved_for_admins: int,
+        per_address: int | None = None,
     ) -> str | None:
         try:
             answer = await self.channel.call(
@@ -183,6 +204,7 @@ class WorkerLink:
                     "admin": admin,
                     "max": max_connections,
                     "reserved": reserved_for_admins,
+                    "per_address": per_address,
                 }
             )
         except ChannelClosed:
@@ -193,14 +215,9 @@ class WorkerLink:
     def connection_closed(self, conn_id: int) -> None:
         self._post({"type": "conn_closed", "conn": self.node_conn_id(conn_id)})
 
-    def _relay_login(self, outcome: str, source: str, user: str | None) -> None:
-        self._post({"type": "login", "outcome": outcome, "source": source, "user": user})
-
-    async def _relay_failure(self, outcome: str, source: str, user: str | None) -> None:
-        """A failed login, counted by every other worker before it is answered."""
-        msg = {"type": "login", "outcome": outcome, "source": source, "user": user}
-        with contextlib.suppress(ChannelClosed):
-            await self.channel.call(msg)
+    def post(self, msg: Message) -> None:
+        """Send ``msg`` one-way, in order, from synchronous code."""
+        self._post(msg)
 
     def _post(self, msg: Message) -> None:
         try:
@@ -306,9 +323,6 @@ class WorkerLink:
         if kind == "expiry":  # a commit wrote an earlier expiry: the pager may wake
             node.expiry_pager.expiry_written(int(msg["ms"]))
             return None
-        if kind == "login":
-            node.accounts.remote_login(msg["outcome"], msg["source"], msg.get("user"))
-            return None
         if kind == "evict":
             node.evict_connection(int(msg["conn"]) // MAX_WORKERS)
             return None
@@ -317,6 +331,75 @@ class WorkerLink:
             return None
         log.warning("worker %d: unknown control message %r", self.index, kind)
         return None
+
+
+class RemoteLoginGate:
+    """The node's login limiter, in the supervisor (:class:`accounts.LoginGate`):
+    every login of every worker asks it, so the node has one delay per pair and
+    one hash pool, exactly. A login's ticket here is this worker's call id."""
+
+    def __init__(self, link: WorkerLink) -> None:
+        self._link = link
+        self._ids = itertools.count(1)
+        #: the supervisor's figures, as of the last login (status asks the supervisor)
+        self._stats = LoginLimiterStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    async def begin(
+        self, source: str, user: str | None, s: LoginSettings, *, cached: bool
+    ) -> LoginStart:
+        login = next(self._ids)
+        msg = {
+            "type": "login_begin",
+            "login": login,
+            "source": source,
+            "user": user,
+            "cached": cached,
+            "settings": s.to_wire(),
+        }
+        try:
+            answer = await self._link.channel.call(msg)
+        except ChannelClosed:  # the supervisor is gone (this worker stops) or slow
+            self.cancel(login)
+            return LoginStart("refused", retry_after=HASH_RETRY_SECS, reason="busy")
+        except BaseException:
+            self.cancel(login)
+            raise
+        status = str(answer.get("status", "refused"))
+        return LoginStart(
+            status,
+            login if status == "run" else 0,
+            float(answer.get("retry_after", HASH_RETRY_SECS)),
+            str(answer.get("reason", "busy")),
+            bool(answer.get("known")),
+        )
+
+    async def end(
+        self, ticket: int, source: str, user: str | None, ok: bool, s: LoginSettings
+    ) -> LoginEnd:
+        msg = {
+            "type": "login_end",
+            "login": ticket,
+            "source": source,
+            "user": user,
+            "ok": ok,
+            "settings": s.to_wire(),
+        }
+        try:
+            answer = await self._link.channel.call(msg)
+        except ChannelClosed:
+            self.cancel(ticket)
+            return LoginEnd(s.delay(1) if not ok else 0.0)
+        except BaseException:
+            self.cancel(ticket)  # its slot must not outlive the login
+            raise
+        return LoginEnd(float(answer.get("hold", 0.0)), limited=bool(answer.get("limited")))
+
+    def cancel(self, ticket: int) -> None:
+        if ticket:
+            self._link.post({"type": "login_cancel", "login": ticket})
+
+    def statistics(self, s: LoginSettings) -> LoginLimiterStatistics:
+        return self._stats
 
 
 def read_init(sock: socket.socket) -> Message:

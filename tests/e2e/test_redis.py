@@ -25,7 +25,7 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     login-failure limiter that other tests' daemons keep at its default."""
     base = tmp_path_factory.mktemp("redis")
     cfg = base / "tenantkv.toml"
-    cfg.write_text("login_failure_limit = 1000\nlogin_failure_user_limit = 1000\n")
+    cfg.write_text("login_failure_limit = 0\n")
     daemon = Daemon(base / "data", extra_args=["--config", str(cfg)]).start()
     with daemon.client() as c:
         for b in ("red", "blue", "limited"):

@@ -231,12 +231,13 @@ def test_one_address_cannot_fill_the_node_and_the_admin_gets_in(sec: Daemon) -> 
     with sec.client() as admin:
         current = admin.server_status()["connections"]["current"]
         admin.command("set_parameter", name="max_connections_per_address", value=20)
-        admin.command("set_parameter", name="max_connections", value=current + 37)
+        admin.command("set_parameter", name="max_connections", value=current + 40)
         flood: list[socket.socket] = []
         try:
-            # An address at its cap: its next connection is refused (the idle ones
-            # are too young to give way yet).
-            flood = [connect(sec, "127.0.0.2") for _ in range(20)]
+            # An address at its cap (20, and 3 more kept for its admins:
+            # admin_reserved_connections_per_address): its next connection is
+            # refused (the idle ones are too young to give way yet).
+            flood = [connect(sec, "127.0.0.2") for _ in range(23)]
             extra = connect(sec, "127.0.0.2")
             assert read_response(extra)[2]["codeName"] == "TooManyConnections"  # type: ignore[index]
             extra.close()
@@ -409,77 +410,32 @@ def test_an_existing_data_directory_is_made_private(tmp_path: Path) -> None:
 # -- 5. login throttling that neither leaks nor locks out -------------------------------------
 
 
-def test_login_limiter_rules_without_a_socket() -> None:
-    """Per pair, per source, per user; a known-good pair passes the wider limits."""
-    from tenantkv.server import auth
-
-    now = [1000.0]
-    lim = auth.LoginLimiter(lambda: now[0])
-    kw = {"limit": 3, "window": 60.0, "user_limit": 6}
-
-    def wait(src: str, user: str) -> float:
-        return lim.retry_after(src, kw["limit"], kw["window"], user, kw["user_limit"])
-
-    lim.succeeded("10.0.0.1", "admin")  # the admin's usual address
-    # An attacker rotating addresses: 2 guesses each, never at a source's limit...
-    guesses = 0
-    for i in range(2, 40):
-        src = f"10.0.1.{i}"
-        for _ in range(2):
-            if wait(src, "admin") == 0:
-                lim.failed(src, kw["limit"], kw["window"], "admin", kw["user_limit"])
-                guesses += 1
-    assert guesses == 6  # ...is held to the user's limit in all
-    assert wait("10.0.9.9", "admin") > 0  # a new address for the admin: refused
-    assert wait("10.0.0.1", "admin") == 0  # its known-good address: not locked out
-    assert wait("10.0.9.9", "bob") == 0  # other users are not affected
-    # One address failing for the admin locks that pair only.
-    for _ in range(3):
-        lim.failed("10.0.0.1", kw["limit"], kw["window"], "admin", kw["user_limit"])
-    assert wait("10.0.0.1", "admin") > 0
-    now[0] += 61
-    assert wait("10.0.0.1", "admin") == wait("10.0.9.9", "admin") == 0
-    st = lim.statistics(kw["limit"], kw["window"], kw["user_limit"])
-    assert st.failures == 9 and st.known_good_pairs == 1
-
-
-def test_login_limiter_state_is_bounded() -> None:
-    from tenantkv.server import auth
-
-    lim = auth.LoginLimiter(lambda: 1.0, max_tracked=50)
-    for i in range(5000):
-        lim.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", 3, 60.0, f"user{i}", 10)
-        lim.succeeded(f"10.9.{i // 256 % 256}.{i % 256}", f"user{i}")
-    st = lim.statistics(3, 60.0, 10)
-    assert st.tracked_sources <= 50 and st.tracked_users <= 50 and st.known_good_pairs <= 50
-
-
-def test_guesses_from_many_addresses_are_held_per_user_on_the_daemon(tmp_path: Path) -> None:
+def test_guesses_from_many_addresses_lock_no_one_out_on_the_daemon(tmp_path: Path) -> None:
+    """Guesses at the admin from ten addresses: each is answered after its delay,
+    none is refused, and the admin gets in at once, from its address or a new one
+    (the rule is in docs/security.md, "Logins"; the unit tests hold the details)."""
     cfg = tmp_path / "t.toml"
-    cfg.write_text("[server]\nlogin_failure_limit = 3\nlogin_failure_user_limit = 5\n")
+    cfg.write_text("[server]\nlogin_failure_limit = 3\nlogin_delay_ms = 20\n")
     d = Daemon(tmp_path / "data", extra_args=["--config", str(cfg)]).start()
     try:
         with d.client() as admin:  # from 127.0.0.1: a known-good address for admin
             assert admin.ping() == "pong"
-        refused = failed = 0
+        codes = []
         for i in range(2, 12):  # ten addresses, two guesses each
             for _ in range(2):
                 with connect(d, f"127.0.0.{i}") as s:
                     s.sendall(hello(password="guess"))
-                    code = read_response(s)[2]["codeName"]  # type: ignore[index]
-                    failed += code == "AuthenticationFailed"
-                    refused += code == "TooManyLoginFailures"
-        assert failed == 5 and refused == 15
-        start = time.monotonic()
-        with d.client() as admin:  # the admin is not locked out of its address
-            assert admin.ping() == "pong"
+                    codes.append(read_response(s)[2]["codeName"])  # type: ignore[index]
+        assert codes == ["AuthenticationFailed"] * 20
+        for source in ("127.0.0.1", "127.0.0.40"):
+            start = time.monotonic()
+            with connect(d, source) as s:
+                s.sendall(hello())
+                assert read_response(s)[2] is None  # type: ignore[index]
+            assert time.monotonic() - start < 1.0
+        with d.client() as admin:
             st = admin.server_status()["authentication"]
-        assert time.monotonic() - start < 1.0
-        assert st["blocked_users"] == 1 and st["blocked_sources"] == 0
-        with connect(d, "127.0.0.40") as s:  # a new address for admin: refused
-            s.sendall(hello())
-            assert read_response(s)[2]["codeName"] == "TooManyLoginFailures"  # type: ignore[index]
-        assert "failed logins for 'admin'" in d.log()
+        assert (st["failures"], st["refused"]) == (20, 0) and st["known_good_pairs"] == 2
     finally:
         d.kill()
 

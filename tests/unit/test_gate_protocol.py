@@ -41,8 +41,13 @@ READ_PER_USE = {
     "expiry_pager_interval_secs",
     "ingress_connection_establishment_rate_limiter_enabled",
     "login_failure_limit",
-    "login_failure_user_limit",
     "login_failure_window_secs",
+    "login_delay_ms",
+    "login_delay_max_ms",
+    "login_hash_concurrency",
+    "login_hash_queue",
+    "login_hash_per_address",
+    "admin_reserved_connections_per_address",
 }
 
 
