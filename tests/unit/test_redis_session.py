@@ -6,6 +6,9 @@ mget is; a command naming too many keys costs the read floor per key it named,
 and a tenant in debt that keeps sending refused commands waits as its reads
 would; a pattern costs its compiling and the keys it examined; a client name
 is bounded; an unexpected failure is logged at most once a second.
+
+Tests that read what a bucket spent (``units_used``: the throttle's current
+window) take the mock clock, so the window cannot roll over between readings.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ def test_one_bound_on_keys_per_command_fits_the_decoder() -> None:
     assert redis_commands.MAX_MULTI_KEYS == MAX_KEYS_PER_COMMAND
 
 
-async def test_an_mget_of_a_big_value_named_1000_times_is_refused_up_front(node: Node) -> None:
+async def test_an_mget_of_a_big_value_named_1000_times_is_refused_up_front(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
     """The issue's MGET: one 1 MiB key named 1,000 times built a 1,000 MiB reply.
     It is refused as the MessagePack mget is (the engine's check of the stored
     sizes), and costs the read floor for each key it named."""
@@ -112,7 +117,9 @@ async def test_an_mget_of_a_big_value_named_1000_times_is_refused_up_front(node:
         nursery.cancel_scope.cancel()
 
 
-async def test_too_many_keys_cost_a_floor_per_key_named_on_both_doors(node: Node) -> None:
+async def test_too_many_keys_cost_a_floor_per_key_named_on_both_doors(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
     """A DEL (or MSET, EXISTS) naming more keys than a command may costs the read
     floor for each it named (a DEL of 100,000 keys cost one unit), and so does a
     MessagePack mget."""
@@ -179,7 +186,9 @@ async def test_refused_commands_wait_for_the_buckets_allowance(
         nursery.cancel_scope.cancel()
 
 
-async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(node: Node) -> None:
+async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
     """``KEYS [z-a]`` answered 'internal error' and logged a traceback: Redis swaps
     the ends of a reversed range. A pattern costs its compiling once per bucket
     and the read floor for every key it examined."""
@@ -210,7 +219,7 @@ async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(node: No
         nursery.cancel_scope.cancel()
 
 
-async def test_client_names_are_bounded(node: Node) -> None:
+async def test_client_names_are_bounded(node: Node, mock_clock: trio.testing.MockClock) -> None:
     """CLIENT SETNAME and HELLO SETNAME keep at most MAX_CLIENT_NAME_BYTES (a 20 MiB
     name was kept until the connection closed), with Redis's character rule."""
     async with trio.open_nursery() as nursery:
@@ -328,7 +337,9 @@ async def test_config_get_matches_redis_globs_case_insensitively_and_is_bounded(
         nursery.cancel_scope.cancel()
 
 
-async def test_writes_that_answer_with_a_value_hold_and_pay_for_it(node: Node) -> None:
+async def test_writes_that_answer_with_a_value_hold_and_pay_for_it(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
     """GETEX, GETDEL and SET ... GET answer with a stored value: it is counted before
     they run (held as a write in flight, against the connection's and the node's
     bounds) and charged as the read units a GET of it costs. Pipelined GETEX of a
