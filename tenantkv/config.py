@@ -458,6 +458,13 @@ class Config:
         1.0,
         86400.0,
     )
+    login_failure_user_limit: int = declare(
+        30,
+        "Retired: accepted so that existing configurations still load, and ignored. Failed "
+        "logins no longer lock a user out of new addresses (docs/security.md, Logins).",
+        0,
+        1_000_000,
+    )
     enable_test_commands: bool = declare(
         False,
         "Allow test-only admin commands (configure_fail_point). Never in production.",
