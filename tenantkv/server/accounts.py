@@ -244,13 +244,26 @@ class Accounts:
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
         assert who is not None
-        ticket, known = await self._begin(source, who, cached=cached)
+        done, box = trio.Event(), [None]
+        if not cached:
+            # Claimed before anything awaits: a concurrent login with the same
+            # credentials (a client's pool opening) waits for this verification
+            # instead of asking the limiter too, which refuses a second login of
+            # a pair while one is verified. (Claimed after the limiter's answer,
+            # two logins could both pass the check above, and the second's claim
+            # was then deleted under the first: KeyError.)
+            self._verifying[key] = (done, box)
+        try:
+            ticket, known = await self._begin(source, who, cached=cached)
+        except BaseException:
+            if not cached:
+                del self._verifying[key]
+                done.set()  # (box None: the waiters ask for themselves)
+            raise
         if cached:
             assert user is not None
             await self._finish(source, who, 0, ok=True)
             return user
-        done, box = trio.Event(), [None]
-        self._verifying[key] = (done, box)
         ok = False
         try:
             ok = await self._verify(user, name, password, known=known or source is None)
@@ -295,6 +308,13 @@ class Accounts:
         if start.reason == "busy":
             raise errors.TooManyLoginFailures(
                 f"too many logins being verified on this node; try again in {ms} ms",
+                labels=(errors.SYSTEM_OVERLOADED, errors.RETRYABLE),
+                retry_after_ms=ms,
+            )
+        if start.reason == "pair-busy":
+            raise errors.TooManyLoginFailures(
+                f"another login for this user from this address is being verified; try "
+                f"again in {ms} ms",
                 labels=(errors.SYSTEM_OVERLOADED, errors.RETRYABLE),
                 retry_after_ms=ms,
             )

@@ -250,7 +250,7 @@ class _Ticket:
 @dataclass(frozen=True, slots=True)
 class LoginStart:
     """:meth:`LoginLimiter.begin`'s answer. ``status``: ``"refused"`` (answer at
-    once; ``retry_after`` seconds, ``reason`` ``"delay"`` or ``"busy"``),
+    once; ``retry_after`` seconds, ``reason`` ``"delay"``, ``"pair-busy"`` or ``"busy"``),
     ``"cached"`` (no verification needed), ``"run"`` (verify now, then
     :meth:`LoginLimiter.end` the ticket) or ``"queued"`` (wait until ``end`` or
     ``cancel`` grants the ticket, then verify)."""
@@ -410,8 +410,10 @@ class LoginLimiter:
                     "refused", retry_after=f.last + s.delay(f.count) - now, reason="delay"
                 )
             if pair in self._busy_pairs:
+                # Another of its logins is being verified: no parallel guessing of
+                # one pair. Not a failure: retryable, and said as what it is.
                 self._refused += 1
-                return LoginStart("refused", retry_after=HASH_RETRY_SECS, reason="delay")
+                return LoginStart("refused", retry_after=HASH_RETRY_SECS, reason="pair-busy")
         if cached:
             return LoginStart("cached")
         if known:

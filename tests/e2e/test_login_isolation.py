@@ -197,3 +197,41 @@ def test_workers_share_one_limit_exactly(tmp_path: Path) -> None:
         assert codes.count("AuthenticationFailed") == st["failures"]
     finally:
         d.kill()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_a_pool_of_logins_with_the_right_password_all_get_in(tmp_path: Path, workers: int) -> None:
+    """A client's connection pool opening at once: eight concurrent logins of one
+    user with the right password, from one address, on a fresh node. Concurrent
+    logins of a pair in one process share one verification instead of each
+    asking the limiter, which refuses a second login of a pair while one is
+    verified (they were refused 'failed recently', not retryable, and two racing
+    logins lost their shared entry: KeyError, connection dropped)."""
+    d = start(tmp_path, "", *(["--workers", "2"] if workers > 1 else []))
+    try:
+        with d.client() as admin:
+            admin.create_bucket("b")
+            admin.create_user("pool", "right", roles={"b": "readwrite"})
+        for _ in range(3):  # the first round from a stranger's address, then known-good
+            socks = [socket.create_connection((d.host, d.port), TIMEOUT) for _ in range(8)]
+            try:
+                for s in socks:
+                    s.sendall(hello("pool", "right", bucket="b"))
+                answers = [read_response(s) for s in socks]
+            finally:
+                for s in socks:
+                    s.close()
+            errs = [a[2] for a in answers if a[2] is not None]
+            if workers == 1:
+                assert errs == [], errs
+            # Across workers, a pair's login while the other worker verifies one is
+            # told to come back (retryable: it ran no hash), and then gets in.
+            assert all(errors.RETRYABLE in e["errorLabels"] for e in errs), errs
+            for e in errs:
+                time.sleep(e["retryAfterMs"] / 1000)
+                with socket.create_connection((d.host, d.port), TIMEOUT) as s:
+                    s.sendall(hello("pool", "right", bucket="b"))
+                    assert read_response(s)[2] is None
+        assert "Traceback" not in d.log()
+    finally:
+        d.kill()
