@@ -65,6 +65,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--seconds", type=float, default=20.0, help="longest the large writes go on [20]"
     )
+    p.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=0,
+        help="niceness of the attacking process, which shares the server's and the healthy "
+        "client's cores (its own CPU is not the server's doing) [0]",
+    )
     p.add_argument("--quick", action="store_true", help="16 connections, 8 MiB values, 10 s")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
     p.set_defaults(func=run)
@@ -88,10 +95,17 @@ class Healthy:
             n += 1
         return n / seconds
 
-    def during(self, attack: Callable[[], None], pid: int) -> tuple[float, float]:
+    def during(self, attack: Callable[[], None], pid: int, nice: int) -> tuple[float, float]:
         """Run ``attack`` in a process of its own (its client's work must not take
-        this one's interpreter); this tenant's rate meanwhile, and peak RssAnon."""
-        proc = mp.get_context("fork").Process(target=attack)
+        this one's interpreter), at niceness ``nice``; this tenant's rate
+        meanwhile, and peak RssAnon."""
+
+        def attacker() -> None:
+            if nice:
+                os.nice(nice)
+            attack()
+
+        proc = mp.get_context("fork").Process(target=attacker)
         proc.start()
         ops, start, peak = 0, time.monotonic(), rss_anon_kib(pid)
         while proc.is_alive():
@@ -183,6 +197,7 @@ def _part(
     attack: Callable[[str], None],
     setup: Callable[[str], None],
     hard_limit: int,
+    nice: int,
 ) -> dict[str, Any]:
     assert srv.pid is not None
     password = _prepare(srv, hard_limit)
@@ -191,7 +206,7 @@ def _part(
     try:
         calm = healthy.rate(2.0)
         idle = rss_anon_kib(srv.pid) / 1024
-        under, peak = healthy.during(lambda: attack(password), srv.pid)
+        under, peak = healthy.during(lambda: attack(password), srv.pid, nice)
         time.sleep(1.0)  # the sweep drops idle decoders
         after = rss_anon_kib(srv.pid) / 1024
     finally:
@@ -218,7 +233,11 @@ def run(args: argparse.Namespace) -> int:
     report.log("attack-memory: large writes")
     with servers.tenantkv_server() as srv:
         figures["large_writes"] = _part(
-            srv, lambda pw: _large_writes(srv, pw, args), lambda pw: None, args.hard_limit
+            srv,
+            lambda pw: _large_writes(srv, pw, args),
+            lambda pw: None,
+            args.hard_limit,
+            args.attacker_nice,
         )
 
     def big_key(password: str) -> None:
@@ -231,7 +250,9 @@ def run(args: argparse.Namespace) -> int:
 
     report.log("attack-memory: value-returning writes")
     with servers.tenantkv_server() as srv:
-        figures["getex"] = _part(srv, lambda pw: _getex(srv, pw, args), big_key, args.hard_limit)
+        figures["getex"] = _part(
+            srv, lambda pw: _getex(srv, pw, args), big_key, args.hard_limit, args.attacker_nice
+        )
     print(f"{'part':26} {'RssAnon growth peak / after':30} {'healthy during / calm':30} met")
     for name, f in figures.items():
         print(
