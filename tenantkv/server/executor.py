@@ -1,35 +1,42 @@
-"""Running a connection's commands: admission, execution, completion.
+"""The chunk executor: running one connection's requests, for either door.
 
-The session (``server/session.py``) frames requests and answers; this half
-runs them. Every data command takes one path:
+A door (``server/doors/``) decodes a received chunk into requests
+``(msgid, method, params)`` and encodes replies; the connection
+(``server/connection.py``) receives, sends and waits; this runs the requests
+of each chunk (:meth:`Executor.handle_chunk`) without I/O of its own. Every
+data command takes one path:
 
-1. :meth:`Execution._prepare` — parameters checked, bucket and role resolved
+1. :meth:`Executor._prepare` — parameters checked, bucket and role resolved
    for the user as the registry has it now, a write built and its cost checked;
 2. admission by the pipeline (:mod:`tenantkv.admission.pipeline`) —
-   :meth:`Pipeline.try_acquire` inline, or :meth:`Pipeline.acquire` when a
-   gate makes it wait;
-3. :meth:`Execution._execute` — a read runs inline on the chunk's read
-   transaction and is answered; a write joins a run of writes
+   inline, or :meth:`Pipeline.acquire` when a gate makes it wait;
+3. execution — a read runs inline on the chunk's read transaction and is
+   answered; a write joins a run of writes
    (:class:`~tenantkv.server.write_run.WriteRun`), is queued on the
-   group-commit writer and answered once durable, its run keeping what it
-   holds until then (less what bounds the writer's queue, given back when the
-   writer takes it).
+   group-commit writer and answered once durable.
 
-:meth:`Execution._run_inline` tries that without awaiting; it declines (and
-:meth:`Execution._run` does the same with waits) when the connection has
-writes in flight and the command is not a write — the one backlog rule, so a
-connection reads its own writes (:meth:`Execution._backlogged`) — when a
-failpoint is armed, or when a gate cannot admit at once.
+The path is applied per chunk: the request-rate tokens are lent to the chunk
+(:class:`~tenantkv.server.rate_loan.RateLoan`), consecutive reads of one
+command are admitted and charged as a :class:`~tenantkv.server.read_run.ReadRun`
+and consecutive writes as a :class:`WriteRun`, each joined in one loop
+(:meth:`_read_run_loop`, :meth:`_join_write_run`), with the outcome for each
+request a per-request path would give.
+
+A request runs inline unless the connection has writes in flight and it is
+not a write — the one backlog rule, so a connection reads its own writes
+(:meth:`Executor._backlogged`) — a failpoint is armed, or a gate cannot
+admit at once: then it takes the waiting path (:meth:`Executor._run`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -38,18 +45,25 @@ from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
 from tenantkv.server.commands import Command, check_params
 from tenantkv.server.node import Node
+from tenantkv.server.rate_loan import RateLoan
+from tenantkv.server.read_run import ASK_ALLOWANCE, ReadRun
 from tenantkv.server.write_run import WriteRun
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
 
-#: A whole token of a request-rate loan (the token bucket's own float tolerance).
-RATE_TOKEN = 1.0 - 1e-9
-#: ``_rate_left`` once a chunk's first request took its token without a loan.
-FIRST_TOKEN_TAKEN = -math.inf
-#: A read run's allowance before its second read asks for it (costs are >= 0).
-ASK_ALLOWANCE = -1.0
+Request = protocol.Request
+Numbered = Iterator[tuple[int, Request]]
+
+#: Requests handled back to back before the connection lets other tasks run.
+FAIR_SHARE_REQUESTS = 256
+#: Unsent reply bytes above which the connection sends before going on.
+OUT_HIGH_WATER = 4 * 1024 * 1024
+#: Bytes of unanswered writes (queued values) above which the connection waits
+#: for them: with 20 MiB values the in-flight count alone would let one
+#: connection queue 20 GiB.
+PENDING_WRITE_HIGH_WATER = 64 * 1024 * 1024
 #: A connection whose request the rate limiter refused is read again when the
 #: limiter could admit one of its requests, at most this much later: what its
 #: client sends meanwhile waits in the socket and is answered in one receive and
@@ -71,7 +85,7 @@ LARGE_REFUSAL_PAUSE_MAX_SECS = 1.0
 #: times a second took another tenant's GETs to 29 % of calm).
 LONG_WAIT_SECS = 2.0
 #: A connection logs an unexpected command failure at most once per this many
-#: seconds (see Execution._log_internal_error).
+#: seconds (see Executor._log_internal_error).
 ERROR_LOG_INTERVAL_SECS = 1.0
 #: Command kinds that go through the admission pipeline.
 DATA_KINDS = frozenset({"read", "write"})
@@ -83,7 +97,7 @@ DATA_KINDS = frozenset({"read", "write"})
 WAITING_COUNTED_BYTES = 64 * 1024
 
 
-def request_bytes(params: dict[str, Any] | list[bytes]) -> int:
+def request_bytes(params: Any) -> int:
     """The bytes of a decoded request's arguments (values, keys, pairs): what it
     holds while it waits. Containers one level down are counted (keys, pairs)."""
     n = 0
@@ -104,11 +118,68 @@ class NotNow(Exception):
     once at its cost: it takes the waiting path instead (nothing was taken)."""
 
 
+class Door(Protocol):
+    """What the executor needs of a door: its command table, and replies in its
+    protocol appended to ``out`` (``server/doors/``)."""
+
+    protocol_name: str
+    #: method -> command; a command of kind "door" is the door's own
+    #: (:meth:`run_local`)
+    commands: Mapping[str, Command]
+    #: the methods an admin's request passes the rate limiter with
+    admin_methods: frozenset[str]
+    out: bytearray
+    #: the error message of a data command on a connection with no bucket
+    no_bucket_message: str
+
+    def reply(self, cmd: Command, msgid: int, result: Any) -> None: ...
+
+    def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None: ...
+
+    def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None: ...
+
+    def run_encoder(self, cmd: Command) -> Callable[[int, Any], bytes]:
+        """The reply of each read of a run of ``cmd``, to append to ``out``."""
+        ...
+
+    def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
+        """Answer request after request with the same refusal (a flood past the
+        request rate)."""
+        ...
+
+    async def before_auth(self, ex: Executor, req: Request) -> bool:
+        """A request before the connection authenticated; False: close it."""
+        ...
+
+    async def run_local(self, ex: Executor, cmd: Command, req: Request) -> bool:
+        """One of the door's own commands (kind "door"); False: close the connection."""
+        ...
+
+
+class Flow(Protocol):
+    """What the executor needs of its connection's I/O (``server/connection.py``)."""
+
+    #: False once the connection takes no new requests
+    reading: bool
+
+    def begin_shutdown(self) -> None: ...
+
+    def held_changed(self) -> None: ...
+
+    def chunk_settled(self) -> None: ...
+
+    def logged_in(self) -> None:
+        """Authenticated: requests up to the full frame bound from now on."""
+        ...
+
+    async def send(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Prepared:
     """A data command ready to admit: its bucket, its user, and (a write) its op.
 
-    One per session, refilled by each :meth:`Execution._prepare`: a command is
+    One per connection, refilled by each :meth:`Executor._prepare`: a command is
     prepared, admitted and executed before the next is prepared (the write's
     completion keeps what it needs, not this), and one allocation per
     operation less is measurable on a pipelined read.
@@ -123,21 +194,39 @@ class Prepared:
     cost: int = 0
 
 
-class Execution:
-    """The execution half of a session (the session class extends it)."""
+class Executor:
+    """Runs one connection's requests; what command handlers see of it
+    (:class:`tenantkv.server.commands.Session`)."""
 
-    node: Node
-    conn_id: int
-    peer_ip: str
-    user: auth.User | None
-    bucket: str | None
-    nonblocking_throttle: bool
-
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, door: Door, flow: Flow, conn_id: int, peer: str) -> None:
+        self.node = node
+        self.door = door
+        self.flow = flow
+        self.conn_id = conn_id
+        self.peer = peer
+        self.peer_ip = peer.rsplit(":", 1)[0]
+        # -- who is connected (set by authenticate) ---------------------------
+        self.user: auth.User | None = None
+        self.bucket: str | None = None
+        self.backpressure = False
+        self.nonblocking_throttle = False
+        self.client_info: dict[str, Any] = {}
+        #: node.accounts.epoch when ``user`` was last looked up (see current_user)
+        self._auth_epoch = node.accounts.epoch
+        #: the selected bucket as last authorized for reads / writes (see _data_bucket)
+        self._read_handle: BucketHandle | None = None
+        self._write_handle: BucketHandle | None = None
+        #: bucket-queue event subscription of a watch_events connection
+        self._watch_rx: trio.MemoryReceiveChannel[Any] | None = None
+        # -- what a read handler reports ---------------------------------------
         #: per-record byte counts a read handler read (for metering), and how many
         #: keys it looked up (a multi-key read sets it: the cost floor is per key)
         self.read_sizes: list[int] = []
         self.read_keys = 1
+        #: the read transaction shared by the reads of the chunk being handled
+        self.rtxn: Any = None
+        # -- writes in flight ----------------------------------------------------
+        self.max_inflight = node.config.max_inflight_per_connection
         self.pending_writes = 0
         #: bytes of those writes (their values and keys), for back-pressure
         self.pending_write_bytes = 0
@@ -147,234 +236,410 @@ class Execution:
         # A plain flag says whether the task is parked waiting for writes: checking
         # a bool per write callback is much cheaper than asking the ParkingLot.
         self._drain_lot = trio.lowlevel.ParkingLot()
-        self._reader_parked = False
-        #: the read transaction shared by the reads of the chunk being handled
-        self.rtxn: Any = None
-        #: when the chunk being handled was received (perf_counter), and its inline
-        #: reads per (bucket, operation): counted and timed once per chunk
-        self._chunk_t0 = 0.0
-        #: the throttle clock's reading for the chunk being handled (one per chunk;
-        #: 0.0: none since the chunk last waited, see _read_clock)
-        self._chunk_now = 0.0
-        #: the request rate limiter's tokens lent to the chunk being handled (None:
-        #: no loan), the whole tokens in it, those not yet taken (0 without a
-        #: loan: the session's loop takes one inline), the requests refused, and
-        #: the refusal
-        self._rate_left: float | None = None
-        self._rate_lent = 0
-        self.rate_room = 0
-        self._rate_refused = 0
-        self._chunk_refusal: errors.ServerError | None = None
-        #: when the framing half may read this connection again after a refusal
-        #: by the rate limiter (trio time; 0.0: at once)
-        self.reads_paused_until = 0.0
-        #: the run of inline reads being admitted (see _start_read_run): its command
-        #: and bucket (None: no run; a read of the same command joins the run
-        #: without asking again what the run's first asked), user privilege,
-        #: throttle allowance, reads and their units
-        self._run_cmd: Command | None = None
-        self._run_handle: BucketHandle | None = None
-        self._run_unthrottled = False
-        self._run_watched = False
-        #: the read unit size and per-operation floor of units, as at the run's start
-        self._run_unit = 4096
-        self._run_floor = 1
-        self._run_allowance = 0.0
-        self._run_reads = 0
-        self._run_errors = 0
-        self._run_ru = 0
-        self._run_cost = 0
+        self.reader_parked = False
+        # -- the chunk being handled ---------------------------------------------
+        #: when it was received (perf_counter), and its inline reads per (bucket,
+        #: operation): counted and timed once per chunk
+        self.chunk_t0 = 0.0
         self._chunk_reads: dict[tuple[str, str], int] = {}
-        #: the run of writes being admitted (see _write_inline; None: no run)
-        self._wrun: WriteRun | None = None
+        #: the throttle clock's reading for it (one per chunk; 0.0: none since the
+        #: chunk last waited, see _read_clock)
+        self.chunk_now = 0.0
+        self.loan = RateLoan(node.pipeline, self.peer_ip)
+        #: the runs of reads and of writes being admitted (None: none)
+        self.read_run: ReadRun | None = None
+        self.write_run: WriteRun | None = None
         #: the bucket of a read of this chunk admitted on the waiting path, after
         #: its turn in the throttle queue (None: none): until anything awaits, the
         #: chunk's next reads on it start runs without queueing behind the others
         #: again (see _start_read_run)
         self._turn: str | None = None
-        #: node.accounts.epoch when ``user`` was last looked up (see current_user)
-        self._auth_epoch = node.accounts.epoch
+        #: when the connection may be read again after a refusal (trio time; 0.0:
+        #: at once), see _pause_reads
+        self.reads_paused_until = 0.0
         self._prepared: Prepared | None = None
-        #: the selected bucket as last authorized for reads / writes (see _data_bucket)
-        self._read_handle: BucketHandle | None = None
-        self._write_handle: BucketHandle | None = None
         #: when this connection last logged an unexpected failure (trio time), and
         #: how many it did not log since (_log_internal_error)
         self._error_logged_at = -math.inf
         self._errors_not_logged = 0
 
-    # -- what the framing half provides ---------------------------------------
+    # -- the chunk --------------------------------------------------------------
 
-    def _reply(self, msgid: int, result: Any) -> None:
-        raise NotImplementedError
+    async def handle_chunk(self, requests: Iterator[Request]) -> bool:
+        """Handle every complete request received; False when the connection must close.
 
-    def _reply_all(self, msgids: list[int], results: Sequence[Any]) -> None:
-        """:meth:`_reply` to each request of ``msgids`` with its result (a run of
-        writes, answered together)."""
-        for msgid, result in zip(msgids, results, strict=True):
-            self._reply(msgid, result)
+        The chunk's inline reads share one read transaction (closed before
+        anything here awaits: it holds the engine's lock) and are counted and
+        timed once, when the chunk is done or the task yields.
+        """
+        node = self.node
+        pipeline = node.pipeline
+        commands = self.door.commands
+        loan = self.loan
+        numbered = enumerate(requests, 1)
+        try:
+            for handled, req in numbered:
+                while True:  # (again for a request a loop of its own handed back)
+                    if not self.flow.reading:
+                        if not node.shutting_down:
+                            return False  # its user was deleted: nothing more of theirs runs
+                        self.refuse_shutting_down(req)
+                    elif self.user is None:
+                        self._settle_chunk()
+                        if not await self.door.before_auth(self, req):
+                            return False
+                    else:
+                        cmd = commands.get(req[1])
+                        # Only an admin's admin commands are exempt: a command's name
+                        # exempts no one (the role check comes after the limiter).
+                        exempt = cmd is not None and cmd.kind == "admin" and self.user.admin
+                        if loan.room and not exempt:
+                            loan.room -= 1  # a token of the chunk's loan (_refused_by_rate)
+                        elif pipeline.request_rate_enabled and self._refused_by_rate(
+                            req[0], req[1], admin=exempt
+                        ):
+                            if loan.refusal is not None:
+                                # The limiter refused the chunk: the rest of it likewise.
+                                handled, req = self._refuse_rest(numbered, handled)
+                                if req is not None:  # an admin command: it passes
+                                    continue
+                            break
+                        inline = self._run_inline(cmd, req, numbered, handled)
+                        if inline is None:
+                            self._settle_chunk()
+                            if not await self._run(cmd, req):
+                                return False
+                        elif inline is not True:
+                            handled, req = inline  # the run stopped: where
+                            if req is not None:
+                                continue
+                    break
+                if self._should_pause(handled):
+                    await self._pause()
+        finally:
+            self._settle_chunk()
+        return True
 
-    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
-        raise NotImplementedError
+    def _run_inline(
+        self, cmd: Command | None, req: Request, numbered: Numbered, handled: int
+    ) -> tuple[int, Request | None] | bool | None:
+        """Run a data command without awaiting: None when it needs :meth:`_run`;
+        True when it was handled; else where the run it began or joined stopped
+        (the count of requests handled, and the next request, if it did not join)."""
+        if cmd is None:
+            return None
+        run = self.read_run
+        if run is None or cmd is not run.cmd:
+            if self.node.failpoints.active:
+                return None
+            if cmd.kind != "read":
+                if cmd.kind != "write" or not self._write_inline(cmd, req):
+                    return None
+                wrun = self.write_run
+                if wrun is not None and wrun.joined and cmd is wrun.cmd:
+                    # A write joined a run: the next ones join it here.
+                    return self._join_write_run(numbered, handled)
+                return True
+            if self.pending_writes:
+                return None  # reads see the connection's earlier writes (_backlogged)
+        try:
+            if not self._read_joins(cmd, req[2]):
+                return None
+        except Exception as exc:
+            self._read_failed(req[0], req[1], exc)  # refused at once: a cheap rejection
+            return True
+        return self._read_run_loop(numbered, handled, req)
 
-    def begin_shutdown(self) -> None:
-        raise NotImplementedError
+    def _should_pause(self, handled: int) -> bool:
+        """After the ``handled``-th request of a chunk: is too much unsent or
+        unanswered, or is it time to let other connections run?"""
+        return (
+            self.pending_writes >= self.max_inflight
+            or len(self.door.out) > OUT_HIGH_WATER
+            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+            or handled % FAIR_SHARE_REQUESTS == 0
+        )
 
-    def _held_changed(self) -> None:
-        """The connection's writes not yet durable changed (``pending_write_bytes``,
-        as a run's writes were answered): the framing half tells the node-wide
-        cap on what clients make the server hold."""
+    async def _pause(self) -> None:
+        """Send what is ready, wait for this connection's writes while too many are
+        unanswered, and yield: a long pipelined chunk cannot hold the loop."""
+        self._settle_chunk()
+        await self.wait_drained()
+        await trio.lowlevel.checkpoint()
 
-    # -- the path ---------------------------------------------------------------
+    async def wait_drained(self) -> None:
+        """Too much unsent or unanswered: send what is ready, wait for the writes."""
+        if len(self.door.out) > OUT_HIGH_WATER:
+            await self.flow.send()
+        while (
+            self.pending_writes >= self.max_inflight
+            or self.pending_write_bytes > PENDING_WRITE_HIGH_WATER
+        ):
+            await self._park_reader()
+
+    def _settle_chunk(self) -> None:
+        """Settle what the chunk decided at once, before anything awaits (time will
+        pass, other tasks run): end the runs of reads and writes, give the
+        request-rate loan back, close the read transaction, record the reads'
+        counts and latency, and tell the connection (what it holds). The chunk's
+        clock reading is stale after that: what the chunk does after the wait
+        reads it again (:meth:`_read_clock`)."""
+        if self.write_run is not None:
+            self.write_run.close()
+            self.write_run = None
+        self._turn = None
+        if self.read_run is not None:
+            self._end_read_run()
+        loan = self.loan
+        if loan.left is not None:
+            refused = loan.settle()
+            if refused and loan.refusal is not None:
+                self.count_error(loan.refusal, refused)
+        loan.refusal = None
+        if self.rtxn is not None:
+            self.node.engine.end_read(self.rtxn)
+            self.rtxn = None
+        if self._chunk_reads:
+            node = self.node
+            seconds = time.perf_counter() - self.chunk_t0
+            for (bucket, method), n in self._chunk_reads.items():
+                stats = node.bucket_stats.get(bucket)
+                if stats is not None:  # not deleted meanwhile
+                    stats.ops[method] += n
+                    node.latency.observe_many(bucket, method, seconds, n)
+            self._chunk_reads = {}
+        self.chunk_now = 0.0
+        self.flow.chunk_settled()
+
+    # -- the request rate limiter ----------------------------------------------
 
     def _refused_by_rate(self, msgid: int, method: str, *, admin: bool) -> bool:
-        """The ingress request rate limiter, first on every request after hello
-        (call it when ``pipeline.request_rate_enabled``): True when it refused the
-        request, answered with 462.
+        """The ingress request rate limiter, first on every request after
+        authentication (call it when ``pipeline.request_rate_enabled``): True when
+        it refused the request, answered with 462.
 
-        Decided per chunk, at the chunk's instant. Its first request takes a token
-        if there is one (:meth:`Pipeline.take_request_token`): most chunks hold one
-        request (unpipelined clients), and for them a loan would be a lend and a
-        settle more. The next request — or the first, when no token was there —
-        borrows every token the limiter holds then
-        (:meth:`Pipeline.lend_request_tokens`); each request of the chunk then
-        takes one from the loan while one is left and is refused otherwise — all
-        with the same answer, as at the chunk's instant — and
-        :meth:`_settle_rate` gives back the rest and counts them when the chunk
-        ends or anything awaits. An admin's admin commands (``admin``) and exempt
-        addresses pass, counted, as :meth:`Pipeline.check_request_rate` says.
-
-        The loan's whole tokens are counted down in ``rate_room``; a session's
-        loop may take one itself (``rate_room -= 1`` for a request that is not an
-        admin's admin command) instead of calling this: the same answer, a call less per
-        request.
-
-        A refusal also sets ``reads_paused_until`` (when the wait for a token is
-        :data:`REFUSAL_PAUSE_MIN_SECS` or more): the framing half reads the
-        connection again then, so a client that keeps sending is answered in
-        batches, one wake-up per pause."""
+        Decided per chunk, at the chunk's instant, by its :class:`RateLoan`. An
+        admin's admin commands (``admin``) and exempt addresses pass, counted, as
+        :meth:`Pipeline.check_request_rate` says. A refusal also pauses reading
+        the connection (:meth:`_pause_reads`), so a client that keeps sending is
+        answered in batches, one wake-up per pause."""
         if not admin:
-            left = self._rate_left
-            if left is None or left == FIRST_TOKEN_TAKEN:
-                pipeline = self.node.pipeline
-                now = self._chunk_now or self._read_clock()
-                if left is None and pipeline.take_request_token(self.peer_ip, now):
-                    self._rate_left = FIRST_TOKEN_TAKEN
-                    return False
-                left = self._rate_left = pipeline.lend_request_tokens(self.peer_ip, now)
-                if left is not None:
-                    # Request j of the chunk passes when left - (j - 1) >= RATE_TOKEN.
-                    self._rate_lent = self.rate_room = max(0, int(left + (1.0 - RATE_TOKEN)))
-            if left is not None:
-                if self.rate_room:
-                    self.rate_room -= 1
-                    return False
-                left -= self._rate_lent  # what the whole tokens leave of the loan
+            loan = self.loan
+            took = loan.try_take(self._now)
+            if took:
+                return False
+            if took is False:
                 # The chunk's one refusal, answered from its template and counted
                 # as the bucket's errors when the chunk settles: cheap, since a
                 # flood of them is what the limiter is there to absorb.
-                refused = self._chunk_refusal
+                refused = loan.refusal
                 if refused is None:
-                    limiter = self.node.pipeline.request_limiter
-                    wait = limiter.wait_when(left)
-                    refused = self._chunk_refusal = limiter.rejection_in(wait)
+                    wait = loan.refusal_wait()
+                    refused = self.node.pipeline.request_limiter.rejection_in(wait)
+                    loan.refusal = refused
                     refused.command = method
                     self._pause_reads(wait)  # (at the loan's reading: the chunk's)
-                self._rate_refused += 1
-                self._reply_error(msgid, refused)
+                loan.refused += 1
+                self.door.reply_error(msgid, refused)
                 return True
         refused = self.node.pipeline.check_request_rate(self.peer_ip, admin=admin)
         if refused is None:
             return False
-        self._fail(msgid, method, refused)
+        self.fail(msgid, method, refused)
         return True
 
-    def _settle_rate(self) -> None:
-        """Give the chunk's unused request tokens back and count its requests (a
-        loan's: :meth:`_settle_chunk` calls it for one)."""
-        left = self._rate_left
-        if left is not None:
-            self._rate_left = None
-            refused = self._rate_refused
-            admitted = self._rate_lent - self.rate_room
-            self.node.pipeline.request_limiter.settle(left - admitted, admitted, refused)
-            self._rate_lent = self.rate_room = self._rate_refused = 0
-            if refused and self._chunk_refusal is not None:
-                self._count_error(self._chunk_refusal, refused)
-        self._chunk_refusal = None
+    def _refuse_rest(self, numbered: Numbered, handled: int) -> tuple[int, Request | None]:
+        """After the loan refused the ``handled``-th request of the chunk for want
+        of a token: refuse the next ones as it would — at the chunk's instant none
+        is left — without asking it, each with the chunk's 462 from its template,
+        until one is an admin's admin command (returned: those pass) or it is time
+        to pause (:meth:`_should_pause`). Returns the count handled so far and that
+        command, or None.
 
-    def _backlogged(self, cmd: Command | None) -> bool:
-        """Must this command wait for the connection's earlier writes? Reads and admin
-        commands see them; a write needs no wait: the writer commits a connection's
-        writes in order."""
-        return self.pending_writes > 0 and (cmd is None or cmd.kind != "write")
+        A flood past the rate is what the limiter absorbs, so its cost per request
+        is kept to decoding it and copying the answer: no dispatch."""
+        if self._should_pause(handled):
+            return handled, None
+        out = self.door.out
+        refusal = self.loan.refusal
+        assert refusal is not None and self.user is not None
+        refuse = self.door.refusal_writer(refusal)
+        first = handled
+        stop: Request | None = None
+        exempt = self.door.admin_methods if self.user.admin else frozenset()
+        for handled, req in numbered:
+            if req[1] in exempt:
+                stop = req
+                break
+            refuse(req[0])
+            if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                break
+        self.loan.refused += handled - first - (stop is not None)
+        return handled, stop
 
-    def _run_inline(self, cmd: Command | None, req: protocol.Request) -> bool:
-        """Run a data command without awaiting; False when it needs :meth:`_run`.
+    def _now(self) -> float:
+        """The chunk's reading of the throttle clock."""
+        return self.chunk_now or self._read_clock()
 
-        A read is checked, admitted, run and answered here. It is the hot path of
-        a pipelined read, so it is one function: what :meth:`_prepare`,
-        :meth:`_start_read_run` and :meth:`_execute` do for a read that holds
-        nothing, with each step's slow case left to them. The read joins the run
-        of inline reads (see :meth:`_start_read_run`): its units are added to the
-        run's, which :meth:`_end_read_run` charges and counts once. A write is
-        :meth:`_write_inline`'s.
-        """
-        if cmd is None:
-            return False
-        if cmd is not self._run_cmd:
-            if self.node.failpoints.active:
-                return False
-            if cmd.kind != "read":
-                return cmd.kind == "write" and self._write_inline(cmd, req)
-            if self.pending_writes:
-                return False  # reads see the connection's earlier writes (_backlogged)
-        msgid, method, params = req
-        try:
-            if not cmd.inline_params.issuperset(params):
-                check_params(cmd, params)
-            if cmd is self._run_cmd and (
-                self._run_cost < self._run_allowance
-                or (self._run_allowance == ASK_ALLOWANCE and self._allowance_covers_run())
-            ):
-                # The run's next read: the same command, so the same bucket, user
-                # and failpoints, and no write of this connection in flight
-                # (anything that could change them ends the run first).
-                self._run_reads += 1
-                b: BucketHandle = self._run_handle  # type: ignore[assignment]  # (set with _run_cmd)
-            else:
-                known = self._read_handle
-                if known is None or self._auth_epoch != self.node.accounts.epoch:
-                    b = self._data_bucket(write=False)
-                else:
-                    b = known
-                if not self._start_read_run(b, cmd):
-                    return False
-            sizes = self.read_sizes
-            try:
-                result = cmd.handler(self, b, params)
-            except BaseException:
-                self._run_errors += 1  # admitted, but not an operation served
-                if self._run_watched:
-                    self._read_handled(b.name, method, params, "error")
-                raise
-            if self._run_watched:
-                self._read_handled(b.name, method, params, "ok")
-            # The read's units (see Node.read_cost), inline for one record.
-            if len(sizes) < 2 and self.read_keys == 1:
-                ru = -(-sizes.pop() // self._run_unit) if sizes else 0
-                cost = ru if ru > self._run_floor else self._run_floor
-            else:
-                ru, cost = self.node.read_cost(sizes, self.read_keys)
-                self.read_keys = 1
-                sizes.clear()
-            self._run_ru += ru
-            self._run_cost += cost
-        except Exception as exc:
-            self._read_failed(msgid, method, exc)
+    def _read_clock(self) -> float:
+        """The throttle clock's reading for the rest of the chunk, once the one taken
+        when it was received went stale (:meth:`_settle_chunk`)."""
+        now = self.chunk_now = self.node.throttle.clock()
+        return now
+
+    def _pause_reads(self, wait: float) -> None:
+        """A refusal that tells the client to come back in ``wait`` seconds (its
+        retryAfterMs) and costs no units: read the connection again then, at most
+        :data:`REFUSAL_PAUSE_MAX_SECS` later, if that is
+        :data:`REFUSAL_PAUSE_MIN_SECS` or more — so a client that keeps sending
+        anyway is answered a receive at a time, not as fast as it sends. A large
+        request (``waiting_bytes``), or a wait of :data:`LONG_WAIT_SECS` or more,
+        pauses it up to :data:`LARGE_REFUSAL_PAUSE_MAX_SECS`."""
+        if wait >= REFUSAL_PAUSE_MIN_SECS:
+            longest = (
+                LARGE_REFUSAL_PAUSE_MAX_SECS
+                if self.waiting_bytes or wait >= LONG_WAIT_SECS
+                else REFUSAL_PAUSE_MAX_SECS
+            )
+            until = self._now() + min(wait, longest)
+            if until > self.reads_paused_until:
+                self.reads_paused_until = until
+                self.node.refusal_pauses += 1
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _read_joins(self, cmd: Command, params: dict[str, Any]) -> bool:
+        """May this read run inline, in the run of reads (joining it, or beginning
+        another)? False when it must take the waiting path; raises what it breaks
+        (parameters, the bucket or the role)."""
+        if not cmd.inline_params.issuperset(params):
+            check_params(cmd, params)
+        run = self.read_run
+        if run is not None and cmd is run.cmd and run.covers(self.node):
+            # The run's next read: the same command, so the same bucket, user
+            # and failpoints, and no write of this connection in flight
+            # (anything that could change them ends the run first).
             return True
-        self._reply(msgid, result)
+        known = self._read_handle
+        if known is None or self._auth_epoch != self.node.accounts.epoch:
+            known = self._data_bucket(write=False)
+        return self._start_read_run(known, cmd)
+
+    def _read_run_loop(
+        self, numbered: Numbered, handled: int, req: Request
+    ) -> tuple[int, Request | None]:
+        """Run the ``handled``-th request of the chunk, a read admitted into the run
+        of reads (:meth:`_read_joins`), and the next ones while they join it — the
+        same command, so the same bucket, user and failpoints; its parameters
+        known, a token of the chunk's rate loan, the run's allowance not reached
+        — in one loop with the run's figures in locals: no dispatch, no call but
+        the handler's and the reply's, per read. This is where a pipelined read
+        spends its time, on either door.
+
+        Stops before a request that does not join (returned, for the general
+        path: another command, parameters to check, no token left, the allowance
+        reached) or when it is time to pause. Returns the count handled and that
+        request, or None."""
+        run = self.read_run
+        assert run is not None
+        node = self.node
+        cmd, b = run.cmd, run.handle
+        name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
+        loan = self.loan
+        rate_room, rate_enabled = loan.room, node.pipeline.request_rate_enabled
+        unit, floor, cost, allowance, watched = (
+            run.unit,
+            run.floor,
+            run.cost,
+            run.allowance,
+            run.watched,
+        )
+        sizes, out, encode = self.read_sizes, self.door.out, self.door.run_encoder(cmd)
+        first = handled
+        reads = ru_sum = 0
+        try:
+            for handled, req in itertools.chain(((handled, req),), numbered):
+                msgid, method, params = req
+                if handled != first:  # (the first was admitted by the caller)
+                    if method != name or not joins(params):
+                        return handled, req
+                    if cost >= allowance:
+                        if allowance == ASK_ALLOWANCE:  # the run's second read asks
+                            run.cost = cost
+                            run.covers(node)
+                            allowance = run.allowance
+                        if cost >= allowance:
+                            return handled, req  # (it ends the run and begins another)
+                    if rate_room:  # (last: a request handed back has taken no token)
+                        rate_room -= 1
+                    elif rate_enabled:
+                        return handled, req  # (the loan is settled or refused there)
+                reads += 1
+                try:
+                    result = handler(self, b, params)
+                except Exception as exc:
+                    run.errors += 1  # admitted, but not an operation served
+                    if watched:
+                        self._read_handled(b.name, method, params, "error")
+                    self._read_failed(msgid, method, exc)
+                else:
+                    if watched:
+                        self._read_handled(b.name, method, params, "ok")
+                    # The read's units (see Node.read_cost), without a call for one record.
+                    if len(sizes) < 2 and self.read_keys == 1:
+                        ru = -(-sizes.pop() // unit) if sizes else 0
+                        c = ru if ru > floor else floor
+                    else:
+                        ru, c = node.read_cost(sizes, self.read_keys)
+                        self.read_keys = 1
+                        sizes.clear()
+                    ru_sum += ru
+                    cost += c
+                    out += encode(msgid, result)
+                if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                    break
+        finally:
+            run.reads += reads
+            run.ru += ru_sum
+            run.cost = cost
+            loan.room = rate_room
+        return handled, None
+
+    def _start_read_run(self, b: BucketHandle, cmd: Command) -> bool:
+        """Admit an inline read that starts a run (:class:`ReadRun`); False when it
+        must take the waiting path. Any other request, and anything that awaits,
+        ends the run first.
+
+        A read admitted on the waiting path (its turn in the bucket's throttle
+        queue) keeps the turn for the reads after it in its chunk (``_turn``,
+        until anything awaits): they start a run as if nobody were queued, while
+        the bucket has allowance, instead of each queueing behind every other
+        waiting connection again. The queue is served a chunk per turn instead
+        of a request per turn: one wake-up for all the reads a turn admits, not
+        one or two each; the allowance and the charges are the same.
+        """
+        if self.read_run is not None:
+            self._end_read_run()
+        node = self.node
+        user = self.user
+        assert user is not None  # _data_bucket checked it
+        unthrottled = user.unthrottled
+        if not node.pipeline.try_pass_read(
+            b.name,
+            unthrottled=unthrottled,
+            nonblocking=self.nonblocking_throttle,
+            turn=self._turn == b.name,
+        ):
+            return False
+        self.read_run = ReadRun(cmd, b, node, unthrottled)
         return True
+
+    def _end_read_run(self) -> None:
+        """Count and charge the run of reads (:meth:`ReadRun.end`)."""
+        run = self.read_run
+        if run is not None:
+            self.read_run = None
+            run.end(self.node, self._now(), self._chunk_reads)
 
     def _read_failed(self, msgid: int, method: str, exc: Exception) -> None:
         """:meth:`_inline_failed` for a read: drop what its handler metered, but not
@@ -389,11 +654,31 @@ class Execution:
         """Answer a request run inline that failed: refused at once (a cheap
         rejection), or its handler's error (``keys``: the floors it costs)."""
         if isinstance(exc, errors.TenantKVError):
-            self._fail(msgid, method, exc, keys=keys)
+            self.fail(msgid, method, exc, keys=keys)
         else:
             self._internal_error(msgid, method, exc)
 
-    def _write_inline(self, cmd: Command, req: protocol.Request) -> bool:
+    def _read_handled(self, bucket: str, method: str, params: dict[str, Any], outcome: str) -> None:
+        """Tell bucket-queue watchers how an inline read (it held no slot) ended."""
+        key = params.get("key")
+        self.node.queues.handled(
+            bucket,
+            "read",
+            operation=method,
+            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
+            outcome=outcome,
+        )
+
+    def read_txn(self) -> Any:
+        """The read transaction of the chunk being handled (opened on first use)."""
+        txn = self.rtxn
+        if txn is None:
+            txn = self.rtxn = self.node.engine.begin_read()
+        return txn
+
+    # -- writes --------------------------------------------------------------------
+
+    def _write_inline(self, cmd: Command, req: Request) -> bool:
         """Queue a write now if every gate admits it at once; False when it must wait.
 
         The writes of a chunk are admitted as runs, as its reads are: the first
@@ -407,7 +692,7 @@ class Execution:
         bucket re-created under the same name is another handle, so another run.
         """
         msgid, method, params = req
-        run = self._wrun
+        run = self.write_run
         if run is not None and cmd is run.cmd and (run.room > 0 or run.may_join()):
             try:
                 op = self._join_write(run, msgid, method, params)
@@ -419,11 +704,11 @@ class Execution:
         try:
             prep = self._prepare(cmd, params)
             b, op, user = prep.bucket, prep.op, prep.user
-            if self._run_cmd is not None:
+            if self.read_run is not None:
                 self._end_read_run()  # the throttle must see the reads before it
             if run is not None:
                 run.close()  # its joins counted: the gates as the next write finds them
-                self._wrun = None
+                self.write_run = None
             holds = self.node.pipeline.try_acquire(
                 b.name,
                 "write",
@@ -433,7 +718,7 @@ class Execution:
             )
             if holds is None:
                 return False
-            run = self._start_write_run(b, cmd, holds, self._chunk_t0)
+            run = self._start_write_run(b, cmd, holds, self.chunk_t0)
         except Exception as exc:
             self._inline_failed(msgid, method, exc)  # refused at once: a cheap rejection
             return True
@@ -478,153 +763,171 @@ class Execution:
             return None
         return op
 
+    def _join_write_run(self, numbered: Numbered, handled: int) -> tuple[int, Request | None]:
+        """After the ``handled``-th request of the chunk joined a run of writes:
+        add the next ones while they are writes of the run's command with room
+        at the gates and a token of the chunk's rate loan, each checked and built
+        by :meth:`_join_write` — in one loop, with no dispatch per write.
+
+        Stops before a request that does not join (returned, for the general
+        path: another command, no room, no token) or when it is time to pause
+        (:meth:`_should_pause`: its writes count). Returns the count handled and
+        that request, or None."""
+        if self._should_pause(handled):
+            return handled, None
+        run = self.write_run
+        assert run is not None
+        name, join = run.cmd.name, self._join_write
+        loan = self.loan
+        rate_room, rate_enabled = loan.room, self.node.pipeline.request_rate_enabled
+        out = self.door.out
+        # The joined writes, added to the run together when the loop stops
+        # (WriteRun.add_many); until then the pause checks count them here.
+        msgids: list[int] = []
+        ops: list[WriteOp] = []
+        size = 0
+        room = run.room  # (-1: the gates not asked yet)
+        writes = self.max_inflight - self.pending_writes
+        write_bytes = PENDING_WRITE_HIGH_WATER - self.pending_write_bytes
+        try:
+            for handled, req in numbered:
+                msgid, method, params = req
+                if method != name:
+                    return handled, req
+                if len(ops) >= room:
+                    if room >= 0 or not run.may_join():
+                        return handled, req  # (it closes the run and begins another)
+                    room = run.room
+                if rate_room:  # (last: a request handed back has taken no token)
+                    rate_room -= 1
+                elif rate_enabled:
+                    return handled, req  # (the loan is settled or refused there)
+                try:
+                    op = join(run, msgid, method, params)
+                except NotNow:
+                    return handled, req  # (the throttle's waiting path)
+                if op is not None:
+                    msgids.append(msgid)
+                    ops.append(op)
+                    size += op.size_hint
+                if (
+                    len(ops) >= writes
+                    or size > write_bytes
+                    or len(out) > OUT_HIGH_WATER
+                    or not handled % FAIR_SHARE_REQUESTS
+                ):
+                    break
+        finally:
+            loan.room = rate_room
+            if ops:
+                run.add_many(msgids, ops, size)
+        return handled, None
+
     def _start_write_run(
         self, bucket: BucketHandle, cmd: Command, holds: Holds, t0: float
     ) -> WriteRun:
         """A run of ``cmd`` writes on ``bucket`` whose first was admitted with ``holds``."""
-        if self._wrun is not None:
-            self._wrun.close()
+        if self.write_run is not None:
+            self.write_run.close()
         user = self.user
         unlimited = not self.node.throttle.enabled or (user is not None and user.unthrottled)
-        run = self._wrun = WriteRun(self, bucket, cmd, holds, t0, unlimited=unlimited)
+        run = self.write_run = WriteRun(self, bucket, cmd, holds, t0, unlimited=unlimited)
         return run
 
-    def _start_read_run(self, b: BucketHandle, cmd: Command) -> bool:
-        """Admit an inline read that starts a run; False when it must take the
-        waiting path.
+    def held_changed(self) -> None:
+        """The connection's writes not yet durable changed (``pending_write_bytes``,
+        as a run's writes were answered), or a large request waits or no longer
+        does: the connection tells the node-wide cap."""
+        self.flow.held_changed()
 
-        The reads of a chunk are admitted as runs: the first through every gate
-        (:meth:`Pipeline.try_pass_read`); each next read of the same command on
-        the same bucket joins the run while the costs so far stay below the
-        run's throttle allowance (:meth:`TenantThrottle.run_allowance`, asked by
-        the second read: a run of one needs none) — the answer every gate would
-        give that read on its own, since nothing else ran in between.
-        :meth:`_end_read_run` then counts and charges the run once. Any other
-        request, and anything that awaits, ends the run first.
+    async def _park_reader(self) -> None:
+        """Wait until a write of this connection completes."""
+        self.reader_parked = True
+        try:
+            await self._drain_lot.park()
+        finally:
+            self.reader_parked = False
 
-        A read admitted on the waiting path (its turn in the bucket's throttle
-        queue) keeps the turn for the reads after it in its chunk (``_turn``,
-        until anything awaits): they start a run as if nobody were queued, while
-        the bucket has allowance, instead of each queueing behind every other
-        waiting connection again. The queue is served a chunk per turn instead
-        of a request per turn: one wake-up for all the reads a turn admits, not
-        one or two each; the allowance and the charges are the same.
-        """
-        if self._run_cmd is not None:
-            self._end_read_run()
-        node = self.node
-        user = self.user
-        assert user is not None  # _data_bucket checked it
-        unthrottled = user.unthrottled
-        bucket = b.name
-        if not node.pipeline.try_pass_read(
-            bucket,
-            unthrottled=unthrottled,
-            nonblocking=self.nonblocking_throttle,
-            turn=self._turn == bucket,
-        ):
-            return False
-        cfg = node.config
-        self._run_cmd, self._run_handle, self._run_unthrottled = cmd, b, unthrottled
-        self._run_allowance = ASK_ALLOWANCE  # a run of one read never needs it
-        self._run_reads, self._run_errors, self._run_ru, self._run_cost = 1, 0, 0, 0
-        self._run_unit, self._run_floor = cfg.read_unit_size, cfg.min_op_units
-        # Nobody can subscribe while the run lasts: it never awaits. (The core's
-        # list, not a property: a call less per run.)
-        self._run_watched = node.pipeline.queues_enabled and bool(node.queues.queues.subscribers)
-        return True
+    def wake_reader(self) -> None:
+        if self.reader_parked:
+            self.reader_parked = False
+            self._drain_lot.unpark_all()
 
-    def _allowance_covers_run(self) -> bool:
-        """At the run's second read: its throttle allowance
-        (:meth:`TenantThrottle.run_allowance`), asked now — the answer it had when
-        the first read was admitted, since the run is charged only when it ends
-        and nothing else ran — and whether the costs so far stay below it."""
-        assert self._run_handle is not None
-        self._run_allowance = self.node.throttle.run_allowance(
-            self._run_handle.name, unthrottled=self._run_unthrottled
-        )
-        return self._run_cost < self._run_allowance
+    async def wait_writes(self) -> None:
+        """Wait until every write of this connection is answered."""
+        while self.pending_writes:
+            await self._park_reader()
 
-    def _end_read_run(self) -> None:
-        """Count the run's reads through the gates, and its operations and
-        latency with the chunk's; charge their units at once."""
-        cmd, b = self._run_cmd, self._run_handle
-        if cmd is None or b is None:
-            return
-        self._run_cmd = self._run_handle = None
-        bucket = b.name
-        node = self.node
-        if self._run_reads > 1:  # the first was counted by try_pass_read
-            node.pipeline.passed_reads(bucket, self._run_reads - 1)
-        node.charge_reads(
-            bucket,
-            self._run_ru,
-            self._run_cost,
-            self._run_unthrottled,
-            self._chunk_now or self._read_clock(),
-        )
-        served = self._run_reads - self._run_errors
-        if served:
-            key = (bucket, cmd.name)
-            self._chunk_reads[key] = self._chunk_reads.get(key, 0) + served
+    # -- the waiting path ------------------------------------------------------------
 
-    async def _run(self, cmd: Command | None, req: protocol.Request) -> bool:
-        """Run any command after hello, waiting where it must; False when the
-        connection must close (a fatal error)."""
+    def _backlogged(self, cmd: Command | None) -> bool:
+        """Must this command wait for the connection's earlier writes? Reads and admin
+        commands see them; a write needs no wait: the writer commits a connection's
+        writes in order."""
+        return self.pending_writes > 0 and (cmd is None or cmd.kind != "write")
+
+    async def _run(self, cmd: Command | None, req: Request) -> bool:
+        """Run any command after authentication, waiting where it must; False when
+        the connection must close (a fatal error)."""
         msgid, method, params = req
         t0 = time.perf_counter()
         held = request_bytes(params)
         if held < WAITING_COUNTED_BYTES:
             return await self._run_held(cmd, msgid, method, params, t0)
-        self._hold_waiting(held)
+        self.hold_waiting(held)
         try:
             return await self._run_held(cmd, msgid, method, params, t0)
         finally:
-            self._hold_waiting(0)
+            self.hold_waiting(0)
 
-    def _hold_waiting(self, nbytes: int) -> None:
-        """A large request waits (``nbytes``), or no longer does (0): the framing
-        half tells the node-wide cap (see :data:`WAITING_COUNTED_BYTES`)."""
+    def hold_waiting(self, nbytes: int) -> None:
+        """A large request waits (``nbytes``), or no longer does (0): the connection
+        tells the node-wide cap (see :data:`WAITING_COUNTED_BYTES`)."""
         self.waiting_bytes = nbytes
-        self._held_changed()
+        self.flow.held_changed()
 
     async def _run_held(
         self, cmd: Command | None, msgid: int, method: str, params: Any, t0: float
     ) -> bool:
         """:meth:`_run`, its request's bytes counted as held if need be."""
         if self._backlogged(cmd):
-            await self._wait_writes()
+            await self.wait_writes()
         if self.node.failpoints.active and await self._failpoint(msgid, method):
             return True
+        if cmd is not None and cmd.kind == "door":
+            return await self.door.run_local(self, cmd, (msgid, method, params))
         try:
             if cmd is None:
                 if method == "hello":
                     raise errors.BadValue("hello was already received on this connection")
                 raise errors.UnknownCommand(f"no command named {errors.shown(method)}")
             if cmd.kind in DATA_KINDS:
-                prep = self._prepare(cmd, params)
-                bucket = prep.bucket.name
-                holds = await self._admit(prep)
-                try:
-                    # Again after the wait: the user, its roles or the bucket may
-                    # have changed meanwhile.
-                    prep = self._prepare(cmd, params)
-                except BaseException:
-                    self.node.pipeline.refund(bucket, holds)  # it never runs
-                    holds.release(method, outcome="rejected")
-                    raise
-                if prep.op is None:
-                    self._turn = prep.bucket.name  # (see _start_read_run)
-                self._execute(msgid, prep, holds, t0)
+                await self._run_data(cmd, msgid, params, t0)
             else:
                 check_params(cmd, params)
                 await self._run_other(cmd, msgid, params)
         except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc)
+            self.fail(msgid, method, exc)
             return not exc.fatal
         except Exception as exc:
             self._internal_error(msgid, method, exc)
         return True
+
+    async def _run_data(self, cmd: Command, msgid: int, params: Any, t0: float) -> None:
+        """A data command that waits at a gate: prepared, admitted, prepared again
+        (the user, its roles or the bucket may have changed meanwhile), executed."""
+        prep = self._prepare(cmd, params)
+        bucket = prep.bucket.name
+        holds = await self._admit(prep)
+        try:
+            prep = self._prepare(cmd, params)
+        except BaseException:
+            self.node.pipeline.refund(bucket, holds)  # it never runs
+            holds.release(cmd.name, outcome="rejected")
+            raise
+        if prep.op is None:
+            self._turn = prep.bucket.name  # (see _start_read_run)
+        self._execute(msgid, prep, holds, t0)
 
     def _prepare(self, cmd: Command, params: dict[str, Any]) -> Prepared:
         """Check a data command and resolve what it acts on; raises what it breaks."""
@@ -668,22 +971,16 @@ class Execution:
             cost=prep.cost,
         )
 
-    def _execute(self, msgid: int, prep: Prepared, holds: Holds | None, t0: float | None) -> None:
-        """Run an admitted data command; owns ``holds`` from here on.
-
-        ``holds`` is None for a read admitted by :meth:`Pipeline.try_pass_read`
-        (it holds nothing). ``t0`` is when a request that waited was read; None
-        for an inline one, which is counted and timed with its chunk (one clock
-        read per chunk).
-        """
+    def _execute(self, msgid: int, prep: Prepared, holds: Holds, t0: float) -> None:
+        """Run a data command admitted on the waiting path; owns ``holds`` from
+        here on. ``t0`` is when it was read."""
         cmd, b = prep.cmd, prep.bucket
         method = cmd.name
         node = self.node
-        h = holds
+        h: Holds | None = holds
         keys = 1  # (the floors a read that fails costs: _read_failed)
         try:
-            if prep.op is None:  # a read that waited (an inline one is _read_inline's)
-                assert holds is not None and t0 is not None
+            if prep.op is None:
                 try:
                     result = cmd.handler(self, b, prep.params)
                     holds.release(method)
@@ -693,167 +990,38 @@ class Execution:
                     keys = self.read_keys
                     self.read_sizes.clear()
                     self.read_keys = 1
-                self._reply(msgid, result)
+                self.door.reply(cmd, msgid, result)
                 node.bucket_stats[b.name].ops[method] += 1
                 node.latency.observe(b.name, method, time.perf_counter() - t0)
             else:
-                assert holds is not None and t0 is not None  # a write that waited
                 h = None  # its run gives them back once the write is durable
                 self._start_write_run(b, cmd, holds, t0).add(msgid, prep.op)
         except errors.TenantKVError as exc:
-            self._fail(msgid, method, exc, keys=keys)
+            self.fail(msgid, method, exc, keys=keys)
         except Exception as exc:
             self._internal_error(msgid, method, exc)
         finally:
             if h is not None:
                 h.release(method, outcome="error")
 
-    def _read_handled(self, bucket: str, method: str, params: dict[str, Any], outcome: str) -> None:
-        """Tell bucket-queue watchers how an inline read (it held no slot) ended."""
-        key = params.get("key")
-        self.node.queues.handled(
-            bucket,
-            "read",
-            operation=method,
-            key_len=len(key) if isinstance(key, (bytes, str)) else 0,
-            outcome=outcome,
-        )
-
-    def _fail(
-        self,
-        msgid: int,
-        method: str,
-        exc: errors.TenantKVError,
-        *,
-        charge: bool = True,
-        keys: int = 1,
-    ) -> None:
-        """Answer a request with its error. One refused for what it asked (no
-        overload labels) costs its bucket a read's floor (per key it named),
-        unless it was charged already (``charge``): see :meth:`_charge_floor`."""
-        if charge and not exc.labels:
-            self._charge_floor(keys)
-        elif exc.retry_after_ms is not None:
-            self._pause_reads(exc.retry_after_ms / 1000)
-        exc.command = method
-        self._count_error(exc)
-        self._reply_error(msgid, exc)
-
-    def _pause_reads(self, wait: float) -> None:
-        """A refusal that tells the client to come back in ``wait`` seconds (its
-        retryAfterMs) and costs no units: read the connection again then, at most
-        :data:`REFUSAL_PAUSE_MAX_SECS` later, if that is
-        :data:`REFUSAL_PAUSE_MIN_SECS` or more — so a client that keeps sending
-        anyway is answered a receive at a time, not as fast as it sends. A large
-        request (``waiting_bytes``) pauses it up to
-        :data:`LARGE_REFUSAL_PAUSE_MAX_SECS`."""
-        if wait >= REFUSAL_PAUSE_MIN_SECS:
-            now = self._chunk_now or self._read_clock()
-            longest = (
-                LARGE_REFUSAL_PAUSE_MAX_SECS
-                if self.waiting_bytes or wait >= LONG_WAIT_SECS
-                else REFUSAL_PAUSE_MAX_SECS
-            )
-            until = now + min(wait, longest)
-            if until > self.reads_paused_until:
-                self.reads_paused_until = until
-                self.node.refusal_pauses += 1
-
-    def _floor_tenant(self) -> tuple[str, bool] | None:
-        """The bucket a request that is no data operation is charged to, and
-        whether its user is unthrottled; None for an admin or a connection with no
-        bucket: no tenant to charge."""
-        user, bucket = self.user, self.bucket
-        if user is None or user.admin or bucket is None or bucket not in self.node.throttle:
-            return None
-        return bucket, user.unthrottled
-
-    def _charge_floor(self, keys: int = 1) -> None:
-        """A request after hello that is no data operation — a session command,
-        or one refused for what it asked (unknown, malformed, not allowed) —
-        costs the connection's bucket a read's floor (``min_op_units``), metered
-        as a read of nothing: otherwise such requests would be free, past every
-        limit. Charged after the fact, the floor is debt the bucket's next
-        requests wait for; :meth:`_admit_floor` also holds one to the allowance."""
-        tenant = self._floor_tenant()
-        if tenant is not None:
-            self.node.charge_read(tenant[0], [], tenant[1], keys)
-
-    async def _admit_floor(self) -> None:
-        """:meth:`_charge_floor`, admitted by the tenant throttle first as a read is
-        (it waits, or raises Throttled on a non-blocking connection or past
-        ``throttle_max_wait_ms``): for a command that does work on request (PING,
-        ECHO, INFO, ...), so a flood of them is held to the bucket's limits."""
-        tenant = self._floor_tenant()
-        if tenant is not None:
-            bucket, unthrottled = tenant
-            await self.node.gate.acquire(
-                bucket, unthrottled=unthrottled, nonblocking=self.nonblocking_throttle
-            )
-            self.node.charge_read(bucket, [], unthrottled)
-
-    def read_txn(self) -> Any:
-        """The read transaction of the chunk being handled (opened on first use)."""
-        txn = self.rtxn
-        if txn is None:
-            txn = self.rtxn = self.node.engine.begin_read()
-        return txn
-
-    def _read_clock(self) -> float:
-        """The throttle clock's reading for the rest of the chunk, once the one taken
-        when it was received went stale (:meth:`_settle_chunk`)."""
-        now = self._chunk_now = self.node.throttle.clock()
-        return now
-
-    def _settle_chunk(self) -> None:
-        """Settle what the chunk decided at once, before anything awaits (time will
-        pass, other tasks run): charge and count the run of inline reads, give the
-        request-rate loan back, close the read transaction, record the reads'
-        counts and latency; end the run of writes. The chunk's clock reading is
-        stale after that: what the chunk does after the wait reads it again
-        (:meth:`_read_clock`)."""
-        if self._wrun is not None:
-            self._wrun.close()
-            self._wrun = None
-        self._turn = None
-        if self._run_cmd is not None:
-            self._end_read_run()
-        left = self._rate_left
-        if left is not None:
-            if left == FIRST_TOKEN_TAKEN:  # (no loan to settle: a call less a chunk)
-                self._rate_left = None
-            else:
-                self._settle_rate()
-        if self.rtxn is not None:
-            self.node.engine.end_read(self.rtxn)
-            self.rtxn = None
-        if self._chunk_reads:
-            node = self.node
-            seconds = time.perf_counter() - self._chunk_t0
-            for (bucket, method), n in self._chunk_reads.items():
-                stats = node.bucket_stats.get(bucket)
-                if stats is not None:  # not deleted meanwhile
-                    stats.ops[method] += n
-                    node.latency.observe_many(bucket, method, seconds, n)
-            self._chunk_reads = {}
-        self._chunk_now = 0.0
-
-    async def _park_reader(self) -> None:
-        """Wait until a write of this connection completes."""
-        self._reader_parked = True
+    async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
+        if cmd.kind == "admin":
+            if not self.current_user().admin:
+                raise errors.Unauthorized(f"{cmd.name} needs an admin user")
+            self.door.reply(cmd, msgid, await cmd.handler(self, params))
+            return
+        # A session command: a request like any other, at a read's floor. Choosing
+        # a bucket is part of setting the connection up: charged, never held.
+        if cmd.name == "select_bucket":
+            self.charge_floor()
+        else:
+            await self.admit_floor()
         try:
-            await self._drain_lot.park()
-        finally:
-            self._reader_parked = False
-
-    def _wake_reader(self) -> None:
-        if self._reader_parked:
-            self._reader_parked = False
-            self._drain_lot.unpark_all()
-
-    async def _wait_writes(self) -> None:
-        while self.pending_writes:
-            await self._park_reader()
+            result = await cmd.handler(self, params)
+        except errors.TenantKVError as exc:
+            self.fail(msgid, cmd.name, exc, charge=False)
+            return
+        self.door.reply(cmd, msgid, result)
 
     async def _failpoint(self, msgid: int, method: str) -> bool:
         """Apply a test failpoint; True when it answered the request (with an error)."""
@@ -866,8 +1034,36 @@ class Execution:
         if exc is None:
             return False
         exc.command = method
-        self._reply_error(msgid, exc)
+        self.door.reply_error(msgid, exc)
         return True
+
+    # -- errors and floors -----------------------------------------------------------
+
+    def fail(
+        self,
+        msgid: int,
+        method: str,
+        exc: errors.TenantKVError,
+        *,
+        charge: bool = True,
+        keys: int = 1,
+    ) -> None:
+        """Answer a request with its error. One refused for what it asked (no
+        overload labels) costs its bucket a read's floor (per key it named),
+        unless it was charged already (``charge``): see :meth:`charge_floor`."""
+        if charge and not exc.labels:
+            self.charge_floor(keys)
+        elif exc.retry_after_ms is not None:
+            self._pause_reads(exc.retry_after_ms / 1000)
+        exc.command = method
+        self.count_error(exc)
+        self.door.reply_error(msgid, exc)
+
+    def refuse_shutting_down(self, req: Request) -> None:
+        exc = errors.ShuttingDown("the server is stopping; the request did not run")
+        exc.command = req[1]
+        self.count_error(exc)
+        self.door.reply_error(req[0], exc)
 
     def _internal_error(self, msgid: int, method: str, exc: Exception) -> None:
         if isinstance(exc, RecursionError):
@@ -875,12 +1071,12 @@ class Execution:
             # a repr in a handler's error message: the client's fault, not ours.
             bad = errors.BadValue("a parameter is nested too deeply")
             bad.command = method
-            self._count_error(bad)
-            self._reply_error(msgid, bad)
+            self.count_error(bad)
+            self.door.reply_error(msgid, bad)
             return
         self._log_internal_error(method, exc)
-        self._charge_floor()  # (not free, even when it is our fault)
-        self._reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
+        self.charge_floor()  # (not free, even when it is our fault)
+        self.door.reply_error(msgid, errors.InternalError(f"internal error: {exc!r:.200}"))
 
     def _log_internal_error(self, method: str, exc: Exception) -> None:
         """Log a command's unexpected failure (a bug, never a client's error: those
@@ -901,28 +1097,44 @@ class Execution:
             exc_info=exc,
         )
 
-    async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
-        if cmd.kind == "admin":
-            if not self.current_user().admin:
-                raise errors.Unauthorized(f"{cmd.name} needs an admin user")
-            self._reply(msgid, await cmd.handler(self, params))
-            return
-        # A session command: a request like any other, at a read's floor. Choosing
-        # a bucket is part of setting the connection up: charged, never held.
-        if cmd.name == "select_bucket":
-            self._charge_floor()
-        else:
-            await self._admit_floor()
-        try:
-            result = await cmd.handler(self, params)
-        except errors.TenantKVError as exc:
-            self._fail(msgid, cmd.name, exc, charge=False)
-            return
-        self._reply(msgid, result)
-
-    def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
+    def count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
         if self.bucket is not None and (stats := self.node.bucket_stats.get(self.bucket)):
             stats.errors[exc.code_name] += n
+
+    def floor_tenant(self) -> tuple[str, bool] | None:
+        """The bucket a request that is no data operation is charged to, and
+        whether its user is unthrottled; None for an admin or a connection with no
+        bucket: no tenant to charge."""
+        user, bucket = self.user, self.bucket
+        if user is None or user.admin or bucket is None or bucket not in self.node.throttle:
+            return None
+        return bucket, user.unthrottled
+
+    def charge_floor(self, keys: int = 1) -> None:
+        """A request after authentication that is no data operation — a connection
+        command, or one refused for what it asked (unknown, malformed, not
+        allowed) — costs the connection's bucket a read's floor (``min_op_units``),
+        metered as a read of nothing: otherwise such requests would be free, past
+        every limit. Charged after the fact, the floor is debt the bucket's next
+        requests wait for; :meth:`admit_floor` also holds one to the allowance."""
+        tenant = self.floor_tenant()
+        if tenant is not None:
+            self.node.charge_read(tenant[0], [], tenant[1], keys)
+
+    async def admit_floor(self) -> None:
+        """:meth:`charge_floor`, admitted by the tenant throttle first as a read is
+        (it waits, or raises Throttled on a non-blocking connection or past
+        ``throttle_max_wait_ms``): for a command that does work on request (PING,
+        ECHO, INFO, ...), so a flood of them is held to the bucket's limits."""
+        tenant = self.floor_tenant()
+        if tenant is not None:
+            bucket, unthrottled = tenant
+            await self.node.gate.acquire(
+                bucket, unthrottled=unthrottled, nonblocking=self.nonblocking_throttle
+            )
+            self.node.charge_read(bucket, [], unthrottled)
+
+    # -- who is connected ------------------------------------------------------------
 
     def current_user(self) -> auth.User:
         """This connection's user as the registry has it now. Checked before every
@@ -935,11 +1147,20 @@ class Execution:
         if self._auth_epoch != node.accounts.epoch:
             fresh = node.accounts.users.get(user.name)
             if fresh is None or fresh.uid != user.uid:
-                self.begin_shutdown()
+                self.flow.begin_shutdown()
                 raise errors.Unauthorized(f"user {user.name!r} was deleted")
             self.user = user = fresh
             self._auth_epoch = node.accounts.epoch
         return user
+
+    def logged_in(self, user: auth.User, epoch: int, bucket: str | None) -> None:
+        """Authenticated as ``user`` (the registry as of ``epoch``, before the
+        login's awaits: a change meanwhile is seen at the first request), in
+        ``bucket``."""
+        self.user = user
+        self._auth_epoch = epoch
+        self.flow.logged_in()
+        self.select(bucket)
 
     def _data_bucket(self, *, write: bool) -> BucketHandle:
         """The selected bucket, if the user may read it (or write it).
@@ -957,7 +1178,7 @@ class Execution:
             self._read_handle = self._write_handle = None
         name = self.bucket
         if name is None:
-            raise errors.NoBucketSelected("select a bucket in hello or with select_bucket")
+            raise errors.NoBucketSelected(self.door.no_bucket_message)
         b = node.engine.bucket(name)
         user = self.current_user()
         if not (user.can_write(name) if write else user.can_read(name)):
@@ -968,3 +1189,70 @@ class Execution:
         else:
             self._read_handle = b
         return b
+
+    def select(self, bucket: str | None) -> None:
+        """Change the selected bucket; the throttle counts connections per bucket
+        (a bucket with none keeps only part of its reservation: slow start)."""
+        throttle = self.node.throttle
+        if self.bucket is not None and self.bucket in throttle:
+            throttle.connection_closed(self.bucket)
+        self.bucket = bucket
+        self._read_handle = self._write_handle = None
+        if bucket is not None and bucket in throttle:
+            throttle.connection_opened(bucket)
+
+    def watch(self, bucket: str | None) -> trio.MemoryReceiveChannel[Any]:
+        """This connection's subscription to bucket-queue events (made on first use)."""
+        if self._watch_rx is None:
+            self._watch_rx = self.node.queues.subscribe(bucket)
+        return self._watch_rx
+
+    def who(self) -> str:
+        """For audit lines: user and peer address."""
+        return f"user {self.user.name if self.user else None!r} from {self.peer}"
+
+    def close(self) -> None:
+        """The connection closed: leave its bucket and its subscription."""
+        if self._watch_rx is not None:
+            self.node.queues.unsubscribe(self._watch_rx)
+        self.select(None)
+
+
+async def authenticate(
+    ex: Executor,
+    name: Any,
+    password: Any,
+    bucket: str | None,
+    *,
+    one_role_bucket: bool = False,
+    bucket_required: bool = False,
+) -> auth.User:
+    """Both doors' login (MessagePack ``hello``, RESP ``AUTH`` / ``HELLO AUTH``):
+    the password checked by the login limiter and the registry, the bucket
+    resolved — the one named, which the user must have a role on, or (with
+    ``one_role_bucket``) the only bucket the user has a role on; with
+    ``bucket_required`` one must be named unless the user is an admin — the
+    connection table's slots kept for admins respected, and the connection
+    logged in. Raises what it refuses; the caller answers it."""
+    node = ex.node
+    # The registry as of before the awaits: a change to the user while they
+    # last is then seen at the first request (current_user).
+    epoch = node.accounts.epoch
+    user = await node.accounts.authenticate(name, password, peer=ex.peer_ip)
+    if bucket is not None:
+        if not isinstance(bucket, str):
+            raise errors.BadValue("'bucket' must be a string")
+        node.bucket(bucket)
+        if not user.can_read(bucket):
+            raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {bucket!r}")
+    elif one_role_bucket and len(user.roles) == 1:
+        bucket = next(iter(user.roles))
+    elif bucket_required and not user.admin:
+        raise errors.BadValue("'bucket' is required for users who are not admins")
+    if ex.user is None:
+        # A non-admin may not take the slots kept for admins (TooManyConnections).
+        refused = await node.connection_authenticated(ex.conn_id, admin=user.admin)
+        if refused is not None:
+            raise errors.TooManyConnections(refused)
+    ex.logged_in(user, epoch, bucket)
+    return user

@@ -1,7 +1,7 @@
 """A run of writes: the writes of one connection's chunk admitted together.
 
 A session admits a chunk's consecutive writes of one command on one bucket
-as a run (``server/execution.py``): the first through every gate, each next
+as a run (``server/executor.py``): the first through every gate, each next
 one through the gate objects the run holds, as far as the room every gate
 had when the run began goes (:meth:`Pipeline.join_room`); the joins are
 counted at each gate once (:meth:`Pipeline.join`). The run's writes share one
@@ -26,26 +26,33 @@ from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import RunOp, WriteOp
 
 
+class Replies(Protocol):
+    """How a run answers its writes: its door's replies (``server/doors/``)."""
+
+    def reply(self, cmd: Command, msgid: int, result: Any) -> None: ...
+
+    def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None: ...
+
+    def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None: ...
+
+
 class WriteSession(Protocol):
-    """What a run needs of its session (``server/execution.py``)."""
+    """What a run needs of its connection's executor (``server/executor.py``)."""
 
     node: Node
     user: auth.User | None
     pending_writes: int
     pending_write_bytes: int
-    _reader_parked: bool
+    reader_parked: bool
 
-    def _reply(self, msgid: int, result: Any) -> None: ...
+    @property
+    def door(self) -> Replies: ...
 
-    def _reply_all(self, msgids: list[int], results: Sequence[Any]) -> None: ...
+    def count_error(self, exc: errors.TenantKVError, n: int = 1) -> None: ...
 
-    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None: ...
+    def wake_reader(self) -> None: ...
 
-    def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None: ...
-
-    def _wake_reader(self) -> None: ...
-
-    def _held_changed(self) -> None: ...
+    def held_changed(self) -> None: ...
 
 
 class WriteRun:
@@ -159,12 +166,12 @@ class WriteRun:
         node = s.node
         s.pending_writes -= len(ops)
         s.pending_write_bytes -= self._bytes
-        s._held_changed()
+        s.held_changed()
         wu_sum = cost_sum = 0
         if error is not None:
             results = [error] * len(ops)
         if not any([isinstance(r, BaseException) for r in results]):
-            s._reply_all(msgids, results)  # the usual answer: all succeeded
+            s.door.reply_all(self.cmd, msgids, results)  # the usual answer: all succeeded
             succeeded = ops
         else:
             succeeded = []
@@ -175,14 +182,14 @@ class WriteRun:
                     cost_sum += cost
                 else:
                     succeeded.append(op)
-                    s._reply(msgid, result)
+                    s.door.reply(self.cmd, msgid, result)
         if succeeded:
             wu, cost = node.write_costs(succeeded)
             wu_sum += wu
             cost_sum += cost
         self._settle(len(ops), len(succeeded), wu_sum, cost_sum, ops[0])
-        if s._reader_parked:
-            s._wake_reader()
+        if s.reader_parked:
+            s.wake_reader()
 
     def _failed(self, msgid: int, op: WriteOp, error: BaseException) -> tuple[int, int]:
         """Answer a write that failed; what it costs (``(wu, cost)``)."""
@@ -192,8 +199,8 @@ class WriteRun:
         else:
             exc = errors.InternalError(repr(error))
         exc.command = self.cmd.name
-        s._count_error(exc)
-        s._reply_error(msgid, exc)
+        s.count_error(exc)
+        s.door.reply_error(msgid, exc)
         if isinstance(error, errors.ServerError) and not exc.labels:
             # It ran (a CAS mismatch, add on an existing key, a miss): it costs.
             return s.node.write_cost(op, wrote=False)
