@@ -171,7 +171,8 @@ def stored_users(engine: Engine) -> dict[str, auth.User]:
 class Connection(Protocol):
     """What the registry needs of a session: who it is, and a way to end it."""
 
-    user: auth.User | None
+    @property
+    def user(self) -> auth.User | None: ...
 
     def begin_shutdown(self) -> None: ...
 

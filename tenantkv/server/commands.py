@@ -71,7 +71,10 @@ class Session(Protocol):
     def who(self) -> str: ...
 
 
-Kind = Literal["read", "write", "admin", "session"]
+#: what a command is: a data command (read, write: through the admission
+#: pipeline), an admin or a session command, or a door's own (a RESP connection
+#: command: the door answers it)
+Kind = Literal["read", "write", "admin", "session", "door"]
 
 #: Parameters any command accepts.
 COMMON_PARAMS = frozenset({"timeout_ms"})
@@ -90,6 +93,9 @@ class Command:
     handler: Callable[..., Any]
     #: what the command's result is, for docs
     doc: str = ""
+    #: how a door that encodes replies per command turns the result into its
+    #: reply (RESP: ``(encoder, result) -> bytes``); None: the door's default
+    reply: Callable[[Any, Any], bytes] | None = None
     #: the parameters that need no check beyond their name (all but
     #: ``timeout_ms``): a request with only these passes with one set operation
     inline_params: frozenset[str] = field(init=False)

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import trio
 
-from tenantkv import errors, protocol
+from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
 from tenantkv.server.commands import Command, check_params
@@ -53,7 +53,9 @@ from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
 
-Request = protocol.Request
+#: a decoded request: (msgid, method, params); a door's own requests carry what
+#: the door needs in place of params
+Request = tuple[int, str, Any]
 Numbered = Iterator[tuple[int, Request]]
 
 #: Requests handled back to back before the connection lets other tasks run.
@@ -123,9 +125,13 @@ class Door(Protocol):
     protocol appended to ``out`` (``server/doors/``)."""
 
     protocol_name: str
-    #: method -> command; a command of kind "door" is the door's own
-    #: (:meth:`run_local`)
-    commands: Mapping[str, Command]
+
+    @property
+    def commands(self) -> Mapping[str, Command]:
+        """Method -> command; a command of kind "door" is the door's own
+        (:meth:`run_local`)."""
+        ...
+
     #: the methods an admin's request passes the rate limiter with
     admin_methods: frozenset[str]
     out: bytearray
@@ -300,8 +306,9 @@ class Executor:
                         ):
                             if loan.refusal is not None:
                                 # The limiter refused the chunk: the rest of it likewise.
-                                handled, req = self._refuse_rest(numbered, handled)
-                                if req is not None:  # an admin command: it passes
+                                handled, nxt = self._refuse_rest(numbered, handled)
+                                if nxt is not None:  # an admin command: it passes
+                                    req = nxt
                                     continue
                             break
                         inline = self._run_inline(cmd, req, numbered, handled)
@@ -309,9 +316,10 @@ class Executor:
                             self._settle_chunk()
                             if not await self._run(cmd, req):
                                 return False
-                        elif inline is not True:
-                            handled, req = inline  # the run stopped: where
-                            if req is not None:
+                        else:
+                            handled, nxt = inline  # (where a run of it stopped)
+                            if nxt is not None:
+                                req = nxt
                                 continue
                     break
                 if self._should_pause(handled):
@@ -322,10 +330,11 @@ class Executor:
 
     def _run_inline(
         self, cmd: Command | None, req: Request, numbered: Numbered, handled: int
-    ) -> tuple[int, Request | None] | bool | None:
-        """Run a data command without awaiting: None when it needs :meth:`_run`;
-        True when it was handled; else where the run it began or joined stopped
-        (the count of requests handled, and the next request, if it did not join)."""
+    ) -> tuple[int, Request | None] | None:
+        """Run a data command without awaiting: None when it needs :meth:`_run`,
+        else the count of requests handled — the run it began or joined may
+        have taken more of the chunk — and the next request, if one did not
+        join (None: none)."""
         if cmd is None:
             return None
         run = self.read_run
@@ -339,7 +348,7 @@ class Executor:
                 if wrun is not None and wrun.joined and cmd is wrun.cmd:
                     # A write joined a run: the next ones join it here.
                     return self._join_write_run(numbered, handled)
-                return True
+                return handled, None
             if self.pending_writes:
                 return None  # reads see the connection's earlier writes (_backlogged)
         try:
@@ -347,7 +356,7 @@ class Executor:
                 return None
         except Exception as exc:
             self._read_failed(req[0], req[1], exc)  # refused at once: a cheap rejection
-            return True
+            return handled, None
         return self._read_run_loop(numbered, handled, req)
 
     def _should_pause(self, handled: int) -> bool:
@@ -555,10 +564,10 @@ class Executor:
             run.watched,
         )
         sizes, out, encode = self.read_sizes, self.door.out, self.door.run_encoder(cmd)
-        first = handled
+        first, admitted = handled, ((handled, req),)
         reads = ru_sum = 0
         try:
-            for handled, req in itertools.chain(((handled, req),), numbered):
+            for handled, req in itertools.chain(admitted, numbered):
                 msgid, method, params = req
                 if handled != first:  # (the first was admitted by the caller)
                     if method != name or not joins(params):

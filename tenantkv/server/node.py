@@ -91,12 +91,18 @@ class WorkerLink(Protocol):
 
 
 class Session(Protocol):
-    """What the node needs of a client session (``server/session.py`` implements it;
+    """What the node needs of a client session (``server/connection.py`` implements it;
     the node does not import it, so data flows one way: sessions use the node)."""
 
-    bucket: str | None
-    user: auth.User | None
-    backpressure: bool
+    @property
+    def bucket(self) -> str | None: ...
+
+    @property
+    def user(self) -> auth.User | None: ...
+
+    @property
+    def backpressure(self) -> bool: ...
+
     protocol_name: str
 
     def begin_shutdown(self) -> None: ...

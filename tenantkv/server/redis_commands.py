@@ -77,7 +77,7 @@ class RedisCommand:
         object.__setattr__(
             self,
             "command",
-            Command(self.name, self.kind, PARAM_NAMES, self.handler, self.summary),
+            Command(self.name, self.kind, PARAM_NAMES, self.handler, self.summary, self.reply),
         )
 
 

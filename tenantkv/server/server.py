@@ -37,10 +37,11 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throughput_probing import run_probing
 from tenantkv.config import Config
 from tenantkv.server import sd_notify
+from tenantkv.server.connection import Codec, Connection
 from tenantkv.server.direct_stream import DirectSocketStream
+from tenantkv.server.doors.msgpack import MsgpackDoor
+from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.node import Node
-from tenantkv.server.redis_session import RedisSession
-from tenantkv.server.session import Session
 from tenantkv.server.status import status_document
 from tenantkv.storage.engine import Engine
 
@@ -237,7 +238,7 @@ class Server:
                     accept_scopes: list[trio.CancelScope] = []
                     for listener in self.listeners:
                         sessions.start_soon(
-                            self._accept_loop, listener, sessions, _new(accept_scopes), Session
+                            self._accept_loop, listener, sessions, _new(accept_scopes), MsgpackDoor
                         )
                     for listener in self.resp_listeners:
                         sessions.start_soon(
@@ -245,7 +246,7 @@ class Server:
                             listener,
                             sessions,
                             _new(accept_scopes),
-                            RedisSession,
+                            RespDoor,
                         )
                     tls = " (TLS)" if self.ssl_context is not None else ""
                     if link is not None:
@@ -336,7 +337,7 @@ class Server:
         listener: trio.SocketListener,
         nursery: trio.Nursery,
         scope: trio.CancelScope,
-        door: type[Session],
+        door: Callable[[], Codec],
     ) -> None:
         with scope:
             while True:
@@ -350,7 +351,7 @@ class Server:
                     continue
                 nursery.start_soon(self._run_session, stream, door)
 
-    async def _run_session(self, stream: trio.SocketStream, door: type[Session]) -> None:
+    async def _run_session(self, stream: trio.SocketStream, door: Callable[[], Codec]) -> None:
         node = self.node
         try:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
@@ -395,7 +396,7 @@ class Server:
         conn: trio.abc.Stream,
         peer: str,
         conn_id: int,
-        door: type[Session],
+        door: Callable[[], Codec],
     ) -> None:
         node = self.node
         self.connections_pending += 1
@@ -424,7 +425,7 @@ class Server:
             return
         node.connections_total += 1
         try:
-            await door(node, conn, peer, conn_id).run()
+            await Connection(node, conn, peer, conn_id, door()).run()
         except Exception:  # one connection's bug must never take the listener down
             log.exception("connection from %s failed", peer)
 
@@ -461,14 +462,14 @@ class Server:
         return not left
 
     async def _refuse(
-        self, conn: trio.abc.Stream, door: type[Session], exc: errors.TenantKVError
+        self, conn: trio.abc.Stream, door: Callable[[], Codec], exc: errors.TenantKVError
     ) -> None:
         """Send a connection-level error in the door's protocol and close; at most a
         second."""
         self.node.connections_rejected += 1
         gone = (trio.BrokenResourceError, trio.ClosedResourceError)
         with trio.move_on_after(1), contextlib.suppress(*gone):
-            await conn.send_all(door.refusal(exc))
+            await conn.send_all(door().refusal(exc))
         with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
             await conn.aclose()
 

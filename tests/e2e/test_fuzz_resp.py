@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tenantkv.server.redis_commands import REDIS_COMMANDS
-from tenantkv.server.redis_session import LOCAL
+from tenantkv.server.doors.resp import LOCAL
 from tests.conftest import Daemon
 
 TIMEOUT = 10

@@ -293,7 +293,7 @@ def test_a_connection_that_does_not_authenticate_is_closed_after_a_few_commands(
     gets MAX_PRE_AUTH_COMMANDS answers (PINGs and NOAUTH refusals alike), then
     an error and the end of the connection — not a free PONG
     server without end."""
-    from tenantkv.server.redis_session import MAX_PRE_AUTH_COMMANDS
+    from tenantkv.server.doors.resp import MAX_PRE_AUTH_COMMANDS
 
     flood = b"PING\r\n" * (MAX_PRE_AUTH_COMMANDS + 500)
     out = raw(d, flood)  # (returns when the server closes)

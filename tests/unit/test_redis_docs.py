@@ -7,7 +7,7 @@ import pytest
 from tenantkv.resp import Encoder, Status
 from tenantkv.server.redis_commands import REDIS_COMMANDS
 from tenantkv.server.redis_docs import SYNTAX, arguments
-from tenantkv.server.redis_session import LOCAL
+from tenantkv.server.doors.resp import LOCAL
 
 #: commands that take no argument at all
 NO_ARGUMENTS = {"dbsize", "quit", "reset", "time"}

@@ -27,7 +27,9 @@ from tenantkv import resp
 from tenantkv.server import redis_commands
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND
 from tenantkv.server.node import Node
-from tenantkv.server.redis_session import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS, RedisSession
+from tenantkv.server.connection import Connection
+from tenantkv.server.doors import resp as resp_door
+from tenantkv.server.doors.resp import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS, RespDoor
 from tests.e2e.test_fuzz_resp import replies
 from tests.unit.test_session import hello_session, node, units_used
 
@@ -73,7 +75,7 @@ async def resp_session(node: Node, nursery: trio.Nursery) -> RespPeer:
     node.connection_table.admit(
         conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
     )
-    session = RedisSession(node, server, "127.0.0.1:5555", conn_id)
+    session = Connection(node, server, "127.0.0.1:5555", conn_id, RespDoor())
     nursery.start_soon(session.run)
     peer = RespPeer(client)
     await peer.send((b"AUTH", b"u", b"pw"))
@@ -263,7 +265,7 @@ async def test_an_unexpected_failure_is_logged_once_a_second_with_a_count(
     def broken(s: Any, b: Any, p: Any) -> Any:
         raise RuntimeError("a bug")
 
-    table = redis_commands.REDIS_COMMANDS
+    table = resp_door.COMMANDS
     monkeypatch.setitem(table, "strlen", dataclasses.replace(table["strlen"], handler=broken))
     caplog.set_level(logging.ERROR, "tenantkv.session")
     async with trio.open_nursery() as nursery:

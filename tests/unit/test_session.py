@@ -24,10 +24,11 @@ from tenantkv import errors, protocol
 from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
 from tenantkv.config import Config
 from tenantkv.server import auth
-from tenantkv.server.execution import REFUSAL_PAUSE_MAX_SECS
+from tenantkv.server.connection import Connection
+from tenantkv.server.doors.msgpack import MsgpackDoor
+from tenantkv.server.executor import REFUSAL_PAUSE_MAX_SECS, Executor
 from tenantkv.server.node import Node
 from tenantkv.server.server import open_engine
-from tenantkv.server.session import Session
 from tenantkv.storage.ops import CreateBucketOp
 
 TIMEOUT = 10
@@ -78,7 +79,7 @@ class Peer:
 _ids = itertools.count(1)
 
 
-async def start_session(node: Node, nursery: trio.Nursery) -> tuple[Session, Peer]:
+async def start_session(node: Node, nursery: trio.Nursery) -> tuple[Connection, Peer]:
     """A session on one end of a memory stream pair, admitted as the server would,
     and the peer on the other end."""
     client, server = trio.testing.memory_stream_pair()
@@ -86,7 +87,7 @@ async def start_session(node: Node, nursery: trio.Nursery) -> tuple[Session, Pee
     node.connection_table.admit(
         conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
     )
-    session = Session(node, server, "127.0.0.1:5555", conn_id)
+    session = Connection(node, server, "127.0.0.1:5555", conn_id, MsgpackDoor())
     nursery.start_soon(session.run)
     return session, Peer(client)
 
@@ -295,14 +296,14 @@ async def test_a_client_that_does_not_read_its_replies_stops_being_read(node: No
     connection is not read (its client's requests wait in TCP) and what the send
     holds counts against the node-wide cap. (A lockstep stream: a send waits until
     the peer receives, as a socket whose peer stops reading does.)"""
-    from tenantkv.server.session import OUT_HIGH_WATER
+    from tenantkv.server.executor import OUT_HIGH_WATER
 
     value = bytes(200_000)
     client, server = trio.testing.lockstep_stream_pair()
     node.connection_table.admit(
         9999, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
     )
-    session = Session(node, server, "127.0.0.1:5555", 9999)
+    session = Connection(node, server, "127.0.0.1:5555", 9999, MsgpackDoor())
     peer = Peer(client)
     gets = 100  # 20 MB of replies
     async with trio.open_nursery() as nursery:
@@ -621,7 +622,7 @@ async def test_a_refused_large_request_pauses_its_connection_longer(
     pipelines large writes past its limit is not served refusals of them as fast
     as it can send them. (A refusal on the inline path, a non-blocking one, pauses
     it as any refusal does.)"""
-    from tenantkv.server.execution import LARGE_REFUSAL_PAUSE_MAX_SECS
+    from tenantkv.server.executor import LARGE_REFUSAL_PAUSE_MAX_SECS
 
     value = bytes(100_000)  # 25 units: ~2 s of debt at 10 units/s
     async with trio.open_nursery() as nursery:
@@ -1076,30 +1077,30 @@ async def test_a_long_run_of_reads_answers_each_in_order_and_pauses_for_fairness
     answered once, in order, each with its own outcome — an unknown parameter,
     another read command, a handler's internal error among them — and the chunk
     still yields to other connections every FAIR_SHARE_REQUESTS requests."""
-    from tenantkv.server import session as session_mod
+    from tenantkv.server import commands, executor
 
     pauses: list[int] = []
-    pause = Session._pause
+    pause = Executor._pause
 
-    async def counted_pause(self: Session) -> None:
+    async def counted_pause(self: Executor) -> None:
         pauses.append(len(pauses))
         await pause(self)
 
-    monkeypatch.setattr(Session, "_pause", counted_pause)
-    get = session_mod.COMMANDS["get"]
+    monkeypatch.setattr(Executor, "_pause", counted_pause)
+    get = commands.COMMANDS["get"]
 
     def flaky(s: Any, b: Any, p: dict[str, Any]) -> Any:
         if p.get("key") == b"boom":
             raise RuntimeError("a handler bug")
         return get.handler(s, b, p)
 
-    monkeypatch.setitem(session_mod.COMMANDS, "get", dataclasses.replace(get, handler=flaky))
-    n = 3 * session_mod.FAIR_SHARE_REQUESTS + 10
+    monkeypatch.setitem(commands.COMMANDS, "get", dataclasses.replace(get, handler=flaky))
+    n = 3 * executor.FAIR_SHARE_REQUESTS + 10
     reqs: list[tuple[int, str, dict[str, Any]]] = [(i, "get", {"key": b"k"}) for i in range(n)]
     reqs[100] = (100, "get", {"key": b"k", "bogus": 1})
     reqs[200] = (200, "exists", {"key": b"k"})
     reqs[300] = (300, "get", {"key": b"boom"})
-    reqs[session_mod.FAIR_SHARE_REQUESTS - 1] = (255, "get", {"key": 7})
+    reqs[executor.FAIR_SHARE_REQUESTS - 1] = (255, "get", {"key": 7})
     async with trio.open_nursery() as nursery:
         peer = await hello_session(node, nursery)
         await peer.send((9999, "set", {"key": b"k", "value": b"v"}))
@@ -1214,7 +1215,7 @@ async def test_a_connection_that_authenticates_and_idles_holds_no_unpacker(node:
         session, peer = await start_session(node, nursery)
         await peer.send(HELLO)
         assert [r.error for r in await peer.responses(1)] == [None]
-        decoder = session._decoder
+        decoder = session.decoder
         assert isinstance(decoder, protocol.RequestDecoder)
         assert not decoder.unpackers
         await peer.send((1, "get", {"key": b"k"}), (2, "get", {"key": b"k"}))

@@ -50,29 +50,39 @@ class FakeNode:
         self.charged.append((bucket, wu, cost, unthrottled))
 
 
+class FakeDoor:
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, Any]] = []
+
+    def reply(self, cmd: Any, msgid: int, result: Any) -> None:
+        self.replies.append((msgid, result))
+
+    def reply_all(self, cmd: Any, msgids: list[int], results: Any) -> None:
+        for msgid, result in zip(msgids, results, strict=True):
+            self.reply(cmd, msgid, result)
+
+    def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
+        self.replies.append((msgid or 0, exc.code_name))
+
+
 class FakeSession:
     def __init__(self) -> None:
         self.node = FakeNode()
+        self.door = FakeDoor()
+        self.replies = self.door.replies
         self.user = None
         self.pending_writes = 0
         self.pending_write_bytes = 0
-        self._reader_parked = False
-        self.replies: list[tuple[int, Any]] = []
+        self.reader_parked = False
         self.errors: list[str] = []
 
-    def _reply(self, msgid: int, result: Any) -> None:
-        self.replies.append((msgid, result))
-
-    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
-        self.replies.append((msgid or 0, exc.code_name))
-
-    def _count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
+    def count_error(self, exc: errors.TenantKVError, n: int = 1) -> None:
         self.errors.append(exc.code_name)
 
-    def _wake_reader(self) -> None:
+    def wake_reader(self) -> None:
         pass
 
-    def _held_changed(self) -> None:
+    def held_changed(self) -> None:
         self.held_reports = getattr(self, "held_reports", 0) + 1
 
 
@@ -81,7 +91,7 @@ def _run_of_three(s: FakeSession) -> tuple[WriteRun, Holds]:
     holds = Holds(None, None, None, None, None)  # type: ignore[arg-type]
     run = WriteRun(s, bucket, COMMANDS["set"], holds, t0=5.0)  # type: ignore[arg-type]
     for msgid in (10, 11, 12):
-        if msgid != 10:  # a write joining the run (Execution._write_inline)
+        if msgid != 10:  # a write joining the run (Executor._write_inline)
             assert run.may_join()
         run.add(msgid, SetOp(bucket, b"k%d" % msgid, b"v"))
     assert run.joined == 2 and run.room == 98  # (FakePipeline's room: 100)

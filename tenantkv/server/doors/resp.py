@@ -1,11 +1,14 @@
-"""A connection on the RESP front door: unmodified Redis clients, same tenants.
+"""The RESP door: unmodified Redis clients, same tenants.
 
-The framing differs from the MessagePack door and nothing else does: the
-same lifecycle, deadlines, receive-buffer cap and shutdown as
-:class:`~tenantkv.server.session.Session` (this class extends it), and every
-data command runs the same execution path — the same gates, the same units,
-acknowledged only when durable (:mod:`tenantkv.server.execution`). The command
-table is :mod:`tenantkv.server.redis_commands`; the codec is :mod:`tenantkv.resp`.
+A thin codec, as the MessagePack door is: the same connection
+(``server/connection.py``: lifecycle, deadlines, receive-buffer cap,
+shutdown) and the same chunk executor (``server/executor.py``: the same
+gates, the same units, runs of reads and writes, acknowledged only when
+durable). This decodes each command into a request of the executor —
+``(sequence number, name, params)``, its parameters parsed by the command
+table (:mod:`tenantkv.server.redis_commands`) — and encodes replies with
+:mod:`tenantkv.resp`. Connection commands (AUTH, HELLO, PING, INFO, ...) are
+the door's own (kind ``"door"``), answered through the same reply slots.
 
 Order: Redis replies carry no id, so each command gets a sequence number and its
 reply waits in a slot until every earlier one is out (a write answered when
@@ -23,15 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
-
-import trio
 
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
+from tenantkv.config import Config
 from tenantkv.server import redis_docs
-from tenantkv.server.execution import WAITING_COUNTED_BYTES, Execution
+from tenantkv.server.commands import Command
+from tenantkv.server.executor import WAITING_COUNTED_BYTES, Executor, Request, authenticate
 from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
@@ -42,7 +45,6 @@ from tenantkv.server.redis_commands import (
     parse_call,
     syntax_error,
 )
-from tenantkv.server.session import Session
 
 log = logging.getLogger("tenantkv.session")
 
@@ -113,7 +115,7 @@ def error_text(exc: errors.TenantKVError) -> str:
 AT_NAME_MESSAGE = "user names containing '@' cannot log in over RESP"
 
 
-LocalHandler = Callable[["RedisSession", int, list[bytes]], Awaitable[bool]]
+LocalHandler = Callable[["RespDoor", Executor, int, list[bytes]], Awaitable[bool]]
 LOCAL: dict[str, LocalHandler] = {}
 
 
@@ -126,57 +128,126 @@ def local(*names: str) -> Callable[[LocalHandler], LocalHandler]:
     return register
 
 
-class RedisSession(Session):
-    """One RESP connection (see the module docstring)."""
+#: The request a command refused before it runs becomes (malformed, unknown):
+#: ``(seq, REFUSED_REQUEST, (name, error, keys named))``, answered by the door.
+REFUSED_REQUEST = "\0refused"
+
+
+class RespDoor:
+    """The codec of one RESP connection (see the module docstring).
+
+    Order: Redis replies carry no id, so each command gets a sequence number
+    and its reply waits in a slot until every earlier one is out (a write
+    answered when durable, an error found at once, a read answered inline all
+    come out in the order the commands were sent)."""
 
     protocol_name = "resp"
+    admin_methods: frozenset[str] = frozenset()
+    no_bucket_message = "no bucket selected: select a bucket with SELECT, or AUTH as user@bucket"
 
-    def __init__(self, node: Any, stream: trio.abc.Stream, peer: str, conn_id: int) -> None:
-        super().__init__(node, stream, peer, conn_id)
+    def __init__(self) -> None:
+        #: replies not yet sent (the connection sends and replaces it)
+        self.out = bytearray()
+        self.commands = COMMANDS
         self.enc = resp.Encoder(2)
+        #: the name CLIENT SETNAME / HELLO SETNAME gave the connection
         self.name: bytes | None = None
         self._last_id = 0
         self._next_out = 1
         #: replies ready before an earlier one, by sequence number
         self._slots: dict[int, bytes] = {}
-        #: how to turn each pending data command's result into its reply
-        self._convert: dict[int, Reply] = {}
+        #: the reply of a call that differs from its command's (SET ... GET)
+        self._special: dict[int, Reply] = {}
         #: commands received before authenticating (MAX_PRE_AUTH_COMMANDS)
         self._pre_auth_commands = 0
 
-    # -- framing hooks ------------------------------------------------------------
-
     @staticmethod
     def refusal(exc: errors.TenantKVError) -> bytes:
+        """A connection-level refusal (before any request)."""
         return resp.Encoder(2).error(error_text(exc))
 
-    def _new_decoder(self) -> Any:
-        cfg = self.node.config
+    @staticmethod
+    def new_decoder(config: Config, chunk_bytes: int) -> resp.RequestDecoder:
         return resp.RequestDecoder(
-            max_bulk_bytes=cfg.max_value_bytes,
-            max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+            max_bulk_bytes=config.max_value_bytes,
+            max_frame_bytes=min(protocol.MAX_FRAME_BYTES, config.max_value_bytes + 64 * 1024),
         )
 
-    def _reply(self, msgid: int, result: Any) -> None:
-        convert = self._convert.pop(msgid, None)
-        self._fill(msgid, convert(self.enc, result) if convert else self.enc.value(result))
+    def requests(self, decoder: Any) -> Iterator[Request]:
+        """Each command decoded, as a request of the executor: a data command
+        with its parsed parameters, a connection command with its arguments, or
+        a command refused for what it asked (:data:`REFUSED_REQUEST`)."""
+        names, table, special = _NAMES, REDIS_COMMANDS, self._special
+        for args in decoder:
+            self._last_id = msgid = self._last_id + 1
+            raw = args[0]
+            name = names.get(raw) or raw.decode("latin-1").lower()
+            rc = table.get(name)
+            if rc is not None:
+                try:
+                    params, reply = parse_call(rc, args)
+                except errors.TenantKVError as exc:
+                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)))
+                    continue
+                if reply is not rc.reply:
+                    special[msgid] = reply
+                yield msgid, name, params
+            elif name in LOCAL:
+                yield msgid, name, args  # (its arguments: the door's)
+            else:
+                yield msgid, REFUSED_REQUEST, (name, _unknown(name, args), 1)
 
-    #: each answer through this door's _reply (Session's encodes MessagePack)
-    _reply_all = Execution._reply_all
+    # -- replies -------------------------------------------------------------------
 
-    def _reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
+    def reply(self, cmd: Command | None, msgid: int, result: Any) -> None:
+        convert = self._special.pop(msgid, None) if self._special else None
+        if convert is None:
+            convert = cmd.reply if cmd is not None and cmd.reply is not None else _value
+        self.fill(msgid, convert(self.enc, result))
+
+    def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None:
+        for msgid, result in zip(msgids, results, strict=True):
+            self.reply(cmd, msgid, result)
+
+    def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         data = self.enc.error(error_text(exc))
         if msgid is None:  # the connection's own end (protocol error, idle): no slot
-            self._out += data
+            self.out += data
             return
-        self._convert.pop(msgid, None)
-        self._fill(msgid, data)
+        if self._special:
+            self._special.pop(msgid, None)
+        self.fill(msgid, data)
 
-    def _fill(self, msgid: int, data: bytes) -> None:
+    def run_encoder(self, cmd: Command) -> Callable[[int, Any], bytes]:
+        """A run's replies come in order (reads run while no write is in flight):
+        each goes straight out, its slot skipped."""
+        convert, enc = cmd.reply or _value, self.enc
+
+        def encode(msgid: int, result: Any) -> bytes:
+            if msgid != self._next_out or self._slots:
+                self.reply(cmd, msgid, result)
+                return b""
+            self._next_out = msgid + 1
+            return convert(enc, result)
+
+        return encode
+
+    def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
+        data = self.enc.error(error_text(exc))
+        fill = self.fill
+
+        def refuse(msgid: int) -> None:
+            fill(msgid, data)
+
+        return refuse
+
+    def fill(self, msgid: int, data: bytes) -> None:
+        """The reply of the ``msgid``-th command: out now if every earlier one is,
+        else into its slot until they are."""
         if msgid != self._next_out:
             self._slots[msgid] = data
             return
-        out = self._out
+        out = self.out
         out += data
         nxt = msgid + 1
         slots = self._slots
@@ -185,215 +256,133 @@ class RedisSession(Session):
             nxt += 1
         self._next_out = nxt
 
-    def _refuse_shutting_down(self, req: Any) -> None:
-        self._reply_error(
-            self._new_id(), errors.ShuttingDown("the server is stopping; the command did not run")
-        )
+    # -- connection commands -----------------------------------------------------------
 
-    def _new_id(self) -> int:
-        self._last_id += 1
-        return self._last_id
+    async def before_auth(self, ex: Executor, req: Request) -> bool:
+        """Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT``
+        run, and at most :data:`MAX_PRE_AUTH_COMMANDS` commands in all."""
+        msgid, name, _ = req
+        self._pre_auth_commands += 1
+        if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
+            log.info(
+                "connection %d from %s: %d commands without authentication; closing",
+                ex.conn_id,
+                ex.peer,
+                MAX_PRE_AUTH_COMMANDS,
+            )
+            exc = errors.HelloRequired(
+                f"{MAX_PRE_AUTH_COMMANDS} commands without authentication: closing the connection"
+            )
+            ex.fail(msgid, name, exc)
+            return False
+        if name not in PRE_AUTH:
+            ex.fail(msgid, name, errors.HelloRequired("authentication required"))
+            return True
+        return await self.run_local(ex, self.commands[name], req)
 
-    async def _handle_chunk(self, decoder: Any) -> bool:
-        """Every complete command received, in order; False when the connection closes."""
-        node = self.node
-        try:
-            for handled, args in enumerate(decoder, 1):
-                if not self._reading:
-                    if not node.shutting_down:
-                        return False
-                    self._refuse_shutting_down(args)
-                else:
-                    waiting = self._command(args)
-                    if waiting is not None and not await waiting:
-                        return False
-                if self._should_pause(handled):
-                    await self._pause()
-        finally:
-            self._settle_chunk()
-        return True
-
-    def _command(self, args: list[bytes]) -> Coroutine[Any, Any, bool] | None:
-        """Run one command: None when it was handled without awaiting (a data command
-        run inline, a refusal, an error), else the coroutine to await — a command
-        that waits at a gate, or a local one (AUTH, INFO, ...) — which answers False
-        when the connection must close. No coroutine per command on the fast path."""
-        self._last_id = msgid = self._last_id + 1
-        raw = args[0]
-        name = _NAMES.get(raw) or raw.decode("latin-1").lower()
-        if self.user is None:
-            self._pre_auth_commands += 1
-            if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
-                return self._close_unauthenticated(msgid, name)
-            if name not in PRE_AUTH:
-                self._fail(msgid, name, errors.HelloRequired("authentication required"))
-                return None
-        pipeline = self.node.pipeline
-        if (
-            self.user is not None
-            and pipeline.request_rate_enabled
-            and self._refused_by_rate(msgid, name, admin=False)
-        ):
-            return None
-        rc = REDIS_COMMANDS.get(name)
-        if rc is not None:
-            try:
-                params, reply = parse_call(rc, args)
-            except errors.TenantKVError as exc:
-                return self._refuse(msgid, name, exc, keys_named(rc.keys, len(args)))
-            self._convert[msgid] = reply
-            req = (msgid, rc.command.name, params)
-            if self._run_inline(rc.command, req):
-                return None
-            self._settle_chunk()
-            return self._run(rc.command, req)
-        handler = LOCAL.get(name)
-        if handler is None:
-            return self._refuse(msgid, name, _unknown(name, args))
+    async def run_local(self, ex: Executor, cmd: Command, req: Request) -> bool:
+        """A connection command, or a command refused for what it asked."""
+        msgid, name, args = req
+        if name == REFUSED_REQUEST:
+            asked, exc, keys = args
+            return await self._refuse(ex, msgid, asked, exc, keys)
+        assert isinstance(args, list)
         if name in HANDSHAKE and (size := sum(map(len, args))) > HANDSHAKE_ARG_BYTES:
             # No handshake is this big (a name is at most 128 bytes, a password
             # 1 KiB): refused as a request, at a floor per 4 KB, without keeping
-            # its bytes while it waits for the allowance (the caller holds the list).
+            # its bytes while it waits for the allowance.
             args.clear()
             too_big = errors.BadValue(
                 f"'{name}' takes at most {HANDSHAKE_ARG_BYTES} bytes of arguments"
             )
-            return self._refuse(msgid, name, too_big, 1 + size // self.node.config.read_unit_size)
-        self._settle_chunk()  # INFO and SELECT see the reads before them
-        return self._local(handler, msgid, name, args)
+            floors = 1 + size // ex.node.config.read_unit_size
+            return await self._refuse(ex, msgid, name, too_big, floors)
+        return await self._local(ex, LOCAL[name], msgid, name, args)
 
-    def _refuse(
-        self, msgid: int, name: str, exc: errors.TenantKVError, keys: int = 1
-    ) -> Coroutine[Any, Any, bool] | None:
+    async def _refuse(
+        self, ex: Executor, msgid: int, name: str, exc: errors.TenantKVError, keys: int
+    ) -> bool:
         """Answer a command refused for what it asked (malformed, unknown, too many
         keys): it costs the read floor per key it named, and it is held to the
         bucket's allowance as a read is — a tenant in debt that keeps sending
         them waits (its connection unread) instead of having each decoded and
-        answered at once. None when answered now, else the coroutine to await."""
-        tenant = self._floor_tenant()
+        answered at once."""
+        tenant = ex.floor_tenant()
         if tenant is not None:
             try:
-                admitted = self.node.gate.try_acquire(
-                    tenant[0], unthrottled=tenant[1], nonblocking=self.nonblocking_throttle
+                await ex.node.gate.acquire(
+                    tenant[0], unthrottled=tenant[1], nonblocking=ex.nonblocking_throttle
                 )
             except errors.TenantKVError as refused:  # (non-blocking, or hard limit 0)
-                self._fail(msgid, name, refused)
-                return None
-            if admitted is None:
-                self._settle_chunk()
-                return self._refuse_when_admitted(msgid, name, exc, keys)
-        self._fail(msgid, name, exc, keys=keys)
-        return None
-
-    async def _refuse_when_admitted(
-        self, msgid: int, name: str, exc: errors.TenantKVError, keys: int
-    ) -> bool:
-        tenant = self._floor_tenant()
-        if tenant is not None:
-            try:
-                await self.node.gate.acquire(
-                    tenant[0], unthrottled=tenant[1], nonblocking=self.nonblocking_throttle
-                )
-            except errors.TenantKVError as refused:
-                self._fail(msgid, name, refused)
+                ex.fail(msgid, name, refused)
                 return True
-        self._fail(msgid, name, exc, keys=keys)
+        ex.fail(msgid, name, exc, keys=keys)
         return True
 
-    async def _close_unauthenticated(self, msgid: int, name: str) -> bool:
-        """Past :data:`MAX_PRE_AUTH_COMMANDS` without authenticating: answer, then close."""
-        log.info(
-            "connection %d from %s: %d commands without authentication; closing",
-            self.conn_id,
-            self.peer,
-            MAX_PRE_AUTH_COMMANDS,
-        )
-        exc = errors.HelloRequired(
-            f"{MAX_PRE_AUTH_COMMANDS} commands without authentication: closing the connection"
-        )
-        self._fail(msgid, name, exc)
-        return False
-
-    async def _local(self, handler: LocalHandler, msgid: int, name: str, args: list[bytes]) -> bool:
+    async def _local(
+        self, ex: Executor, handler: LocalHandler, msgid: int, name: str, args: list[bytes]
+    ) -> bool:
         """A connection command: once authenticated, a request like any other, at a
         read's floor — held to the bucket's allowance (PING, ECHO, INFO, ...:
-        :meth:`_admit_floor`), or only charged while it sets the connection up or
-        ends it (:data:`HANDSHAKE`), which a throttled client must still do.
+        :meth:`Executor.admit_floor`), or only charged while it sets the
+        connection up or ends it (:data:`HANDSHAKE`), which a throttled client
+        must still do.
 
         Its arguments cost a floor per read unit (4 KB) beyond that (an ECHO of
         20 MiB is not one unit's work)."""
         size = sum(map(len, args))
-        extra = size // self.node.config.read_unit_size
+        extra = size // ex.node.config.read_unit_size
         try:
             if name in HANDSHAKE:
-                self._charge_floor(1 + extra)
+                ex.charge_floor(1 + extra)
             elif size < WAITING_COUNTED_BYTES:
-                await self._admit_floor()
+                await ex.admit_floor()
             else:
-                self._hold_waiting(size)  # (its arguments are held while it waits)
+                ex.hold_waiting(size)  # (its arguments are held while it waits)
                 try:
-                    await self._admit_floor()
+                    await ex.admit_floor()
                 finally:
-                    self._hold_waiting(0)
+                    ex.hold_waiting(0)
             if extra and name not in HANDSHAKE:
-                self._charge_floor(extra)
+                ex.charge_floor(extra)
         except errors.TenantKVError as exc:
-            self._fail(msgid, name, exc)
+            ex.fail(msgid, name, exc)
             return True
         try:
-            return await handler(self, msgid, args)
+            return await handler(self, ex, msgid, args)
         except errors.TenantKVError as exc:
-            self._fail(msgid, name, exc, charge=False)
+            ex.fail(msgid, name, exc, charge=False)
             return True
 
-    # -- authentication -------------------------------------------------------------
-
-    async def authenticate(self, username: bytes, password: bytes) -> None:
-        """AUTH / HELLO AUTH: the user (``name@bucket`` picks the bucket), limited
-        and audited like the MessagePack hello; the connection stays open on failure."""
-        node = self.node
+    async def authenticate(self, ex: Executor, username: bytes, password: bytes) -> None:
+        """AUTH / HELLO AUTH: the user (``name@bucket`` picks the bucket) through
+        the one :func:`~tenantkv.server.executor.authenticate`; the connection
+        stays open on failure."""
+        node = ex.node
         full = username.decode(errors="replace")
-        name, _, bucket_part = full.partition("@")
-        epoch = node.accounts.epoch  # (as Session._hello: a change meanwhile is seen)
+        name, _, bucket = full.partition("@")
+        text = password.decode(errors="replace")
         if "@" in full and full in node.accounts.users:
             # A user named with '@' (made before the rule): its password proven
             # (limited as any login), it is told why this door cannot take it.
-            await node.accounts.authenticate(
-                full, password.decode(errors="replace"), peer=self.peer_ip
-            )
+            await node.accounts.authenticate(full, text, peer=ex.peer_ip)
             raise errors.AuthenticationFailed(
                 f"{AT_NAME_MESSAGE} (AUTH takes user@bucket); log in on the MessagePack "
                 "port, or use a user without '@'"
             )
         try:
-            user = await node.accounts.authenticate(
-                name, password.decode(errors="replace"), peer=self.peer_ip
-            )
+            await authenticate(ex, name, text, bucket or None, one_role_bucket=True)
         except errors.TenantKVError as exc:
-            log.info("connection %d from %s: AUTH failed: %s", self.conn_id, self.peer, exc)
+            log.info("connection %d from %s: AUTH failed: %s", ex.conn_id, ex.peer, exc)
             raise
-        bucket: str | None = bucket_part or None
-        if bucket is not None:
-            node.bucket(bucket)
-            if not user.can_read(bucket):
-                raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {bucket!r}")
-        elif len(user.roles) == 1:
-            bucket = next(iter(user.roles))
-        if self.user is None:
-            await self._take_authenticated_slot(user)
-        self.user = user
-        self._auth_epoch = epoch
-        if self._decoder is not None:
-            self._decoder.frame_limit = self._decoder.max_frame_bytes
-        self.select(bucket)
         log.debug(
-            "connection %d from %s (resp): user %r bucket %r", self.conn_id, self.peer, name, bucket
+            "connection %d from %s (resp): user %r bucket %r", ex.conn_id, ex.peer, name, ex.bucket
         )
 
-    def info(self, sections: list[str]) -> str:
+    def info(self, ex: Executor, sections: list[str]) -> str:
         """INFO's text: ``server``, ``clients``, ``keyspace`` and ``tenantkv`` (the
         bucket's units, limits and throttling)."""
-        node = self.node
+        node = ex.node
         want = {s.lower() for s in sections} or {"default"}
         every = bool(want & {"all", "everything", "default"})
         out: list[str] = []
@@ -412,21 +401,25 @@ class RedisSession(Session):
             out += ["# Clients", f"connected_clients:{len(node.sessions)}", ""]
         if every or "keyspace" in want:
             out.append("# Keyspace")
-            if self.bucket is not None and self.bucket in node.engine.buckets:
-                keys = node.engine.bucket_entries(self.bucket)
+            if ex.bucket is not None and ex.bucket in node.engine.buckets:
+                keys = node.engine.bucket_entries(ex.bucket)
                 out.append(f"db0:keys={keys},expires=0,avg_ttl=0")
             out.append("")
         if every or "tenantkv" in want:
-            out += ["# Tenantkv", f"bucket:{self.bucket or ''}"]
-            if self.bucket is not None:
-                b = node.gate.statistics().buckets.get(self.bucket)
+            out += ["# Tenantkv", f"bucket:{ex.bucket or ''}"]
+            if ex.bucket is not None:
+                b = node.gate.statistics().buckets.get(ex.bucket)
                 if b is not None:
                     for key, value in b.as_dict().items():
                         if not isinstance(value, (list, dict)):
                             out.append(f"{key}:{value}")
-            out.append(f"nonblocking_throttle:{int(self.nonblocking_throttle)}")
+            out.append(f"nonblocking_throttle:{int(ex.nonblocking_throttle)}")
             out.append("")
         return "\r\n".join(out)
+
+
+def _value(enc: resp.Encoder, v: Any) -> bytes:
+    return enc.value(v)
 
 
 def client_name(name: bytes) -> bytes | None:
@@ -476,20 +469,20 @@ def _arity(name: str) -> errors.BadValue:
 
 
 @local("auth")
-async def _auth(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _auth(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) == 2:
-        await s.authenticate(b"default", args[1])
+        await d.authenticate(ex, b"default", args[1])
     elif len(args) == 3:
-        await s.authenticate(args[1], args[2])
+        await d.authenticate(ex, args[1], args[2])
     else:
         raise _arity("auth")
-    s._fill(msgid, s.enc.simple("OK"))
+    d.fill(msgid, d.enc.simple("OK"))
     return True
 
 
 @local("hello")
-async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
-    version = s.enc.version
+async def _hello(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
+    version = d.enc.version
     i = 1
     if len(args) > 1:
         try:
@@ -497,7 +490,7 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         except ValueError:
             raise errors.BadValue("Protocol version is not an integer or out of range") from None
         if version not in (2, 3):
-            s._fill(msgid, s.enc.error("NOPROTO unsupported protocol version"))
+            d.fill(msgid, d.enc.error("NOPROTO unsupported protocol version"))
             return True
         i = 2
     name = None
@@ -505,7 +498,7 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
     while i < len(args):
         opt = args[i].lower()
         if opt == b"auth" and i + 2 < len(args):
-            await s.authenticate(args[i + 1], args[i + 2])
+            await d.authenticate(ex, args[i + 1], args[i + 2])
             authed = True
             i += 3
         elif opt == b"setname" and i + 1 < len(args):
@@ -513,10 +506,10 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
             i += 2
         else:
             raise syntax_error()
-    if s.user is None and not authed:
-        s._fill(
+    if ex.user is None and not authed:
+        d.fill(
             msgid,
-            s.enc.error(
+            d.enc.error(
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise "
                 "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
                 "client and select the RESP protocol version at the same time"
@@ -524,16 +517,16 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
         )
         return True
     if name is not None:
-        s.name = name or None
-    s.enc.version = version
-    s._fill(
+        d.name = name or None
+    d.enc.version = version
+    d.fill(
         msgid,
-        s.enc.map(
+        d.enc.map(
             {
                 "server": "tenantkv",
                 "version": __version__,
                 "proto": version,
-                "id": s.conn_id,
+                "id": ex.conn_id,
                 "mode": "standalone",
                 "role": "master",
                 "modules": [],
@@ -544,96 +537,96 @@ async def _hello(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
 
 
 @local("ping")
-async def _ping(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _ping(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) > 2:
         raise _arity("ping")
-    s._fill(msgid, s.enc.bulk(args[1]) if len(args) == 2 else s.enc.simple("PONG"))
+    d.fill(msgid, d.enc.bulk(args[1]) if len(args) == 2 else d.enc.simple("PONG"))
     return True
 
 
 @local("echo")
-async def _echo(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _echo(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) != 2:
         raise _arity("echo")
-    s._fill(msgid, s.enc.bulk(args[1]))
+    d.fill(msgid, d.enc.bulk(args[1]))
     return True
 
 
 @local("quit")
-async def _quit(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
-    s._fill(msgid, s.enc.simple("OK"))
-    await s._wait_writes()
+async def _quit(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
+    d.fill(msgid, d.enc.simple("OK"))
+    await ex.wait_writes()
     return False
 
 
 @local("reset")
-async def _reset(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _reset(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     """Back to a fresh connection's state — RESP2, no name, blocking throttling —
     except that it stays authenticated and in its bucket (tenantkv has no
     ``default`` user to fall back to)."""
-    s.name = None
-    s.nonblocking_throttle = False
-    s.enc.version = 2
-    s._fill(msgid, s.enc.simple("RESET"))
+    d.name = None
+    ex.nonblocking_throttle = False
+    d.enc.version = 2
+    d.fill(msgid, d.enc.simple("RESET"))
     return True
 
 
 @local("time")
-async def _time(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _time(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     now = time.time()
     secs = int(now)
-    s._fill(msgid, s.enc.array([str(secs), str(int((now - secs) * 1e6))]))
+    d.fill(msgid, d.enc.array([str(secs), str(int((now - secs) * 1e6))]))
     return True
 
 
 @local("select")
-async def _select(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _select(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) != 2:
         raise _arity("select")
     name = args[1].decode(errors="replace")
-    if name not in s.node.engine.buckets and name == "0":
-        s._fill(msgid, s.enc.simple("OK"))  # clients select db 0 by habit: no change
+    if name not in ex.node.engine.buckets and name == "0":
+        d.fill(msgid, d.enc.simple("OK"))  # clients select db 0 by habit: no change
         return True
-    await s._wait_writes()
-    s.node.bucket(name)
-    user = s.current_user()
+    await ex.wait_writes()
+    ex.node.bucket(name)
+    user = ex.current_user()
     if not user.can_read(name):
         raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {name!r}")
-    s.select(name)
-    s._fill(msgid, s.enc.simple("OK"))
+    ex.select(name)
+    d.fill(msgid, d.enc.simple("OK"))
     return True
 
 
 @local("client")
-async def _client(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _client(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) < 2:
         raise _arity("client")
     sub = args[1].lower()
-    enc = s.enc
+    enc = d.enc
     if sub == b"setname" and len(args) == 3:
-        s.name = client_name(args[2])
+        d.name = client_name(args[2])
         reply = enc.simple("OK")
     elif sub == b"getname" and len(args) == 2:
-        reply = enc.null() if s.name is None else enc.bulk(s.name)
+        reply = enc.null() if d.name is None else enc.bulk(d.name)
     elif sub == b"id" and len(args) == 2:
-        reply = enc.integer(s.conn_id)
+        reply = enc.integer(ex.conn_id)
     elif sub == b"setinfo" and len(args) == 4:
         attr = args[2].lower()
         if attr not in (b"lib-name", b"lib-ver"):
             raise errors.BadValue(f"Unrecognized option '{args[2].decode(errors='replace')}'")
-        s.client_info["name" if attr == b"lib-name" else "version"] = args[3][
+        ex.client_info["name" if attr == b"lib-name" else "version"] = args[3][
             :MAX_CLIENT_NAME_BYTES
         ].decode(errors="replace")
         reply = enc.simple("OK")
     elif sub == b"nonblocking" and len(args) == 3 and args[2].lower() in (b"on", b"off"):
-        s.nonblocking_throttle = args[2].lower() == b"on"
+        ex.nonblocking_throttle = args[2].lower() == b"on"
         reply = enc.simple("OK")
     elif sub == b"info" and len(args) == 2:
-        user = s.user.name if s.user else ""
+        user = ex.user.name if ex.user else ""
         text = (
-            f"id={s.conn_id} addr={s.peer} name={(s.name or b'').decode(errors='replace')} "
-            f"db=0 bucket={s.bucket or ''} user={user} resp={enc.version} "
-            f"lib-name={s.client_info.get('name', '')} lib-ver={s.client_info.get('version', '')}"
+            f"id={ex.conn_id} addr={ex.peer} name={(d.name or b'').decode(errors='replace')} "
+            f"db=0 bucket={ex.bucket or ''} user={user} resp={enc.version} "
+            f"lib-name={ex.client_info.get('name', '')} lib-ver={ex.client_info.get('version', '')}"
             "\n"
         )
         reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
@@ -642,19 +635,19 @@ async def _client(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
             f"unknown subcommand or wrong number of arguments for "
             f"'{args[1].decode(errors='replace')}'. Try CLIENT HELP."
         )
-    s._fill(msgid, reply)
+    d.fill(msgid, reply)
     return True
 
 
 @local("info")
-async def _info(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
-    text = s.info([a.decode(errors="replace") for a in args[1:]])
-    s._fill(msgid, s.enc.verbatim(text) if s.enc.version >= 3 else s.enc.bulk(text))
+async def _info(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
+    text = d.info(ex, [a.decode(errors="replace") for a in args[1:]])
+    d.fill(msgid, d.enc.verbatim(text) if d.enc.version >= 3 else d.enc.bulk(text))
     return True
 
 
 @local("config")
-async def _config(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _config(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     if len(args) < 2:
         raise _arity("config")
     if args[1].lower() != b"get":
@@ -670,12 +663,12 @@ async def _config(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
     floors = 0
     for pattern in dict.fromkeys(a.lower() for a in args[2:]):
         # Redis's glob, case-insensitive as Redis's CONFIG GET: on lower case.
-        matches, compiled = compiled_glob(CONFIG_PATTERNS + (s.bucket or ""), pattern)
+        matches, compiled = compiled_glob(CONFIG_PATTERNS + (ex.bucket or ""), pattern)
         floors += compiled
         found.update((k, v) for k, v in CONFIG_VALUES.items() if matches(k.encode()))
     if floors:
-        s._charge_floor(floors)  # (its compiling, beyond the request's own floor)
-    s._fill(msgid, s.enc.map(found))
+        ex.charge_floor(floors)  # (its compiling, beyond the request's own floor)
+    d.fill(msgid, d.enc.map(found))
     return True
 
 
@@ -712,18 +705,18 @@ _COMMAND_REPLIES: dict[tuple[int, bytes], bytes] = {}
 
 
 @local("command")
-async def _command(s: RedisSession, msgid: int, args: list[bytes]) -> bool:
+async def _command(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
     sub = args[1].lower() if len(args) > 1 else b""
     if len(args) <= 2 and sub in (b"", b"count", b"list", b"info", b"docs"):
-        key = (s.enc.version, sub)
+        key = (d.enc.version, sub)
         reply = _COMMAND_REPLIES.get(key)
         if reply is None:
-            reply = _COMMAND_REPLIES[key] = _command_reply(s.enc, sub, [])
+            reply = _COMMAND_REPLIES[key] = _command_reply(d.enc, sub, [])
     else:
         # Each command named once: a reply no larger than the one naming none.
         asked = list(dict.fromkeys(a.decode(errors="replace").lower() for a in args[2:]))
-        reply = _command_reply(s.enc, sub, asked)
-    s._fill(msgid, reply)
+        reply = _command_reply(d.enc, sub, asked)
+    d.fill(msgid, reply)
     return True
 
 
@@ -753,3 +746,18 @@ _NAMES.update(
     for name in (*REDIS_COMMANDS, *LOCAL)
     for spelling in (name, name.upper())
 )
+
+
+def _door_command(name: str) -> Command:
+    """A command the door answers itself (:meth:`RespDoor.run_local`)."""
+    return Command(name, "door", frozenset(), LOCAL.get(name, _refused))
+
+
+async def _refused(*args: Any) -> bool:
+    raise AssertionError("answered by RespDoor.run_local")
+
+
+#: The door's command table: Redis's data commands (their Command, so a GET
+#: runs where a MessagePack get runs), its connection commands, and refusals.
+COMMANDS: dict[str, Command] = {name: rc.command for name, rc in REDIS_COMMANDS.items()}
+COMMANDS.update((name, _door_command(name)) for name in (*LOCAL, REFUSED_REQUEST))
