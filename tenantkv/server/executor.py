@@ -181,6 +181,33 @@ class Flow(Protocol):
     async def send(self) -> None: ...
 
 
+class _Closed:
+    """The flow of a closed connection: a write answered after it closed tells
+    no one. The executor and its connection refer to each other; this breaks
+    the cycle when the connection closes, so what they hold (a decoder's
+    buffers, a large request) is freed at once, not by the garbage collector."""
+
+    reading = False
+
+    def begin_shutdown(self) -> None:
+        pass
+
+    def held_changed(self) -> None:
+        pass
+
+    def chunk_settled(self) -> None:
+        pass
+
+    def logged_in(self) -> None:
+        pass
+
+    async def send(self) -> None:
+        pass
+
+
+CLOSED: Flow = _Closed()
+
+
 @dataclass(slots=True)
 class Prepared:
     """A data command ready to admit: its bucket, its user, and (a write) its op.
@@ -1221,10 +1248,13 @@ class Executor:
         return f"user {self.user.name if self.user else None!r} from {self.peer}"
 
     def close(self) -> None:
-        """The connection closed: leave its bucket and its subscription."""
+        """The connection closed: leave its bucket and its subscription, and let
+        go of the connection (:data:`CLOSED`)."""
         if self._watch_rx is not None:
             self.node.queues.unsubscribe(self._watch_rx)
         self.select(None)
+        self.flow = CLOSED
+        self._prepared = None
 
 
 async def authenticate(

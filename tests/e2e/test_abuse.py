@@ -27,7 +27,7 @@ import trio
 
 from tenantkv import config as config_mod
 from tenantkv import errors, protocol
-from tenantkv.server import session as session_mod
+from tenantkv.server import executor as executor_mod
 from tenantkv.server.server import Server
 from tenantkv.storage.ops import CreateBucketOp
 from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb, wait_until
@@ -296,7 +296,7 @@ async def test_queued_write_bytes_per_connection_are_bounded(
     no longer read once its queued writes hold PENDING_WRITE_HIGH_WATER bytes, long
     before max_inflight_per_connection (1024) writes."""
     monkeypatch.setenv("TENANTKV_ADMIN_PASSWORD", ADMIN_PASSWORD)
-    monkeypatch.setattr(session_mod, "PENDING_WRITE_HIGH_WATER", 8 * 1024 * 1024)
+    monkeypatch.setattr(executor_mod, "PENDING_WRITE_HIGH_WATER", 8 * 1024 * 1024)
     cfg = config_mod.Config().with_values({"data_dir": str(tmp_path / "d"), "port": 0})
     server = Server(cfg)
     node = server.node
@@ -318,7 +318,8 @@ async def test_queued_write_bytes_per_connection_are_bounded(
             with trio.move_on_after(1.5):
                 while True:
                     await stream.send_all(frame)
-            (session,) = node.sessions
+            (conn,) = node.sessions
+            session = conn.ex  # (a Connection's executor)
             assert session.pending_writes == len(held)
             assert 8 <= session.pending_writes < 20
             assert session.pending_write_bytes <= 8 * 1024 * 1024 + len(value) + 1024
