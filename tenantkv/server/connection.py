@@ -36,7 +36,6 @@ of writes already in flight), counted against the node-wide cap
 (``node.receive_buffers``) while it waits.
 """
 
-
 from __future__ import annotations
 
 import contextlib

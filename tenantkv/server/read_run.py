@@ -65,9 +65,7 @@ class ReadRun:
             return True
         if self.allowance != ASK_ALLOWANCE:
             return False
-        self.allowance = node.throttle.run_allowance(
-            self.handle.name, unthrottled=self.unthrottled
-        )
+        self.allowance = node.throttle.run_allowance(self.handle.name, unthrottled=self.unthrottled)
         return self.cost < self.allowance
 
     def end(self, node: Node, now: float, served: dict[tuple[str, str], int]) -> None:

@@ -19,8 +19,8 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tenantkv.server.redis_commands import REDIS_COMMANDS
 from tenantkv.server.doors.resp import LOCAL
+from tenantkv.server.redis_commands import REDIS_COMMANDS
 from tests.conftest import Daemon
 
 TIMEOUT = 10

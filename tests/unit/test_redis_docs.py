@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tenantkv.resp import Encoder, Status
+from tenantkv.server.doors.resp import LOCAL
 from tenantkv.server.redis_commands import REDIS_COMMANDS
 from tenantkv.server.redis_docs import SYNTAX, arguments
-from tenantkv.server.doors.resp import LOCAL
 
 #: commands that take no argument at all
 NO_ARGUMENTS = {"dbsize", "quit", "reset", "time"}

@@ -26,10 +26,10 @@ import trio.testing
 from tenantkv import resp
 from tenantkv.server import redis_commands
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND
-from tenantkv.server.node import Node
 from tenantkv.server.connection import Connection
 from tenantkv.server.doors import resp as resp_door
 from tenantkv.server.doors.resp import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS, RespDoor
+from tenantkv.server.node import Node
 from tests.e2e.test_fuzz_resp import replies
 from tests.unit.test_session import hello_session, node, units_used
 
