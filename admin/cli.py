@@ -1,6 +1,7 @@
 """``tenantkv-admin``: manage buckets, users and throttling of a tenantkv server.
 
     tenantkv-admin [--host H] [--port N] [--user U] [--password P] [--json] SUBCOMMAND ...
+    tenantkv-admin SUBCOMMAND ... [--host H] [--port N] [--user U] [--password P] [--json]
 
 Exit status: 0 on success, 1 when the server or the connection reports an
 error (one line on stderr, ``tenantkv-admin: CodeName: message``), 2 on a
@@ -956,7 +957,10 @@ MAIN_EPILOG = f"""\
 connection:
   --host, --port and --user default to ${ENV_HOST}, ${ENV_PORT} and
   ${ENV_USER}, then to {DEFAULT_HOST}, {DEFAULT_PORT} and {DEFAULT_USER}. The password comes from
-  --password, else ${ENV_PASSWORD}, else a prompt on a terminal.
+  --password, else ${ENV_PASSWORD}, else a prompt on a terminal. These
+  options and --timeout and --json go before or after the subcommand
+  (user-create and user-update take the new user's password as
+  --user-password). --port is the MessagePack port, not the RESP one.
 
 exit status:
   0 success, 1 an error from the server or the connection, 2 a usage error.
