@@ -55,6 +55,11 @@ ARG_OVERHEAD = 16
 _CRLF = b"\r\n"
 #: A well-formed ``*N`` / ``$N`` header's number and CRLF (the fast path of _parse).
 _number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
+#: First bytes of a MessagePack-RPC frame (an array: fixarray, array 16, array 32).
+#: No Redis client starts a command so, and a MessagePack client sent here would
+#: otherwise wait, unanswered, for an inline command's newline until the hello
+#: timeout.
+_MSGPACK_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
 
 class RequestDecoder:
@@ -64,8 +69,12 @@ class RequestDecoder:
     authenticates, as the MessagePack door does before ``hello``).
     """
 
-    def __init__(self, max_bulk_bytes: int, max_frame_bytes: int) -> None:
+    def __init__(
+        self, max_bulk_bytes: int, max_frame_bytes: int, msgpack_port: int | None = None
+    ) -> None:
         self.max_bulk_bytes = max_bulk_bytes
+        #: the server's MessagePack port, named when a MessagePack client knocks here
+        self.msgpack_port = msgpack_port
         self.max_frame_bytes = max_frame_bytes
         self.frame_limit = max_frame_bytes
         self._buf: bytes | bytearray = b""
@@ -134,6 +143,8 @@ class RequestDecoder:
         blen = len(buf)
         if self._cursor <= pos:  # a new command
             if buf[pos] != 0x2A:  # '*'
+                if self.frames == 0 and buf[pos] in _MSGPACK_HEADS:
+                    raise errors.ProtocolError(self._wrong_door())
                 return self._inline(pos)
             m = _number(buf, pos + 1)
             if m is not None:
@@ -201,6 +212,13 @@ class RequestDecoder:
         if not text or not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):
             raise errors.ProtocolError(f"invalid {what} length")
         return int(text), eol + 2
+
+    def _wrong_door(self) -> str:
+        port = f" {self.msgpack_port}" if self.msgpack_port else ""
+        return (
+            "this is the RESP (Redis protocol) port; tenantkv-admin and tenantkv.Client "
+            f"talk to the MessagePack port{port}"
+        )
 
     def _inline(self, pos: int) -> tuple[list[bytes], int] | None:
         buf = self._buf

@@ -155,6 +155,7 @@ class RedisSession(Session):
         return resp.RequestDecoder(
             max_bulk_bytes=cfg.max_value_bytes,
             max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+            msgpack_port=self.node.port,
         )
 
     def _reply(self, msgid: int, result: Any) -> None:
