@@ -48,9 +48,8 @@ from typing import Any, Protocol
 import trio
 
 from tenantkv import errors, protocol
-from tenantkv.config import Config
 from tenantkv.server import auth
-from tenantkv.server.executor import Door, Executor, Request
+from tenantkv.server.executor import Door, Executor, Request, closing_log
 from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
@@ -86,7 +85,7 @@ class Codec(Door, Protocol):
     """A door as the connection uses it: the executor's :class:`Door`, and its
     decoder."""
 
-    def new_decoder(self, config: Config, chunk_bytes: int) -> Any: ...
+    def new_decoder(self, node: Node, chunk_bytes: int) -> Any: ...
 
     def requests(self, decoder: Any) -> Iterator[Request]: ...
 
@@ -290,7 +289,7 @@ class Connection:
         node = self.node
         cfg = node.config
         ex, door = self.ex, self.door
-        decoder = self.decoder = door.new_decoder(cfg, RECEIVE_BYTES)
+        decoder = self.decoder = door.new_decoder(node, RECEIVE_BYTES)
         decoder.frame_limit = protocol.MAX_HELLO_FRAME_BYTES
         hello_deadline = trio.current_time() + cfg.hello_timeout_secs
         frame_deadline = math.inf
@@ -334,7 +333,7 @@ class Connection:
             if node.shutting_down:
                 await self._refuse_until_quiet(decoder)
         except (errors.ProtocolError, errors.FrameTooLarge) as exc:
-            log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
+            closing_log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
             # The frame is unreadable, so the error is not addressed to a request.
             door.reply_error(None, exc)
 

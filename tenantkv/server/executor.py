@@ -44,6 +44,7 @@ from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth
 from tenantkv.server.commands import Command, check_params
+from tenantkv.server.log_setup import SparseLog
 from tenantkv.server.node import Node
 from tenantkv.server.rate_loan import RateLoan
 from tenantkv.server.read_run import ASK_ALLOWANCE, ReadRun
@@ -52,6 +53,9 @@ from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
+#: What a client can make us log at will (protocol errors, failed logins),
+#: sparse node-wide.
+closing_log = SparseLog(log)
 
 #: a decoded request: (msgid, method, params); a door's own requests carry what
 #: the door needs in place of params

@@ -17,9 +17,9 @@ from typing import Any
 
 from tenantkv import errors, protocol
 from tenantkv._version import __version__
-from tenantkv.config import Config
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS, Command
-from tenantkv.server.executor import Executor, Request, authenticate
+from tenantkv.server.executor import Executor, Request, authenticate, closing_log
+from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
 
@@ -53,9 +53,9 @@ class MsgpackDoor:
         return protocol.encode_error(None, exc)
 
     @staticmethod
-    def new_decoder(config: Config, chunk_bytes: int) -> protocol.RequestDecoder:
+    def new_decoder(node: Node, chunk_bytes: int) -> protocol.RequestDecoder:
         return protocol.RequestDecoder(
-            min(protocol.MAX_FRAME_BYTES, config.max_value_bytes + 64 * 1024),
+            min(protocol.MAX_FRAME_BYTES, node.config.max_value_bytes + 64 * 1024),
             chunk_bytes=chunk_bytes,
         )
 
@@ -116,7 +116,7 @@ class MsgpackDoor:
                 raise errors.BadValue("'client' must be a map {name, version}")
         except errors.TenantKVError as exc:
             exc.command = "hello"
-            log.info("connection %d from %s: hello failed: %s", ex.conn_id, ex.peer, exc)
+            closing_log.info("connection %d from %s: hello failed: %s", ex.conn_id, ex.peer, exc)
             self.reply_error(msgid, exc)
             return False
         ex.client_info = {k: str(v)[:128] for k, v in client.items() if k in ("name", "version")}

@@ -31,10 +31,16 @@ from typing import Any
 
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
-from tenantkv.config import Config
 from tenantkv.server import redis_docs
 from tenantkv.server.commands import Command
-from tenantkv.server.executor import WAITING_COUNTED_BYTES, Executor, Request, authenticate
+from tenantkv.server.executor import (
+    WAITING_COUNTED_BYTES,
+    Executor,
+    Request,
+    authenticate,
+    closing_log,
+)
+from tenantkv.server.node import Node
 from tenantkv.server.redis_commands import (
     OTHER_TYPES,
     REDIS_COMMANDS,
@@ -167,10 +173,12 @@ class RespDoor:
         return resp.Encoder(2).error(error_text(exc))
 
     @staticmethod
-    def new_decoder(config: Config, chunk_bytes: int) -> resp.RequestDecoder:
+    def new_decoder(node: Node, chunk_bytes: int) -> resp.RequestDecoder:
+        cfg = node.config
         return resp.RequestDecoder(
-            max_bulk_bytes=config.max_value_bytes,
-            max_frame_bytes=min(protocol.MAX_FRAME_BYTES, config.max_value_bytes + 64 * 1024),
+            max_bulk_bytes=cfg.max_value_bytes,
+            max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+            msgpack_port=node.port,
         )
 
     def requests(self, decoder: Any) -> Iterator[Request]:
@@ -264,7 +272,7 @@ class RespDoor:
         msgid, name, _ = req
         self._pre_auth_commands += 1
         if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
-            log.info(
+            closing_log.info(
                 "connection %d from %s: %d commands without authentication; closing",
                 ex.conn_id,
                 ex.peer,
@@ -373,7 +381,7 @@ class RespDoor:
         try:
             await authenticate(ex, name, text, bucket or None, one_role_bucket=True)
         except errors.TenantKVError as exc:
-            log.info("connection %d from %s: AUTH failed: %s", ex.conn_id, ex.peer, exc)
+            closing_log.info("connection %d from %s: AUTH failed: %s", ex.conn_id, ex.peer, exc)
             raise
         log.debug(
             "connection %d from %s (resp): user %r bucket %r", ex.conn_id, ex.peer, name, ex.bucket
