@@ -60,6 +60,19 @@ _number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
 #: otherwise wait, unanswered, for an inline command's newline until the hello
 #: timeout.
 _MSGPACK_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
+#: A command of at most this many arguments and MAX_CONTROL_BYTES (counted as
+#: for the frame bound) gives its shape — its argument count and lengths — to
+#: the next command: one regular expression of exactly that shape decodes a
+#: pipeline of like commands (GET of one key length, SET of one value length)
+#: in one match each, in C (:meth:`RequestDecoder._shape_of`), where a header at a time took
+#: three matches, a loop and a copy per argument in Python.
+SHAPE_ARGS = 8
+#: Shapes compiled, node-wide (no more are made once it is full: the decoder
+#: then parses as before), and the most a decoder may compile (~50 us each): a
+#: client cycling through shapes cannot make each command cost a compile.
+MAX_SHAPES = 1024
+SHAPES_PER_DECODER = 8
+_shapes: dict[tuple[int, ...], re.Pattern[bytes]] = {}
 
 
 class RequestDecoder:
@@ -85,6 +98,10 @@ class RequestDecoder:
         self._left = 0  # arguments still to come
         self._cursor = 0  # where the next argument's header starts in _buf
         self._cost = 0  # bytes counted against frame_limit so far
+        #: the shape of the last command decoded argument by argument, tried
+        #: first on the next (see SHAPE_ARGS), and how many more it may compile
+        self._shape: re.Pattern[bytes] | None = None
+        self._compiles = SHAPES_PER_DECODER
         #: commands decoded so far
         self.frames = 0
 
@@ -142,6 +159,8 @@ class RequestDecoder:
         buf = self._buf
         blen = len(buf)
         if self._cursor <= pos:  # a new command
+            if self._shape is not None and (m := self._shape.match(buf, pos)) is not None:
+                return list(m.groups()), m.end()  # (a command of the last one's shape)
             if buf[pos] != 0x2A:  # '*'
                 if self.frames == 0 and buf[pos] in _MSGPACK_HEADS:
                     raise errors.ProtocolError(self._wrong_door())
@@ -192,10 +211,24 @@ class RequestDecoder:
             cur = end + 2
         else:
             self._args, self._cursor = [], cur
+            if len(args) <= SHAPE_ARGS and cost <= MAX_CONTROL_BYTES:
+                self._shape = self._shape_of(args)
             return args, cur
         # Incomplete: keep what was decoded, resume at ``cur`` with the next chunk.
         self._args, self._left, self._cost, self._cursor = args, left, cost, cur
         return None
+
+    def _shape_of(self, args: list[bytes]) -> re.Pattern[bytes] | None:
+        """The pattern of commands shaped as ``args`` (well-formed, within every
+        bound: this one was decoded and checked), compiled if need be and
+        allowed."""
+        key = tuple(map(len, args))
+        pattern = _shapes.get(key)
+        if pattern is None and self._compiles and len(_shapes) < MAX_SHAPES:
+            self._compiles -= 1
+            body = b"".join(rb"\$%d\r\n(.{%d})\r\n" % (n, n) for n in key)
+            pattern = _shapes[key] = re.compile(rb"\*%d\r\n" % len(key) + body, re.DOTALL)
+        return pattern
 
     def _header(self, pos: int, kind: str) -> tuple[int, int] | None:
         """``*N\\r\\n`` / ``$N\\r\\n`` at ``pos``: (N, position after it) or None."""

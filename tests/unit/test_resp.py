@@ -140,3 +140,44 @@ def test_encoder_resp2_and_resp3() -> None:
     assert r2.error("ERR bad\r\nthing") == b"-ERR bad  thing\r\n"
     assert r3.verbatim("hi") == b"=6\r\ntxt:hi\r\n" and r2.verbatim("hi") == b"$2\r\nhi\r\n"
     assert r2.null_array() == b"*-1\r\n"
+
+
+def test_commands_of_one_shape_decode_as_argument_by_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command shaped as the one before it (argument count and lengths) is
+    decoded by one match of that shape: the same commands as decoded argument
+    by argument, fed whole or a byte at a time, CRLF inside values and
+    commands of other shapes among them; one larger than the frame bound is
+    still refused."""
+
+    def cmd(*argv: bytes) -> bytes:
+        return b"*%d\r\n" % len(argv) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in argv)
+
+    commands = [
+        [b"SET", b"k1", b"v\r\n"],
+        [b"SET", b"k2", b"abc"],
+        [b"SET", b"k3", b"\r\n\r"],
+        [b"GET", b"k1"],
+        [b"GET", b"k2"],
+        [b"MGET", b"k1", b"k2"],
+        [b"GET", b"k3"],
+    ] * 3
+    stream = b"".join(cmd(*c) for c in commands)
+
+    def decoded(step: int) -> list[list[bytes]]:
+        d = resp.RequestDecoder(1 << 20, 1 << 21)
+        out: list[list[bytes]] = []
+        for i in range(0, len(stream), step):
+            d.feed(stream[i : i + step])
+            out.extend(d)
+        return out
+
+    assert decoded(len(stream)) == decoded(1) == commands
+    monkeypatch.setattr(resp, "SHAPE_ARGS", 0)  # (argument by argument only)
+    assert decoded(len(stream)) == commands
+    monkeypatch.undo()
+    d = resp.RequestDecoder(1 << 20, 200)
+    d.feed(cmd(b"SET", b"k", b"v") * 2 + cmd(b"SET", b"k", b"v" * 300))
+    with pytest.raises(errors.FrameTooLarge):
+        list(d)
