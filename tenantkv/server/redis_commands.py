@@ -128,7 +128,13 @@ def _check_value(s: Session, value: bytes) -> bytes:
 # -- replies ----------------------------------------------------------------------------
 
 
+#: The reply a write answers most (a pipelined SET: one per request).
+OK = b"+OK\r\n"
+
+
 def _bulk_or_null(enc: Encoder, v: Any) -> bytes:
+    if type(v) is bytes:  # (a GET's hit: Encoder.bulk without its calls)
+        return b"$%d\r\n%b\r\n" % (len(v), v)
     return enc.null() if v is None else enc.bulk(v)
 
 
@@ -137,7 +143,7 @@ def _integer(enc: Encoder, v: Any) -> bytes:
 
 
 def _ok(enc: Encoder, v: Any) -> bytes:
-    return enc.simple("OK")
+    return OK
 
 
 def _array_of_bulks(enc: Encoder, v: Any) -> bytes:
@@ -682,8 +688,8 @@ def _stored_value_bytes(s: Session, b: BucketHandle, key: bytes) -> int:
 
 
 def _set_reply(enc: Encoder, v: Any) -> bytes:
-    written, _old = v  # SET ... GET replies with _set_get_reply (see parse_call)
-    return enc.simple("OK") if written else enc.null()
+    # (SET ... GET replies with _set_get_reply: see parse_call)
+    return OK if v[0] else enc.null()
 
 
 def _set_get_reply(enc: Encoder, v: Any) -> bytes:

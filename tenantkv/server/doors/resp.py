@@ -214,8 +214,21 @@ class RespDoor:
         self.fill(msgid, convert(self.enc, result))
 
     def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None:
-        for msgid, result in zip(msgids, results, strict=True):
-            self.reply(cmd, msgid, result)
+        """A run of writes answered: out at once when they are the next replies
+        due, in a row (the usual run), else each through its slot."""
+        first = msgids[0]
+        if (
+            first != self._next_out
+            or self._slots
+            or self._special
+            or msgids[-1] - first != len(msgids) - 1
+        ):
+            for msgid, result in zip(msgids, results, strict=True):
+                self.reply(cmd, msgid, result)
+            return
+        convert, enc = cmd.reply or _value, self.enc
+        self.out += b"".join([convert(enc, result) for result in results])
+        self._next_out = first + len(msgids)
 
     def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         data = self.enc.error(error_text(exc))
