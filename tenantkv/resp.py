@@ -134,21 +134,37 @@ class RequestDecoder:
         self._buf = buf
 
     def __iter__(self) -> Iterator[list[bytes]]:
-        while self._pos < len(self._buf):
-            got = self._parse(self._pos)
+        while (args := self.next_command()) is not None:
+            yield args
+
+    def next_command(self) -> list[bytes] | None:
+        """The next complete command, or None until more is fed (iterating the
+        decoder calls it; a caller that turns commands into requests calls it
+        itself: a generator less per command)."""
+        pos = self._pos
+        while pos < len(self._buf):
+            shape = self._shape
+            if shape is not None and self._cursor <= pos:
+                m = shape.match(self._buf, pos)
+                if m is not None:  # (a command of the last one's shape: see _shape_of)
+                    self._pos = self._cursor = m.end()
+                    self.frames += 1
+                    return list(m.groups())
+            got = self._parse(pos)
             if got is None:
-                if len(self._buf) - self._pos > self.frame_limit + _MAX_HEADER:
+                if len(self._buf) - pos > self.frame_limit + _MAX_HEADER:
                     raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
-                return
+                return None
             args, end = got
-            if end - self._pos > self.frame_limit:
+            if end - pos > self.frame_limit:
                 raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
-            self._pos = self._cursor = end
+            self._pos = self._cursor = pos = end
             self.frames += 1
             if args:  # an empty inline line is skipped, as Redis does
-                yield args
+                return args
         self._buf = b""  # idle: hold no buffer
         self._pos = self._cursor = 0
+        return None
 
     def _parse(self, pos: int) -> tuple[list[bytes], int] | None:
         """One command from ``pos``: (arguments, end) or None if incomplete.
@@ -159,8 +175,6 @@ class RequestDecoder:
         buf = self._buf
         blen = len(buf)
         if self._cursor <= pos:  # a new command
-            if self._shape is not None and (m := self._shape.match(buf, pos)) is not None:
-                return list(m.groups()), m.end()  # (a command of the last one's shape)
             if buf[pos] != 0x2A:  # '*'
                 if self.frames == 0 and buf[pos] in _MSGPACK_HEADS:
                     raise errors.ProtocolError(self._wrong_door())

@@ -173,7 +173,7 @@ class Node:
         #: clients that closed while queued in the connection-establishment limiter
         self.connections_left_in_queue = 0
         #: refused chunks after which a connection was not read again at once
-        #: (the request rate limiter's refusal pause, Execution._refused_by_rate)
+        #: (the request rate limiter's refusal pause, Executor._refused_by_rate)
         self.refusal_pauses = 0
         self.bucket_stats: dict[str, BucketStats] = {}
         self.shutting_down = False

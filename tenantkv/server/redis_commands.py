@@ -3,7 +3,7 @@
 Each entry turns a command's arguments into a :class:`~tenantkv.server.commands.Command`
 and its parameters — so a Redis ``GET`` is prepared, admitted by the same
 pipeline, charged the same units and answered from the same execution path as
-a MessagePack ``get`` (``server/execution.py``) — plus a function that turns
+a MessagePack ``get`` (``server/executor.py``) — plus a function that turns
 the result into Redis's reply type. Parsing follows Redis: options are
 case-insensitive, a wrong argument count or an unknown option is Redis's own
 error text, a number that does not parse is ``value is not an integer or out

@@ -186,7 +186,8 @@ class RespDoor:
         with its parsed parameters, a connection command with its arguments, or
         a command refused for what it asked (:data:`REFUSED_REQUEST`)."""
         names, table, special = _NAMES, REDIS_COMMANDS, self._special
-        for args in decoder:
+        next_command = decoder.next_command
+        while (args := next_command()) is not None:
             self._last_id = msgid = self._last_id + 1
             raw = args[0]
             name = names.get(raw) or raw.decode("latin-1").lower()
