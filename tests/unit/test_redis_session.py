@@ -388,3 +388,30 @@ async def test_writes_that_answer_with_a_value_hold_and_pay_for_it(
         # (the old value's size as it stood when the op was built: before the first SET)
         assert [op.reply_hint for op in sets] == [0, len(value)]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_set_get_leaves_no_reply_of_its_own_behind(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """SET ... GET replies differently from SET: the door keeps how, per command,
+    until it is answered — also when the rate limiter refuses a flood of them."""
+    await node.parameters.set("ingress_request_admission_rate_per_sec", 1.0)
+    await node.parameters.set("ingress_request_admission_burst_capacity_secs", 2.0)
+    await node.parameters.set("ingress_request_rate_limiter_enabled", True)
+    mock_clock.jump(10)
+    client, server = trio.testing.memory_stream_pair()
+    conn_id = next(_ids)
+    node.connection_table.admit(
+        conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
+    )
+    door = RespDoor()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Connection(node, server, "127.0.0.1:5555", conn_id, door).run)
+        peer = RespPeer(client)
+        await peer.send((b"AUTH", b"u", b"pw"))
+        assert await peer.replies(1) == [b"+OK\r\n"]
+        await peer.send(*[(b"SET", b"k", b"v", b"GET")] * 50)
+        got = await peer.replies(50)
+        assert got[0] == b"$-1\r\n" and got[-1].startswith(b"-TRYAGAIN")
+        assert door._special == {}
+        nursery.cancel_scope.cancel()

@@ -256,9 +256,11 @@ class RespDoor:
 
     def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
         data = self.enc.error(error_text(exc))
-        fill = self.fill
+        fill, special = self.fill, self._special
 
         def refuse(msgid: int) -> None:
+            if special:
+                special.pop(msgid, None)  # (a SET ... GET refused: no reply of its own)
             fill(msgid, data)
 
         return refuse
