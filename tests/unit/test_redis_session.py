@@ -415,3 +415,25 @@ async def test_a_refused_set_get_leaves_no_reply_of_its_own_behind(
         assert got[0] == b"$-1\r\n" and got[-1].startswith(b"-TRYAGAIN")
         assert door._special == {}
         nursery.cancel_scope.cancel()
+
+
+async def test_resp_errors_speak_redis_terms(node: Node) -> None:
+    """A RESP client is never told about MessagePack's hello or select_bucket."""
+    from tests.unit.test_session import add_admin
+
+    await add_admin(node)
+    client, server = trio.testing.memory_stream_pair()
+    conn_id = next(_ids)
+    node.connection_table.admit(
+        conn_id, "127.0.0.1", trio.current_time(), max_connections=10, per_address=10
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Connection(node, server, "127.0.0.1:5555", conn_id, RespDoor()).run)
+        peer = RespPeer(client)
+        await peer.send((b"GET", b"k"), (b"AUTH", b"adm", b"pw"), (b"GET", b"k"))
+        got = await peer.replies(3)
+        assert got[0] == b"-NOAUTH Authentication required.\r\n" and got[1] == b"+OK\r\n"
+        assert got[2].startswith(b"-ERR no bucket selected: select a bucket with SELECT")
+        for reply in got:
+            assert b"hello" not in reply.lower() and b"select_bucket" not in reply
+        nursery.cancel_scope.cancel()
