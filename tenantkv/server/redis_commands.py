@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
+from tenantkv.server import commands
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND, Command, Session, prefix_end
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.records import HEADER_BYTES
@@ -165,13 +166,17 @@ def _many_keys(args: list[bytes]) -> dict[str, Any]:
     return {"keys": _keys(args[1:])}
 
 
-def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    key = p["key"]
-    found = s.node.engine.get_value_in(s.read_txn(), b, key)
-    if found is None:
-        return None
-    s.read_sizes.append(len(key) + found[1])
-    return found[0]
+#: GET runs the MessagePack get (one handler for both doors: the hottest one);
+#: its reply is the record's value (_record_value).
+_get = commands.get
+
+
+def _record_value(enc: Encoder, v: Any) -> bytes:
+    """A GET's reply: the value of the record the MessagePack get found, or null."""
+    if v is None:
+        return enc.null()
+    value = v["value"]
+    return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
 def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -237,7 +242,7 @@ def _dbsize(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 for _name, _arity, _handler, _reply, _parse, _summary in (
-    ("get", 2, _get, _bulk_or_null, _one_key, "Get the value of a key."),
+    ("get", 2, _get, _record_value, _one_key, "Get the value of a key."),
     ("mget", -2, _mget, _array_of_bulks, _many_keys, "Get the values of all the given keys."),
     ("exists", -2, _exists, _integer, _many_keys, "Count how many of the keys exist."),
     ("strlen", 2, _strlen, _integer, _one_key, "Get the length of the value of a key."),
