@@ -20,7 +20,7 @@ Reports (worker -> supervisor, :func:`usage_to_wire`)
 Allocation (the supervisor, :class:`QuotaAllocator`)
     The reports of the live workers are summed per bucket (connections, demand,
     unthrottled; hungry if any worker is) and each bucket's **node rate** comes
-    from :func:`~tenantkv.admission.tenant_throttle.allocate_rates`, the very
+    from :func:`~tenantkv.admission.rate_allocation.allocate_rates`, the very
     function a single process uses: reservation + water-filled share of the free
     pool, capped at the hard limit, slow start for a bucket nobody is connected
     to. So the node behaves as one throttle would. One step is added: a single
@@ -88,16 +88,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tenantkv.admission.tenant_throttle import (
+from tenantkv.admission.rate_allocation import (
     DEMAND_HEADROOM,
     BucketLease,
     BucketUse,
     RateAllocation,
     RateNeed,
-    TenantThrottle,
     allocate_rates,
     water_fill,
 )
+from tenantkv.admission.tenant_throttle import TenantThrottle
 
 __all__ = [
     "LEASE_SLICES",

@@ -5,7 +5,7 @@
 ``{"reserved", "hard_limit"}``; every key is optional, any other key is an
 error. A value is a non-negative integer (units per second) or the exact
 string ``"unlimited"``; ``0`` means "fully throttled". Parsed values use the
-gate's :data:`~tenantkv.admission.tenant_throttle.Limit` (``None`` = unlimited).
+gate's :data:`Limit` (``None`` = unlimited).
 
 Why so strict: these bodies come from operators and scripts; a typo such as
 ``"hardlimit"`` or ``"10000"`` silently ignored would leave a tenant unprotected.
@@ -21,8 +21,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tenantkv.admission.tenant_throttle import UNLIMITED, Limit
 from tenantkv.errors import BadValue
+
+#: A unit limit: a non-negative int, or ``None`` for "unlimited".
+Limit = int | None
+
+#: The wire spelling of an unlimited limit.
+UNLIMITED: Final = "unlimited"
 
 #: Largest body accepted, in bytes of JSON text.
 MAX_BODY_BYTES: Final = 1024

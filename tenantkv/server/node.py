@@ -26,12 +26,8 @@ from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.pipeline import EXEMPTIONS_PARAMETER, Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.receive_buffers import ReceiveBuffers
-from tenantkv.admission.tenant_throttle import (
-    TenantThrottle,
-    TenantThrottleGate,
-    read_units,
-    write_units,
-)
+from tenantkv.admission.tenant_throttle import TenantThrottle, read_units, write_units
+from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, ThroughputProber
 from tenantkv.admission.write_permits import WritePermitGate

@@ -30,11 +30,8 @@ from tenantkv.admission.quota_lease import (
     usage_from_wire,
     usage_to_wire,
 )
-from tenantkv.admission.tenant_throttle import (
-    RateNeed,
-    TenantThrottle,
-    allocate_rates,
-)
+from tenantkv.admission.rate_allocation import RateNeed, allocate_rates
+from tenantkv.admission.tenant_throttle import TenantThrottle
 from tests.conftest import FakeClock
 
 SLICE = 0.1

@@ -19,14 +19,14 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tenantkv.admission.rate_allocation import water_fill
 from tenantkv.admission.tenant_throttle import (
     WAIT_HISTOGRAM_BOUNDS_US,
     TenantThrottle,
-    TenantThrottleGate,
     read_units,
-    water_fill,
     write_units,
 )
+from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.errors import (
     BadValue,
     BucketExists,
