@@ -12,11 +12,11 @@ diverge. The rules are in docs/throttling.md ("Inside the throttle").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from tenantkv.admission.throttle_props import Limit
+from tenantkv.admission.throttle_props import Limit, ThrottleProps, limit_rate
 
 #: Share of its reservation a bucket keeps while it has no open connection.
 SLOW_START_FRACTION: Final = 0.1
@@ -157,3 +157,22 @@ class BucketLease:
     rate: float
     reserved_rate: float
     hard_rate: float
+
+
+def rate_needs(props: ThrottleProps, use: Mapping[str, BucketUse]) -> dict[str, RateNeed]:
+    """Every bucket's properties joined with ``use`` (a bucket missing from it
+    counts as unused): the input of :func:`allocate_rates` for the node."""
+    idle = BucketUse(0, False, 0.0, 0.0)
+    needs: dict[str, RateNeed] = {}
+    for name, b in props.buckets.items():
+        u = use.get(name, idle)
+        needs[name] = RateNeed(
+            reserved=b.reserved,
+            hard_rate=limit_rate(b.hard_limit),
+            weight=b.weight,
+            connected=u.connections > 0,
+            hungry=u.hungry,
+            demand=u.demand,
+            unthrottled=u.unthrottled,
+        )
+    return needs

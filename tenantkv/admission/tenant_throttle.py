@@ -30,12 +30,21 @@ from tenantkv.admission.rate_allocation import (
     allocate_rates,
     water_fill,
 )
-from tenantkv.admission.throttle_props import Limit
+from tenantkv.admission.throttle_props import (
+    DEFAULT_SLICE_SECS,
+    BucketProps,
+    Limit,
+    NodeProps,
+    ThrottleProps,
+    check_limit,
+    limit_le,
+    limit_rate,
+    limit_to_wire,
+)
 from tenantkv.admission.throttle_stats import (
     BucketThrottleStatistics,
     NodeThrottleStatistics,
     ThrottleStatistics,
-    _wire,
 )
 from tenantkv.admission.waiters import observe_wait
 from tenantkv.errors import (
@@ -46,7 +55,6 @@ from tenantkv.errors import (
 
 DEFAULT_UNIT_SIZE: Final = 4096
 DEFAULT_WRITE_WEIGHT: Final = 2
-DEFAULT_SLICE_SECS: Final = 0.1
 DEFAULT_MAX_WAIT_SECS: Final = 5.0
 #: Most debt a bucket may carry, in seconds of its rate (``throttle_max_request_secs``);
 #: also the most one request may cost, in seconds of the bucket's hard limit.
@@ -108,26 +116,6 @@ def write_units(nbytes: int, unit_size: int = DEFAULT_UNIT_SIZE) -> int:
     return -(-nbytes // unit_size)
 
 
-def _check_limit(name: str, value: object) -> Limit:
-    """Validate a :data:`Limit` given through the Python API."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadValue(f"{name} must be a non-negative integer or unlimited, got {value!r}")
-    return value
-
-
-def _le(a: Limit, b: Limit) -> bool:
-    """``a <= b`` where ``None`` is infinity."""
-    if b is None:
-        return True
-    return a is not None and a <= b
-
-
-def _rate(limit: Limit) -> float:
-    return _INF if limit is None else float(limit)
-
-
 # --------------------------------------------------------------------------- the core
 
 
@@ -172,7 +160,7 @@ class _Bucket:
         self.connections = 0
         # Rates in units/s. ``credit``/``hard`` start infinite and are set to a
         # full slice by the first _recompute (a new bucket may start at once).
-        self.hard_rate = _rate(hard_limit)
+        self.hard_rate = limit_rate(hard_limit)
         self.rate = _INF
         self.res_rate = 0.0
         self.credit = _INF
@@ -196,6 +184,29 @@ class _Bucket:
         self.wait_us_total = 0
         self.reject_count = 0
         self.histogram = [0] * (len(WAIT_HISTOGRAM_BOUNDS_US) + 1)
+
+    def demand(self) -> float:
+        """Recent usage in units/s: the larger of the moving average and the last slice."""
+        e, last = self.demand_ewma, self.demand_last
+        return e if e > last else last
+
+    def unthrottled(self) -> float:
+        """Recent usage with the ``Unthrottled`` privilege in units/s, measured alike."""
+        e, last = self.prio_ewma, self.prio_last
+        return e if e > last else last
+
+    def need(self, now: float, hard_rate: float) -> RateNeed:
+        """What :func:`allocate_rates` knows of this bucket, with ``hard_rate`` as its
+        hard limit (its own, or in lease mode the configured one)."""
+        return RateNeed(
+            self.reserved,
+            hard_rate,
+            self.weight,
+            self.connections > 0,
+            self.hungry_until > now,
+            self.demand(),
+            self.unthrottled(),
+        )
 
 
 class TenantThrottle:
@@ -222,10 +233,10 @@ class TenantThrottle:
         if isinstance(write_weight, bool) or not isinstance(write_weight, int) or write_weight < 0:
             raise ValueError(f"write_weight must be a non-negative int, got {write_weight!r}")
         self._clock = clock
-        self._capacity = _check_limit("capacity", capacity)
-        self._default_reserved = _check_limit("default_throttle_reserved_units", default_reserved)
-        self._default_hard = _check_limit("default_throttle_hard_limit", default_hard_limit)
-        if not _le(self._default_reserved, self._default_hard):
+        self._capacity = check_limit("capacity", capacity)
+        self._default_reserved = check_limit("default_throttle_reserved_units", default_reserved)
+        self._default_hard = check_limit("default_throttle_hard_limit", default_hard_limit)
+        if not limit_le(self._default_reserved, self._default_hard):
             raise BadValue("default reserved can't exceed hard limit")
         self._write_weight = write_weight
         self._slice = slice_secs
@@ -296,28 +307,19 @@ class TenantThrottle:
         """``(capacity, default_reserved, default_hard_limit)``."""
         return self._capacity, self._default_reserved, self._default_hard
 
+    def props(self) -> ThrottleProps:
+        """The node's and every bucket's properties, as a frozen record (what the
+        multi-worker allocator computes from: :mod:`tenantkv.admission.quota_lease`)."""
+        node = NodeProps(self._capacity, self._default_reserved, self._default_hard)
+        buckets = {
+            n: BucketProps(b.reserved, b.hard_limit, b.weight) for n, b in self._buckets.items()
+        }
+        return ThrottleProps(node, MappingProxyType(buckets), self._slice)
+
     def __contains__(self, name: object) -> bool:
         return name in self._buckets
 
     # ------------------------------------------------------------------ leases (workers)
-
-    def rate_needs(self, use: Mapping[str, BucketUse]) -> dict[str, RateNeed]:
-        """Every bucket's properties joined with ``use`` (a bucket missing from it
-        counts as unused): the input of :func:`allocate_rates` for the node."""
-        idle = BucketUse(0, False, 0.0, 0.0)
-        needs: dict[str, RateNeed] = {}
-        for name, b in self._buckets.items():
-            u = use.get(name, idle)
-            needs[name] = RateNeed(
-                reserved=b.reserved,
-                hard_rate=_rate(b.hard_limit),
-                weight=b.weight,
-                connected=u.connections > 0,
-                hungry=u.hungry,
-                demand=u.demand,
-                unthrottled=u.unthrottled,
-            )
-        return needs
 
     @property
     def leased(self) -> bool:
@@ -332,8 +334,8 @@ class TenantThrottle:
             name: BucketUse(
                 connections=b.connections,
                 hungry=b.hungry_until > now,
-                demand=max(b.demand_ewma, b.demand_last),
-                unthrottled=max(b.prio_ewma, b.prio_last),
+                demand=b.demand(),
+                unthrottled=b.unthrottled(),
             )
             for name, b in self._buckets.items()
         }
@@ -373,9 +375,9 @@ class TenantThrottle:
         """Register a bucket; unset limits take the node defaults (as of now)."""
         if name in self._buckets:
             raise BucketExists(f"bucket {name!r} already exists")
-        res = self._default_reserved if reserved is UNSET else _check_limit("reserved", reserved)
-        hard = self._default_hard if hard_limit is UNSET else _check_limit("hard_limit", hard_limit)
-        if not _le(res, hard):
+        res = self._default_reserved if reserved is UNSET else check_limit("reserved", reserved)
+        hard = self._default_hard if hard_limit is UNSET else check_limit("hard_limit", hard_limit)
+        if not limit_le(res, hard):
             raise BadValue(f"bucket {name!r}: reserved can't exceed hard limit")
         self._check_weight(weight)
         self._catch_up()
@@ -397,21 +399,21 @@ class TenantThrottle:
         default_hard_limit: Limit | _Opt = UNSET,
     ) -> None:
         """Change node properties. New defaults apply to buckets added later."""
-        cap = self._capacity if capacity is UNSET else _check_limit("capacity", capacity)
+        cap = self._capacity if capacity is UNSET else check_limit("capacity", capacity)
         res = (
             self._default_reserved
             if default_reserved is UNSET
-            else _check_limit("default_throttle_reserved_units", default_reserved)
+            else check_limit("default_throttle_reserved_units", default_reserved)
         )
         hard = (
             self._default_hard
             if default_hard_limit is UNSET
-            else _check_limit("default_throttle_hard_limit", default_hard_limit)
+            else check_limit("default_throttle_hard_limit", default_hard_limit)
         )
-        if not _le(res, hard):
+        if not limit_le(res, hard):
             raise BadValue(
                 "default_throttle_reserved_units: reserved can't exceed hard limit "
-                f"(default_throttle_hard_limit {_wire(hard)})"
+                f"(default_throttle_hard_limit {limit_to_wire(hard)})"
             )
         self._catch_up()
         self._capacity, self._default_reserved, self._default_hard = cap, res, hard
@@ -427,12 +429,12 @@ class TenantThrottle:
     ) -> None:
         """Change a bucket's properties; unset ones keep their value."""
         b = self._get(name)
-        res = b.reserved if reserved is UNSET else _check_limit("reserved", reserved)
-        hard = b.hard_limit if hard_limit is UNSET else _check_limit("hard_limit", hard_limit)
-        if not _le(res, hard):
+        res = b.reserved if reserved is UNSET else check_limit("reserved", reserved)
+        hard = b.hard_limit if hard_limit is UNSET else check_limit("hard_limit", hard_limit)
+        if not limit_le(res, hard):
             raise BadValue(
                 f"bucket {name!r}: reserved can't exceed hard limit "
-                f"(reserved {_wire(res)}, hard_limit {_wire(hard)})"
+                f"(reserved {limit_to_wire(res)}, hard_limit {limit_to_wire(hard)})"
             )
         if weight is not UNSET:
             self._check_weight(weight)
@@ -440,7 +442,7 @@ class TenantThrottle:
         b.reserved = res
         if hard != b.hard_limit:
             b.hard_limit = hard
-            b.hard_rate = _rate(hard)
+            b.hard_rate = limit_rate(hard)
             cap = b.hard_rate * self._slice
             # Keep debt; a raised limit does not hand out a fresh burst.
             b.hard = _INF if hard is None else min(b.hard, cap)
@@ -573,7 +575,7 @@ class TenantThrottle:
         if b is None:
             return _INF
         # The configured limit, not a worker's leased share of it.
-        hard_rate = b.hard_rate if self._lease is None else _rate(b.hard_limit)
+        hard_rate = b.hard_rate if self._lease is None else limit_rate(b.hard_limit)
         if hard_rate == _INF or hard_rate <= 0.0:
             return _INF
         return max(hard_rate * self.max_debt_secs, 1.0)
@@ -866,7 +868,7 @@ class TenantThrottle:
         their rates less what the bucket's own unthrottled use goes on spending
         (``gross``: without that use, as once it stops). ``inf``: not at these
         rates (a rate of 0, or unthrottled use that takes all of it)."""
-        p = 0.0 if gross else (b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last)
+        p = 0.0 if gross else b.unthrottled()
         wait = 0.0
         if b.credit <= 0.0 and self._spare <= 0.0:
             wait = self._time_to_positive(-b.credit, b.rate + b.bonus - p, now)
@@ -881,7 +883,7 @@ class TenantThrottle:
             # than at the node's whole hard limit: that wait is certain.
             least = 0.0
             if b.hard <= 0.0:
-                least = self._time_to_positive(-b.hard, _rate(b.hard_limit) - p, now)
+                least = self._time_to_positive(-b.hard, limit_rate(b.hard_limit) - p, now)
             wait = least if least > self._slice else self._slice
         return wait + WAKE_GUARD_SECS
 
@@ -892,7 +894,7 @@ class TenantThrottle:
         no other request on it can run while that use goes on — else ``(0.0, 0.0)``
         (the rate is 0 for now: the rates are recomputed every slice)."""
         b = self._get(bucket)
-        p = b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last
+        p = b.unthrottled()
         if p <= 0.0:
             return 0.0, 0.0
         if b.hard <= 0.0 and 0.0 < b.hard_rate <= p:
@@ -1030,17 +1032,6 @@ class TenantThrottle:
                     pool -= g
         self._spare = max(0.0, min(pool, free * burst))
 
-    def _need(self, b: _Bucket, now: float, hard_rate: float) -> RateNeed:
-        return RateNeed(
-            reserved=b.reserved,
-            hard_rate=hard_rate,
-            weight=b.weight,
-            connected=b.connections > 0,
-            hungry=b.hungry_until > now,
-            demand=max(b.demand_ewma, b.demand_last),
-            unthrottled=max(b.prio_ewma, b.prio_last),
-        )
-
     def _recompute(self, now: float) -> None:
         """Set every bucket's allowance rate: reservation + water-filled free share
         (:func:`allocate_rates`), or in lease mode the leased rates.
@@ -1054,20 +1045,7 @@ class TenantThrottle:
             return
         old = [b.rate for b in buckets]
         alloc = allocate_rates(
-            self._capacity,
-            [
-                RateNeed(
-                    b.reserved,
-                    b.hard_rate,
-                    b.weight,
-                    b.connections > 0,
-                    b.hungry_until > now,
-                    b.demand_ewma if b.demand_ewma > b.demand_last else b.demand_last,
-                    b.prio_ewma if b.prio_ewma > b.prio_last else b.prio_last,
-                )
-                for b in buckets
-            ],
-            self._slice,
+            self._capacity, [b.need(now, b.hard_rate) for b in buckets], self._slice
         )
         for b, rate, res_rate in zip(buckets, alloc.rates, alloc.reserved_rates, strict=True):
             b.rate = rate
@@ -1101,12 +1079,12 @@ class TenantThrottle:
             # What this process alone would give, with the configured hard limits.
             alone = allocate_rates(
                 self._capacity,
-                [self._need(b, now, _rate(b.hard_limit)) for b in buckets],
+                [b.need(now, limit_rate(b.hard_limit)) for b in buckets],
                 self._slice,
             )
         free = 0.0
         for i, b in enumerate(buckets):
-            limit = _rate(b.hard_limit)
+            limit = limit_rate(b.hard_limit)
             share = lease.get(b.name)
             if share is not None:
                 rate, res_rate, hard_rate = share.rate, share.reserved_rate, share.hard_rate

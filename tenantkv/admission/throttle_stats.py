@@ -9,16 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenantkv.admission.throttle_props import UNLIMITED, Limit
-
-
-def _wire(limit: Limit) -> int | str:
-    return UNLIMITED if limit is None else limit
-
-
-def _wire_float(value: float | None) -> float | str:
-    """JSON has no infinity: spell it (and ``None``) ``"unlimited"``."""
-    return UNLIMITED if value is None or math.isinf(value) else value
+from tenantkv.admission.throttle_props import Limit, limit_to_wire, rate_to_wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +44,13 @@ class BucketThrottleStatistics:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "reserved": _wire(self.reserved),
-            "hard_limit": _wire(self.hard_limit),
+            "reserved": limit_to_wire(self.reserved),
+            "hard_limit": limit_to_wire(self.hard_limit),
             "weight": self.weight,
             "connections": self.connections,
-            "effective_reserved": _wire_float(self.effective_reserved),
-            "allowance_rate": _wire_float(self.allowance_rate),
-            "allowance": _wire_float(self.allowance),
+            "effective_reserved": rate_to_wire(self.effective_reserved),
+            "allowance_rate": rate_to_wire(self.allowance_rate),
+            "allowance": rate_to_wire(self.allowance),
             "hungry": self.hungry,
             "ru_total": self.ru_total,
             "wu_total": self.wu_total,
@@ -104,14 +95,14 @@ class NodeThrottleStatistics:
     def as_dict(self) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
-            "capacity": _wire(self.capacity),
-            "default_throttle_reserved_units": _wire(self.default_reserved),
-            "default_throttle_hard_limit": _wire(self.default_hard_limit),
+            "capacity": limit_to_wire(self.capacity),
+            "default_throttle_reserved_units": limit_to_wire(self.default_reserved),
+            "default_throttle_hard_limit": limit_to_wire(self.default_hard_limit),
             "write_weight": self.write_weight,
             "slice_ms": round(self.slice_secs * 1000),
             "throttle_max_wait_ms": round(self.max_wait_secs * 1000),
-            "free_pool_units": _wire_float(self.free_pool_units),
-            "free_pool_available_units": _wire_float(self.free_pool_available_units),
+            "free_pool_units": rate_to_wire(self.free_pool_units),
+            "free_pool_available_units": rate_to_wire(self.free_pool_available_units),
             "reservation_scale": round(self.reservation_scale, 6),
             "free_pool_used_window": self.free_pool_used_window,
             "spare_units": self.spare_units,
