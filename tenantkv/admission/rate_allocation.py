@@ -92,8 +92,8 @@ class RateAllocation:
 
 def allocate_rates(capacity: Limit, needs: Sequence[RateNeed], slice_secs: float) -> RateAllocation:
     """Every bucket's allowance rate: reservation + water-filled free share, capped at
-    its hard limit (the module docstring's rules). Pure: :meth:`TenantThrottle._recompute`
-    calls it with the process's own view, the multi-worker allocator
+    its hard limit (docs/throttling.md, "How the free pool is shared"). Pure: the
+    throttle's ``_recompute`` calls it with the process's own view, the multi-worker allocator
     (:mod:`tenantkv.admission.quota_lease`) with the node's, so they cannot diverge.
     """
     if capacity is None:

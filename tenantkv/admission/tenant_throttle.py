@@ -210,7 +210,7 @@ class _Bucket:
 
 
 class TenantThrottle:
-    """Per-bucket unit quotas; pure logic with an injected clock (see the module doc).
+    """Per-bucket unit quotas; pure logic with an injected clock (docs/throttling.md).
 
     ``clock`` returns seconds (any origin); the Trio adapter needs it to be
     ``trio.current_time``. Limits are units per second, ``None`` = unlimited.
@@ -348,7 +348,7 @@ class TenantThrottle:
         1/``workers`` of what this process alone would allocate it (``workers``:
         how many workers share the node; None keeps the last value, at first 1).
         The rest of the current slice is credited or debited pro rata, as for any
-        rate change; waiters are woken by the caller (``TenantThrottleGate.wake``).
+        rate change; waiters are woken by the caller (the gate's ``wake``).
         """
         if workers is not None:
             if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -532,9 +532,7 @@ class TenantThrottle:
         b = self._buckets.get(bucket)
         if b is None:
             return 0
-        now = self._clock()
-        if now >= self._next_slice:
-            self._advance(now)
+        self._catch_up()
         self._spend(b, float(cost), None)
         return cost
 
@@ -715,9 +713,7 @@ class TenantThrottle:
 
     def estimate_wait(self, bucket: str) -> float:
         """Like :meth:`admission_wait`'s answer but without counting as demand (0.0 = now)."""
-        now = self._clock()
-        if now >= self._next_slice:
-            self._advance(now)
+        now = self._catch_up()
         b = self._get(bucket)
         if b.hard > 0.0 and (b.credit > 0.0 or self._spare > 0.0):
             return 0.0
@@ -747,9 +743,7 @@ class TenantThrottle:
 
     def statistics(self) -> ThrottleStatistics:
         """An immutable snapshot of every counter (trio's ``statistics()`` convention)."""
-        now = self._clock()
-        if now >= self._next_slice:
-            self._advance(now)
+        now = self._catch_up()
         bounds: tuple[float, ...] = (*WAIT_HISTOGRAM_BOUNDS_US, _INF)
         buckets = {
             name: BucketThrottleStatistics(
@@ -928,6 +922,13 @@ class TenantThrottle:
         self._slice_idx = idx
         self._next_slice = (idx + 1) * self._slice
         self._refill(n, since)
+        self._sample(n, now, ended)
+        self._roll_window(now)
+        self._recompute(now)
+
+    def _sample(self, n: int, now: float, ended: float) -> None:
+        """Step every bucket's usage averages over the ``n`` slices that passed; the
+        usage sampled ran in the slice that ``ended``."""
         # Usage is sampled over the real time between calls, which jitters.
         alpha = DEMAND_EWMA_ALPHA
         if n <= 1:
@@ -966,6 +967,9 @@ class TenantThrottle:
             b.prio_ewma = q
             b.used_sample = 0
             b.prio_sample = 0
+
+    def _roll_window(self, now: float) -> None:
+        """Start a new whole-second usage window when ``now`` is in a later one."""
         window = math.floor(now)
         if window != self._window:
             adjacent = window == self._window + 1
@@ -974,7 +978,6 @@ class TenantThrottle:
                 b.used_window = 0
             self._free_used_window = 0
             self._window = window
-        self._recompute(now)
 
     def _refill(self, n: int, since: float) -> None:
         """Credit every bucket ``n`` slices of its rate, each counter capped at one slice.

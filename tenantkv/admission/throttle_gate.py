@@ -124,9 +124,7 @@ class TenantThrottleGate:
             wait = throttle.write_wait(bucket, cost) if cost else throttle.admission_wait(bucket)
             if wait == 0.0:
                 return ADMITTED
-        refused = self._refused_at_once(bucket, wait, nonblocking)
-        if refused is not None:
-            raise refused
+        self._refuse_at_once(bucket, wait, nonblocking)
         return None
 
     def reserve(self, bucket: str, cost: int, *, unthrottled: bool = False) -> int:
@@ -134,13 +132,22 @@ class TenantThrottleGate:
         admitted, before anything else runs."""
         return self.throttle.reserve(bucket, cost, unthrottled=unthrottled)
 
-    def _refused_at_once(
+    def _refuse_at_once(
         self, bucket: str, wait: float, nonblocking: bool, *, count: bool = True
-    ) -> ServerError | None:
-        """The rejection of a request that must not wait: none on a bucket whose hard
-        limit is 0 (HardLimitZero), none while the bucket's own unthrottled use
+    ) -> None:
+        """Raise the rejection of a request that must not wait: none on a bucket whose
+        hard limit is 0 (HardLimitZero), none while the bucket's own unthrottled use
         takes all its allowance (Throttled), or a non-blocking one (Throttled);
-        counted (unless ``count`` is off: a parked request is counted as it leaves)."""
+        counted (unless ``count`` is off: a parked request is counted as it leaves).
+        Returns when waiting may help."""
+        refused = self._refused_at_once(bucket, wait, nonblocking, count=count)
+        if refused is not None:
+            raise refused
+
+    def _refused_at_once(
+        self, bucket: str, wait: float, nonblocking: bool, *, count: bool
+    ) -> ServerError | None:
+        """The rejection :meth:`_refuse_at_once` raises, if any."""
         throttle = self.throttle
         if wait == _INF:
             if throttle.bucket_limits(bucket)[1] == 0:
@@ -216,9 +223,7 @@ class TenantThrottleGate:
             wait = throttle.write_wait(bucket, cost) if cost else throttle.admission_wait(bucket)
             if wait == 0.0:
                 return ADMITTED
-        refused = self._refused_at_once(bucket, wait, nonblocking)
-        if refused is not None:
-            raise refused
+        self._refuse_at_once(bucket, wait, nonblocking)
         unknown = wait == _INF
         if unknown:
             wait = throttle.until_next_slice()
@@ -280,9 +285,7 @@ class TenantThrottleGate:
                 else:
                     unknown = wait == _INF
                     if unknown:
-                        refused = self._refused_at_once(bucket, wait, False, count=False)
-                        if refused is not None:
-                            raise refused
+                        self._refuse_at_once(bucket, wait, False, count=False)
                         wait = throttle.until_next_slice()
                     if now + wait > limit:
                         raise self._throttled(
