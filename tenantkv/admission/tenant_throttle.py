@@ -26,9 +26,14 @@ from tenantkv.admission.rate_allocation import (
     BucketLease,
     BucketUse,
     RateAllocation,
-    RateNeed,
     allocate_rates,
-    water_fill,
+)
+from tenantkv.admission.throttle_counters import (
+    DEMAND_EWMA_ALPHA,
+    BucketCounters,
+    credit_new_rate,
+    refill,
+    step_usage,
 )
 from tenantkv.admission.throttle_props import (
     DEFAULT_SLICE_SECS,
@@ -42,6 +47,7 @@ from tenantkv.admission.throttle_props import (
     limit_to_wire,
 )
 from tenantkv.admission.throttle_stats import (
+    WAIT_HISTOGRAM_BOUNDS_US,
     BucketThrottleStatistics,
     NodeThrottleStatistics,
     ThrottleStatistics,
@@ -64,8 +70,6 @@ DEFAULT_MAX_DEBT_SECS: Final = 5.0
 #: Unthrottled work is never delayed, so without this bound a burst of it locked
 #: the bucket's other users out for as long as it took to repay (57 s seen).
 UNTHROTTLED_DEBT_SECS: Final = 1.0
-#: Weight of the newest slice in the usage average.
-DEMAND_EWMA_ALPHA: Final = 0.5
 #: A throttled bucket stays hungry this many slices past its predicted wake-up.
 HUNGRY_HOLD_SLICES: Final = 3
 #: Added to every predicted wait so a waiter wakes just *after* the refill
@@ -73,19 +77,6 @@ HUNGRY_HOLD_SLICES: Final = 3
 WAKE_GUARD_SECS: Final = 1e-6
 #: Bound of ``retryAfterMs`` for a non-blocking rejection.
 NONBLOCKING_MAX_RETRY_MS: Final = 1000
-#: Upper bounds (µs) of the wait-time histogram bins; a last bin counts the rest.
-WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
-    100,
-    1_000,
-    10_000,
-    50_000,
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-)
 
 _INF: Final = math.inf
 
@@ -117,96 +108,6 @@ def write_units(nbytes: int, unit_size: int = DEFAULT_UNIT_SIZE) -> int:
 
 
 # --------------------------------------------------------------------------- the core
-
-
-class _Bucket:
-    """Mutable per-bucket state (slots: the fast path reads it for every op)."""
-
-    __slots__ = (
-        "bonus",
-        "connections",
-        "credit",
-        "demand_ewma",
-        "demand_last",
-        "hard",
-        "hard_limit",
-        "hard_rate",
-        "histogram",
-        "hungry_until",
-        "name",
-        "prio_ewma",
-        "prio_last",
-        "prio_sample",
-        "rate",
-        "reject_count",
-        "res_rate",
-        "reserved",
-        "ru_total",
-        "throttle_count",
-        "used_prev_window",
-        "used_refill",
-        "used_sample",
-        "used_window",
-        "wait_us_total",
-        "weight",
-        "wu_total",
-    )
-
-    def __init__(self, name: str, reserved: Limit, hard_limit: Limit, weight: float) -> None:
-        self.name = name
-        self.reserved = reserved
-        self.hard_limit = hard_limit
-        self.weight = weight
-        self.connections = 0
-        # Rates in units/s. ``credit``/``hard`` start infinite and are set to a
-        # full slice by the first _recompute (a new bucket may start at once).
-        self.hard_rate = limit_rate(hard_limit)
-        self.rate = _INF
-        self.res_rate = 0.0
-        self.credit = _INF
-        self.hard = _INF
-        self.hungry_until = -_INF
-        #: Redistributed share received at the last refill, as a rate (units/s).
-        self.bonus = 0.0
-        # usage since the last refill / demand sample / in the current window
-        self.used_refill = 0
-        self.used_sample = 0
-        self.prio_sample = 0
-        self.used_window = 0
-        self.used_prev_window = 0
-        self.demand_ewma = 0.0
-        self.demand_last = 0.0
-        self.prio_ewma = 0.0
-        self.prio_last = 0.0
-        self.ru_total = 0
-        self.wu_total = 0
-        self.throttle_count = 0
-        self.wait_us_total = 0
-        self.reject_count = 0
-        self.histogram = [0] * (len(WAIT_HISTOGRAM_BOUNDS_US) + 1)
-
-    def demand(self) -> float:
-        """Recent usage in units/s: the larger of the moving average and the last slice."""
-        e, last = self.demand_ewma, self.demand_last
-        return e if e > last else last
-
-    def unthrottled(self) -> float:
-        """Recent usage with the ``Unthrottled`` privilege in units/s, measured alike."""
-        e, last = self.prio_ewma, self.prio_last
-        return e if e > last else last
-
-    def need(self, now: float, hard_rate: float) -> RateNeed:
-        """What :func:`allocate_rates` knows of this bucket, with ``hard_rate`` as its
-        hard limit (its own, or in lease mode the configured one)."""
-        return RateNeed(
-            self.reserved,
-            hard_rate,
-            self.weight,
-            self.connections > 0,
-            self.hungry_until > now,
-            self.demand(),
-            self.unthrottled(),
-        )
 
 
 class TenantThrottle:
@@ -245,7 +146,7 @@ class TenantThrottle:
         self.max_wait_secs = max_wait_secs
         #: Debt bound and largest request, in seconds of a bucket's rate / hard limit.
         self.max_debt_secs = max_debt_secs
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[str, BucketCounters] = {}
         now = clock()
         self._window = math.floor(now)
         self._last_sample = now
@@ -381,7 +282,7 @@ class TenantThrottle:
             raise BadValue(f"bucket {name!r}: reserved can't exceed hard limit")
         self._check_weight(weight)
         self._catch_up()
-        self._buckets[name] = _Bucket(name, res, hard, float(weight))
+        self._buckets[name] = BucketCounters(name, res, hard, float(weight))
         self._reconfigure()
 
     def remove_bucket(self, name: str) -> None:
@@ -647,7 +548,7 @@ class TenantThrottle:
             return
         self._spend(b, float(cost), UNTHROTTLED_DEBT_SECS if unthrottled else None)
 
-    def _spend(self, b: _Bucket, cost: float, bound_secs: float | None) -> None:
+    def _spend(self, b: BucketCounters, cost: float, bound_secs: float | None) -> None:
         """Take ``cost`` from ``b``'s counters, beyond its own allowance from the node
         spare first; what is left is debt, bounded to ``bound_secs`` of the rates
         only for unthrottled use (None: never forgiven)."""
@@ -673,7 +574,7 @@ class TenantThrottle:
         b.credit = c
         b.hard = h
 
-    def _give_back(self, b: _Bucket, units: float) -> None:
+    def _give_back(self, b: BucketCounters, units: float) -> None:
         """Return ``units`` reserved and not spent to ``b``'s counters, never past
         one slice of their rates (what a refill would allow)."""
         burst = self._slice
@@ -811,7 +712,7 @@ class TenantThrottle:
 
     # ------------------------------------------------------------------ internals
 
-    def _get(self, name: str) -> _Bucket:
+    def _get(self, name: str) -> BucketCounters:
         b = self._buckets.get(name)
         if b is None:
             raise BucketNotFound(f"bucket {name!r} not found")
@@ -841,7 +742,7 @@ class TenantThrottle:
         )
         self._recompute(self._clock())
 
-    def _throttled(self, b: _Bucket, now: float) -> float:
+    def _throttled(self, b: BucketCounters, now: float) -> float:
         """Slow path of :meth:`admission_wait`: mark demand, predict the wait."""
         if b.hungry_until <= now:
             # Newly hungry: its share grows from this instant, not the next slice.
@@ -857,7 +758,7 @@ class TenantThrottle:
             b.hungry_until = until
         return wait
 
-    def _predict(self, b: _Bucket, now: float, *, gross: bool = False) -> float:
+    def _predict(self, b: BucketCounters, now: float, *, gross: bool = False) -> float:
         """Seconds until the slice refills bring ``b``'s counters above zero, at
         their rates less what the bucket's own unthrottled use goes on spending
         (``gross``: without that use, as once it stops). ``inf``: not at these
@@ -926,11 +827,23 @@ class TenantThrottle:
         self._roll_window(now)
         self._recompute(now)
 
+    def _refill(self, n: int, since: float) -> None:
+        """Credit every bucket ``n`` slices of its rate (:func:`refill`)."""
+        self._spare = refill(
+            self._buckets.values(),
+            n,
+            since,
+            self._slice,
+            limited=self._capacity is not None,
+            unallocated_rate=self._unallocated_rate,
+            free_rate=self._free_rate,
+            spare=self._spare,
+        )
+
     def _sample(self, n: int, now: float, ended: float) -> None:
         """Step every bucket's usage averages over the ``n`` slices that passed; the
         usage sampled ran in the slice that ``ended``."""
         # Usage is sampled over the real time between calls, which jitters.
-        alpha = DEMAND_EWMA_ALPHA
         if n <= 1:
             span = max(now - self._last_sample, self._slice / 2)
             idle = 1.0  # (the averages take this one step)
@@ -941,32 +854,14 @@ class TenantThrottle:
             # that stopped is forgotten at the rate the slices pass, not at the
             # rate calls come (16 s once after an unthrottled burst).
             span = max(ended - self._last_sample, self._slice / 2)
-            idle = (1.0 - alpha) ** (n - 1)
+            idle = (1.0 - DEMAND_EWMA_ALPHA) ** (n - 1)
         self._last_sample = now
         # Use past the node's capacity claims nothing more of it, so the averages
         # count it at most at the capacity: once an (unthrottled) burst far past it
         # stops, the capacity comes back to the others within a few slices, not
         # after the average has halved its way down from many times the capacity.
         most = _INF if self._capacity is None else float(self._capacity)
-        for b in self._buckets.values():
-            s = b.used_sample / span
-            if s > most:
-                s = most
-            e = b.demand_ewma + alpha * (s - b.demand_ewma)
-            p = b.prio_sample / span
-            if p > most:
-                p = most
-            q = b.prio_ewma + alpha * (p - b.prio_ewma)
-            if n > 1:
-                e *= idle
-                q *= idle
-                s = p = 0.0  # the last slice was idle
-            b.demand_last = s
-            b.demand_ewma = e
-            b.prio_last = p
-            b.prio_ewma = q
-            b.used_sample = 0
-            b.prio_sample = 0
+        step_usage(self._buckets.values(), n, span, idle, most)
 
     def _roll_window(self, now: float) -> None:
         """Start a new whole-second usage window when ``now`` is in a later one."""
@@ -978,62 +873,6 @@ class TenantThrottle:
                 b.used_window = 0
             self._free_used_window = 0
             self._window = window
-
-    def _refill(self, n: int, since: float) -> None:
-        """Credit every bucket ``n`` slices of its rate, each counter capped at one slice.
-
-        Share a bucket did not use (never its reservation) goes to the buckets
-        that were hungry, water-filled; what nobody takes becomes node spare.
-        """
-        if n <= 0:
-            return
-        burst = self._slice
-        dt = n * burst
-        limited = self._capacity is not None
-        pool = self._unallocated_rate * dt if limited else 0.0
-        hungry: list[_Bucket] = []
-        for b in self._buckets.values():
-            hr = b.hard_rate
-            if hr != _INF:
-                h = b.hard + hr * dt
-                cap = hr * burst
-                b.hard = cap if h > cap else h
-            b.bonus = 0.0
-            r = b.rate
-            if r == _INF:
-                b.used_refill = 0
-                continue
-            c = b.credit + r * dt
-            cap = r * burst
-            if c > cap:
-                if limited:
-                    unused_res = b.res_rate * dt - b.used_refill
-                    spill = c - cap - (unused_res if unused_res > 0.0 else 0.0)
-                    if spill > 0.0:
-                        pool += spill
-                c = cap
-            b.credit = c
-            b.used_refill = 0
-            if b.hungry_until > since:
-                hungry.append(b)
-        if not limited:
-            return
-        pool += self._spare
-        free = self._free_rate
-        if hungry and pool > 0.0:
-            rooms: list[float] = []
-            for b in hungry:
-                room_rate = min(b.hard_rate - b.rate, free)
-                span = min(dt, b.hungry_until - since)
-                top = (b.rate + room_rate) * burst - b.credit
-                rooms.append(max(0.0, min(room_rate * span, top)))
-            gifts = water_fill(pool, rooms, [b.weight for b in hungry])
-            for b, g in zip(hungry, gifts, strict=True):
-                if g > 0.0:
-                    b.credit += g
-                    b.bonus = g / dt
-                    pool -= g
-        self._spare = max(0.0, min(pool, free * burst))
 
     def _recompute(self, now: float) -> None:
         """Set every bucket's allowance rate: reservation + water-filled free share
@@ -1062,13 +901,13 @@ class TenantThrottle:
         burst = self._slice
         rest = self._next_slice - now
         for b, before in zip(buckets, old, strict=True):
-            _credit_new_rate(b, before, burst, rest)
+            credit_new_rate(b, before, burst, rest)
             if b.hard_rate == _INF:
                 b.hard = _INF
             elif b.hard == _INF:
                 b.hard = b.hard_rate * burst
 
-    def _recompute_leased(self, buckets: list[_Bucket], now: float) -> None:
+    def _recompute_leased(self, buckets: list[BucketCounters], now: float) -> None:
         """Lease mode: the rates come from the lease, a bucket it does not mention
         gets its provisional share. The local refill (spill to hungry buckets, spare)
         only moves this worker's own share around, so the node sums still hold."""
@@ -1115,7 +954,7 @@ class TenantThrottle:
         burst = self._slice
         rest = self._next_slice - now
         for b, before, hard_before in zip(buckets, old, old_hard, strict=True):
-            _credit_new_rate(b, before, burst, rest)
+            credit_new_rate(b, before, burst, rest)
             hr = b.hard_rate
             if hr == _INF:
                 b.hard = _INF
@@ -1129,20 +968,6 @@ class TenantThrottle:
                     b.hard += (hr - hard_before) * rest
                 if b.hard > hr * burst:
                     b.hard = hr * burst
-
-
-def _credit_new_rate(b: _Bucket, before: float, burst: float, rest: float) -> None:
-    """The current slice was credited at rate ``before``: credit (or debit) the
-    ``rest`` of it at the bucket's new rate; a new bucket starts with one slice.
-    No clipping: a counter within one slice of the old rate stays within one
-    slice of the new rate (rest <= slice)."""
-    r = b.rate
-    if r == _INF:
-        b.credit = _INF
-    elif b.credit == _INF:
-        b.credit = r * burst
-    elif r != before and before != _INF:
-        b.credit += (r - before) * rest
 
 
 #: A paced wait shorter than this admits now (a timer for less is all overhead).

@@ -7,9 +7,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from tenantkv.admission.throttle_props import Limit, limit_to_wire, rate_to_wire
+
+#: Upper bounds (µs) of the wait-time histogram bins; a last bin counts the rest.
+WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
+    100,
+    1_000,
+    10_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+)
 
 
 @dataclass(frozen=True, slots=True)
