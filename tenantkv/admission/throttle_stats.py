@@ -135,7 +135,7 @@ class ThrottleStatistics:
     buckets: Mapping[str, BucketThrottleStatistics]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the ``tenant_throttle`` section of ``server_status``)."""
+        """A JSON-ready dict (the ``throttle`` section of ``server_status``)."""
         return {
             "node": self.node.as_dict(),
             "buckets": {name: b.as_dict() for name, b in self.buckets.items()},
