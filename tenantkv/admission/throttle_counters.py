@@ -212,12 +212,8 @@ def step_usage(
             e *= idle
             q *= idle
             s = p = 0.0  # the last slice was idle
-        b.demand_last = s
-        b.demand_ewma = e
-        b.prio_last = p
-        b.prio_ewma = q
-        b.used_sample = 0
-        b.prio_sample = 0
+        b.demand_last, b.demand_ewma, b.prio_last, b.prio_ewma = s, e, p, q
+        b.used_sample = b.prio_sample = 0
 
 
 def credit_new_rate(b: BucketCounters, before: float, burst: float, rest: float) -> None:
