@@ -7,7 +7,8 @@ pool, capped at its hard limit), and an operation runs while its bucket's
 counter is positive; what it cost beyond that is debt, repaid before the bucket
 runs again. Pure logic with an injected clock: the waiting is in
 :mod:`tenantkv.admission.throttle_gate`, the allocation arithmetic in
-:mod:`tenantkv.admission.rate_allocation`, the records in
+:mod:`tenantkv.admission.rate_allocation`, a slice's arithmetic on the counters in
+:mod:`tenantkv.admission.throttle_counters`, the records in
 :mod:`tenantkv.admission.throttle_stats` and :mod:`tenantkv.admission.throttle_props`.
 
 The rules, the exact burst bounds and how the server calls it are in

@@ -354,8 +354,7 @@ class Supervisor:
             w.ready.set()
             return None
         if kind == "changed":
-            allocator = self.allocator
-            allocator.set_props(stored_throttle_props(self.engine, allocator.props))
+            self.allocator.set_props(stored_throttle_props(self.engine, self.allocator.props))
             # Answered once every other worker has reloaded: the admin command that
             # made the change returns when the whole node sees it.
             async with trio.open_nursery() as nursery:

@@ -20,14 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenantkv.admission.rate_allocation import water_fill
-from tenantkv.admission.tenant_throttle import (
-    WAIT_HISTOGRAM_BOUNDS_US,
-    TenantThrottle,
-    read_units,
-    write_units,
-)
+from tenantkv.admission.tenant_throttle import TenantThrottle, read_units, write_units
 from tenantkv.admission.throttle_counters import BucketCounters, refill
 from tenantkv.admission.throttle_gate import TenantThrottleGate
+from tenantkv.admission.throttle_stats import WAIT_HISTOGRAM_BOUNDS_US
 from tenantkv.errors import (
     BadValue,
     BucketExists,
