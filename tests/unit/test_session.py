@@ -26,7 +26,8 @@ import trio
 import trio.testing
 
 from tenantkv import errors, protocol
-from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
+from tenantkv.admission.tenant_throttle import TenantThrottle, write_units
+from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.connection import Connection
