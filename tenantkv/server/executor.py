@@ -144,13 +144,11 @@ class Door(Protocol):
 
     def reply(self, cmd: Command, msgid: int, result: Any) -> None: ...
 
-    def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None: ...
+    def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None:
+        """Answer each of ``msgids`` with its result (a run of reads or of writes)."""
+        ...
 
     def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None: ...
-
-    def run_encoder(self, cmd: Command) -> Callable[[int, Any], bytes]:
-        """The reply of each read of a run of ``cmd``, to append to ``out``."""
-        ...
 
     def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
         """Answer request after request with the same refusal (a flood past the
@@ -569,34 +567,27 @@ class Executor:
         self, numbered: Numbered, handled: int, req: Request
     ) -> tuple[int, Request | None]:
         """Run the ``handled``-th request of the chunk, a read admitted into the run
-        of reads (:meth:`_read_joins`), and the next ones while they join it — the
+        of reads (:meth:`_read_joins`), and the next ones while they join it (the
         same command, so the same bucket, user and failpoints; its parameters
-        known, a token of the chunk's rate loan, the run's allowance not reached
-        — in one loop with the run's figures in locals: no dispatch, no call but
-        the handler's and the reply's, per read. This is where a pipelined read
-        spends its time, on either door.
-
-        Stops before a request that does not join (returned, for the general
-        path: another command, parameters to check, no token left, the allowance
-        reached) or when it is time to pause. Returns the count handled and that
-        request, or None."""
+        known, a token of the rate loan, the allowance not reached) in one loop,
+        the run's figures in locals: where a pipelined read spends its time, on
+        either door. Returns the count handled and the request that did not join
+        (for the general path), or None when it is time to pause."""
         run = self.read_run
         assert run is not None
-        node = self.node
+        node, loan = self.node, self.loan
         cmd, b = run.cmd, run.handle
         name, joins, handler = cmd.name, cmd.inline_params.issuperset, cmd.handler
-        loan = self.loan
         rate_room, rate_enabled = loan.room, node.pipeline.request_rate_enabled
-        unit, floor, cost, allowance, watched = (
-            run.unit,
-            run.floor,
-            run.cost,
-            run.allowance,
-            run.watched,
-        )
-        sizes, out, encode = self.read_sizes, self.door.out, self.door.run_encoder(cmd)
+        unit, floor, allowance = run.unit, run.floor, run.allowance
+        cost, watched, sizes, out = run.cost, run.watched, self.read_sizes, self.door.out
+        # The reads served, answered together (no call per read); until then the
+        # bytes they read stand for their replies against OUT_HIGH_WATER.
+        msgids: list[int] = []
+        results: list[Any] = []
+        served, answer = msgids.append, results.append
         first, admitted = handled, ((handled, req),)
-        reads = ru_sum = 0
+        reads = ru_sum = unsent = 0
         try:
             for handled, req in itertools.chain(admitted, numbered):
                 msgid, method, params = req
@@ -619,6 +610,8 @@ class Executor:
                     result = handler(self, b, params)
                 except Exception as exc:
                     run.errors += 1  # admitted, but not an operation served
+                    self._answer_reads(cmd, msgids, results)  # (in order: RESP's, ours)
+                    unsent = 0
                     if watched:
                         self._read_handled(b.name, method, params, "error")
                     self._read_failed(msgid, method, exc)
@@ -627,23 +620,35 @@ class Executor:
                         self._read_handled(b.name, method, params, "ok")
                     # The read's units (see Node.read_cost), without a call for one record.
                     if len(sizes) < 2 and self.read_keys == 1:
-                        ru = -(-sizes.pop() // unit) if sizes else 0
+                        n = sizes.pop() if sizes else 0
+                        ru = -(-n // unit)
                         c = ru if ru > floor else floor
                     else:
+                        n = sum(sizes)
                         ru, c = node.read_cost(sizes, self.read_keys)
                         self.read_keys = 1
                         sizes.clear()
                     ru_sum += ru
                     cost += c
-                    out += encode(msgid, result)
-                if not handled % FAIR_SHARE_REQUESTS or len(out) > OUT_HIGH_WATER:
+                    unsent += n
+                    served(msgid)
+                    answer(result)
+                if not handled % FAIR_SHARE_REQUESTS or len(out) + unsent > OUT_HIGH_WATER:
                     break
         finally:
             run.reads += reads
             run.ru += ru_sum
             run.cost = cost
             loan.room = rate_room
+            self._answer_reads(cmd, msgids, results)
         return handled, None
+
+    def _answer_reads(self, cmd: Command, msgids: list[int], results: list[Any]) -> None:
+        """Answer the reads a run loop served so far (and forget them)."""
+        if msgids:
+            self.door.reply_all(cmd, msgids, results)
+            msgids.clear()
+            results.clear()
 
     def _start_read_run(self, b: BucketHandle, cmd: Command) -> bool:
         """Admit an inline read that starts a run (:class:`ReadRun`); False when it

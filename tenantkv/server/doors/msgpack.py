@@ -30,11 +30,6 @@ HELLO_PARAMS = frozenset(
 )
 
 
-def encode_result(msgid: int, result: Any) -> bytes:
-    """One response to a request that succeeded."""
-    return _pack([RESPONSE, msgid, None, result])
-
-
 class MsgpackDoor:
     """The codec of one MessagePack-RPC connection."""
 
@@ -70,15 +65,11 @@ class MsgpackDoor:
         self.out += _pack([RESPONSE, msgid, None, result])
 
     def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None:
-        out = self.out
-        for msgid, result in zip(msgids, results, strict=True):
-            out += _pack([RESPONSE, msgid, None, result])
+        pairs = zip(msgids, results, strict=True)
+        self.out += b"".join([_pack([RESPONSE, msgid, None, result]) for msgid, result in pairs])
 
     def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         self.out += protocol.encode_error(msgid, exc)
-
-    def run_encoder(self, cmd: Command) -> Callable[[int, Any], bytes]:
-        return encode_result
 
     def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
         """Each refusal: the response head, the msgid packed, the error's tail

@@ -215,8 +215,8 @@ class RespDoor:
         self.fill(msgid, convert(self.enc, result))
 
     def reply_all(self, cmd: Command, msgids: list[int], results: Sequence[Any]) -> None:
-        """A run of writes answered: out at once when they are the next replies
-        due, in a row (the usual run), else each through its slot."""
+        """A run of reads or writes answered: out at once when they are the next
+        replies due, in a row (the usual run), else each through its slot."""
         first = msgids[0]
         if (
             first != self._next_out
@@ -239,20 +239,6 @@ class RespDoor:
         if self._special:
             self._special.pop(msgid, None)
         self.fill(msgid, data)
-
-    def run_encoder(self, cmd: Command) -> Callable[[int, Any], bytes]:
-        """A run's replies come in order (reads run while no write is in flight):
-        each goes straight out, its slot skipped."""
-        convert, enc = cmd.reply or _value, self.enc
-
-        def encode(msgid: int, result: Any) -> bytes:
-            if msgid != self._next_out or self._slots:
-                self.reply(cmd, msgid, result)
-                return b""
-            self._next_out = msgid + 1
-            return convert(enc, result)
-
-        return encode
 
     def refusal_writer(self, exc: errors.TenantKVError) -> Callable[[int], None]:
         data = self.enc.error(error_text(exc))
