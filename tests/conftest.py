@@ -21,9 +21,22 @@ import msgpack
 import pytest
 
 ADMIN_PASSWORD = "admin-test-password"
+# Tests run with the defaults, not the developer's shell: a TENANTKV_<NAME> there
+# (a metrics port, a data directory, ...) would reach every daemon a test starts.
+for _name in [n for n in os.environ if n.startswith("TENANTKV_")]:
+    del os.environ[_name]
 # Every daemon a test starts takes a free RESP port, not the fixed default: tests
-# run side by side (and next to a developer's own server).
-os.environ.setdefault("TENANTKV_RESP_PORT", "0")
+# run side by side, and next to a developer's own server (the README's tour). The
+# main port is given on each command line; the metrics port is off unless asked.
+os.environ["TENANTKV_RESP_PORT"] = "0"
+
+
+def free_config(data_dir: Path | str, **values: Any) -> Any:  # -> tenantkv.config.Config
+    """The config of an in-process server: every listener on a free port."""
+    from tenantkv import config
+
+    base = {"data_dir": str(data_dir), "port": 0, "resp_port": 0, "metrics_port": None}
+    return config.Config().with_values({**base, **values})
 
 
 def read_response(s: socket.socket) -> Any:

@@ -25,12 +25,18 @@ import msgpack
 import pytest
 import trio
 
-from tenantkv import config as config_mod
 from tenantkv import errors, protocol
 from tenantkv.server import session as session_mod
 from tenantkv.server.server import Server
 from tenantkv.storage.ops import CreateBucketOp
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb, wait_until
+from tests.conftest import (
+    ADMIN_PASSWORD,
+    Daemon,
+    free_config,
+    read_response,
+    rss_anon_mb,
+    wait_until,
+)
 
 TIMEOUT = 20
 BUCKET, USER, PASSWORD = "ab", "abuser", "abuse-pw"
@@ -297,7 +303,7 @@ async def test_queued_write_bytes_per_connection_are_bounded(
     before max_inflight_per_connection (1024) writes."""
     monkeypatch.setenv("TENANTKV_ADMIN_PASSWORD", ADMIN_PASSWORD)
     monkeypatch.setattr(session_mod, "PENDING_WRITE_HIGH_WATER", 8 * 1024 * 1024)
-    cfg = config_mod.Config().with_values({"data_dir": str(tmp_path / "d"), "port": 0})
+    cfg = free_config(tmp_path / "d")
     server = Server(cfg)
     node = server.node
     with trio.fail_after(TIMEOUT):
