@@ -25,6 +25,7 @@ from bench import (
     gates,
     harness,
     micro,
+    options,
     overload,
     probing,
     publish,
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        return int(args.func(options.resolve(args)))
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -49,8 +49,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench import loadgen, report, servers
-from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
+from bench import loadgen, options, report, servers
+from bench.loadgen import LoadResult, LoadSpec, Target, TenantKVCodec
+from bench.options import Quick
 from bench.throttle import OTHER_CPU_WARN, machine_cpu
 
 BUCKET = "gates"
@@ -151,28 +152,14 @@ def _value(size: int) -> bytes:
     return report.value_bytes(size, b"gates")
 
 
-def _op_list(text: str) -> list[str]:
-    return report.name_list(text, loadgen.OPS, "ops")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("values must be integers >= 1")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "gates",
+        run,
         help="cost of the whole admission path: every gate on but generous vs off",
         description="Measure GET and durable SET with every admission gate on but generous "
         "(nothing rejected or queued) against every gate that has a switch off, on one "
@@ -180,36 +167,21 @@ def add_parser(sub: Any) -> None:
         "the server's counters that the on runs really went through the gates. See "
         "docs/benchmarking.md.",
     )
-    p.add_argument("--ops", type=_op_list, default=["get", "set"], help="ops to run [get,set]")
-    p.add_argument("--reps", type=int, help="off/on pairs per cell [3; quick 1]")
-    p.add_argument("--seconds", type=float, help="measuring window of each run [3; quick 1]")
-    p.add_argument("--warmup", type=float, help="load before each window [0.5; quick 0.2]")
-    p.add_argument("--conns", type=_int_list, default=[16], help="connection counts [16]")
-    p.add_argument(
-        "--depths", type=_int_list, default=[16, 1], help="pipeline depths (closed loop) [16,1]"
+    options.add(p, "--ops", options.names(loadgen.OPS, "ops"), ["get", "set"], "ops to run")
+    options.add(p, "--reps", int, Quick(3, 1), "off/on pairs per cell", low=1)
+    options.window_flags(
+        p,
+        Quick(3.0, 1.0),
+        Quick(0.5, 0.2),
+        what=("measuring window of each run", "load before each window", ""),
     )
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="distinct keys, all preloaded [10000; quick 1000]")
-    report.pin_flag(p)
-    report.json_flag(p)
-    report.quick_flag(p)
-    p.set_defaults(func=run)
+    options.add(p, "--conns", options.int_list, [16], "connection counts")
+    options.add(p, "--depths", options.int_list, [16, 1], "pipeline depths (closed loop)")
+    options.data_flags(p, Quick(10_000, 1000), keys_help="distinct keys, all preloaded")
+    options.common_flags(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.reps is None:
-        args.reps = 1 if q else 3
-    if args.seconds is None:
-        args.seconds = 1.0 if q else 3.0
-    if args.warmup is None:
-        args.warmup = 0.2 if q else 0.5
-    if args.keys is None:
-        args.keys = 1000 if q else 10_000
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0:
-        raise BenchError("--seconds must be > 0, --warmup and --value-size >= 0")
-    if args.reps < 1 or args.keys < 1:
-        raise BenchError("--reps and --keys must be >= 1")
     args.pool = max(MIN_POOL, 2 * max(args.conns) * max(args.depths))
     servers.pin_cpus(args)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -437,7 +437,7 @@ def run_one(
     t0 = time.monotonic()
     printed = _Tee(sys.stdout)
     try:
-        args = build_parser().parse_args([*argv, "--json", raw_path])
+        args = options.resolve(build_parser().parse_args([*argv, "--json", raw_path]))
         with contextlib.redirect_stdout(printed):
             rc = int(args.func(args))
         with open(raw_path) as f:

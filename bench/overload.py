@@ -56,8 +56,9 @@ from typing import Any
 
 import msgpack
 
-from bench import loadgen, report, servers
+from bench import loadgen, options, report, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, hist_percentile_us
+from bench.options import Quick
 from bench.throttle import (
     CLIENT_CPU_WARN,
     OTHER_CPU_WARN,
@@ -111,26 +112,14 @@ def _value(size: int) -> bytes:
     return report.value_bytes(size, b"overload")
 
 
-def _part_list(text: str) -> list[str]:
-    return report.name_list(text, PARTS, "parts")
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError("factors must be > 0")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "overload",
+        run,
         help="front-door protection: Poisson overload at 0.5-8 x capacity, rejection cost, "
         "connection storm",
         description="Offer GETs open loop with Poisson arrivals at multiples of the capacity "
@@ -139,64 +128,48 @@ def add_parser(sub: Any) -> None:
         "established clients with the connection-establishment limiter on. Starts its own "
         "tenantkv daemon. See docs/benchmarking.md.",
     )
-    p.add_argument(
-        "--part",
-        type=_part_list,
-        default=list(PARTS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(PARTS)} [all]",
+    options.parts(p, "--part", PARTS, "parts")
+    options.common_flags(p)
+    options.window_flags(
+        p,
+        Quick(8.0, 2.0),
+        Quick(1.0, 0.5),
+        Quick(3, 1),
+        what=(
+            "window per run",
+            "load before each window",
+            "repetitions of the load sweep and of the storm",
+        ),
     )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument("--seconds", type=float, help="window per run [8; quick 2]")
-    p.add_argument("--warmup", type=float, help="load before each window [1; quick 0.5]")
-    p.add_argument(
-        "--rounds", type=int, help="repetitions of the load sweep and of the storm [3; quick 1]"
-    )
-    p.add_argument(
-        "--factors", type=_float_list, default=list(FACTORS), help="offered load / C [0.5,1,2,4,8]"
-    )
-    p.add_argument(
+    options.add(p, "--factors", options.float_list, list(FACTORS), "offered load / C")
+    options.add(
+        p,
         "--capacity",
-        type=float,
-        help="C, the admission rate of the request limiter, req/s [min(capacity / 2, "
+        float,
+        None,
+        "C, the admission rate of the request limiter, req/s [min(capacity / 2, "
         f"{GEN_MAX:,} / max factor), rounded down to 500]",
+        above=0,
     )
-    p.add_argument(
-        "--burst-secs", type=float, default=0.1, help="request limiter burst, in s of C [0.1]"
-    )
-    p.add_argument("--conns", type=int, default=4, help="connections per bucket [4]")
-    p.add_argument("--keys", type=int, default=1000, help="keys per bucket, preloaded [1000]")
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
+    options.add(p, "--burst-secs", float, 0.1, "request limiter burst, in s of C", above=0)
+    options.add(p, "--conns", int, 4, "connections per bucket", low=1)
+    options.data_flags(p, 1000, keys_help="keys per bucket, preloaded")
     g = p.add_argument_group("connection storm")
-    g.add_argument(
-        "--storm-rate", type=float, default=3000, help="connections opened per second [3000]"
-    )
-    g.add_argument("--storm-procs", type=int, default=2, help="processes opening them [2]")
+    options.add(g, "--storm-rate", float, 3000, "connections opened per second", above=0, parser=p)
+    options.add(g, "--storm-procs", int, 2, "processes opening them", low=1, parser=p)
     g.add_argument(
         "--storm-rst",
         action="store_true",
         help="close storm connections with RST (SO_LINGER 0), as crashing clients do "
         "(before 08d78df one reset killed the daemon) [FIN]",
     )
-    g.add_argument(
-        "--conn-rate", type=float, default=200, help="connection limiter: admitted per s [200]"
+    options.add(
+        g, "--conn-rate", float, 200, "connection limiter: admitted per s", above=0, parser=p
     )
-    g.add_argument(
-        "--conn-queue", type=int, default=20, help="connection limiter: max queue depth [20]"
-    )
-    p.set_defaults(func=run)
+    options.add(g, "--conn-queue", int, 20, "connection limiter: max queue depth", low=0, parser=p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    report.timing_defaults(args, seconds=(2.0, 8.0), warmup=(0.5, 1.0), rounds=(1, 3))
-    if min(args.conns, args.keys, args.storm_procs, args.conn_queue + 1) < 1:
-        raise BenchError("--conns, --keys, --storm-procs must be >= 1, --conn-queue >= 0")
-    if args.capacity is not None and args.capacity <= 0:
-        raise BenchError("--capacity must be > 0")
-    if args.storm_rate <= 0 or args.conn_rate <= 0 or args.burst_secs <= 0:
-        raise BenchError("--storm-rate, --conn-rate and --burst-secs must be > 0")
     servers.pin_cpus(args)
 
 

@@ -48,8 +48,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench import loadgen, report, servers
+from bench import loadgen, options, report, servers
 from bench.loadgen import MIXED, BenchError, LoadResult, LoadSpec
+from bench.options import Quick
 from bench.throttle import (
     Daemon,
     Machine,
@@ -96,81 +97,65 @@ def _value(size: int) -> bytes:
     return report.value_bytes(size, b"probing")
 
 
-def _part_list(text: str) -> list[str]:
-    return report.name_list(text, PARTS, "parts")
-
-
-def _size_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("sizes must be >= 1")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "probing",
+        run,
         help="execution tickets: fixed pool sweep, throughput probing, ticket overhead",
         description="Sweep fixed execution-ticket pool sizes under a read-heavy and a "
         "write-heavy workload, then measure how fast and how well throughput probing "
         "finds the best size (also after a workload switch), and what ticket accounting "
         "costs. Starts its own tenantkv daemons. See docs/benchmarking.md.",
     )
-    p.add_argument(
-        "--part",
-        type=_part_list,
-        default=list(PARTS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(PARTS)} (probing needs the sweep) [all]",
+    options.parts(p, "--part", PARTS, "parts", " (probing needs the sweep)")
+    options.common_flags(p)
+    options.add(
+        p,
+        "--sizes",
+        options.int_list,
+        Quick(list(SIZES), list(QUICK_SIZES)),
+        "pool sizes swept",
+        show="1,2,4,...,512; quick 1,16,256",
     )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument(
-        "--sizes", type=_size_list, help="pool sizes swept [1,2,4,...,512; quick 1,16,256]"
+    options.add(p, "--seconds", float, Quick(2.5, 1.0), "sweep: window per size, a multiple of 0.5")
+    options.add(
+        p, "--passes", int, Quick(2, 1), "sweep: 1 = ascending, 2 = and descending", low=1, high=2
     )
-    p.add_argument(
-        "--seconds", type=float, help="sweep: window per size, a multiple of 0.5 [2.5; quick 1]"
-    )
-    p.add_argument(
-        "--passes", type=int, help="sweep: 1 = ascending, 2 = and descending [2; quick 1]"
-    )
-    p.add_argument(
+    options.add(
+        p,
         "--probe-seconds",
-        type=float,
-        help="probing: length of each probing phase, a multiple of 0.5 [30; quick 3]",
+        float,
+        Quick(30.0, 3.0),
+        "probing: length of each probing phase, a multiple of 0.5",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--reference-seconds",
-        type=float,
-        help="probing: window of the adjacent best-fixed re-measurement [3; quick 0.5]",
+        float,
+        Quick(3.0, 0.5),
+        "probing: window of the adjacent best-fixed re-measurement",
     )
-    p.add_argument("--conns", type=int, default=32, help="connections of the mixed loads [32]")
-    p.add_argument("--depth", type=int, default=16, help="pipeline depth per connection [16]")
-    p.add_argument("--workers", type=int, default=2, help="load-generator processes [2]")
-    p.add_argument(
-        "--read-heavy-sets", type=float, default=0.05, help="SET share of read-heavy [0.05]"
+    options.add(p, "--conns", int, 32, "connections of the mixed loads", low=1)
+    options.add(p, "--depth", int, 16, "pipeline depth per connection", low=1)
+    options.add(p, "--workers", int, 2, "load-generator processes", low=1)
+    options.add(p, "--read-heavy-sets", float, 0.05, "SET share of read-heavy", low=0, high=1)
+    options.add(p, "--write-heavy-sets", float, 0.90, "SET share of write-heavy", low=0, high=1)
+    options.data_flags(p, Quick(10_000, 2000), keys_help="keys, all preloaded")
+    options.add(
+        p, "--overhead-seconds", float, Quick(2.0, 1.0), "overhead: window of each run", above=0
     )
-    p.add_argument(
-        "--write-heavy-sets", type=float, default=0.90, help="SET share of write-heavy [0.9]"
-    )
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="keys, all preloaded [10000; quick 2000]")
-    p.add_argument(
-        "--overhead-seconds", type=float, help="overhead: window of each run [2; quick 1]"
-    )
-    p.add_argument(
+    options.add(
+        p,
         "--overhead-reps",
-        type=int,
-        help="overhead: rounds of (default, huge, none, a/a) [5; quick 1]",
+        int,
+        Quick(5, 1),
+        "overhead: rounds of (default, huge, none, a/a)",
+        low=1,
     )
-    p.set_defaults(func=run)
 
 
 def _ticks(x: float, what: str) -> int:
@@ -182,35 +167,10 @@ def _ticks(x: float, what: str) -> int:
 
 def _finish_args(args: argparse.Namespace) -> None:
     q = args.quick
-    if args.sizes is None:
-        args.sizes = list(QUICK_SIZES if q else SIZES)
-    if args.seconds is None:
-        args.seconds = 1.0 if q else 2.5
-    if args.passes is None:
-        args.passes = 1 if q else 2
-    if args.probe_seconds is None:
-        args.probe_seconds = 3.0 if q else 30.0
-    if args.reference_seconds is None:
-        args.reference_seconds = 0.5 if q else 3.0
-    if args.keys is None:
-        args.keys = 2000 if q else 10_000
-    if args.overhead_seconds is None:
-        args.overhead_seconds = 1.0 if q else 2.0
-    if args.overhead_reps is None:
-        args.overhead_reps = 1 if q else 5
     args.warmup = 0.5 if q else 1.0
     args.window_ticks = _ticks(args.seconds, "--seconds")
     args.probe_ticks = _ticks(args.probe_seconds, "--probe-seconds")
     args.ref_ticks = _ticks(args.reference_seconds, "--reference-seconds")
-    if args.passes not in (1, 2):
-        raise BenchError("--passes must be 1 or 2")
-    if min(args.conns, args.depth, args.workers, args.keys, args.overhead_reps) < 1:
-        raise BenchError("--conns, --depth, --workers, --keys, --overhead-reps must be >= 1")
-    for f in (args.read_heavy_sets, args.write_heavy_sets):
-        if not 0.0 <= f <= 1.0:
-            raise BenchError("SET shares must be within 0..1")
-    if args.overhead_seconds <= 0 or args.value_size < 0:
-        raise BenchError("--overhead-seconds must be > 0, --value-size >= 0")
     if "probing" in args.part and "sweep" not in args.part:
         args.part = ["sweep", *args.part]  # probing's reference is the sweep's best
     servers.pin_cpus(args)

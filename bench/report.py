@@ -9,7 +9,6 @@ where the 2 cores went: ``cli%`` is all load-generator processes together,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -18,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.loadgen import BenchError, LoadResult, LoadSpec
+from bench import options
+from bench.loadgen import LoadResult, LoadSpec
 
 
 @dataclass
@@ -219,50 +219,6 @@ def results_doc(
     }
 
 
-def json_flag(p: argparse.ArgumentParser) -> None:
-    """``--json PATH``, as every measuring subcommand has it."""
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
-
-
-def quick_flag(p: argparse.ArgumentParser, what: str = "a fast smoke run, < 40 s in all") -> None:
-    """``--quick``, as every measuring subcommand has it (what it means varies)."""
-    p.add_argument("--quick", action="store_true", help=what)
-
-
-def pin_flag(
-    p: argparse.ArgumentParser,
-    what: str = "split = the daemon on the first CPU, the load generator on the others",
-) -> None:
-    """``--pin none|split``, as the subcommands that compare CPU placements have it
-    (resolved by :func:`bench.servers.pin_cpus`)."""
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help=f"CPU placement: none = the OS decides; {what} [none]",
-    )
-
-
-def timing_defaults(
-    args: argparse.Namespace,
-    *,
-    seconds: tuple[float, float],
-    warmup: tuple[float, float],
-    rounds: tuple[int, int],
-) -> None:
-    """Fill ``--seconds``, ``--warmup`` and ``--rounds`` not given from (quick, full)
-    defaults, and check them (BenchError): the measuring subcommands share these three."""
-    i = 0 if args.quick else 1
-    if args.seconds is None:
-        args.seconds = seconds[i]
-    if args.warmup is None:
-        args.warmup = warmup[i]
-    if args.rounds is None:
-        args.rounds = rounds[i]
-    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
-        raise BenchError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
-
-
 def write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
     if path == "-":
@@ -286,26 +242,12 @@ def value_bytes(size: int, tag: bytes) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def name_list(text: str, choices: Sequence[str], what: str) -> list[str]:
-    """Parse ``a,b`` as a non-empty subset of ``choices`` (an argparse type)."""
-    import argparse
-
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names or [n for n in names if n not in choices]:
-        raise argparse.ArgumentTypeError(f"{what} are a comma-separated subset of {choices}")
-    return names
-
-
 def run_meta(args: Any) -> dict[str, Any]:
     """Machine, source commit and the settings of a run, for --json and headers."""
     return {
         "machine": machine_info(),
         "source": source_info(),
-        "settings": {
-            k: sorted(v) if isinstance(v, set | frozenset) else v
-            for k, v in vars(args).items()
-            if k != "func"
-        },
+        "settings": options.settings(args),
     }
 
 

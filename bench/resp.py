@@ -43,8 +43,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench import cpu, loadgen, report, servers
+from bench import cpu, loadgen, options, report, servers
 from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench.options import Quick
 
 BUCKET = "bench"
 OPS = ("get", "set", "incr", "mset")
@@ -66,13 +67,11 @@ def find_redis_benchmark() -> str | None:
     return shutil.which("redis-benchmark")
 
 
-def _ops(text: str) -> list[str]:
-    return report.name_list(text, OPS, "ops")
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "resp",
+        run,
         help="tenantkv's RESP port under redis-benchmark, vs redis-server and the "
         "MessagePack-RPC port",
         description="Drive tenantkv's RESP front door (and, with --vs-redis, redis-server "
@@ -82,33 +81,45 @@ def add_parser(sub: Any) -> None:
         "(bench/loadgen.py) with the ratio RESP / MessagePack. See docs/benchmarking.md.",
     )
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
-    p.add_argument("--ops", type=_ops, default=list(OPS), help="redis-benchmark tests [all four]")
-    p.add_argument(
+    options.add(
+        p, "--ops", options.names(OPS, "ops"), list(OPS), "redis-benchmark tests", show="all four"
+    )
+    options.add(
+        p,
         "--shapes",
-        type=cpu._shapes,
-        default=list(cpu.SHAPES),
-        help="CONNSxPIPELINE list (-c x -P) [1x1,16x1,1x64,16x64]",
+        cpu._shapes,
+        list(cpu.SHAPES),
+        "CONNSxPIPELINE list (-c x -P)",
+        show="1x1,16x1,1x64,16x64",
     )
-    p.add_argument("--value-size", type=int, default=64, help="value bytes (-d) [64]")
-    p.add_argument("--keys", type=int, default=10_000, help="keyspace (-r), preloaded [10000]")
-    p.add_argument("--seconds", type=float, help="length of each measured run [2; quick 0.5]")
-    p.add_argument(
-        "--warmup", type=float, help="MessagePack load: warm-up before the window [0.5; quick 0.2]"
+    options.data_flags(
+        p,
+        10_000,
+        64,
+        keys_help="keyspace (-r), preloaded",
+        value_help="value bytes (-d)",
+        value_low=1,
     )
-    p.add_argument("--rounds", type=int, help="rounds per cell, median kept [3; quick 1]")
-    report.pin_flag(
+    options.window_flags(
+        p,
+        Quick(2.0, 0.5),
+        Quick(0.5, 0.2),
+        Quick(3, 1),
+        what=(
+            "length of each measured run",
+            "MessagePack load: warm-up before the window",
+            "rounds per cell, median kept",
+        ),
+    )
+    options.pin_flag(
         p,
         "split = servers on the first CPU, redis-benchmark and the load generator on the others",
     )
-    report.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
-    report.json_flag(p)
-    p.set_defaults(func=run)
+    options.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
+    options.json_flag(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    report.timing_defaults(args, seconds=(0.5, 2.0), warmup=(0.2, 0.5), rounds=(1, 3))
-    if args.value_size < 1 or args.keys < 1:
-        raise BenchError("--value-size and --keys must be >= 1")
     servers.pin_cpus(args)
 
 

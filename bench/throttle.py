@@ -49,8 +49,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from bench import loadgen, report, resp, servers
+from bench import loadgen, options, report, resp, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
+from bench.options import Quick
 
 SCENARIOS = ("hard-limit", "reservation", "fairness", "overhead")
 #: ``--client``: which front door (and client) drives the hard-limit scenario
@@ -85,36 +86,21 @@ def _value(size: int) -> bytes:
     return report.value_bytes(size, b"throttle")
 
 
-def _scenario_list(text: str) -> list[str]:
-    return report.name_list(text, SCENARIOS, "scenarios")
-
-
-# -- command line ------------------------------------------------------------------
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "throttle",
+        run,
         help="tenant throttle: hard-limit accuracy, reservations, fairness, overhead",
         description="Measure the tenant throttle (docs/throttling.md) against its targets: "
         "hard-limit accuracy, a reservation under a noisy neighbour, fairness between a "
         "1-connection and a 64-connection bucket, and the cost of the admission fast "
         "path. Each scenario starts its own tenantkv daemon. See docs/benchmarking.md.",
     )
-    p.add_argument(
-        "--scenario",
-        type=_scenario_list,
-        default=list(SCENARIOS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(SCENARIOS)} [all]",
-    )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument(
-        "--seconds",
-        type=float,
-        help="measuring window of scenarios 1-3 [10; quick 3]",
+    options.parts(p, "--scenario", SCENARIOS, "scenarios")
+    options.common_flags(p)
+    options.add(
+        p, "--seconds", float, Quick(10.0, 3.0), "measuring window of scenarios 1-3", above=0
     )
     p.add_argument(
         "--client",
@@ -123,74 +109,65 @@ def add_parser(sub: Any) -> None:
         help="1: who drives the bucket: msgpack = bench/loadgen.py on the MessagePack-RPC "
         "port; resp = redis-benchmark (redis-tools) on the RESP port [msgpack]",
     )
-    p.add_argument(
-        "--warmup", type=float, help="load before each window, not counted [1; quick 0.5]"
+    options.add(
+        p, "--warmup", float, Quick(1.0, 0.5), "load before each window, not counted", low=0
     )
-    p.add_argument(
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="serve --workers N for every daemon: a supervisor and N worker processes, so "
+        int,
+        1,
+        "serve --workers N for every daemon: a supervisor and N worker processes, so "
         "the limits are held across workers by leased quotas (docs/scaling.md); 1 = the "
-        "single process [1]",
+        "single process",
+        metavar="N",
+        low=1,
+        high=256,
     )
-    p.add_argument(
-        "--value-size", type=int, default=100, help="value bytes; 100 B makes a GET 1 unit [100]"
+    options.data_flags(
+        p,
+        1000,
+        value_help="value bytes; 100 B makes a GET 1 unit",
+        keys_help="keys per bucket, all preloaded",
     )
-    p.add_argument("--keys", type=int, default=1000, help="keys per bucket, all preloaded [1000]")
     g = p.add_argument_group("scenario settings (limits in units/s)")
-    g.add_argument("--hard-limit", type=int, default=2000, help="1: the bucket's hard_limit [2000]")
-    g.add_argument("--capacity", type=int, default=10_000, help="2, 3: node capacity [10000]")
-    g.add_argument("--reserved", type=int, default=2000, help="2: quiet bucket's reserved [2000]")
-    g.add_argument(
-        "--noisy-hard-limit", type=int, default=8000, help="2: noisy bucket's hard_limit [8000]"
-    )
-    g.add_argument(
+    options.add(g, "--hard-limit", int, 2000, "1: the bucket's hard_limit", low=1, parser=p)
+    options.add(g, "--capacity", int, 10_000, "2, 3: node capacity", low=1, parser=p)
+    options.add(g, "--reserved", int, 2000, "2: quiet bucket's reserved", low=0, parser=p)
+    options.add(g, "--noisy-hard-limit", int, 8000, "2: noisy bucket's hard_limit", low=1, parser=p)
+    options.add(
+        g,
         "--rounds",
-        type=int,
-        help="2: repetitions of (quiet alone, quiet + noisy, control) [2; quick 1]",
+        int,
+        Quick(2, 1),
+        "2: repetitions of (quiet alone, quiet + noisy, control)",
+        low=1,
+        parser=p,
     )
-    g.add_argument(
+    options.add(
+        g,
         "--overhead-seconds",
-        type=float,
-        help="4: measuring window of each off/on run [3; quick 1]",
+        float,
+        Quick(3.0, 1.0),
+        "4: measuring window of each off/on run",
+        above=0,
+        parser=p,
     )
-    g.add_argument("--overhead-reps", type=int, help="4: off/on pairs per op [3; quick 1]")
-    g.add_argument(
+    options.add(g, "--overhead-reps", int, Quick(3, 1), "4: off/on pairs per op", low=1, parser=p)
+    options.add(
+        g,
         "--tickets",
-        type=int,
-        default=FIXED_TICKETS,
-        help="4: fix both execution-ticket pools at this size (throughput probing off) so "
-        "SET does not drift from run to run; 0 = leave probing on [%(default)s]",
+        int,
+        FIXED_TICKETS,
+        "4: fix both execution-ticket pools at this size (throughput probing off) so "
+        "SET does not drift from run to run; 0 = leave probing on",
+        low=0,
+        parser=p,
     )
-    p.set_defaults(func=run)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.seconds is None:
-        args.seconds = 3.0 if q else 10.0
-    if args.warmup is None:
-        args.warmup = 0.5 if q else 1.0
-    if args.rounds is None:
-        args.rounds = 1 if q else 2
-    if args.overhead_seconds is None:
-        args.overhead_seconds = 1.0 if q else 3.0
-    if args.overhead_reps is None:
-        args.overhead_reps = 1 if q else 3
-    if args.seconds <= 0 or args.warmup < 0 or args.overhead_seconds <= 0:
-        raise BenchError("--seconds and --overhead-seconds must be > 0, --warmup >= 0")
-    if args.value_size < 0 or args.keys < 1 or args.rounds < 1 or args.overhead_reps < 1:
-        raise BenchError("--value-size >= 0, --keys/--rounds/--overhead-reps >= 1")
-    if min(args.hard_limit, args.capacity, args.noisy_hard_limit) < 1 or args.reserved < 0:
-        raise BenchError("limits must be >= 1 (--reserved >= 0)")
-    if args.reserved > args.capacity:
-        raise BenchError("--reserved can't exceed --capacity")
-    if args.tickets < 0:
-        raise BenchError("--tickets must be >= 0")
-    if not 1 <= args.workers <= 256:
-        raise BenchError("--workers is 1 to 256")
+    options.check(args.reserved <= args.capacity, "--reserved can't exceed --capacity")
     if args.client == "resp":
         if args.scenario != ["hard-limit"]:
             raise BenchError("--client resp drives the hard-limit scenario only")

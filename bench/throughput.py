@@ -17,97 +17,63 @@ import sys
 import time
 from typing import Any
 
-from bench import loadgen, report, servers
-from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench import loadgen, options, report, servers
+from bench.loadgen import LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench.options import Quick
 
 BUCKET = "bench"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("values must be integers >= 1")
-    return vals
-
-
-def _op_list(text: str) -> list[str]:
-    ops = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [o for o in ops if o not in loadgen.OPS]
-    if not ops or bad:
-        raise argparse.ArgumentTypeError(f"ops must be a comma-separated subset of {loadgen.OPS}")
-    return ops
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "throughput",
+        run,
         help="GET / durable SET ops/s, pipelined and not, 1 and many connections",
         description="Measure GET and durable SET throughput and latency against a "
         "self-started tenantkv daemon (or --host/--port), optionally next to "
         "redis-server with appendfsync always (--vs-redis). See docs/benchmarking.md.",
     )
-    p.add_argument("--seconds", type=float, default=3.0, help="measuring window per cell [3]")
-    p.add_argument("--warmup", type=float, help="warm-up per cell [0.5; quick 0.1]")
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="distinct keys written and read [10000; quick 1000]")
-    p.add_argument("--ops", type=_op_list, default="get,set", help="ops to run [get,set]")
-    p.add_argument("--conns", type=_int_list, help="connection counts [1,16; quick 1,4]")
-    p.add_argument("--depths", type=_int_list, default="1,64", help="pipeline depths [1,64]")
-    p.add_argument(
+    options.window_flags(
+        p, 3.0, Quick(0.5, 0.1), what=("measuring window per cell", "warm-up per cell", "")
+    )
+    options.data_flags(p, Quick(10_000, 1000), keys_help="distinct keys written and read")
+    options.add(p, "--ops", options.names(loadgen.OPS, "ops"), ["get", "set"], "ops to run")
+    options.add(p, "--conns", options.int_list, Quick([1, 16], [1, 4]), "connection counts")
+    options.add(p, "--depths", options.int_list, [1, 64], "pipeline depths")
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=os.cpu_count() or 2,
-        help="most load-generator processes per cell; connections are spread over them [CPU count]",
+        int,
+        os.cpu_count() or 2,
+        "most load-generator processes per cell; connections are spread over them",
+        show="CPU count",
+        low=1,
     )
-    p.add_argument(
+    options.add(
+        p,
         "--rate",
-        type=float,
-        help="open loop: total target ops/s per cell, spread evenly over the connections; "
+        float,
+        None,
+        "open loop: total target ops/s per cell, spread evenly over the connections; "
         "latency counts from the scheduled send time [closed loop, max rate]",
+        above=0,
     )
-    report.pin_flag(
+    options.pin_flag(
         p,
         "split = servers on the first CPU, the load generator on the others "
         "(repeatable 1-connection cells)",
     )
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
-    report.json_flag(p)
-    p.add_argument("--quick", action="store_true", help="a fast smoke run (see [... quick ...])")
-    g = p.add_argument_group("existing server (default: start a tenantkv daemon)")
-    g.add_argument("--host", help="tenantkv host; when given, no daemon is started")
-    g.add_argument("--port", type=int, default=7207, help="tenantkv port (with --host) [7207]")
-    g.add_argument("--user", default="admin", help="tenantkv user (with --host) [admin]")
-    g.add_argument(
-        "--password",
-        default=os.environ.get("TENANTKV_PASSWORD"),
-        help="tenantkv password (with --host) [env TENANTKV_PASSWORD]",
-    )
-    g.add_argument(
-        "--data-dir", help="data directory for the started daemon; must be new [a temp dir]"
-    )
-    p.set_defaults(func=run)
+    options.json_flag(p)
+    options.quick_flag(p, "a fast smoke run (see [... quick ...])")
+    options.server_flags(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    if args.warmup is None:
-        args.warmup = 0.1 if args.quick else 0.5
-    if args.keys is None:
-        args.keys = 1000 if args.quick else 10_000
-    if args.conns is None:
-        args.conns = [1, 4] if args.quick else [1, 16]
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0 or args.keys < 1:
-        raise BenchError("--seconds must be > 0, --warmup/--value-size >= 0, --keys >= 1")
-    if args.workers < 1:
-        raise BenchError("--workers must be >= 1")
-    if args.rate is not None and args.rate <= 0:
-        raise BenchError("--rate must be > 0")
-    if args.host and not args.password:
-        raise BenchError("--host needs --password (or env TENANTKV_PASSWORD)")
+    options.check(
+        not args.host or bool(args.password), "--host needs --password (or env TENANTKV_PASSWORD)"
+    )
 
 
 def _value(size: int) -> bytes:

@@ -52,16 +52,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import loadgen, report, servers, workloads
+from bench import loadgen, options, report, servers, workloads
 from bench.loadgen import (
     WORKLOAD,
-    BenchError,
     LoadResult,
     LoadSpec,
     RedisCodec,
     Target,
     TenantKVCodec,
 )
+from bench.options import Quick
 
 BUCKET = "bench"
 NAMES = tuple(workloads.WORKLOADS)
@@ -72,63 +72,71 @@ E_ON_REDIS = (
 )
 
 
-def _workload_list(text: str) -> list[str]:
-    return report.name_list(text.upper(), NAMES, "workloads")
-
-
-def _dist_list(text: str) -> list[str]:
-    return report.name_list(text.lower(), workloads.DISTRIBUTIONS, "distributions")
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
+    p = options.subcommand(
+        sub,
         "ycsb",
+        run,
         help="YCSB core workloads A-F with zipfian / uniform / latest keys",
         description="Run YCSB's core workloads (A update heavy, B read mostly, C read only, "
         "D read latest, E short ranges, F read-modify-write) against a self-started "
         "tenantkv daemon, optionally next to redis-server with appendfsync always "
         "(--vs-redis). See the module docstring of bench/ycsb.py.",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--workloads",
-        type=_workload_list,
-        default=list(NAMES),
+        options.names(NAMES, "workloads", str.upper),
+        list(NAMES),
+        "workloads to run",
         metavar="W[,W]",
-        help="workloads to run [A,B,C,D,E,F]",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--distributions",
-        type=_dist_list,
-        default=["zipfian", "uniform"],
+        options.names(workloads.DISTRIBUTIONS, "distributions", str.lower),
+        ["zipfian", "uniform"],
+        "key distributions, of zipfian, uniform, latest (D always uses latest)",
         metavar="D[,D]",
-        help="key distributions, of zipfian, uniform, latest (D always uses latest) "
-        "[zipfian,uniform]",
     )
-    p.add_argument("--records", type=int, help="records preloaded per cell [10000; quick 1000]")
-    p.add_argument(
+    options.add(p, "--records", int, Quick(10_000, 1000), "records preloaded per cell", low=2)
+    options.add(
+        p,
         "--value-size",
-        type=int,
-        default=100,
-        help="value bytes [100, as the other scenarios; YCSB's record is 1000]",
+        int,
+        100,
+        "value bytes",
+        show="100, as the other scenarios; YCSB's record is 1000",
+        low=0,
     )
-    p.add_argument("--conns", type=int, default=16, help="connections (YCSB threads) [16]")
-    p.add_argument("--depth", type=int, default=1, help="outstanding requests per connection [1]")
-    p.add_argument("--seconds", type=float, help="measuring window per cell [5; quick 1]")
-    p.add_argument("--warmup", type=float, help="warm-up per cell [1; quick 0.2]")
-    p.add_argument(
+    options.add(p, "--conns", int, 16, "connections (YCSB threads)", low=1)
+    options.add(p, "--depth", int, 1, "outstanding requests per connection", low=1)
+    options.window_flags(
+        p,
+        Quick(5.0, 1.0),
+        Quick(1.0, 0.2),
+        what=("measuring window per cell", "warm-up per cell", ""),
+    )
+    options.add(
+        p,
         "--rate",
-        type=float,
-        help="open loop: total YCSB ops/s per cell, Poisson arrivals; latency counts from "
+        float,
+        None,
+        "open loop: total YCSB ops/s per cell, Poisson arrivals; latency counts from "
         "the scheduled send [closed loop]",
+        above=0,
     )
-    p.add_argument(
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=os.cpu_count() or 2,
-        help="most load-generator processes per cell [CPU count]",
+        int,
+        os.cpu_count() or 2,
+        "most load-generator processes per cell",
+        show="CPU count",
+        low=1,
     )
-    p.add_argument("--seed", type=int, default=1, help="seed of the workload plans [1]")
-    report.pin_flag(
+    options.add(p, "--seed", int, 1, "seed of the workload plans")
+    options.pin_flag(
         p,
         "split = servers on the first CPU, the load generator on the others",
     )
@@ -137,28 +145,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="also run redis-server (appendfsync always): workloads A-D, F",
     )
-    report.json_flag(p)
-    p.add_argument(
-        "--quick", action="store_true", help="a fast smoke run (every workload in < 40 s)"
-    )
-    p.set_defaults(func=run)
-
-
-def _finish_args(args: argparse.Namespace) -> None:
-    if args.records is None:
-        args.records = 1000 if args.quick else 10_000
-    if args.seconds is None:
-        args.seconds = 1.0 if args.quick else 5.0
-    if args.warmup is None:
-        args.warmup = 0.2 if args.quick else 1.0
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0:
-        raise BenchError("--seconds must be > 0, --warmup and --value-size >= 0")
-    if args.records < 2:
-        raise BenchError("--records must be >= 2")
-    if args.conns < 1 or args.depth < 1 or args.workers < 1:
-        raise BenchError("--conns, --depth and --workers must be >= 1")
-    if args.rate is not None and args.rate <= 0:
-        raise BenchError("--rate must be > 0")
+    options.json_flag(p)
+    options.quick_flag(p, "a fast smoke run (every workload in < 40 s)")
 
 
 def cell_plan(names: list[str], dists: list[str]) -> list[tuple[str, str]]:
@@ -283,7 +271,6 @@ def _prefix(workload: str, distribution: str) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
-    _finish_args(args)
     value = report.value_bytes(args.value_size, b"ycsb")
     servers.pin_cpus(args)
     server_cpus, client_cpus = args.server_cpus, args.client_cpus
