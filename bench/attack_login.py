@@ -39,7 +39,7 @@ from typing import Any
 
 import msgpack
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.attack import rss_anon_kib
 
 LOGIN_TARGET_S = 0.200
@@ -50,27 +50,19 @@ HASHES_TARGET = 10
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-login",
-        help="wrong passwords against the login limiter: neighbours, admin slots, "
-        "hash pool bounds, --workers 2",
-        description="Attack a self-started tenantkv with wrong passwords: a redis-py "
-        "client, idle connections at the admin's address, 60 addresses x 10 guesses, "
-        "a tenant's 1,000 guesses at a user's address, 300 concurrent guesses over two "
-        "workers. See docs/security.md, 'Logins'.",
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="part c's attack [10]")
-    p.add_argument("--quick", action="store_true", help="part c for 4 s")
-    p.add_argument("--only", default="abcde", help="the parts to run, e.g. 'ce' [abcde]")
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 10.0, "part c's attack")
+    options.quick_flag(p, "part c for 4 s")
+    options.add(p, "--only", None, "abcde", "the parts to run, e.g. 'ce'")
+    options.add(
+        p,
         "--attacker-nice",
-        type=int,
-        default=0,
-        help="niceness of part c's attacking process, which shares the server's cores "
-        "here (a remote attacker would not) [0]",
+        int,
+        0,
+        "niceness of part c's attacking process, which shares the server's cores "
+        "here (a remote attacker would not)",
     )
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 def _hello(user: str, password: str, **extra: Any) -> bytes:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.attack import rss_anon_kib
 
 HEALTHY_TARGET = 0.80
@@ -53,22 +53,14 @@ ATTACKER, ATTACKED = "mallory", "att"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-resp",
-        help="one tenant attacks the RESP door (MGET, KEYS ranges, patterns, DEL, "
-        "CLIENT SETNAME) against the isolation targets",
-        description="Attack a self-started tenantkv's RESP door as one tenant with small "
-        "limits while another tenant's client runs GETs: its rate calm vs under attack, "
-        "RSS growth, internal-error replies and log lines per request. See docs/security.md.",
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="attack duration per part [10]")
-    p.add_argument("--attackers", type=int, default=2, help="attacking processes [2]")
-    p.add_argument("--quick", action="store_true", help="4 s per part")
-    p.add_argument(
-        "--parts", default="mget,keys-range,pattern,del,setname", help="parts to run [all]"
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 10.0, "attack duration per part")
+    options.add(p, "--attackers", int, 2, "attacking processes")
+    options.quick_flag(p, "4 s per part")
+    options.add(
+        p, "--parts", None, "mget,keys-range,pattern,del,setname", "parts to run", show="all"
     )
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 # -- RESP on a raw socket ------------------------------------------------------------

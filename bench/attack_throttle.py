@@ -41,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from bench import report, servers
+from bench import options, report, servers
 
 RATIO_TARGET = 1.03
 RECOVERY_TARGET_S = 1.0
@@ -54,20 +54,11 @@ IN_FLIGHT = 4
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-throttle",
-        help="writes in flight past a hard limit, an unthrottled burst, a bucket held by "
-        "its unthrottled user: the throttle's targets",
-        description="Attack the tenant throttle of a self-started tenantkv: (a) 8 x 4 "
-        "large SETs in flight at hard limit 100 (one process and --workers 2), (b) another "
-        "bucket's rate after an unthrottled burst to node capacity, (c) a GET on a bucket "
-        "its unthrottled user keeps at its limit. See docs/throttling.md.",
-    )
-    p.add_argument("--seconds", type=float, default=40.0, help="part (a) window [40]")
-    p.add_argument("--quick", action="store_true", help="10 s windows")
-    p.add_argument("--parts", default="abc", help="which parts to run, e.g. 'a' or 'bc' [abc]")
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 40.0, "part (a) window")
+    options.quick_flag(p, "10 s windows")
+    options.add(p, "--parts", None, "abc", "which parts to run, e.g. 'a' or 'bc'")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 # --------------------------------------------------------------------------- wire

@@ -74,21 +74,9 @@ DETAIL_PRINTED = 20
 DETAIL_JSON = 1000
 KINDS = ("set", "pipelined_set", "slot_set", "cas", "incr")
 
-_log = report.log
-
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "crash",
-        run,
-        help="SIGKILL cycles under concurrent durable writers: acknowledged writes lost "
-        "(target 0), in-flight writes, restart time",
-        description="Start a tenantkv daemon on one data directory, write from concurrent "
-        "clients (durable SETs, pipelined batches, CAS and INCR updates), SIGKILL it at a "
-        "random moment, restart it on the same directory and check that every acknowledged "
-        "write survived; repeat --cycles times. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.add(p, "--cycles", int, Quick(10, 3), "kill/restart cycles", low=1)
     options.add(p, "--writers", int, 8, "concurrent writer threads", low=1)
     options.add(
@@ -431,7 +419,7 @@ def data_directory(path: str | None) -> Iterator[tuple[str, list[bool]]]:
         yield os.path.join(root, "data"), keep
     finally:
         if keep[0]:
-            _log(f"data directory kept for inspection: {root}/data")
+            report.log(f"data directory kept for inspection: {root}/data")
         else:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -541,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         d = Daemon(data_dir)
         try:
-            _log(f"crash: starting tenantkv on {data_dir} ...")
+            report.log(f"crash: starting tenantkv on {data_dir} ...")
             start_ms = d.start()
             assert d.handle is not None
             meta["server"] = {"version": d.handle.version, "settings": d.handle.settings}
@@ -560,14 +548,14 @@ def run(args: argparse.Namespace) -> int:
                 corrupt_detail += chk.corrupt_detail
                 row = cycle_row(cycle, written, restart_ms, check_ms, chk, writers)
                 rows.append(row)
-                _log(
+                report.log(
                     f"  cycle {cycle}/{args.cycles}: SIGKILL after {written:.2f} s; "
                     f"{chk.acknowledged:,} acknowledged, {chk.lost} lost, {chk.in_flight} in "
                     f"flight ({chk.in_flight_survived} survived), {chk.corrupt} corrupt; "
                     f"restart {restart_ms:.0f} ms, check {check_ms:.0f} ms"
                     + (f"; {row['writer_errors']} writer errors" if row["writer_errors"] else "")
                 )
-            _log(f"  final check: {len(history):,} acknowledged keys of all cycles ...")
+            report.log(f"  final check: {len(history):,} acknowledged keys of all cycles ...")
             final = _final_check(d, creds, history)
             lost_detail += final["lost_detail"]
         finally:

@@ -145,28 +145,11 @@ GAUGES = frozenset(
 #: Evidence figures that count requests a gate made wait or turned away: all must be 0.
 WAIT_KEYS = ("queued", "rejected", "throttled", "waited", "canceled")
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"gates")
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "gates",
-        run,
-        help="cost of the whole admission path: every gate on but generous vs off",
-        description="Measure GET and durable SET with every admission gate on but generous "
-        "(nothing rejected or queued) against every gate that has a switch off, on one "
-        "self-started daemon switched at runtime, in alternating off/on pairs; checks from "
-        "the server's counters that the on runs really went through the gates. See "
-        "docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.add(p, "--ops", options.names(loadgen.OPS, "ops"), ["get", "set"], "ops to run")
     options.add(p, "--reps", int, Quick(3, 1), "off/on pairs per cell", low=1)
     options.window_flags(
@@ -685,12 +668,12 @@ def run(args: argparse.Namespace) -> int:
     import tenantkv
 
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"gates")
     meta = report.run_meta(args)
     pool = args.pool
     runs: list[Run] = []
     t0 = time.monotonic()
-    _log("starting tenantkv ...")
+    report.log("starting tenantkv ...")
     with servers.tenantkv_server(cpus=args.server_cpus) as handle:
         assert handle.password is not None
         admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
@@ -699,20 +682,18 @@ def run(args: argparse.Namespace) -> int:
             password = secrets.token_urlsafe(18)
             admin.create_user("bench", password, roles={BUCKET: "readwrite"})
             target = Target(handle.host, handle.port, TenantKVCodec("bench", password, BUCKET))
-            _log(f"preloading {args.keys} keys of {args.value_size} B ...")
+            report.log(f"preloading {args.keys} keys of {args.value_size} B ...")
             loadgen.preload(target, args.keys, value)
             configure_common(admin, pool)
             for op in args.ops:
                 for conns in args.conns:
                     for depth in args.depths:
-                        spec = LoadSpec(
-                            op=op,
-                            conns=conns,
-                            depth=depth,
-                            value=value,
-                            keys=args.keys,
-                            seconds=args.seconds,
-                            warmup=args.warmup,
+                        spec = loadgen.cell_spec(
+                            args,
+                            op,
+                            conns,
+                            depth,
+                            value,
                             workers=min(conns, os.cpu_count() or 2),
                             cpus=args.client_cpus,
                         )
@@ -803,7 +784,7 @@ def _cell(
         run.steal_pct = 100 * (m1[1] - m0[1]) / (t1 - t0)
         out.append(run)
         cpu = run.cpu_us_per_op
-        _log(
+        report.log(
             f"  {spec.op} conns={spec.conns} depth={spec.depth:<3} rep {rep + 1} {mode:<3} "
             f"{res.ops_per_s:>10,.0f} ops/s  p50 {_fmt(res.percentile_us(0.5))} µs  "
             f"p99 {_fmt(res.percentile_us(0.99))} µs  srv {_fmt(cpu)} µs/op  "

@@ -394,6 +394,21 @@ class LoadSpec:
     distribution: str = "zipfian"
 
 
+def cell_spec(args: Any, op: str, conns: int, depth: int, value: bytes, **kw: Any) -> LoadSpec:
+    """A cell of a subcommand's grid, its keys and window from the flags
+    (``--keys``, ``--seconds``, ``--warmup``)."""
+    return LoadSpec(
+        op=op,
+        conns=conns,
+        depth=depth,
+        value=value,
+        keys=args.keys,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        **kw,
+    )
+
+
 def key_name(prefix: bytes, i: int) -> bytes:
     return b"%s%08d" % (prefix, i)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,10 +176,19 @@ def names(
 
 
 def subcommand(
-    sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str, description: str
+    sub: Any, run: Callable[[argparse.Namespace], int], doc: str | None
 ) -> argparse.ArgumentParser:
-    """A subcommand's parser, its ``run`` set as ``func``."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    """A subcommand's parser from its module's docstring, which opens with
+    ``python -m bench NAME``: HELP; the rest of it is the ``--help`` text."""
+    first, _, rest = (doc or "").partition("\n")
+    name = first.split("``")[1].split()[-1]
+    help = first.split("``:", 1)[1].strip().rstrip(".")
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help.replace("%", "%%"),
+        description=textwrap.dedent(rest).strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.set_defaults(func=run)
     return p
 

@@ -105,29 +105,11 @@ CONN_BURST = "ingress_connection_establishment_burst_capacity_secs"
 CONN_QUEUE = "ingress_connection_establishment_max_queue_depth"
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"overload")
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "overload",
-        run,
-        help="front-door protection: Poisson overload at 0.5-8 x capacity, rejection cost, "
-        "connection storm",
-        description="Offer GETs open loop with Poisson arrivals at multiples of the capacity "
-        "the ingress request rate limiter admits, and measure goodput, rejections, admitted "
-        "latency and the server CPU a rejection costs; then a connection storm against "
-        "established clients with the connection-establishment limiter on. Starts its own "
-        "tenantkv daemon. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.parts(p, "--part", PARTS, "parts")
     options.common_flags(p)
     options.window_flags(
@@ -388,7 +370,7 @@ def capacity(d: Daemon, args: argparse.Namespace, value: bytes, depth: int, conn
 def part_load(
     d: Daemon, args: argparse.Namespace, value: bytes, out_meta: dict[str, Any]
 ) -> Outcome:
-    _log("  capacity: closed-loop GET, pipelined and unpipelined ...")
+    report.log("  capacity: closed-loop GET, pipelined and unpipelined ...")
     cap_p = capacity(d, args, value, 64, 4)
     cap_u = capacity(d, args, value, 1, args.conns)
     k_p, k_u = cap_p.result.ops_per_s, cap_u.result.ops_per_s
@@ -426,11 +408,11 @@ def part_load(
         order = list(args.factors) if rnd % 2 == 0 else list(args.factors)[::-1]
         for f in order:
             offered = f * c
-            _log(f"  round {rnd + 1}: {f:g} x C = {offered:,.0f} req/s ...")
+            report.log(f"  round {rnd + 1}: {f:g} x C = {offered:,.0f} req/s ...")
             w = measure(d, poisson_loads(d, args, value, offered, 7 + rnd), offered, mach)
             by[f].append(w)
             r = w.result
-            _log(
+            report.log(
                 f"    goodput {r.ops_per_s:,.0f}/s, rejected {w.rejected / r.window_s:,.0f}/s, "
                 f"p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
                 f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
@@ -638,7 +620,7 @@ def part_cost(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> Ou
                 pct[mode].append(w.server_pct)
                 rates[mode].append(n / r.window_s)
                 counts[mode].append((r.ok, w.rejected))
-                _log(
+                report.log(
                     f"  {name} {mode}: {n / r.window_s:,.0f} req/s, server "
                     f"{w.server_pct:.0f} %, {per[mode][-1]:.1f} µs/request"
                 )
@@ -953,7 +935,7 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
                     BUCKETS[0],
                     args.storm_rst,
                 )
-            _log(f"  round {rnd + 1}: {m} ...")
+            report.log(f"  round {rnd + 1}: {m} ...")
             w = measure(d, loads, est, mach, storm.start if storm else None)
             if storm is not None:
                 s = storm.finish()
@@ -962,7 +944,7 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
                 mach.client += w.extra_client_cpu_s
             by[m].append(w)
             r = w.result
-            _log(
+            report.log(
                 f"    p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
                 f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
                 + (f", storm {w.storm['counts']}" if w.storm else "")
@@ -1091,7 +1073,7 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"overload")
     out = sys.stderr if args.json == "-" else sys.stdout
     meta = report.run_meta(args)
     m = meta["machine"]
@@ -1114,7 +1096,7 @@ def run(args: argparse.Namespace) -> int:
     with daemon(list(BUCKETS), args.keys, value, args.server_cpus) as d:
         c = args.capacity
         if "load" in args.part:
-            _log("part load ...")
+            report.log("part load ...")
             show(part_load(d, args, value, meta))
             c = meta["C"]
         if c is None:
@@ -1123,10 +1105,10 @@ def run(args: argparse.Namespace) -> int:
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
             print(f"\nC = {c:,.0f} req/s (unpipelined capacity {cap:,.0f} GET/s)", file=out)
         if "cost" in args.part:
-            _log("part cost ...")
+            report.log("part cost ...")
             show(part_cost(d, args, value, c))
         if "storm" in args.part:
-            _log("part storm ...")
+            report.log("part storm ...")
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
             show(part_storm(d, args, value, c))
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)

@@ -90,27 +90,11 @@ O_CONNS, O_DEPTH = 4, 64
 BUCKET = "bench"
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"probing")
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "probing",
-        run,
-        help="execution tickets: fixed pool sweep, throughput probing, ticket overhead",
-        description="Sweep fixed execution-ticket pool sizes under a read-heavy and a "
-        "write-heavy workload, then measure how fast and how well throughput probing "
-        "finds the best size (also after a workload switch), and what ticket accounting "
-        "costs. Starts its own tenantkv daemons. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.parts(p, "--part", PARTS, "parts", " (probing needs the sweep)")
     options.common_flags(p)
     options.add(
@@ -264,7 +248,7 @@ def daemon(
     import tenantkv
 
     what = "" if not launcher else " (no execution tickets)" if "True" in launcher[-1] else " (A/A)"
-    _log(f"  starting tenantkv{what} ...")
+    report.log(f"  starting tenantkv{what} ...")
     with servers.tenantkv_server(cpus=cpus, launcher=launcher) as handle:
         assert handle.password is not None
         admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
@@ -436,7 +420,7 @@ def sweep(
     actions = {j * seg: (lambda n=n: fixed(d, n)) for j, n in enumerate(plan)}
     fixed(d, plan[0])
     spec = mixed_spec(args, value, w.set_fraction, seg * len(plan), warmup=args.warmup)
-    _log(f"  sweep {w.name}: sizes {' '.join(map(str, plan))} ({spec.seconds:g} s) ...")
+    report.log(f"  sweep {w.name}: sizes {' '.join(map(str, plan))} ({spec.seconds:g} s) ...")
     res, ss = timeline(d, spec, actions, machine)
     out = SweepResult(w, {}, {}, {})
     for j, n in enumerate(plan):
@@ -633,7 +617,7 @@ def part_probing(
         seg_ref: probing_on,
         seg_ref + 2 * P: lambda: fixed(d, wh.best),
     }
-    _log(f"  probing: read-heavy, then write-heavy ({spec.seconds:g} s) ...")
+    report.log(f"  probing: read-heavy, then write-heavy ({spec.seconds:g} s) ...")
     res, ss = timeline(d, spec, actions, mach)
     ref_rh = rate(ss[1], ss[seg_ref])
     ref_wh = rate(ss[seg_ref + 2 * P + 1], ss[total])
@@ -661,7 +645,7 @@ def part_probing(
     fixed(d, wh.best)
     total = seg_ref + P
     spec = mixed_spec(args, value, wh.workload.set_fraction, total, warmup=warm)
-    _log(f"  probing: write-heavy ({spec.seconds:g} s) ...")
+    report.log(f"  probing: write-heavy ({spec.seconds:g} s) ...")
     res, ss2 = timeline(d, spec, {seg_ref: probing_on}, mach)
     ref_wh2 = rate(ss2[1], ss2[seg_ref])
     pc = Phase(
@@ -807,7 +791,7 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                         pools[name].append((b.size_r, b.size_w))
                 runs[name][m].append(r.ops_per_s)
                 cpu[name][m].append(_pct(r.server_cpu_s, r.window_s) or 0.0)
-                _log(f"  overhead {name} {m:<7} {r.ops_per_s:>10,.0f} ops/s")
+                report.log(f"  overhead {name} {m:<7} {r.ops_per_s:>10,.0f} ops/s")
     out.lines.append(
         f"   {'load':<12}"
         + "".join(f" {m:>9}" for m in modes)
@@ -899,7 +883,7 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"probing")
     out = sys.stderr if args.json == "-" else sys.stdout
     meta = report.run_meta(args)
     m = meta["machine"]
@@ -927,7 +911,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(o.lines), file=out, flush=True)
 
     if "sweep" in args.part:
-        _log("part sweep + probing ..." if "probing" in args.part else "part sweep ...")
+        report.log("part sweep + probing ..." if "probing" in args.part else "part sweep ...")
         with daemon(args.keys, value, args.server_cpus) as d:
             set_params(d, **{MAX_P: max(256, max(args.sizes))}, **OPEN_GATES)
             print(
@@ -943,7 +927,7 @@ def run(args: argparse.Namespace) -> int:
             if "probing" in args.part:
                 show(part_probing(d, args, value, sweeps))
     if "overhead" in args.part:
-        _log("part overhead ...")
+        report.log("part overhead ...")
         show(part_overhead(args, value))
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     finish(args, out, "probing", meta, outcomes, widths=(10, 44, 10))

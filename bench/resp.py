@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import cpu, loadgen, options, report, servers
-from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench.loadgen import BenchError, RedisCodec, Target, TenantKVCodec
 from bench.options import Quick
 
 BUCKET = "bench"
@@ -68,18 +68,7 @@ def find_redis_benchmark() -> str | None:
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "resp",
-        run,
-        help="tenantkv's RESP port under redis-benchmark, vs redis-server and the "
-        "MessagePack-RPC port",
-        description="Drive tenantkv's RESP front door (and, with --vs-redis, redis-server "
-        "with appendfsync always) with redis-benchmark: GET, SET, INCR, MSET x connections "
-        "x pipeline depth. Reports ops/s, the ratio to redis from the same run, server CPU "
-        "µs/op, and for GET and SET the MessagePack-RPC port's ops/s for the same load shape "
-        "(bench/loadgen.py) with the ratio RESP / MessagePack. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
     options.add(
         p, "--ops", options.names(OPS, "ops"), list(OPS), "redis-benchmark tests", show="all four"
@@ -426,14 +415,12 @@ def _cell(
     spec = None
     if op in MSGPACK_OPS:
         runs["msgpack"] = []
-        spec = LoadSpec(
-            op=op,
-            conns=conns,
-            depth=depth,
-            value=value,
-            keys=args.keys,
-            seconds=args.seconds,
-            warmup=args.warmup,
+        spec = loadgen.cell_spec(
+            args,
+            op,
+            conns,
+            depth,
+            value,
             cpus=args.client_cpus,
             key_prefix=KEY_PREFIX,
         )

@@ -63,10 +63,6 @@ DRAIN_LIMIT = 60.0
 TAIL_SECONDS = 4.0
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 @dataclass(frozen=True)
 class Mode:
     name: str
@@ -96,16 +92,7 @@ def _mode_list(text: str) -> list[Mode]:
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "retries",
-        run,
-        help="client overload retries: goodput and retry amplification at 2x / 4x overload",
-        description="Overload a bucket's hard limit (non-blocking throttle) with open-loop "
-        "GETs from the Trio client and compare retries off, on and adaptive: success rate "
-        "after a burst, goodput against peak and retry amplification under sustained "
-        "overload. Starts its own tenantkv daemon. See docs/client.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.parts(p, "--scenario", SCENARIOS, "scenarios")
     options.add(
         p,
@@ -476,14 +463,14 @@ def run(args: argparse.Namespace) -> int:
     }
     results: list[RunResult] = []
     t_start = time.monotonic()
-    _log("starting tenantkv ...")
+    report.log("starting tenantkv ...")
     with servers.tenantkv_server(args.data_dir) as handle:
         user, password = _prepare(handle, names, args)
         for name, (scenario, mode, factor) in zip(names, plan, strict=True):
-            _log(f"  {scenario} {factor:g}x peak, retries {mode.name} ...")
+            report.log(f"  {scenario} {factor:g}x peak, retries {mode.name} ...")
             r = _run(args, handle, user, password, name, scenario, mode, factor)
             results.append(r)
-            _log(
+            report.log(
                 f"    ops {r.ops}, ok {r.ok_pct:.2f} %, goodput {r.goodput:.1f}/s "
                 f"({r.goodput_pct:.1f} % of peak), attempts/op {r.attempts_per_op:.3f}, "
                 f"errors {r.errors or '-'}"

@@ -39,7 +39,6 @@ import os
 import random
 import secrets
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -47,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import options, servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
 
 RSS_TARGET_PCT = 10.0
@@ -56,17 +55,7 @@ NOISY = "noisy"
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "soak",
-        run,
-        help="long run with mixed tenants, overload bursts and admin changes: "
-        "memory growth and latency drift",
-        description="Run a self-started tenantkv for --minutes under steady tenants, a "
-        "bursting noisy tenant, connection churn and admin changes; report resident memory "
-        "and latency over time against the targets (RssAnon growth < 10 %%, p99 drift "
-        "< 20 %%). Not for CI. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.add(p, "--minutes", float, 10.0, "how long to run", above=0)
     options.add(p, "--warmup", float, None, "seconds not measured at the start [min(60, 20%%)]")
     options.add(p, "--interval", float, 10.0, "seconds per report row", above=0)
@@ -79,10 +68,6 @@ def add_parser(sub: Any) -> None:
     options.add(p, "--admin-every", float, 5.0, "seconds between admin changes")
     options.add(p, "--seed", int, 1, "random seed")
     p.add_argument("--json", metavar="PATH", help="write the rows and summary as JSON here")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def proc_memory_mb(pid: int) -> dict[str, float]:
@@ -318,11 +303,11 @@ def run(args: argparse.Namespace) -> int:
         ]
         for t in threads:
             t.start()
-        _log(
+        report.log(
             f"soak: {args.minutes:g} min, {args.tenants} tenants x {args.rate:g} ops/s, bursts "
             f"{args.burst_secs:g}s every {args.burst_every:g}s, warm-up {args.warmup:g}s"
         )
-        _log(
+        report.log(
             f"{'t s':>6} {'ops/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
             f"{'RSS MiB':>8} {'anon MiB':>8} {'overload':>8} {'errors':>6}"
         )
@@ -356,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 if not row["warmup"]:
                     pooled.append((t, array.array("d", lat)))
-                _log(
+                report.log(
                     f"{t:6.0f} {row['ops_per_s']:7.0f} {_fmt(percentile(lat, 0.5)):>7} "
                     f"{_fmt(percentile(lat, 0.99)):>7} {_fmt(lat[-1] if lat else None):>7} "
                     f"{row['rss_mb']:8.1f} {row['rss_anon_mb']:8.1f} {row['overload']:8d} "

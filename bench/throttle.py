@@ -79,24 +79,8 @@ OTHER_CPU_WARN = 15.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"throttle")
-
-
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "throttle",
-        run,
-        help="tenant throttle: hard-limit accuracy, reservations, fairness, overhead",
-        description="Measure the tenant throttle (docs/throttling.md) against its targets: "
-        "hard-limit accuracy, a reservation under a noisy neighbour, fairness between a "
-        "1-connection and a 64-connection bucket, and the cost of the admission fast "
-        "path. Each scenario starts its own tenantkv daemon. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.parts(p, "--scenario", SCENARIOS, "scenarios")
     options.common_flags(p)
     options.add(
@@ -340,7 +324,7 @@ def daemon(
     """
     import tenantkv
 
-    _log("  starting tenantkv" + (f" --workers {workers}" if workers > 1 else "") + " ...")
+    report.log("  starting tenantkv" + (f" --workers {workers}" if workers > 1 else "") + " ...")
     with servers.tenantkv_server(cpus=cpus, workers=workers) as handle:
         assert handle.password is not None
         admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
@@ -837,7 +821,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         n_spec = _spec(args, value, "get", N_CONNS, N_DEPTH)
         # The first run after a start has a worse tail (first-time code paths,
         # page faults): prime the server and the generator, unmeasured.
-        _log("  priming (not measured) ...")
+        report.log("  priming (not measured) ...")
         ps = 0.5 if args.quick else 1.0
         prime = dataclasses.replace(q_spec, seconds=ps, warmup=0.2)
         _run(
@@ -849,13 +833,13 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         # Only window-edge snapshots here: a status call every second adds to
         # Q's tail, which is the figure under test.
         for i in range(args.rounds):
-            _log(f"  round {i + 1}: Q alone ...")
+            report.log(f"  round {i + 1}: Q alone ...")
             (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
             alone.append(rq)
             d_alone.append(delta(snaps[0], snaps[-1], "quiet"))
             srv_alone.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
             cli_alone.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
-            _log(f"  round {i + 1}: Q + noisy N ...")
+            report.log(f"  round {i + 1}: Q + noisy N ...")
             (rq, rn), snaps = _run(
                 d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
             )
@@ -869,7 +853,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
             cli_noisy.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
             # Control: the same node load without the throttle's waiting: throttling
             # off, N offered open loop at the rate it just achieved.
-            _log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
+            report.log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
             d.admin.set_node_throttle({"capacity": "unlimited"})
             d.admin.set_bucket_throttle("noisy", {"hard_limit": "unlimited"})
             c_spec = dataclasses.replace(n_spec, rate=max(1.0, dn.units_per_s / cost))
@@ -881,7 +865,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
             control_q.append(rc)
             others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
             srv_control.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            _log(
+            report.log(
                 f"    p99 alone {_us(alone[-1].percentile_us(0.99))}, with N "
                 f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
                 f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
@@ -1171,7 +1155,7 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                         "throttle_count": dl.throttled,
                     }
                 )
-                _log(
+                report.log(
                     f"  {op} {mode:<3} run {i + 1}: {r.ops_per_s:>10,.0f} ops/s  "
                     f"srv {_fmt_pct(srv)}  cli {cli:.0f} %  throttled {dl.throttled}"
                 )
@@ -1259,7 +1243,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, bytes], Outcome]] = {
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"throttle")
     out = sys.stderr if args.json == "-" else sys.stdout
     meta = report.run_meta(args)
     m = meta["machine"]
@@ -1288,11 +1272,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     outcomes: list[Outcome] = []
     for name in args.scenario:
-        _log(f"scenario {name} ...")
+        report.log(f"scenario {name} ...")
         t1 = time.monotonic()
         o = RUNNERS[name](args, value)
         o.data["elapsed_s"] = round(time.monotonic() - t1, 1)
-        _log(f"scenario {name} done in {o.data['elapsed_s']:g} s")
+        report.log(f"scenario {name} done in {o.data['elapsed_s']:g} s")
         outcomes.append(o)
         print(f"\n{o.title}", file=out)
         print("\n".join(o.lines), file=out, flush=True)

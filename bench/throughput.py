@@ -18,22 +18,14 @@ import time
 from typing import Any
 
 from bench import loadgen, options, report, servers
-from bench.loadgen import LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench.loadgen import RedisCodec, Target, TenantKVCodec
 from bench.options import Quick
 
 BUCKET = "bench"
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "throughput",
-        run,
-        help="GET / durable SET ops/s, pipelined and not, 1 and many connections",
-        description="Measure GET and durable SET throughput and latency against a "
-        "self-started tenantkv daemon (or --host/--port), optionally next to "
-        "redis-server with appendfsync always (--vs-redis). See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.window_flags(
         p, 3.0, Quick(0.5, 0.1), what=("measuring window per cell", "warm-up per cell", "")
     )
@@ -76,19 +68,9 @@ def _finish_args(args: argparse.Namespace) -> None:
     )
 
 
-def _value(size: int) -> bytes:
-    """A fixed, incompressible-looking value (same bytes for every server)."""
-    seed = b"tenantkv-bench-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    return (seed * (size // len(seed) + 1))[:size]
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"bench")
     servers.pin_cpus(args)
     server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta: dict[str, Any] = {
@@ -116,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             )
             user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=False)
         else:
-            _log("starting tenantkv ...")
+            report.log("starting tenantkv ...")
             tkv = stack.enter_context(servers.tenantkv_server(args.data_dir, server_cpus))
             user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
         codec = TenantKVCodec(user, password, BUCKET)
@@ -136,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
                 print(note, file=sys.stderr if args.json == "-" else sys.stdout)
                 meta["redis_skipped"] = note
             else:
-                _log("starting redis-server (appendonly yes, appendfsync always, save '') ...")
+                report.log(
+                    "starting redis-server (appendonly yes, appendfsync always, save '') ..."
+                )
                 rd = stack.enter_context(servers.redis_server("always", server_cpus))
                 targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
                 meta["servers"]["redis"] = {
@@ -146,21 +130,19 @@ def run(args: argparse.Namespace) -> int:
                     "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
                 }
         for name, _, target in targets:
-            _log(f"preloading {args.keys} keys of {args.value_size} B into {name} ...")
+            report.log(f"preloading {args.keys} keys of {args.value_size} B into {name} ...")
             loadgen.preload(target, args.keys, value)
         cells: list[report.Cell] = []
         t0 = time.monotonic()
         for op in args.ops:
             for conns in args.conns:
                 for depth in args.depths:
-                    spec = LoadSpec(
-                        op=op,
-                        conns=conns,
-                        depth=depth,
-                        value=value,
-                        keys=args.keys,
-                        seconds=args.seconds,
-                        warmup=args.warmup,
+                    spec = loadgen.cell_spec(
+                        args,
+                        op,
+                        conns,
+                        depth,
+                        value,
                         rate=args.rate,
                         workers=args.workers,
                         cpus=client_cpus,
@@ -170,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                         cell = report.Cell(name, spec, res)
                         cells.append(cell)
                         j = cell.to_json()
-                        _log(
+                        report.log(
                             f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
                             f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
                             f"p99 {j['p99_us']} µs  errors {res.errors}"

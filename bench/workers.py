@@ -64,17 +64,7 @@ def _workers_list(text: str) -> list[int]:
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "workers",
-        run,
-        help="serve --workers N vs 1: ops/s, server CPU/op over all processes, ops/commit",
-        description="One worker process against N (serve --workers N) on the same cores as "
-        "the load generator: redis-benchmark pipelined GET and durable SET on the RESP port, "
-        "and GET on the MessagePack-RPC port with bench/loadgen.py. Reports ops/s, server CPU "
-        "µs/op summed over the supervisor and every worker, ops per group commit, and the "
-        "ratios N/1 against issue 19's targets. See docs/scaling.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.add(
         p,
         "--workers-list",

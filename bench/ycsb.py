@@ -73,16 +73,7 @@ E_ON_REDIS = (
 
 
 def add_parser(sub: Any) -> None:
-    p = options.subcommand(
-        sub,
-        "ycsb",
-        run,
-        help="YCSB core workloads A-F with zipfian / uniform / latest keys",
-        description="Run YCSB's core workloads (A update heavy, B read mostly, C read only, "
-        "D read latest, E short ranges, F read-modify-write) against a self-started "
-        "tenantkv daemon, optionally next to redis-server with appendfsync always "
-        "(--vs-redis). See the module docstring of bench/ycsb.py.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     options.add(
         p,
         "--workloads",
