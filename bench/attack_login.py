@@ -32,7 +32,6 @@ import argparse
 import multiprocessing as mp
 import os
 import socket
-import sys
 import threading
 import time
 from typing import Any
@@ -466,17 +465,5 @@ def run(args: argparse.Namespace) -> int:
         report.log(f"attack-login: {name}")
         with servers.tenantkv_server(workers=workers) as srv:
             figures[name] = part(srv, args)
-    print(f"{'figure':50} {'measured':40} target")
-    for row, got, target in _rows(figures):
-        print(f"{row:50} {got:40} {target}")
-    met = all(part["met"] for part in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-login", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    print(report.columns([("figure", "measured", "target"), *_rows(figures)], (50, 40)))
+    return report.verdict(args, "attack-login", figures)

@@ -26,7 +26,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -249,14 +248,4 @@ def run(args: argparse.Namespace) -> int:
             f"= {f['healthy_ratio']:<10} {f['met']}"
         )
     print(f"targets: growth <= {RSS_GROWTH_TARGET_MIB:.0f} MiB, healthy >= {HEALTHY_TARGET}")
-    met = all(f["met"] for f in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-memory", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    return report.verdict(args, "attack-memory", figures)

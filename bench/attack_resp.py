@@ -35,7 +35,6 @@ import contextlib
 import multiprocessing as mp
 import random
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -353,14 +352,4 @@ def run(args: argparse.Namespace) -> int:
         f"targets: ratio >= {HEALTHY_TARGET}, RSS <= +{RSS_GROWTH_TARGET_MIB:g} MiB, "
         f"0 internal errors, <= {LOG_LINES_PER_REQUEST_TARGET} log lines per request"
     )
-    met = all(f["met"] for f in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-resp", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    return report.verdict(args, "attack-resp", figures)

@@ -464,9 +464,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print("(c) message:", f["answers"][0]["errmsg"] or "served")
-    print(f"{'figure':44} {'measured':46} target")
-    for name, got, target in rows:
-        print(f"{name:44} {got:46} {target}")
+    print(report.columns([("figure", "measured", "target"), *rows], (44, 46)))
     met = all(
         (all(x["met"] for x in v) if isinstance(v, list) else v["met"]) for v in figures.values()
     )

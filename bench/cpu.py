@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -221,7 +220,3 @@ def _table(cells: list[dict[str, Any]]) -> str:
             f"| {_f(c['ops_over_redis'], '.2f')} | {_f(t.get('writes_per_commit'), '.0f')} |"
         )
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))

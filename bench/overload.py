@@ -46,7 +46,6 @@ import select
 import socket
 import statistics
 import struct
-import sys
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -65,12 +64,12 @@ from bench.throttle import (
     Daemon,
     Machine,
     Outcome,
+    Parts,
     Snapshot,
     _merge,
     _pct,
     _verdict,
     daemon,
-    finish,
     machine_cpu,
 )
 
@@ -1074,30 +1073,19 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"overload")
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
+    out, meta = report.run_header(args, "overload")
     print(
-        f"\noverload: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\n{args.value_size} B values, {args.keys:,} keys per bucket, buckets "
+        f"\n{args.value_size} B values, {args.keys:,} keys per bucket, buckets "
         f"{', '.join(BUCKETS)}; warm-up {args.warmup:g} s{' (quick)' if args.quick else ''}",
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
-
-    def show(o: Outcome) -> None:
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-
+    parts = Parts(args, out, "overload")
     with daemon(list(BUCKETS), args.keys, value, args.server_cpus) as d:
         c = args.capacity
         if "load" in args.part:
             report.log("part load ...")
-            show(part_load(d, args, value, meta))
+            parts.show(part_load(d, args, value, meta))
             c = meta["C"]
         if c is None:
             cap = capacity(d, args, value, 1, args.conns).result.ops_per_s
@@ -1106,11 +1094,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"\nC = {c:,.0f} req/s (unpipelined capacity {cap:,.0f} GET/s)", file=out)
         if "cost" in args.part:
             report.log("part cost ...")
-            show(part_cost(d, args, value, c))
+            parts.show(part_cost(d, args, value, c))
         if "storm" in args.part:
             report.log("part storm ...")
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
-            show(part_storm(d, args, value, c))
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(args, out, "overload", meta, outcomes, widths=(8, 46, 10))
-    return 0
+            parts.show(part_storm(d, args, value, c))
+    return parts.finish(meta, widths=(8, 46, 10))

@@ -55,11 +55,11 @@ from bench.throttle import (
     Daemon,
     Machine,
     Outcome,
+    Parts,
     Snapshot,
     _cpu_note,
     _pct,
     _verdict,
-    finish,
     machine_cpu,
 )
 from tenantkv.admission.execution_tickets import NOOP_TICKET, Ticket, TicketHolder
@@ -884,17 +884,13 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"probing")
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
     loads = [
         Workload("read-heavy", args.read_heavy_sets),
         Workload("write-heavy", args.write_heavy_sets),
     ]
+    out, meta = report.run_header(args, "probing")
     print(
-        f"\nprobing: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\nworkloads: {loads[0].describe()} and {loads[1].describe()}, "
+        f"\nworkloads: {loads[0].describe()} and {loads[1].describe()}, "
         f"durable SETs, both ops mixed on every connection in a fixed ratio; "
         f"{args.conns} conns x depth {args.depth} closed loop, {args.workers} worker "
         f"processes; {args.value_size} B values over {args.keys:,} keys"
@@ -902,14 +898,7 @@ def run(args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
-
-    def show(o: Outcome) -> None:
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-
+    parts = Parts(args, out, "probing")
     if "sweep" in args.part:
         report.log("part sweep + probing ..." if "probing" in args.part else "part sweep ...")
         with daemon(args.keys, value, args.server_cpus) as d:
@@ -923,12 +912,10 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             o, sweeps = part_sweep(d, args, value, loads)
-            show(o)
+            parts.show(o)
             if "probing" in args.part:
-                show(part_probing(d, args, value, sweeps))
+                parts.show(part_probing(d, args, value, sweeps))
     if "overhead" in args.part:
         report.log("part overhead ...")
-        show(part_overhead(args, value))
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(args, out, "probing", meta, outcomes, widths=(10, 44, 10))
-    return 0
+        parts.show(part_overhead(args, value))
+    return parts.finish(meta, widths=(10, 44, 10))

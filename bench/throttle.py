@@ -43,7 +43,6 @@ import itertools
 import os
 import secrets
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -439,6 +438,26 @@ def finish(
                 "all_met": all(c.met for c in checks),
             },
         )
+
+
+class Parts:
+    """A parts benchmark's outcomes as they come: each printed at once, all of
+    them summed up by :meth:`finish` (the table of checks, notes, ``--json``)."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO, benchmark: str) -> None:
+        self.args, self.out, self.benchmark = args, out, benchmark
+        self.outcomes: list[Outcome] = []
+        self.t0 = time.monotonic()
+
+    def show(self, o: Outcome) -> None:
+        self.outcomes.append(o)
+        print(f"\n{o.title}", file=self.out)
+        print("\n".join(o.lines), file=self.out, flush=True)
+
+    def finish(self, meta: dict[str, Any], **how: Any) -> int:
+        meta["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        finish(self.args, self.out, self.benchmark, meta, self.outcomes, **how)
+        return 0
 
 
 @dataclass
@@ -1244,14 +1263,10 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, bytes], Outcome]] = {
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"throttle")
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
     g, s = unit_cost("get", args.value_size), unit_cost("set", args.value_size)
+    out, meta = report.run_header(args, "throttle")
     print(
-        f"\nthrottle: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\n{args.value_size} B values, {args.keys} keys per bucket: a GET hit "
+        f"\n{args.value_size} B values, {args.keys} keys per bucket: a GET hit "
         f"costs {g} unit(s), a SET {s}; rates from the server's ru_total/wu_total over its "
         f"own clock; warm-up {args.warmup:g} s{' (quick)' if args.quick else ''}"
         + (
@@ -1269,26 +1284,12 @@ def run(args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
+    parts = Parts(args, out, "throttle")
     for name in args.scenario:
         report.log(f"scenario {name} ...")
         t1 = time.monotonic()
         o = RUNNERS[name](args, value)
         o.data["elapsed_s"] = round(time.monotonic() - t1, 1)
         report.log(f"scenario {name} done in {o.data['elapsed_s']:g} s")
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(
-        args,
-        out,
-        "throttle",
-        meta,
-        outcomes,
-        part="scenario",
-        widths=(12, 42, 12),
-        key="scenarios",
-    )
-    return 0
+        parts.show(o)
+    return parts.finish(meta, part="scenario", widths=(12, 42, 12), key="scenarios")

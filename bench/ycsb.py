@@ -203,57 +203,33 @@ def ratio(cells: list[Cell], key: tuple[str, str], a: str, b: str) -> float | No
     return None
 
 
+#: one line per workload x distribution
+LAYOUT = report.Layout(
+    (f"{'':<2} {'':<8}", f"{'wl':<2} {'dist':<8}"),
+    lambda k: f"{k[0]:<2} {k[1]:<8}",
+    ["ops/s", "p50 µs", "p99 µs", "p99.9 µs", "err"],
+    [9, 7, 7, 8, 4],
+    "errors (not counted in ops/s):",
+    lambda c: f"{c.server} {c.key[0]} {c.key[1]}: {c.result.errors} errors",
+)
+
+
+def _values(cell: Cell) -> list[str]:
+    j = cell.to_json()
+    us = [report._fmt_us(j[k]) for k in ("p50_us", "p99_us", "p999_us")]
+    return [f"{cell.ops_per_s:,.0f}", *us, str(j["errors"])]
+
+
 def format_table(cells: list[Cell], names: list[str]) -> str:
     """One line per workload x distribution, servers side by side."""
-    keys: list[tuple[str, str]] = []
-    for c in cells:
-        if c.key not in keys:
-            keys.append(c.key)
-    by = {(c.server, c.key): c for c in cells}
-    per = ["ops/s", "p50 µs", "p99 µs", "p99.9 µs", "err"]
-    widths = [9, 7, 7, 8, 4]
-    block = sum(widths) + len(widths)
-    head1 = f"{'':<2} {'':<8}"
-    head2 = f"{'wl':<2} {'dist':<8}"
-    for s in names:
-        head1 += " |" + s.center(block)
-        head2 += " |" + "".join(f" {h:>{w}}" for h, w in zip(per, widths, strict=True))
-    show_ratio = "tenantkv" in names and "redis" in names
-    if show_ratio:
-        head1 += " |" + " ratio".ljust(10)
-        head2 += " | tkv/redis"
-    lines = [head1, head2, "-" * len(head2)]
-    for key in keys:
-        line = f"{key[0]:<2} {key[1]:<8}"
-        for s in names:
-            cell = by.get((s, key))
-            if cell is None:
-                skipped = "skipped (no scan)" if s == "redis" and key[0] == "E" else ""
-                line += " |" + f"{skipped:^{block}}"
-                continue
-            j = cell.to_json()
-            vals = [
-                f"{cell.ops_per_s:,.0f}",
-                report._fmt_us(j["p50_us"]),
-                report._fmt_us(j["p99_us"]),
-                report._fmt_us(j["p999_us"]),
-                str(j["errors"]),
-            ]
-            line += " |" + "".join(f" {v:>{w}}" for v, w in zip(vals, widths, strict=True))
-        if show_ratio:
-            r = ratio(cells, key, "tenantkv", "redis")
-            line += " | " + (f"{r:>8.2f}x" if r is not None else f"{'-':>9}")
-        lines.append(line)
-    errs = [c for c in cells if c.result.errors]
-    if errs:
-        lines.append("")
-        lines.append("errors (not counted in ops/s):")
-        for c in errs:
-            lines.append(
-                f"  {c.server} {c.key[0]} {c.key[1]}: {c.result.errors} errors, "
-                f"e.g. {c.result.error_sample}"
-            )
-    return "\n".join(lines)
+    return report.side_by_side(
+        cells,
+        names,
+        LAYOUT,
+        _values,
+        lambda key: ratio(cells, key, "tenantkv", "redis"),
+        lambda server, key: "skipped (no scan)" if server == "redis" and key[0] == "E" else "",
+    )
 
 
 def _prefix(workload: str, distribution: str) -> bytes:
