@@ -805,10 +805,31 @@ def _merge(results: Sequence[LoadResult]) -> LoadResult:
     )
 
 
+@dataclass
+class _ReservationRuns:
+    """What the reservation scenario measured, round by round: Q alone, Q with the
+    noisy N, and the control (throttling off, N open loop at its achieved rate)."""
+
+    alone: list[LoadResult] = field(default_factory=list)
+    noisy_q: list[LoadResult] = field(default_factory=list)
+    noisy_n: list[LoadResult] = field(default_factory=list)
+    control_q: list[LoadResult] = field(default_factory=list)
+    d_alone: list[Delta] = field(default_factory=list)
+    d_q: list[Delta] = field(default_factory=list)
+    d_n: list[Delta] = field(default_factory=list)
+    node_units: list[float] = field(default_factory=list)
+    srv_alone: list[float] = field(default_factory=list)
+    srv_noisy: list[float] = field(default_factory=list)
+    srv_control: list[float] = field(default_factory=list)
+    cli_alone: list[float] = field(default_factory=list)
+    cli_noisy: list[float] = field(default_factory=list)
+    #: per round: CPU % of other processes in (alone, with N, control)
+    others: list[tuple[float, ...]] = field(default_factory=list)
+
+
 def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
     cap, res_q, hard_n = args.capacity, args.reserved, args.noisy_hard_limit
-    cost = unit_cost("get", args.value_size)
-    q_rate = res_q / cost
+    q_rate = res_q / unit_cost("get", args.value_size)
     out = Outcome(
         "reservation",
         f"2. reservation under a noisy neighbour: node capacity {cap:,}; quiet Q reserved "
@@ -816,22 +837,8 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         f"hard_limit {hard_n:,}, closed loop {N_CONNS} conns x depth {N_DEPTH}; "
         f"{args.rounds} x (Q alone, Q + N, control), {args.seconds:g} s each",
     )
-    alone: list[LoadResult] = []
-    noisy_q: list[LoadResult] = []
-    noisy_n: list[LoadResult] = []
-    d_alone: list[Delta] = []
-    d_q: list[Delta] = []
-    d_n: list[Delta] = []
-    node_units: list[float] = []
-    srv_alone: list[float] = []
-    srv_noisy: list[float] = []
-    cli_noisy: list[float] = []
-    cli_alone: list[float] = []
-    control_q: list[LoadResult] = []
-    #: per round: CPU % of other processes in (alone, with N, control)
-    others: list[tuple[float, ...]] = []
-    srv_control: list[float] = []
     mach = Machine()
+    runs = _ReservationRuns()
     with daemon(["quiet", "noisy"], args.keys, value, args.server_cpus, args.workers) as d:
         d.admin.set_node_throttle({"capacity": cap})
         d.admin.set_bucket_throttle("quiet", {"reserved": res_q, "hard_limit": "unlimited"})
@@ -852,68 +859,87 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         # Only window-edge snapshots here: a status call every second adds to
         # Q's tail, which is the figure under test.
         for i in range(args.rounds):
-            report.log(f"  round {i + 1}: Q alone ...")
-            (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
-            alone.append(rq)
-            d_alone.append(delta(snaps[0], snaps[-1], "quiet"))
-            srv_alone.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            cli_alone.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
-            report.log(f"  round {i + 1}: Q + noisy N ...")
-            (rq, rn), snaps = _run(
-                d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
-            )
-            noisy_q.append(rq)
-            noisy_n.append(rn)
-            dq, dn = delta(snaps[0], snaps[-1], "quiet"), delta(snaps[0], snaps[-1], "noisy")
-            d_q.append(dq)
-            d_n.append(dn)
-            node_units.append(dq.units_per_s + dn.units_per_s)
-            srv_noisy.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            cli_noisy.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
-            # Control: the same node load without the throttle's waiting: throttling
-            # off, N offered open loop at the rate it just achieved.
-            report.log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
-            d.admin.set_node_throttle({"capacity": "unlimited"})
-            d.admin.set_bucket_throttle("noisy", {"hard_limit": "unlimited"})
-            c_spec = dataclasses.replace(n_spec, rate=max(1.0, dn.units_per_s / cost))
-            (rc, _), snaps = _run(
-                d, [("quiet", q_spec), ("noisy", c_spec)], None, [mach, m_c := Machine()]
-            )
-            d.admin.set_bucket_throttle("noisy", {"hard_limit": hard_n})
-            d.admin.set_node_throttle({"capacity": cap})
-            control_q.append(rc)
-            others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
-            srv_control.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            report.log(
-                f"    p99 alone {_us(alone[-1].percentile_us(0.99))}, with N "
-                f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
-                f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
-            )
-    a, q, n = _merge(alone), _merge(noisy_q), _merge(noisy_n)
-    q_units, n_units, a_units = _sum_rate(d_q), _sum_rate(d_n), _sum_rate(d_alone)
+            _reservation_round(d, args, runs, mach, i, (q_spec, n_spec))
+    _reservation_report(out, args, runs, q_rate)
+    out.lines.append(mach.line())
+    mach.note(out)
+    return out
+
+
+def _reservation_round(
+    d: Any,
+    args: argparse.Namespace,
+    runs: _ReservationRuns,
+    mach: Machine,
+    i: int,
+    specs: tuple[LoadSpec, LoadSpec],
+) -> None:
+    """One round: Q alone, Q with N, then the control."""
+    q_spec, n_spec = specs
+    cap, hard_n = args.capacity, args.noisy_hard_limit
+    report.log(f"  round {i + 1}: Q alone ...")
+    (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
+    runs.alone.append(rq)
+    runs.d_alone.append(delta(snaps[0], snaps[-1], "quiet"))
+    runs.srv_alone.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.cli_alone.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
+    report.log(f"  round {i + 1}: Q + noisy N ...")
+    (rq, rn), snaps = _run(
+        d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
+    )
+    runs.noisy_q.append(rq)
+    runs.noisy_n.append(rn)
+    dq, dn = delta(snaps[0], snaps[-1], "quiet"), delta(snaps[0], snaps[-1], "noisy")
+    runs.d_q.append(dq)
+    runs.d_n.append(dn)
+    runs.node_units.append(dq.units_per_s + dn.units_per_s)
+    runs.srv_noisy.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.cli_noisy.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
+    # Control: the same node load without the throttle's waiting: throttling
+    # off, N offered open loop at the rate it just achieved.
+    report.log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
+    d.admin.set_node_throttle({"capacity": "unlimited"})
+    d.admin.set_bucket_throttle("noisy", {"hard_limit": "unlimited"})
+    cost = unit_cost("get", args.value_size)
+    c_spec = dataclasses.replace(n_spec, rate=max(1.0, dn.units_per_s / cost))
+    (rc, _), snaps = _run(d, [("quiet", q_spec), ("noisy", c_spec)], None, [mach, m_c := Machine()])
+    d.admin.set_bucket_throttle("noisy", {"hard_limit": hard_n})
+    d.admin.set_node_throttle({"capacity": cap})
+    runs.control_q.append(rc)
+    runs.others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
+    runs.srv_control.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    report.log(
+        f"    p99 alone {_us(runs.alone[-1].percentile_us(0.99))}, with N "
+        f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
+        f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _reservation_report(
+    out: Outcome, args: argparse.Namespace, r: _ReservationRuns, q_rate: float
+) -> None:
+    """The reservation scenario's lines, checks and JSON from its rounds."""
+    res_q, hard_n = args.reserved, args.noisy_hard_limit
+    a, q, n, c = _merge(r.alone), _merge(r.noisy_q), _merge(r.noisy_n), _merge(r.control_q)
+    q_units, n_units, a_units = _sum_rate(r.d_q), _sum_rate(r.d_n), _sum_rate(r.d_alone)
     frac = 100.0 * q_units / res_q
-    p99_a, p99_q = a.percentile_us(0.99), q.percentile_us(0.99)
-    ratio = p99_q / p99_a if p99_a and p99_q else None
-    s99_a = a.percentile_us(0.99, from_send=True)
-    s99_q = q.percentile_us(0.99, from_send=True)
-    s_ratio = s99_q / s99_a if s99_a and s99_q else None
-    c = _merge(control_q)
-    p99_c = c.percentile_us(0.99)
-    c_ratio = p99_c / p99_a if p99_a and p99_c else None
+    p99_a, p99_q, p99_c = (x.percentile_us(0.99) for x in (a, q, c))
+    ratio, c_ratio = _ratio(p99_q, p99_a), _ratio(p99_c, p99_a)
+    s99_a, s99_q = (x.percentile_us(0.99, from_send=True) for x in (a, q))
+    s_ratio = _ratio(s99_q, s99_a)
     rounds_p99 = [
         (x.percentile_us(0.99), y.percentile_us(0.99), z.percentile_us(0.99))
-        for x, y, z in zip(alone, noisy_q, control_q, strict=True)
+        for x, y, z in zip(r.alone, r.noisy_q, r.control_q, strict=True)
     ]
-    q_thr = sum(x.throttled for x in d_q)
-    n_thr, n_rej = sum(x.throttled for x in d_n), sum(x.rejected for x in d_n)
-    n_errs: dict[str, int] = {}
-    for x in d_n:
-        for k, v in x.errors.items():
-            n_errs[k] = n_errs.get(k, 0) + v
-    m_srv_a, m_srv_n = statistics.fmean(srv_alone), statistics.fmean(srv_noisy)
+    m_srv_a, m_srv_n = statistics.fmean(r.srv_alone), statistics.fmean(r.srv_noisy)
     # What N's admitted ops cost the server: the CPU added by N over Q alone.
     n_cpu_us = (m_srv_n - m_srv_a) / 100 / n_units * 1e6 if n_units else None
     q_cpu_us = m_srv_a / 100 / a_units * 1e6 if a_units else None
+    cli_a, cli_n = statistics.fmean(r.cli_alone), statistics.fmean(r.cli_noisy)
     out.lines += [
         f"   Q achieved with N (server)     {q_units:>10,.1f} units/s = {frac:.1f} % of "
         f"reserved   target >= 97 %   {_verdict(frac >= 97)}",
@@ -922,25 +948,27 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "     per round, alone / with N / control (other processes' CPU %): "
         + ", ".join(
             f"{_us(x)} / {_us(y)} / {_us(z)} ({' / '.join(f'{o:.0f}' for o in oth)})"
-            for (x, y, z), oth in zip(rounds_p99, others, strict=True)
+            for (x, y, z), oth in zip(rounds_p99, r.others, strict=True)
         ),
         f"     control, throttling off and N open loop at its achieved rate: Q p99 "
         f"{_us(p99_c)} = {_x(c_ratio)} alone, p50 {_us(c.percentile_us(0.5))}; "
-        f"server {statistics.fmean(srv_control):.0f} %",
+        f"server {statistics.fmean(r.srv_control):.0f} %",
         f"     p99 from the actual send (generator's lateness left out): alone {_us(s99_a)}, "
         f"with N {_us(s99_q)}, ratio {_x(s_ratio)}",
         f"     p50 alone {_us(a.percentile_us(0.5))}, with N {_us(q.percentile_us(0.5))}; "
         f"p99.9 alone {_us(a.percentile_us(0.999))}, with N {_us(q.percentile_us(0.999))}",
         f"   Q alone (server)               {a_units:>10,.1f} units/s;  client ok GET/s "
-        f"alone {a.ops_per_s:,.1f}, with N {q.ops_per_s:,.1f};  Q throttled with N: {q_thr}",
+        f"alone {a.ops_per_s:,.1f}, with N {q.ops_per_s:,.1f};  Q throttled with N: "
+        f"{sum(x.throttled for x in r.d_q)}",
         f"   N achieved (server)            {n_units:>10,.1f} units/s (hard_limit {hard_n:,});"
-        f"  node total {statistics.fmean(node_units):,.0f} of capacity {cap:,}",
-        f"   N throttled {n_thr:,} requests, mean wait "
-        f"{_ms(_mean_wait(d_n))}, rejected {n_rej:,}; N client ok {n.ops_per_s:,.0f} GET/s, "
-        f"errors {n.errors:,}" + (f" ({n.error_sample})" if n.error_sample else ""),
+        f"  node total {statistics.fmean(r.node_units):,.0f} of capacity {args.capacity:,}",
+        f"   N throttled {sum(x.throttled for x in r.d_n):,} requests, mean wait "
+        f"{_ms(_mean_wait(r.d_n))}, rejected {sum(x.rejected for x in r.d_n):,}; N client ok "
+        f"{n.ops_per_s:,.0f} GET/s, errors {n.errors:,}"
+        + (f" ({n.error_sample})" if n.error_sample else ""),
         f"   cpu: server {m_srv_a:.0f} % with Q alone, {m_srv_n:.0f} % with N (N's ops cost "
         f"~{_num(n_cpu_us)} µs of server CPU each, Q's ~{_num(q_cpu_us)} µs); load generator "
-        f"{statistics.fmean(cli_alone):.0f} % / {statistics.fmean(cli_noisy):.0f} %",
+        f"{cli_a:.0f} % / {cli_n:.0f} %",
     ]
     out.check("Q achieved / reserved, %", round(frac, 2), f"{frac:.1f} %", ">= 97 %", frac >= 97)
     out.check(
@@ -950,9 +978,13 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "<= 1.2 x",
         ratio is not None and ratio <= 1.2,
     )
+    n_errs: dict[str, int] = {}
+    for x in r.d_n:
+        for k, v in x.errors.items():
+            n_errs[k] = n_errs.get(k, 0) + v
     out.data = {
         "settings": {
-            "capacity": cap,
+            "capacity": args.capacity,
             "quiet_reserved": res_q,
             "noisy_hard_limit": hard_n,
             "quiet_rate_ops_per_s": q_rate,
@@ -963,27 +995,17 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
             "rounds": args.rounds,
             "seconds": args.seconds,
         },
-        "quiet_alone": {
-            "server": [x.to_json() for x in d_alone],
-            "client": _client_json(a),
-            "p99_from_send_us": _r1(s99_a),
-            "per_round_p99_us": [_r1(x) for x, _, _ in rounds_p99],
-        },
-        "quiet_with_noisy": {
-            "server": [x.to_json() for x in d_q],
-            "client": _client_json(q),
-            "p99_from_send_us": _r1(s99_q),
-            "per_round_p99_us": [_r1(y) for _, y, _ in rounds_p99],
-        },
+        "quiet_alone": _reservation_part(r.d_alone, a, s99_a, [x for x, _, _ in rounds_p99]),
+        "quiet_with_noisy": _reservation_part(r.d_q, q, s99_q, [y for _, y, _ in rounds_p99]),
         "quiet_control": {
             "client": _client_json(c),
             "p99_from_send_us": _r1(c.percentile_us(0.99, from_send=True)),
             "per_round_p99_us": [_r1(z) for _, _, z in rounds_p99],
-            "per_round_other_cpu_pct": others,
-            "server_cpu_pct": _r1(statistics.fmean(srv_control)),
+            "per_round_other_cpu_pct": r.others,
+            "server_cpu_pct": _r1(statistics.fmean(r.srv_control)),
         },
         "noisy": {
-            "server": [x.to_json() for x in d_n],
+            "server": [x.to_json() for x in r.d_n],
             "client": _client_json(n),
             "server_errors": n_errs,
         },
@@ -995,20 +1017,25 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "control_p99_ratio": _r3(c_ratio),
         "server_cpu_pct": {"alone": _r1(m_srv_a), "with_noisy": _r1(m_srv_n)},
         "server_cpu_us_per_op": {"quiet_alone": _r1(q_cpu_us), "noisy": _r1(n_cpu_us)},
-        "client_cpu_pct": {
-            "alone": _r1(statistics.fmean(cli_alone)),
-            "with_noisy": _r1(statistics.fmean(cli_noisy)),
-        },
+        "client_cpu_pct": {"alone": _r1(cli_a), "with_noisy": _r1(cli_n)},
     }
     out.notes.append(
         "reservation: Q's latency is counted from each request's scheduled send time, so it "
         "includes the generator's own lateness on the shared 2 cores (Q's worker competes "
         "with N's worker and the server); the 'from the actual send' line leaves that out"
     )
-    _cpu_note(out, statistics.fmean(cli_noisy), m_srv_n, "reservation")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    _cpu_note(out, cli_n, m_srv_n, "reservation")
+
+
+def _reservation_part(
+    ds: list[Delta], merged: LoadResult, s99: float | None, p99s: list[float | None]
+) -> dict[str, Any]:
+    return {
+        "server": [x.to_json() for x in ds],
+        "client": _client_json(merged),
+        "p99_from_send_us": _r1(s99),
+        "per_round_p99_us": [_r1(x) for x in p99s],
+    }
 
 
 def _num(x: float | None) -> str:
