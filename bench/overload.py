@@ -369,37 +369,8 @@ def capacity(d: Daemon, args: argparse.Namespace, value: bytes, depth: int, conn
 def part_load(
     d: Daemon, args: argparse.Namespace, value: bytes, out_meta: dict[str, Any]
 ) -> Outcome:
-    report.log("  capacity: closed-loop GET, pipelined and unpipelined ...")
-    cap_p = capacity(d, args, value, 64, 4)
-    cap_u = capacity(d, args, value, 1, args.conns)
-    k_p, k_u = cap_p.result.ops_per_s, cap_u.result.ops_per_s
-    fmax = max(args.factors)
-    if args.capacity:
-        c = args.capacity
-        why = "set with --capacity"
-    else:
-        c = max(500.0, (min(k_u / 2, GEN_MAX / fmax) // 500) * 500)
-        why = (
-            f"min(unpipelined capacity / 2, {GEN_MAX:,} / {fmax:g}) rounded down to 500: "
-            f"{fmax:g} x C must stay within what the generator can offer"
-        )
+    out, c, caps = _load_capacity(d, args, value)
     out_meta["C"] = c
-    out = Outcome(
-        "load",
-        f"1. Poisson overload: GET open loop, exponential gaps, {len(BUCKETS)} buckets x "
-        f"{args.conns} conns (<= {OPEN_DEPTH} outstanding each), latency from the scheduled "
-        f"send; protection: {LIMITER} at C = {c:,.0f} req/s, burst {args.burst_secs:g} s; "
-        f"{args.rounds} round(s) of {args.seconds:g} s per load; rejected requests are not "
-        "retried",
-    )
-    out.lines += [
-        f"   capacity, closed loop: {k_p:,.0f} GET/s pipelined ({len(BUCKETS)} x 4 conns x depth "
-        f"64, server {cap_p.server_pct:.0f} %), {k_u:,.0f} GET/s unpipelined ({len(BUCKETS)} x "
-        f"{args.conns} conns x depth 1, server {cap_u.server_pct:.0f} %, generator "
-        f"{cap_u.client_pct:.0f} %)",
-        f"   C = {c:,.0f} req/s: {why}; C = {100 * c / k_p:.1f} % of the pipelined and "
-        f"{100 * c / k_u:.0f} % of the unpipelined capacity",
-    ]
     set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
     mach = Machine()
     by: dict[float, list[Window]] = {f: [] for f in args.factors}
@@ -416,52 +387,105 @@ def part_load(
                 f"p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
                 f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
             )
-    rows = []
-    for f in args.factors:
-        ws = by[f]
-        r = merge_windows(ws)
-        secs = r.window_s
-        answered = (r.ok + r.errors) / secs
-        rows.append(
-            {
-                "factor": f,
-                "offered_per_s": f * c,
-                "answered_per_s": round(answered, 1),
-                "goodput_per_s": round(r.ok / secs, 1),
-                "rejected_per_s": round(_rejected(r) / secs, 1),
-                "other_errors": r.errors - _rejected(r),
-                "rejections_by_code": {str(k): v for k, v in r.error_codes.items()},
-                "p50_us": r.percentile_us(0.5),
-                "p99_us": r.percentile_us(0.99),
-                "p999_us": r.percentile_us(0.999),
-                "p99_from_send_us": r.percentile_us(0.99, from_send=True),
-                "rejected_p99_us": hist_percentile_us(r.hist_err, 0.99),
-                "per_round": [
-                    {
-                        "goodput_per_s": round(w.result.ops_per_s, 1),
-                        "p99_us": w.result.percentile_us(0.99),
-                        "server_cpu_pct": round(w.server_pct, 1),
-                        "client_cpu_pct": round(w.client_pct, 1),
-                        "other_cpu_pct": w.other_pct(),
-                        "send_lag_mean_us": w.result.extra.get("send_lag_mean_us"),
-                        "limiter": _diff(
-                            _limiter(w.a), _limiter(w.b), ("attempted", "successful", "rejected")
-                        ),
-                    }
-                    for w in ws
-                ],
-                "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
-                "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
-                "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
-                "server_us_per_request": statistics.fmean(w.server_pct for w in ws)
-                / 100
-                / answered
-                * 1e6
-                if answered
-                else None,
-            }
-        )
+    rows = [_load_row(f, c, by[f]) for f in args.factors]
     peak = max(x["goodput_per_s"] for x in rows)
+    _load_table(out, rows, peak)
+    data_p99 = _load_p99_check(out, args, rows, by, peak)
+    _load_notes(out, rows)
+    k_p, k_u = caps
+    out.data = {
+        "capacity_pipelined": round(k_p, 1),
+        "capacity_unpipelined": round(k_u, 1),
+        "C": c,
+        "burst_secs": args.burst_secs,
+        "rows": rows,
+        "peak_goodput": peak,
+        "p99_ratio_4x": data_p99,
+    }
+    out.lines.append(mach.line())
+    mach.note(out)
+    return out
+
+
+def _load_capacity(
+    d: Daemon, args: argparse.Namespace, value: bytes
+) -> tuple[Outcome, float, tuple[float, float]]:
+    """Part 1's capacities (pipelined, unpipelined) and C, the limiter's rate."""
+    report.log("  capacity: closed-loop GET, pipelined and unpipelined ...")
+    cap_p = capacity(d, args, value, 64, 4)
+    cap_u = capacity(d, args, value, 1, args.conns)
+    k_p, k_u = cap_p.result.ops_per_s, cap_u.result.ops_per_s
+    fmax = max(args.factors)
+    if args.capacity:
+        c = args.capacity
+        why = "set with --capacity"
+    else:
+        c = max(500.0, (min(k_u / 2, GEN_MAX / fmax) // 500) * 500)
+        why = (
+            f"min(unpipelined capacity / 2, {GEN_MAX:,} / {fmax:g}) rounded down to 500: "
+            f"{fmax:g} x C must stay within what the generator can offer"
+        )
+    out = Outcome(
+        "load",
+        f"1. Poisson overload: GET open loop, exponential gaps, {len(BUCKETS)} buckets x "
+        f"{args.conns} conns (<= {OPEN_DEPTH} outstanding each), latency from the scheduled "
+        f"send; protection: {LIMITER} at C = {c:,.0f} req/s, burst {args.burst_secs:g} s; "
+        f"{args.rounds} round(s) of {args.seconds:g} s per load; rejected requests are not "
+        "retried",
+    )
+    out.lines += [
+        f"   capacity, closed loop: {k_p:,.0f} GET/s pipelined ({len(BUCKETS)} x 4 conns x depth "
+        f"64, server {cap_p.server_pct:.0f} %), {k_u:,.0f} GET/s unpipelined ({len(BUCKETS)} x "
+        f"{args.conns} conns x depth 1, server {cap_u.server_pct:.0f} %, generator "
+        f"{cap_u.client_pct:.0f} %)",
+        f"   C = {c:,.0f} req/s: {why}; C = {100 * c / k_p:.1f} % of the pipelined and "
+        f"{100 * c / k_u:.0f} % of the unpipelined capacity",
+    ]
+    return out, c, (k_p, k_u)
+
+
+def _load_row(f: float, c: float, ws: list[Window]) -> dict[str, Any]:
+    """One offered load's figures over its rounds."""
+    r = merge_windows(ws)
+    secs = r.window_s
+    answered = (r.ok + r.errors) / secs
+    return {
+        "factor": f,
+        "offered_per_s": f * c,
+        "answered_per_s": round(answered, 1),
+        "goodput_per_s": round(r.ok / secs, 1),
+        "rejected_per_s": round(_rejected(r) / secs, 1),
+        "other_errors": r.errors - _rejected(r),
+        "rejections_by_code": {str(k): v for k, v in r.error_codes.items()},
+        "p50_us": r.percentile_us(0.5),
+        "p99_us": r.percentile_us(0.99),
+        "p999_us": r.percentile_us(0.999),
+        "p99_from_send_us": r.percentile_us(0.99, from_send=True),
+        "rejected_p99_us": hist_percentile_us(r.hist_err, 0.99),
+        "per_round": [
+            {
+                "goodput_per_s": round(w.result.ops_per_s, 1),
+                "p99_us": w.result.percentile_us(0.99),
+                "server_cpu_pct": round(w.server_pct, 1),
+                "client_cpu_pct": round(w.client_pct, 1),
+                "other_cpu_pct": w.other_pct(),
+                "send_lag_mean_us": w.result.extra.get("send_lag_mean_us"),
+                "limiter": _diff(
+                    _limiter(w.a), _limiter(w.b), ("attempted", "successful", "rejected")
+                ),
+            }
+            for w in ws
+        ],
+        "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
+        "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
+        "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
+        "server_us_per_request": statistics.fmean(w.server_pct for w in ws) / 100 / answered * 1e6
+        if answered
+        else None,
+    }
+
+
+def _load_table(out: Outcome, rows: list[dict[str, Any]], peak: float) -> None:
     out.lines.append(
         f"   {'load':>5} {'offered/s':>9} {'answered':>9} {'goodput/s':>9} {'%peak':>5} "
         f"{'rejected/s':>10} {'rej %':>5}  {'p50':>7} {'p99':>7} {'p99.9':>7} (µs, admitted)  "
@@ -498,6 +522,16 @@ def part_load(
         )
         + f"; other errors {other}"
     )
+
+
+def _load_p99_check(
+    out: Outcome,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    by: dict[float, list[Window]],
+    peak: float,
+) -> dict[str, Any] | None:
+    """The goodput checks at 4x and 8x, and admitted p99 at 4x against 0.5x."""
     base = next((x for x in rows if x["factor"] == 0.5), rows[0])
     data_p99: dict[str, Any] | None = None
     for f in (4.0, 8.0):
@@ -543,6 +577,10 @@ def part_load(
                 f"<= {P99_TARGET:g} x",
                 ratio <= P99_TARGET,
             )
+    return data_p99
+
+
+def _load_notes(out: Outcome, rows: list[dict[str, Any]]) -> None:
     for x in rows:
         short = x["answered_per_s"] < 0.97 * x["offered_per_s"]
         lags = [y["send_lag_mean_us"] or 0 for y in x["per_round"]]
@@ -554,18 +592,6 @@ def part_load(
                 + "/".join(f"{v:,.0f}" for v in lags)
                 + " µs: the generator (or the machine) may not have offered the full load"
             )
-    out.data = {
-        "capacity_pipelined": round(k_p, 1),
-        "capacity_unpipelined": round(k_u, 1),
-        "C": c,
-        "burst_secs": args.burst_secs,
-        "rows": rows,
-        "peak_goodput": peak,
-        "p99_ratio_4x": data_p99,
-    }
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
 
 
 # -- 2. cost of a rejection ----------------------------------------------------------------
