@@ -695,6 +695,145 @@ def part_cost(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> Ou
 # -- 3. connection storm -------------------------------------------------------------------
 
 
+class _Stormer:
+    """One storm process's connections: each is opened (connect), sent its hello
+    once writable, and closed at its reply, its reset, or its timeout; what
+    happened to each is counted."""
+
+    IN = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+    COUNTS = (
+        "attempted",
+        "hello_ok",
+        "refused",
+        "other_error",
+        "no_reply",
+        "reset",
+        "timeout",
+        "connect_failed",
+        "skipped",
+    )
+
+    def __init__(self, address: tuple[str, int], hello: bytes, timeout: float, rst: bool) -> None:
+        self.address, self.hello, self.timeout_ns = address, hello, int(timeout * 1e9)
+        self.linger = struct.pack("ii", 1, 0) if rst else None
+        self.counts = dict.fromkeys(self.COUNTS, 0)
+        self.ep = select.epoll()
+        #: fd -> [sock, state 0 connecting / 1 hello sent, unpacker]
+        self.conns: dict[int, list[Any]] = {}
+        self.expiry: deque[tuple[int, int, socket.socket]] = deque()
+
+    def close(self, fd: int, outcome: str | None = None) -> None:
+        if outcome is not None:
+            self.counts[outcome] += 1
+        c = self.conns.pop(fd, None)
+        if c is None:
+            return
+        with contextlib.suppress(OSError):
+            self.ep.unregister(fd)
+        c[0].close()
+
+    def open(self, now: int) -> None:
+        self.counts["attempted"] += 1
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        if self.linger is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, self.linger)
+        err = s.connect_ex(self.address)
+        if err not in (0, errno.EINPROGRESS):
+            self.counts["connect_failed"] += 1
+            s.close()
+            return
+        fd = s.fileno()
+        self.conns[fd] = [s, 0, None]
+        self.ep.register(fd, select.EPOLLOUT | self.IN)
+        self.expiry.append((now + self.timeout_ns, fd, s))
+
+    def expire(self, now: int) -> None:
+        """Close the connections whose reply is overdue."""
+        q, conns = self.expiry, self.conns
+        while q and (q[0][0] <= now or conns.get(q[0][1], [None])[0] is not q[0][2]):
+            _, fd, s = q.popleft()
+            if conns.get(fd, [None])[0] is s:
+                self.close(fd, "timeout")
+
+    def poll(self, wait: float) -> None:
+        for fd, ev in self.ep.poll(wait):
+            c = self.conns.get(fd)
+            if c is not None and (c[1] == 1 or self._connected(fd, c, ev)):
+                self._read(fd, c)
+
+    def _connected(self, fd: int, c: list[Any], ev: int) -> bool:
+        """A connection became writable: send the hello; True if a reply may be there."""
+        s = c[0]
+        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.close(fd, "connect_failed")
+            return False
+        try:
+            s.send(self.hello)
+        except OSError:
+            self.close(fd, "reset")
+            return False
+        c[1], c[2] = 1, msgpack.Unpacker(raw=True)
+        self.ep.modify(fd, self.IN)
+        return bool(ev & select.EPOLLIN)
+
+    def _read(self, fd: int, c: list[Any]) -> None:
+        try:
+            data = c[0].recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close(fd, "reset")
+            return
+        if not data:
+            self.close(fd, "no_reply")
+            return
+        c[2].feed(data)
+        for obj in c[2]:
+            e = obj[2]
+            if e is None:
+                self.close(fd, "hello_ok")
+            elif isinstance(e, dict) and e.get(b"code") == REFUSED_CODE:
+                self.close(fd, "refused")
+            else:
+                self.close(fd, "other_error")
+            return
+
+    def run(self, rate: float, t_start: int, t_stop: int, max_pending: int) -> dict[str, Any]:
+        """Open connections at ``rate``/s from t_start to t_stop (monotonic ns), then
+        wait up to STORM_DRAIN s for the replies still due."""
+        clock = time.monotonic_ns
+        interval = int(1e9 / rate)
+        while clock() < t_start:
+            time.sleep(max(0.0, (t_start - clock()) / 1e9))
+        cpu0 = time.process_time()
+        nxt = t_start
+        t_drain = t_stop + int(STORM_DRAIN * 1e9)
+        cpu_open = None
+        while True:
+            now = clock()
+            opening = now < t_stop
+            if not opening and cpu_open is None:
+                cpu_open = time.process_time() - cpu0
+            if not opening and (not self.conns or now >= t_drain):
+                break
+            while opening and nxt <= now:
+                nxt += interval
+                if len(self.conns) >= max_pending:
+                    self.counts["skipped"] += 1
+                else:
+                    self.open(now)
+            self.expire(now)
+            self.poll(max(0.0, min(nxt, t_stop) - clock()) / 1e9 if opening else 0.05)
+        self.counts["abandoned"] = len(self.conns)  # no reply STORM_DRAIN s after the storm
+        for fd in list(self.conns):
+            self.close(fd)
+        return {
+            "counts": self.counts,
+            "cpu_s": cpu_open if cpu_open is not None else time.process_time() - cpu0,
+            "seconds": (t_stop - t_start) / 1e9,
+        }
+
+
 def _storm_main(
     pipe: Connection,
     host: str,
@@ -707,137 +846,10 @@ def _storm_main(
     max_pending: int,
     rst: bool,
 ) -> None:
-    """Open connections at ``rate``/s from t_start to t_stop (monotonic ns): connect,
-    send hello, wait for the reply (or ``timeout``), close (with RST if ``rst``).
-    After t_stop, wait up to STORM_DRAIN s for the replies still due."""
-    counts = dict.fromkeys(
-        (
-            "attempted",
-            "hello_ok",
-            "refused",
-            "other_error",
-            "no_reply",
-            "reset",
-            "timeout",
-            "connect_failed",
-            "skipped",
-        ),
-        0,
-    )
-    linger = struct.pack("ii", 1, 0)
-    ep = select.epoll()
-    conns: dict[int, list[Any]] = {}  # fd -> [sock, state 0 connecting / 1 hello sent, unpacker]
-    expiry: deque[tuple[int, int, socket.socket]] = deque()
-    interval = int(1e9 / rate)
-    clock = time.monotonic_ns
-    IN = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
-
-    def close(fd: int) -> None:
-        c = conns.pop(fd, None)
-        if c is None:
-            return
-        with contextlib.suppress(OSError):
-            ep.unregister(fd)
-        c[0].close()
-
+    """One storm process (see :class:`_Stormer`); reports to the parent, never hangs it."""
     try:
-        while clock() < t_start:
-            time.sleep(max(0.0, (t_start - clock()) / 1e9))
-        cpu0 = time.process_time()
-        nxt = t_start
-        t_drain = t_stop + int(STORM_DRAIN * 1e9)
-        cpu_open = None
-        while True:
-            now = clock()
-            opening = now < t_stop
-            if not opening and cpu_open is None:
-                cpu_open = time.process_time() - cpu0
-            if not opening and (not conns or now >= t_drain):
-                break
-            while opening and nxt <= now:
-                nxt += interval
-                if len(conns) >= max_pending:
-                    counts["skipped"] += 1
-                    continue
-                counts["attempted"] += 1
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-                if rst:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-                err = s.connect_ex((host, port))
-                if err not in (0, errno.EINPROGRESS):
-                    counts["connect_failed"] += 1
-                    s.close()
-                    continue
-                fd = s.fileno()
-                conns[fd] = [s, 0, None]
-                ep.register(fd, select.EPOLLOUT | IN)
-                expiry.append((now + int(timeout * 1e9), fd, s))
-            while expiry and (
-                expiry[0][0] <= now or conns.get(expiry[0][1], [None])[0] is not expiry[0][2]
-            ):
-                _, fd, s = expiry.popleft()
-                if conns.get(fd, [None])[0] is s:
-                    counts["timeout"] += 1
-                    close(fd)
-            wait = max(0.0, min(nxt, t_stop) - clock()) / 1e9 if opening else 0.05
-            for fd, ev in ep.poll(wait):
-                c = conns.get(fd)
-                if c is None:
-                    continue
-                s = c[0]
-                if c[1] == 0:
-                    err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                    if err:
-                        counts["connect_failed"] += 1
-                        close(fd)
-                        continue
-                    try:
-                        s.send(hello)
-                    except OSError:
-                        counts["reset"] += 1
-                        close(fd)
-                        continue
-                    c[1] = 1
-                    c[2] = msgpack.Unpacker(raw=True)
-                    ep.modify(fd, IN)
-                    if not ev & select.EPOLLIN:
-                        continue
-                try:
-                    data = s.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    counts["reset"] += 1
-                    close(fd)
-                    continue
-                if not data:
-                    counts["no_reply"] += 1
-                    close(fd)
-                    continue
-                c[2].feed(data)
-                for obj in c[2]:
-                    e = obj[2]
-                    if e is None:
-                        counts["hello_ok"] += 1
-                    elif isinstance(e, dict) and e.get(b"code") == REFUSED_CODE:
-                        counts["refused"] += 1
-                    else:
-                        counts["other_error"] += 1
-                    close(fd)
-                    break
-        counts["abandoned"] = len(conns)  # no reply STORM_DRAIN s after the storm
-        for fd in list(conns):
-            close(fd)
-        pipe.send(
-            (
-                "done",
-                {
-                    "counts": counts,
-                    "cpu_s": cpu_open if cpu_open is not None else time.process_time() - cpu0,
-                    "seconds": (t_stop - t_start) / 1e9,
-                },
-            )
-        )
+        stormer = _Stormer((host, port), hello, timeout, rst)
+        pipe.send(("done", stormer.run(rate, t_start, t_stop, max_pending)))
     except BaseException as exc:  # report, never hang the parent
         with contextlib.suppress(OSError):
             pipe.send(("error", repr(exc)))
@@ -945,6 +957,26 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
         d,
         **{CONN_RATE: args.conn_rate, CONN_BURST: 0.1, CONN_QUEUE: args.conn_queue},
     )
+    by = _storm_rounds(d, args, value, est, modes, mach)
+    set_params(d, **{CONN_LIMITER: False})
+    rows = {m: _storm_row(m, ws) for m, ws in by.items()}
+    _storm_table(out, rows)
+    _storm_verdict(out, args, rows, by)
+    out.data = {"established_per_s": est, "phases": rows}
+    out.lines.append(mach.line())
+    mach.note(out)
+    return out
+
+
+def _storm_rounds(
+    d: Daemon,
+    args: argparse.Namespace,
+    value: bytes,
+    est: float,
+    modes: list[str],
+    mach: Machine,
+) -> dict[str, list[Window]]:
+    """Every round of every phase: the established clients' windows, with the storm's counts."""
     by: dict[str, list[Window]] = {m: [] for m in modes}
     for rnd in range(args.rounds):
         for m in modes:
@@ -974,54 +1006,58 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
                 f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
                 + (f", storm {w.storm['counts']}" if w.storm else "")
             )
-    set_params(d, **{CONN_LIMITER: False})
-    rows: dict[str, dict[str, Any]] = {}
-    for m, ws in by.items():
-        r = merge_windows(ws)
-        row: dict[str, Any] = {
-            "p50_us": r.percentile_us(0.5),
-            "p99_us": r.percentile_us(0.99),
-            "p999_us": r.percentile_us(0.999),
-            "p99_from_send_us": r.percentile_us(0.99, from_send=True),
-            "ok_per_s": round(r.ops_per_s, 1),
-            "errors": r.errors,
-            "error_codes": {str(k): v for k, v in r.error_codes.items()},
-            "per_round_p99_us": [w.result.percentile_us(0.99) for w in ws],
-            "per_round_other_cpu_pct": [w.other_pct() for w in ws],
-            "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
-            "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
-            "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
-        }
-        if m != "calm":
-            tot: dict[str, int] = {}
-            secs = 0.0
-            for w in ws:
-                for k, v in w.storm["counts"].items():
-                    tot[k] = tot.get(k, 0) + v
-                secs += w.storm["seconds"]
-            row["storm_counts"] = tot
-            row["storm_per_s"] = {k: round(v / secs, 1) for k, v in tot.items()}
-            keys = (
-                "attempted",
-                "successful",
-                "rejected",
-                "queued",
-                "interrupted_in_queue",
-                "added_to_queue",
-                "exempted",
-            )
-            srv: dict[str, int] = {}
-            for w in ws:
-                for k, v in _diff(_conn_limiter(w.a), _conn_limiter(w.b), keys).items():
-                    srv[k] = srv.get(k, 0) + v
-            cr = sum(
-                w.b.status["connections"]["rejected"] - w.a.status["connections"]["rejected"]
-                for w in ws
-            )
-            row["server_connection_limiter"] = srv
-            row["server_connections_rejected"] = cr
-        rows[m] = row
-    calm = rows["calm"]
+    return by
+
+
+def _storm_row(m: str, ws: list[Window]) -> dict[str, Any]:
+    """One phase's figures over its rounds."""
+    r = merge_windows(ws)
+    row: dict[str, Any] = {
+        "p50_us": r.percentile_us(0.5),
+        "p99_us": r.percentile_us(0.99),
+        "p999_us": r.percentile_us(0.999),
+        "p99_from_send_us": r.percentile_us(0.99, from_send=True),
+        "ok_per_s": round(r.ops_per_s, 1),
+        "errors": r.errors,
+        "error_codes": {str(k): v for k, v in r.error_codes.items()},
+        "per_round_p99_us": [w.result.percentile_us(0.99) for w in ws],
+        "per_round_other_cpu_pct": [w.other_pct() for w in ws],
+        "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
+        "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
+        "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
+    }
+    if m != "calm":
+        tot: dict[str, int] = {}
+        secs = 0.0
+        for w in ws:
+            for k, v in w.storm["counts"].items():
+                tot[k] = tot.get(k, 0) + v
+            secs += w.storm["seconds"]
+        row["storm_counts"] = tot
+        row["storm_per_s"] = {k: round(v / secs, 1) for k, v in tot.items()}
+        keys = (
+            "attempted",
+            "successful",
+            "rejected",
+            "queued",
+            "interrupted_in_queue",
+            "added_to_queue",
+            "exempted",
+        )
+        srv: dict[str, int] = {}
+        for w in ws:
+            for k, v in _diff(_conn_limiter(w.a), _conn_limiter(w.b), keys).items():
+                srv[k] = srv.get(k, 0) + v
+        cr = sum(
+            w.b.status["connections"]["rejected"] - w.a.status["connections"]["rejected"]
+            for w in ws
+        )
+        row["server_connection_limiter"] = srv
+        row["server_connections_rejected"] = cr
+    return row
+
+
+def _storm_table(out: Outcome, rows: dict[str, dict[str, Any]]) -> None:
     out.lines.append(
         f"   {'phase':<20} {'p50':>8} {'p99':>8} {'p99.9':>8}  {'p99 per round (oth%)':<26} "
         f"{'ok/s':>6} {'err':>4}  {'srv%':>4} {'gen%':>4} {'oth%':>4}"
@@ -1053,6 +1089,16 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
             + ", ".join(f"{k} {v:,}" for k, v in srv.items() if v)
             + f"; connections refused {row['server_connections_rejected']:,}"
         )
+
+
+def _storm_verdict(
+    out: Outcome,
+    args: argparse.Namespace,
+    rows: dict[str, dict[str, Any]],
+    by: dict[str, list[Window]],
+) -> None:
+    """Established p99 during the storm against calm: the check."""
+    calm = rows["calm"]
     row = rows["storm"]
     ratio = row["p99_us"] / calm["p99_us"] if row["p99_us"] and calm["p99_us"] else None
     out.lines.append(
@@ -1087,10 +1133,6 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
         out.lines.append(
             f"   without the connection limiter: {r2 or 0:.2f} x calm (shown for comparison)"
         )
-    out.data = {"established_per_s": est, "phases": rows}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
 
 
 # -- driver ------------------------------------------------------------------------------

@@ -745,6 +745,51 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         loads.append(
             ("write-heavy", mixed_spec(args, value, args.write_heavy_sets, wt, warmup=warm))
         )
+    runs, cpu, pools = _overhead_runs(args, value, loads, modes, mach)
+    out.lines.append(
+        f"   {'load':<12}"
+        + "".join(f" {m:>9}" for m in modes)
+        + f"  {'tickets cost':>12}  {'pool limit':>10}"
+        + (f"  {'a/a diff':>8}" if control else "")
+        + "   target   result"
+    )
+    data: dict[str, Any] = {}
+    for name, by in runs.items():
+        data[name] = _overhead_load(out, data, name, by, cpu[name], pools[name], modes)
+    out.notes.append(
+        "overhead: 'tickets cost' = 1 - default / none (what taking and counting execution "
+        "tickets costs); 'pool limit' = 1 - default / huge (what the default pool sizes cost "
+        "by making operations wait)"
+        + (
+            "; 'a/a diff' = 1 - default / a/a, two unpatched daemons: how far two server "
+            "processes differ for no reason (hash seeds, memory layout), the noise floor of "
+            "'tickets cost'"
+            if control
+            else ""
+        )
+        + ". Huge pools still take a ticket per operation, so they do not approximate 'no "
+        "tickets'; the patched daemon does"
+    )
+    out.data = {"loads": data, "reps": reps, "seconds": secs, "modes": list(modes)}
+    out.lines.append(mach.line())
+    mach.note(out)
+    return out
+
+
+def _overhead_runs(
+    args: argparse.Namespace,
+    value: bytes,
+    loads: list[tuple[str, LoadSpec]],
+    modes: tuple[str, ...],
+    mach: Machine,
+) -> tuple[
+    dict[str, dict[str, list[float]]],
+    dict[str, dict[str, list[float]]],
+    dict[str, list[tuple[int, int]]],
+]:
+    """Each load on each mode's daemon, ``--overhead-reps`` times, modes alternating:
+    ops/s and server CPU % per run, and the default pools after its runs."""
+    reps, control = args.overhead_reps, "a/a" in modes
     runs: dict[str, dict[str, list[float]]] = {}
     cpu: dict[str, dict[str, list[float]]] = {}
     pools: dict[str, list[tuple[int, int]]] = {}
@@ -792,90 +837,77 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                 runs[name][m].append(r.ops_per_s)
                 cpu[name][m].append(_pct(r.server_cpu_s, r.window_s) or 0.0)
                 report.log(f"  overhead {name} {m:<7} {r.ops_per_s:>10,.0f} ops/s")
+    return runs, cpu, pools
+
+
+def _overhead_load(
+    out: Outcome,
+    data: dict[str, Any],
+    name: str,
+    by: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    pools: list[tuple[int, int]],
+    modes: tuple[str, ...],
+) -> dict[str, Any]:
+    """One load's line, runs, check and JSON (``data`` gets the micro check)."""
+    control = "a/a" in modes
+    med = {m: statistics.median(v) for m, v in by.items()}
+    cost = 1 - med["default"] / med["none"]
+    limit = 1 - med["default"] / med["huge"]
+    aa = 1 - med["default"] / med["a/a"] if control else None
+    ok = cost <= OVERHEAD_TARGET
     out.lines.append(
-        f"   {'load':<12}"
-        + "".join(f" {m:>9}" for m in modes)
-        + f"  {'tickets cost':>12}  {'pool limit':>10}"
-        + (f"  {'a/a diff':>8}" if control else "")
-        + "   target   result"
+        f"   {name:<12}"
+        + "".join(f" {med[m]:>9,.0f}" for m in modes)
+        + f"  {100 * cost:>+11.1f}%  {100 * limit:>+9.1f}%"
+        + (f"  {100 * aa:>+7.1f}%" if aa is not None else "")
+        + f"   <= {100 * OVERHEAD_TARGET:.0f} %   {_verdict(ok)}"
     )
-    data: dict[str, Any] = {}
-    for name, by in runs.items():
-        med = {m: statistics.median(v) for m, v in by.items()}
-        cost = 1 - med["default"] / med["none"]
-        limit = 1 - med["default"] / med["huge"]
-        aa = 1 - med["default"] / med["a/a"] if control else None
-        ok = cost <= OVERHEAD_TARGET
-        out.lines.append(
-            f"   {name:<12}"
-            + "".join(f" {med[m]:>9,.0f}" for m in modes)
-            + f"  {100 * cost:>+11.1f}%  {100 * limit:>+9.1f}%"
-            + (f"  {100 * aa:>+7.1f}%" if aa is not None else "")
-            + f"   <= {100 * OVERHEAD_TARGET:.0f} %   {_verdict(ok)}"
-        )
-        srv = {m: statistics.median(v) for m, v in cpu[name].items()}
-        ends = sorted(set(pools[name]))
-        out.lines.append(
-            "        runs: "
-            + "; ".join(f"{m} " + " ".join(f"{x:,.0f}" for x in by[m]) for m in modes)
-        )
-        out.lines.append(
-            "        server cpu % (median): "
-            + ", ".join(f"{m} {srv[m]:.0f}" for m in modes)
-            + "; default's pools (read/write) after its runs: "
-            + ", ".join(f"{r}/{w}" for r, w in ends)
-        )
-        if name == "get":
-            real, free = micro_cost()
-            per_op = (srv["default"] / 100) / med["default"] * 1e6 if med["default"] else 0.0
-            est = (real - free) / per_op if per_op else 0.0
-            data["micro"] = {
-                "ticket_us": round(real, 3),
-                "free_us": round(free, 3),
-                "daemon_us_per_get": round(per_op, 2),
-                "expected_cost": round(est, 4),
-            }
-            out.lines.append(
-                f"        in-process check: try_acquire() + release() {real:.2f} µs on a real "
-                f"pool, {free:.2f} µs on the no-op one; the daemon spends {per_op:.1f} µs of "
-                f"CPU per pipelined GET (default runs), so tickets should cost "
-                f"~{100 * est:.1f} %"
-            )
-        out.check(
-            f"{name}: tickets cost (1 - default/none)",
-            round(cost, 4),
-            f"{100 * cost:+.1f} %",
-            f"<= {100 * OVERHEAD_TARGET:.0f} %",
-            ok,
-        )
-        data[name] = {
-            "runs": {m: [round(x, 1) for x in v] for m, v in by.items()},
-            "medians": {m: round(x, 1) for m, x in med.items()},
-            "tickets_cost": round(cost, 4),
-            "pool_limit_cost": round(limit, 4),
-            "a_a_difference": None if aa is None else round(aa, 4),
-            "server_cpu_pct": {m: [round(x, 1) for x in v] for m, v in cpu[name].items()},
-            "default_pools_after_runs": ends,
+    srv = {m: statistics.median(v) for m, v in cpu.items()}
+    ends = sorted(set(pools))
+    out.lines.append(
+        "        runs: " + "; ".join(f"{m} " + " ".join(f"{x:,.0f}" for x in by[m]) for m in modes)
+    )
+    out.lines.append(
+        "        server cpu % (median): "
+        + ", ".join(f"{m} {srv[m]:.0f}" for m in modes)
+        + "; default's pools (read/write) after its runs: "
+        + ", ".join(f"{r}/{w}" for r, w in ends)
+    )
+    if name == "get":
+        real, free = micro_cost()
+        per_op = (srv["default"] / 100) / med["default"] * 1e6 if med["default"] else 0.0
+        est = (real - free) / per_op if per_op else 0.0
+        data["micro"] = {
+            "ticket_us": round(real, 3),
+            "free_us": round(free, 3),
+            "daemon_us_per_get": round(per_op, 2),
+            "expected_cost": round(est, 4),
         }
-        _cpu_note(out, 0.0, max(srv.values()), f"overhead {name}")
-    out.notes.append(
-        "overhead: 'tickets cost' = 1 - default / none (what taking and counting execution "
-        "tickets costs); 'pool limit' = 1 - default / huge (what the default pool sizes cost "
-        "by making operations wait)"
-        + (
-            "; 'a/a diff' = 1 - default / a/a, two unpatched daemons: how far two server "
-            "processes differ for no reason (hash seeds, memory layout), the noise floor of "
-            "'tickets cost'"
-            if control
-            else ""
+        out.lines.append(
+            f"        in-process check: try_acquire() + release() {real:.2f} µs on a real "
+            f"pool, {free:.2f} µs on the no-op one; the daemon spends {per_op:.1f} µs of "
+            f"CPU per pipelined GET (default runs), so tickets should cost "
+            f"~{100 * est:.1f} %"
         )
-        + ". Huge pools still take a ticket per operation, so they do not approximate 'no "
-        "tickets'; the patched daemon does"
+    out.check(
+        f"{name}: tickets cost (1 - default/none)",
+        round(cost, 4),
+        f"{100 * cost:+.1f} %",
+        f"<= {100 * OVERHEAD_TARGET:.0f} %",
+        ok,
     )
-    out.data = {"loads": data, "reps": reps, "seconds": secs, "modes": list(modes)}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    figures = {
+        "runs": {m: [round(x, 1) for x in v] for m, v in by.items()},
+        "medians": {m: round(x, 1) for m, x in med.items()},
+        "tickets_cost": round(cost, 4),
+        "pool_limit_cost": round(limit, 4),
+        "a_a_difference": None if aa is None else round(aa, 4),
+        "server_cpu_pct": {m: [round(x, 1) for x in v] for m, v in cpu.items()},
+        "default_pools_after_runs": ends,
+    }
+    _cpu_note(out, 0.0, max(srv.values()), f"overhead {name}")
+    return figures
 
 
 # -- driver ----------------------------------------------------------------------------
