@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from tenantkv import config as config_mod
 from tenantkv import errors
@@ -377,7 +378,8 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
         running[0] += 1
         running[1] = max(running[1], running[0])
         try:
-            trio.from_thread.run(gate.wait, trio_token=token)
+            if password != "right":  # the guesses hold their slots until the gate opens
+                trio.from_thread.run(gate.wait, trio_token=token)
             return real(password, salt)
         finally:
             running[0] -= 1
@@ -395,18 +397,22 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
             if not exc.labels:  # hashed (not refused): in the order it was served
                 order.append(f"g{i}")
 
+    alice_in = trio.Event()
+
     async def alice() -> None:
         await n.accounts.authenticate("alice", "right", peer="192.0.2.1")
         order.append("alice")
+        alice_in.set()
 
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             for i in range(20):
                 nursery.start_soon(guess, i)
-            await trio.sleep(0.05)
-            nursery.start_soon(alice)
-            await trio.sleep(0.05)
+            # every guess hashing (held at the gate), waiting, or refused
+            await trio.testing.wait_all_tasks_blocked()
             refused = codes.count("TooManyLoginFailures")
+            nursery.start_soon(alice)
+            await alice_in.wait()  # in while the pool is full: she waited for no guess
             gate.set()
     assert refused == 20 - 2 - 4  # two hashing, four waiting
     assert running[1] == 3  # and alice, in the hash kept for known-good pairs
