@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from bench import loadgen, options, report, servers
-from bench.loadgen import RedisCodec, Target, TenantKVCodec
+from bench.loadgen import Target, TenantKVCodec
 from bench.options import Quick
 
 BUCKET = "bench"
@@ -72,100 +72,113 @@ def run(args: argparse.Namespace) -> int:
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"bench")
     servers.pin_cpus(args)
-    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta: dict[str, Any] = {
         "machine": report.machine_info(),
         "source": report.source_info(),
-        "settings": {
-            "seconds": args.seconds,
-            "warmup": args.warmup,
-            "value_size": args.value_size,
-            "keys": args.keys,
-            "workers": args.workers,
-            "mode": "open loop" if args.rate else "closed loop",
-            "rate": args.rate,
-            "pin": args.pin,
-            "server_cpus": sorted(server_cpus) if server_cpus else None,
-            "client_cpus": sorted(client_cpus) if client_cpus else None,
-        },
+        "settings": _settings(args),
         "servers": {},
     }
     with contextlib.ExitStack() as stack:
-        targets: list[tuple[str, servers.ServerHandle, Target]] = []
-        if args.host:
-            tkv = servers.ServerHandle(
-                "tenantkv", args.host, args.port, user=args.user, password=args.password
-            )
-            user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=False)
-        else:
-            report.log("starting tenantkv ...")
-            tkv = stack.enter_context(servers.tenantkv_server(args.data_dir, server_cpus))
-            user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
-        codec = TenantKVCodec(user, password, BUCKET)
-        targets.append(("tenantkv", tkv, Target(tkv.host, tkv.port, codec)))
-        meta["servers"]["tenantkv"] = {
-            "version": tkv.version,
-            "address": f"{tkv.host}:{tkv.port}",
-            "started_by_bench": tkv.pid is not None,
-            "settings": tkv.settings,
-        }
-        if args.vs_redis:
-            if servers.find_redis() is None:
-                note = (
-                    "NOTE: --vs-redis: redis-server is not on PATH; skipping the comparison "
-                    "(Debian: apt-get install redis-server)."
-                )
-                print(note, file=sys.stderr if args.json == "-" else sys.stdout)
-                meta["redis_skipped"] = note
-            else:
-                report.log(
-                    "starting redis-server (appendonly yes, appendfsync always, save '') ..."
-                )
-                rd = stack.enter_context(servers.redis_server("always", server_cpus))
-                targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
-                meta["servers"]["redis"] = {
-                    "version": rd.version,
-                    "address": f"{rd.host}:{rd.port}",
-                    "settings": rd.settings,
-                    "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
-                }
+        targets = _start(stack, args, meta)
         for name, _, target in targets:
             report.log(f"preloading {args.keys} keys of {args.value_size} B into {name} ...")
             loadgen.preload(target, args.keys, value)
-        cells: list[report.Cell] = []
         t0 = time.monotonic()
-        for op in args.ops:
-            for conns in args.conns:
-                for depth in args.depths:
-                    spec = loadgen.cell_spec(
-                        args,
-                        op,
-                        conns,
-                        depth,
-                        value,
-                        rate=args.rate,
-                        workers=args.workers,
-                        cpus=client_cpus,
-                    )
-                    for name, handle, target in targets:
-                        res = loadgen.run_load(target, spec, handle.cpu_seconds)
-                        cell = report.Cell(name, spec, res)
-                        cells.append(cell)
-                        j = cell.to_json()
-                        report.log(
-                            f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
-                            f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
-                            f"p99 {j['p99_us']} µs  errors {res.errors}"
-                        )
+        cells = _measure(args, targets, value)
         meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     names = [n for n, _, _ in targets]
+    _print(args, meta, targets[0][1], cells, names)
+    if args.json:
+        report.write_json(args.json, report.results_doc(cells, names, meta))
+    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "value_size": args.value_size,
+        "keys": args.keys,
+        "workers": args.workers,
+        "mode": "open loop" if args.rate else "closed loop",
+        "rate": args.rate,
+        "pin": args.pin,
+        "server_cpus": sorted(args.server_cpus) if args.server_cpus else None,
+        "client_cpus": sorted(args.client_cpus) if args.client_cpus else None,
+    }
+
+
+def _start(
+    stack: contextlib.ExitStack, args: argparse.Namespace, meta: dict[str, Any]
+) -> list[servers.Measured]:
+    """tenantkv (started, or ``--host``), and redis-server with ``--vs-redis``."""
+    if args.host:
+        tkv = servers.ServerHandle(
+            "tenantkv", args.host, args.port, user=args.user, password=args.password
+        )
+        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=False)
+    else:
+        report.log("starting tenantkv ...")
+        tkv = stack.enter_context(servers.tenantkv_server(args.data_dir, args.server_cpus))
+        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
+    codec = TenantKVCodec(user, password, BUCKET)
+    targets: list[servers.Measured] = [("tenantkv", tkv, Target(tkv.host, tkv.port, codec))]
+    meta["servers"]["tenantkv"] = servers.describe(tkv)
+    if args.vs_redis:
+        rd = servers.vs_redis(stack, args.server_cpus, meta)
+        if rd is None:
+            note = f"NOTE: {servers.NO_REDIS}."
+            print(note, file=sys.stderr if args.json == "-" else sys.stdout)
+            meta["redis_skipped"] = note
+        else:
+            targets.append(rd)
+    return targets
+
+
+def _measure(
+    args: argparse.Namespace, targets: list[servers.Measured], value: bytes
+) -> list[report.Cell]:
+    """Every cell of the grid on every server, back to back."""
+    cells: list[report.Cell] = []
+    for op in args.ops:
+        for conns in args.conns:
+            for depth in args.depths:
+                spec = loadgen.cell_spec(
+                    args,
+                    op,
+                    conns,
+                    depth,
+                    value,
+                    rate=args.rate,
+                    workers=args.workers,
+                    cpus=args.client_cpus,
+                )
+                for name, handle, target in targets:
+                    res = loadgen.run_load(target, spec, handle.cpu_seconds)
+                    cell = report.Cell(name, spec, res)
+                    cells.append(cell)
+                    j = cell.to_json()
+                    report.log(
+                        f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
+                        f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
+                        f"p99 {j['p99_us']} µs  errors {res.errors}"
+                    )
+    return cells
+
+
+def _print(
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    tkv: servers.ServerHandle,
+    cells: list[report.Cell],
+    names: list[str],
+) -> None:
     out = sys.stderr if args.json == "-" else sys.stdout
     mode = (
         f"open loop at {args.rate:,.0f} ops/s per cell (latency from scheduled send)"
         if args.rate
         else "closed loop (max throughput)"
     )
-    m = meta["machine"]
     src = meta["source"]
     versions = f"tenantkv {tkv.version}"
     if src["commit"]:
@@ -174,21 +187,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if "redis" in meta["servers"]:
         versions += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
-    pin = (
-        f" (pinned: servers on CPU {sorted(server_cpus)}, load on {sorted(client_cpus)})"
-        if server_cpus and client_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     print(
         f"\nthroughput: {args.value_size} B values, {args.keys} keys, {args.seconds:g} s per cell "
         f"after {args.warmup:g} s warm-up, {mode}; SET is durable on both sides\n"
         f"{versions}\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by server and load generator"
-        f"{pin}; "
+        f"machine: {report.machine_line(meta)}{f' ({pin})' if pin else ''}; "
         f"cli% = load generator, srv% = server, % of one core\n",
         file=out,
     )
     print(report.format_table(cells, names), file=out)
-    if args.json:
-        report.write_json(args.json, report.results_doc(cells, names, meta))
-    return 1 if any(c.result.errors for c in cells) else 0

@@ -57,7 +57,6 @@ from bench.loadgen import (
     WORKLOAD,
     LoadResult,
     LoadSpec,
-    RedisCodec,
     Target,
     TenantKVCodec,
 )
@@ -240,101 +239,106 @@ def _prefix(workload: str, distribution: str) -> bytes:
 def run(args: argparse.Namespace) -> int:
     value = report.value_bytes(args.value_size, b"ycsb")
     servers.pin_cpus(args)
-    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta = report.run_meta(args)
-    meta["settings"]["server_cpus"] = sorted(server_cpus) if server_cpus else None
-    meta["settings"]["client_cpus"] = sorted(client_cpus) if client_cpus else None
+    for side in ("server_cpus", "client_cpus"):
+        cpus = getattr(args, side)
+        meta["settings"][side] = sorted(cpus) if cpus else None
     meta["servers"] = {}
     notes: list[str] = []
-    out = sys.stderr if args.json == "-" else sys.stdout
-    plan = cell_plan(args.workloads, args.distributions)
     t0 = time.monotonic()
-    cells: list[Cell] = []
     with contextlib.ExitStack() as stack:
-        report.log("starting tenantkv ...")
-        tkv = stack.enter_context(servers.tenantkv_server(None, server_cpus))
-        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
-        targets: list[tuple[str, servers.ServerHandle, Target]] = [
-            ("tenantkv", tkv, Target(tkv.host, tkv.port, TenantKVCodec(user, password, BUCKET)))
-        ]
-        meta["servers"]["tenantkv"] = {
-            "version": tkv.version,
-            "address": f"{tkv.host}:{tkv.port}",
-            "settings": tkv.settings,
-        }
-        if args.vs_redis:
-            if servers.find_redis() is None:
-                notes.append(
-                    "--vs-redis: redis-server is not on PATH; comparison skipped "
-                    "(Debian: apt-get install redis-server)"
-                )
-            else:
-                report.log("starting redis-server (appendonly yes, appendfsync always) ...")
-                rd = stack.enter_context(servers.redis_server("always", server_cpus))
-                targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
-                meta["servers"]["redis"] = {
-                    "version": rd.version,
-                    "address": f"{rd.host}:{rd.port}",
-                    "settings": rd.settings,
-                    "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
-                }
-                if "E" in args.workloads:
-                    notes.append(E_ON_REDIS)
-        for wname, dist in plan:
-            w = workloads.WORKLOADS[wname]
-            spec = LoadSpec(
-                op=WORKLOAD,
-                conns=args.conns,
-                depth=args.depth,
-                value=value,
-                keys=args.records,
-                seconds=args.seconds,
-                warmup=args.warmup,
-                rate=args.rate * w.requests_per_op if args.rate else None,
-                workers=args.workers,
-                cpus=client_cpus,
-                key_prefix=_prefix(wname, dist),
-                poisson=bool(args.rate),
-                seed=args.seed,
-                workload=wname,
-                distribution=dist,
-            )
-            for name, handle, target in targets:
-                if w.scans and not hasattr(target.codec, "encode_scan"):
-                    continue
-                loadgen.preload(target, args.records, value, spec.key_prefix)
-                res = loadgen.run_load(target, spec, handle.cpu_seconds)
-                cell = Cell(name, spec, res)
-                cells.append(cell)
-                j = cell.to_json()
-                report.log(
-                    f"  {name:<8} {wname} {dist:<7} {cell.ops_per_s:>9,.0f} ops/s  "
-                    f"p50 {j['p50_us']} µs  p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  "
-                    f"errors {res.errors}"
-                )
+        targets = _start(stack, args, meta, notes)
+        cells = _measure(args, targets, value)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     names = [n for n, _, _ in targets]
-    m = meta["machine"]
-    versions = report.version_line(meta)
-    if "redis" in meta["servers"]:
-        versions += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
+    _print(args, meta, cells, names, notes)
+    if args.json:
+        meta["notes"] = notes
+        doc = {"cells": [c.to_json() for c in cells], "ratios": _ratios(cells, names)}
+        report.write_json(args.json, {"benchmark": "ycsb", "meta": meta, **doc})
+    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _start(
+    stack: contextlib.ExitStack, args: argparse.Namespace, meta: dict[str, Any], notes: list[str]
+) -> list[servers.Measured]:
+    """tenantkv, and redis-server with ``--vs-redis``."""
+    report.log("starting tenantkv ...")
+    tkv = stack.enter_context(servers.tenantkv_server(None, args.server_cpus))
+    user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
+    targets: list[servers.Measured] = [
+        ("tenantkv", tkv, Target(tkv.host, tkv.port, TenantKVCodec(user, password, BUCKET)))
+    ]
+    meta["servers"]["tenantkv"] = servers.describe(tkv)
+    if args.vs_redis:
+        rd = servers.vs_redis(stack, args.server_cpus, meta)
+        if rd is None:
+            notes.append(servers.NO_REDIS)
+        else:
+            targets.append(rd)
+            if "E" in args.workloads:
+                notes.append(E_ON_REDIS)
+    return targets
+
+
+def _measure(args: argparse.Namespace, targets: list[servers.Measured], value: bytes) -> list[Cell]:
+    """Every cell of the plan on every server that can run it."""
+    cells: list[Cell] = []
+    for wname, dist in cell_plan(args.workloads, args.distributions):
+        w = workloads.WORKLOADS[wname]
+        spec = LoadSpec(
+            op=WORKLOAD,
+            conns=args.conns,
+            depth=args.depth,
+            value=value,
+            keys=args.records,
+            seconds=args.seconds,
+            warmup=args.warmup,
+            rate=args.rate * w.requests_per_op if args.rate else None,
+            workers=args.workers,
+            cpus=args.client_cpus,
+            key_prefix=_prefix(wname, dist),
+            poisson=bool(args.rate),
+            seed=args.seed,
+            workload=wname,
+            distribution=dist,
+        )
+        for name, handle, target in targets:
+            if w.scans and not hasattr(target.codec, "encode_scan"):
+                continue
+            loadgen.preload(target, args.records, value, spec.key_prefix)
+            res = loadgen.run_load(target, spec, handle.cpu_seconds)
+            cell = Cell(name, spec, res)
+            cells.append(cell)
+            j = cell.to_json()
+            report.log(
+                f"  {name:<8} {wname} {dist:<7} {cell.ops_per_s:>9,.0f} ops/s  "
+                f"p50 {j['p50_us']} µs  p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  "
+                f"errors {res.errors}"
+            )
+    return cells
+
+
+def _print(
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    cells: list[Cell],
+    names: list[str],
+    notes: list[str],
+) -> None:
+    out = sys.stderr if args.json == "-" else sys.stdout
     mode = (
         f"open loop, Poisson arrivals at {args.rate:,.0f} ops/s per cell "
         "(latency from the scheduled send)"
         if args.rate
         else f"closed loop, {args.conns} conns x {args.depth} outstanding"
     )
-    pin = (
-        f"; pinned: servers on CPU {sorted(server_cpus)}, load on {sorted(client_cpus)}"
-        if server_cpus and client_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     print(
         f"\nycsb: {args.records:,} records of {args.value_size} B preloaded per cell, "
         f"{args.seconds:g} s per cell after {args.warmup:g} s warm-up, {mode}; "
-        f"SETs durable{' on both sides' if len(names) > 1 else ''}\n{versions}\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by server and load "
-        f"generator{pin}\n",
+        f"SETs durable{' on both sides' if len(names) > 1 else ''}\n{servers.versions_line(meta)}\n"
+        f"machine: {report.machine_line(meta)}{'; ' + pin if pin else ''}\n",
         file=out,
     )
     print(format_table(cells, names), file=out)
@@ -350,30 +354,17 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"- {n}", file=out)
     print(f"\n({meta['elapsed_s']:g} s)", file=out)
-    if args.json:
-        ratios = []
-        if "tenantkv" in names and "redis" in names:
-            for c in cells:
-                if c.server != "tenantkv":
-                    continue
-                r = ratio(cells, c.key, "tenantkv", "redis")
-                if r is None:
-                    continue  # E: not run on redis
-                ratios.append(
-                    {
-                        "workload": c.key[0],
-                        "distribution": c.key[1],
-                        "tenantkv_over_redis": round(r, 3),
-                    }
-                )
-        meta["notes"] = notes
-        report.write_json(
-            args.json,
-            {
-                "benchmark": "ycsb",
-                "meta": meta,
-                "cells": [c.to_json() for c in cells],
-                "ratios": ratios,
-            },
-        )
-    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _ratios(cells: list[Cell], names: list[str]) -> list[dict[str, Any]]:
+    """tenantkv / redis per cell both ran (E is not run on redis)."""
+    if "tenantkv" not in names or "redis" not in names:
+        return []
+    out = []
+    for c in cells:
+        r = ratio(cells, c.key, "tenantkv", "redis") if c.server == "tenantkv" else None
+        if r is not None:
+            out.append(
+                {"workload": c.key[0], "distribution": c.key[1], "tenantkv_over_redis": round(r, 3)}
+            )
+    return out
