@@ -36,6 +36,7 @@ from bench import options, report, servers
 from bench.loadgen import BenchError
 
 RSS_GROWTH_TARGET_MB = 64.0
+#: a healthy tenant's rate under attack / calm, at least (every attack benchmark's)
 HEALTHY_TARGET = 0.80
 IDLE_TARGET_KIB = 16.0
 ADMIN_LOGIN_TARGET_S = 1.0

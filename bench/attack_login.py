@@ -39,12 +39,11 @@ from typing import Any
 import msgpack
 
 from bench import options, report, servers
-from bench.attack import rss_anon_kib
+from bench.attack import HEALTHY_TARGET, rss_anon_kib
 
 LOGIN_TARGET_S = 0.200
 ADMIN_TARGET_S = 1.0
 RSS_TARGET_MIB = 32.0
-HEALTHY_TARGET = 0.80
 HASHES_TARGET = 10
 
 

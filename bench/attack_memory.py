@@ -34,11 +34,10 @@ from typing import Any
 import msgpack
 
 from bench import options, report, servers
-from bench.attack import rss_anon_kib
+from bench.attack import HEALTHY_TARGET, rss_anon_kib
 from bench.loadgen import BenchError
 
 RSS_GROWTH_TARGET_MIB = 256.0
-HEALTHY_TARGET = 0.80
 ATTACKER, HEALTHY = "attacker", "healthy"
 
 

@@ -40,9 +40,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import options, report, servers
-from bench.attack import rss_anon_kib
+from bench.attack import HEALTHY_TARGET, rss_anon_kib
 
-HEALTHY_TARGET = 0.80
 RSS_GROWTH_TARGET_MIB = 256.0
 #: No log line per request. (A connection closed for a protocol error logs one
 #: line: the DEL part opens one per 40 requests it sends.)

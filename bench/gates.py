@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -665,7 +664,6 @@ def _order(reps: int) -> list[tuple[int, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tenantkv
 
     _finish_args(args)
     value = report.value_bytes(args.value_size, b"gates")
@@ -674,30 +672,20 @@ def run(args: argparse.Namespace) -> int:
     runs: list[Run] = []
     t0 = time.monotonic()
     report.log("starting tenantkv ...")
-    with servers.tenantkv_server(cpus=args.server_cpus) as handle:
-        assert handle.password is not None
-        admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
-        with admin:
-            admin.create_bucket(BUCKET)
-            password = secrets.token_urlsafe(18)
-            admin.create_user("bench", password, roles={BUCKET: "readwrite"})
-            target = Target(handle.host, handle.port, TenantKVCodec("bench", password, BUCKET))
-            report.log(f"preloading {args.keys} keys of {args.value_size} B ...")
-            loadgen.preload(target, args.keys, value)
-            configure_common(admin, pool)
-            for op in args.ops:
-                for conns in args.conns:
-                    for depth in args.depths:
-                        spec = loadgen.cell_spec(
-                            args,
-                            op,
-                            conns,
-                            depth,
-                            value,
-                            workers=min(conns, os.cpu_count() or 2),
-                            cpus=args.client_cpus,
-                        )
-                        runs += _cell(admin, handle, target, spec, args, pool)
+    with (
+        servers.tenantkv_server(cpus=args.server_cpus) as handle,
+        servers.bench_user(handle, BUCKET) as (admin, password),
+    ):
+        target = Target(handle.host, handle.port, TenantKVCodec("bench", password, BUCKET))
+        report.log(f"preloading {args.keys} keys of {args.value_size} B ...")
+        loadgen.preload(target, args.keys, value)
+        configure_common(admin, pool)
+        for op in args.ops:
+            for conns in args.conns:
+                for depth in args.depths:
+                    workers = min(conns, os.cpu_count() or 2)
+                    spec = loadgen.cell_spec(args, op, conns, depth, value, workers=workers)
+                    runs += _cell(admin, handle, target, spec, args, pool)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     summary = summarize(runs)
     ver = verification(runs)

@@ -395,18 +395,11 @@ class LoadSpec:
 
 
 def cell_spec(args: Any, op: str, conns: int, depth: int, value: bytes, **kw: Any) -> LoadSpec:
-    """A cell of a subcommand's grid, its keys and window from the flags
-    (``--keys``, ``--seconds``, ``--warmup``)."""
-    return LoadSpec(
-        op=op,
-        conns=conns,
-        depth=depth,
-        value=value,
-        keys=args.keys,
-        seconds=args.seconds,
-        warmup=args.warmup,
-        **kw,
-    )
+    """A cell of a subcommand's grid: its keys, window and generator CPUs from the
+    flags (``--keys``, ``--seconds``, ``--warmup``, ``--pin``); ``kw`` overrides."""
+    flags = {"keys": args.keys, "seconds": args.seconds, "warmup": args.warmup}
+    flags["cpus"] = getattr(args, "client_cpus", None)
+    return LoadSpec(op=op, conns=conns, depth=depth, value=value, **{**flags, **kw})
 
 
 def key_name(prefix: bytes, i: int) -> bytes:

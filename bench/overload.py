@@ -70,7 +70,6 @@ from bench.throttle import (
     _pct,
     _verdict,
     daemon,
-    machine_cpu,
 )
 
 PARTS = ("load", "cost", "storm")
@@ -172,15 +171,7 @@ class Edge:
 
 def edge(d: Daemon) -> Edge:
     st = d.admin.server_status()
-    snap = Snapshot(
-        uptime=float(st["uptime_secs"]),
-        cpu_s=d.handle.cpu_seconds(),
-        write_weight=2,
-        node={},
-        buckets={},
-        errors={},
-        machine_s=machine_cpu(),
-    )
+    snap = Snapshot.bare(float(st["uptime_secs"]), d.handle.cpu_seconds())
     return Edge(snap, st)
 
 

@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -60,7 +59,6 @@ from bench.throttle import (
     _cpu_note,
     _pct,
     _verdict,
-    machine_cpu,
 )
 from tenantkv.admission.execution_tickets import NOOP_TICKET, Ticket, TicketHolder
 
@@ -245,20 +243,16 @@ def daemon(
     launcher: Sequence[str] | None = None,
 ) -> Iterator[Daemon]:
     """A started daemon with bucket ``bench``, user ``bench`` and every key preloaded."""
-    import tenantkv
 
     what = "" if not launcher else " (no execution tickets)" if "True" in launcher[-1] else " (A/A)"
     report.log(f"  starting tenantkv{what} ...")
-    with servers.tenantkv_server(cpus=cpus, launcher=launcher) as handle:
-        assert handle.password is not None
-        admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
-        with admin:
-            admin.create_bucket(BUCKET)
-            password = secrets.token_urlsafe(18)
-            admin.create_user("bench", password, roles={BUCKET: "readwrite"})
-            d = Daemon(handle, admin, "bench", password)
-            loadgen.preload(d.target(BUCKET), keys, value)
-            yield d
+    with (
+        servers.tenantkv_server(cpus=cpus, launcher=launcher) as handle,
+        servers.bench_user(handle, BUCKET) as (admin, password),
+    ):
+        d = Daemon(handle, admin, "bench", password)
+        loadgen.preload(d.target(BUCKET), keys, value)
+        yield d
 
 
 def set_params(d: Daemon, **params: Any) -> None:
@@ -299,15 +293,7 @@ def sample(d: Daemon) -> Sample:
     st = d.admin.server_status()
     ex = st["execution"]
     r, w, pr = ex["read"], ex["write"], ex.get("probing", {})
-    snap = Snapshot(
-        uptime=float(st["uptime_secs"]),
-        cpu_s=d.handle.cpu_seconds(),
-        write_weight=2,
-        node={},
-        buckets={},
-        errors={},
-        machine_s=machine_cpu(),
-    )
+    snap = Snapshot.bare(float(st["uptime_secs"]), d.handle.cpu_seconds())
     return Sample(
         t=time.monotonic(),
         snap=snap,
@@ -819,12 +805,10 @@ def _overhead_runs(
             order = [m for _ in range(reps) for m in modes] + ["default"]
             for m in order:
                 dd = mode(m)
-                snap0 = Snapshot(0.0, dd.handle.cpu_seconds(), 2, {}, {}, {}, machine_cpu())
+                snap0 = Snapshot.bare(0.0, dd.handle.cpu_seconds())
                 t0 = time.monotonic()
                 r = loadgen.run_load(dd.target(BUCKET), spec, dd.handle.cpu_seconds)
-                snap1 = Snapshot(
-                    time.monotonic() - t0, dd.handle.cpu_seconds(), 2, {}, {}, {}, machine_cpu()
-                )
+                snap1 = Snapshot.bare(time.monotonic() - t0, dd.handle.cpu_seconds())
                 mach.add(snap0, snap1, [r])
                 if r.errors:
                     raise BenchError(f"overhead {name} {m}: {r.errors} errors ({r.error_sample})")

@@ -415,15 +415,7 @@ def _cell(
     spec = None
     if op in MSGPACK_OPS:
         runs["msgpack"] = []
-        spec = loadgen.cell_spec(
-            args,
-            op,
-            conns,
-            depth,
-            value,
-            cpus=args.client_cpus,
-            key_prefix=KEY_PREFIX,
-        )
+        spec = loadgen.cell_spec(args, op, conns, depth, value, key_prefix=KEY_PREFIX)
     for _ in range(args.rounds):
         for s in sides:
             if any(r["error"] for r in runs[s.name]):

@@ -470,3 +470,17 @@ def pinned(args: argparse.Namespace) -> str:
             f"pinned: servers on CPU {sorted(args.server_cpus)}, load on {sorted(args.client_cpus)}"
         )
     return ""
+
+
+@contextlib.contextmanager
+def bench_user(handle: ServerHandle, bucket: str) -> Iterator[tuple[Any, str]]:
+    """An admin client of a server started here, ``bucket`` made and a plain
+    ``bench`` user with the readwrite role on it: (the client, that user's password)."""
+    import tenantkv
+
+    assert handle.password is not None
+    with tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password) as c:
+        c.create_bucket(bucket)
+        password = secrets.token_urlsafe(18)
+        c.create_user("bench", password, roles={bucket: "readwrite"})
+        yield c, password

@@ -218,6 +218,11 @@ class Snapshot:
     #: CPU seconds so far of each process outside the benchmark, and stolen seconds
     machine_s: tuple[dict[int, float], float] = field(default_factory=lambda: ({}, 0.0))
 
+    @classmethod
+    def bare(cls, uptime: float, cpu_s: float | None) -> Snapshot:
+        """Only the clocks (no bucket figures): the server's uptime and CPU, the machine's."""
+        return cls(uptime, cpu_s, 2, {}, {}, {}, machine_cpu())
+
 
 @dataclass
 class Delta:
@@ -565,18 +570,8 @@ def _spec(
     seconds: float | None = None,
     warmup: float | None = None,
 ) -> LoadSpec:
-    return LoadSpec(
-        op=op,
-        conns=conns,
-        depth=depth,
-        value=value,
-        keys=args.keys,
-        seconds=args.seconds if seconds is None else seconds,
-        warmup=args.warmup if warmup is None else warmup,
-        rate=rate,
-        workers=workers,
-        cpus=args.client_cpus,
-    )
+    timing = {k: v for k, v in (("seconds", seconds), ("warmup", warmup)) if v is not None}
+    return loadgen.cell_spec(args, op, conns, depth, value, rate=rate, workers=workers, **timing)
 
 
 def _run(

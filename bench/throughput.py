@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -140,29 +141,20 @@ def _measure(
 ) -> list[report.Cell]:
     """Every cell of the grid on every server, back to back."""
     cells: list[report.Cell] = []
-    for op in args.ops:
-        for conns in args.conns:
-            for depth in args.depths:
-                spec = loadgen.cell_spec(
-                    args,
-                    op,
-                    conns,
-                    depth,
-                    value,
-                    rate=args.rate,
-                    workers=args.workers,
-                    cpus=args.client_cpus,
-                )
-                for name, handle, target in targets:
-                    res = loadgen.run_load(target, spec, handle.cpu_seconds)
-                    cell = report.Cell(name, spec, res)
-                    cells.append(cell)
-                    j = cell.to_json()
-                    report.log(
-                        f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
-                        f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
-                        f"p99 {j['p99_us']} µs  errors {res.errors}"
-                    )
+    for op, conns, depth in itertools.product(args.ops, args.conns, args.depths):
+        spec = loadgen.cell_spec(
+            args, op, conns, depth, value, rate=args.rate, workers=args.workers
+        )
+        for name, handle, target in targets:
+            res = loadgen.run_load(target, spec, handle.cpu_seconds)
+            cell = report.Cell(name, spec, res)
+            cells.append(cell)
+            j = cell.to_json()
+            report.log(
+                f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
+                f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
+                f"p99 {j['p99_us']} µs  errors {res.errors}"
+            )
     return cells
 
 
