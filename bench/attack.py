@@ -95,7 +95,8 @@ def _flood(host: str, port: int, until: float, rate: float, counts: Any) -> None
     counts.value += i
 
 
-def _healthy_rate(client: Any, seconds: float) -> float:
+def healthy_rate(client: Any, seconds: float) -> float:
+    """GETs of ``canary`` a second a client gets through in ``seconds``."""
     n, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         client.get("canary")
@@ -111,7 +112,7 @@ def part_flood(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str,
         c.create_bucket("healthy")
         c.select_bucket("healthy")
         c.set("canary", b"alive")
-        calm = _healthy_rate(c, min(3.0, args.seconds))
+        calm = healthy_rate(c, min(3.0, args.seconds))
         before = rss_anon_kib(srv.pid)
         peak = before
         counts = mp.Value("q", 0)
@@ -125,7 +126,7 @@ def part_flood(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str,
         time.sleep(0.5)  # let the flood start before measuring
         rates: list[float] = []
         while time.monotonic() < until - 0.5:
-            rates.append(_healthy_rate(c, 0.5))
+            rates.append(healthy_rate(c, 0.5))
             peak = max(peak, rss_anon_kib(srv.pid))
         for p in procs:
             p.join(30)

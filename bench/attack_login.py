@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 
 from bench import options, report, servers
-from bench.attack import HEALTHY_TARGET, rss_anon_kib
+from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib
 
 LOGIN_TARGET_S = 0.200
 ADMIN_TARGET_S = 1.0
@@ -238,14 +238,6 @@ def _guessers(
     out.put(counts)
 
 
-def _healthy_rate(client: Any, seconds: float) -> float:
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        client.get("canary")
-        n += 1
-    return n / seconds
-
-
 def _fresh_login(srv: servers.ServerHandle, admin: Any, user: str, password: str) -> float:
     """A login that needs scrypt: the password set again empties the server's
     cache of verified credentials (the pair stays known-good)."""
@@ -266,7 +258,7 @@ def part_addresses(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[
         ) as healthy,
     ):
         healthy.set("canary", b"alive")
-        calm = _healthy_rate(healthy, 2.0)
+        calm = healthy_rate(healthy, 2.0)
         calm_login = _fresh_login(srv, admin, "alice", "pw-alice")
         time.sleep(0.5)
         before = rss_anon_kib(srv.pid)
@@ -283,7 +275,7 @@ def part_addresses(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[
         time.sleep(1.0)
         peak, rates, logins = before, [], []
         while time.monotonic() < until - 0.5:
-            rates.append(_healthy_rate(healthy, 0.5))
+            rates.append(healthy_rate(healthy, 0.5))
             logins.append(_fresh_login(srv, admin, "alice", "pw-alice"))
             peak = max(peak, rss_anon_kib(srv.pid))
         counts = out.get(timeout=120)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import options, report, servers
-from bench.attack import HEALTHY_TARGET, rss_anon_kib
+from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib
 
 RSS_GROWTH_TARGET_MIB = 256.0
 #: No log line per request. (A connection closed for a protocol error logs one
@@ -139,24 +139,22 @@ def _rounds(until: float) -> Iterator[None]:
         yield
 
 
-def _mget(host: str, port: int, until: float, out: Any) -> None:
-    c = Conn(host, port)
-    cmd = encode(b"MGET", *[b"big"] * 1000)
-    for _ in _rounds(until):
-        c.send(cmd * 4)
-        c.replies(4)
-        _count(out, 4, c)
-    c.close()
+def _repeat(command: bytes, n: int) -> Callable[[str, int, float, Any], None]:
+    """An attack sending ``n`` x ``command`` a round on one connection."""
+
+    def attack(host: str, port: int, until: float, out: Any) -> None:
+        c = Conn(host, port)
+        for _ in _rounds(until):
+            c.send(command * n)
+            c.replies(n)
+            _count(out, n, c)
+        c.close()
+
+    return attack
 
 
-def _keys_range(host: str, port: int, until: float, out: Any) -> None:
-    c = Conn(host, port)
-    cmd = encode(b"KEYS", b"[z-a]")
-    for _ in _rounds(until):
-        c.send(cmd * 5)
-        c.replies(5)
-        _count(out, 5, c)
-    c.close()
+_mget = _repeat(encode(b"MGET", *[b"big"] * 1000), 4)
+_keys_range = _repeat(encode(b"KEYS", b"[z-a]"), 5)
 
 
 def _pattern(host: str, port: int, until: float, out: Any) -> None:
@@ -238,14 +236,6 @@ PARTS: dict[str, tuple[int, str, Callable[..., None], dict[str, bytes]]] = {
 # -- measuring -------------------------------------------------------------------------
 
 
-def _healthy_rate(r: Any, seconds: float) -> float:
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        r.get("canary")
-        n += 1
-    return n / seconds
-
-
 def _log_lines(srv: servers.ServerHandle) -> int:
     assert srv.log_path is not None
     with open(srv.log_path, "rb") as f:
@@ -287,7 +277,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
     hard_limit, role, attack, keys = PARTS[name]
     with servers.tenantkv_server() as srv, _tenants(srv, hard_limit, role, keys) as healthy:
         assert srv.pid is not None and srv.resp_port
-        calm = _healthy_rate(healthy, min(3.0, args.seconds))
+        calm = healthy_rate(healthy, min(3.0, args.seconds))
         time.sleep(0.2)
         before, lines_before = rss_anon_kib(srv.pid), _log_lines(srv)
         peak = before
@@ -302,7 +292,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.5)
         rates: list[float] = []
         while time.monotonic() < until - 0.3:
-            rates.append(_healthy_rate(healthy, 0.5))
+            rates.append(healthy_rate(healthy, 0.5))
             peak = max(peak, rss_anon_kib(srv.pid))
         for p in procs:
             p.join(60)
@@ -313,7 +303,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         under = sum(rates) / len(rates) if rates else 0.0
         # Calm again after it (the mean of both): on a shared machine the rate
         # drifts with other load, and one calm window would take drift for harm.
-        calm = (calm + _healthy_rate(healthy, min(3.0, args.seconds))) / 2
+        calm = (calm + healthy_rate(healthy, min(3.0, args.seconds))) / 2
     requests, internal = counts[0], counts[1]
     fig: dict[str, Any] = {
         "attacker_hard_limit": hard_limit,

@@ -81,31 +81,28 @@ def add_parser(sub: Any) -> None:
         "CONNSxPIPELINE list (-c x -P)",
         show="1x1,16x1,1x64,16x64",
     )
-    options.data_flags(
-        p,
-        10_000,
-        64,
-        keys_help="keyspace (-r), preloaded",
-        value_help="value bytes (-d)",
-        value_low=1,
-    )
-    options.window_flags(
-        p,
-        Quick(2.0, 0.5),
-        Quick(0.5, 0.2),
-        Quick(3, 1),
-        what=(
-            "length of each measured run",
-            "MessagePack load: warm-up before the window",
-            "rounds per cell, median kept",
-        ),
-    )
+    redis_benchmark_flags(p, 10_000, Quick(2.0, 0.5), "rounds per cell, median kept")
     options.pin_flag(
         p,
         "split = servers on the first CPU, redis-benchmark and the load generator on the others",
     )
     options.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
     options.json_flag(p)
+
+
+def redis_benchmark_flags(p: argparse.ArgumentParser, keys: Any, seconds: Any, rounds: str) -> None:
+    """The load flags of a redis-benchmark subcommand (this one and ``workers``):
+    ``-d``, ``-r``, each run's length, the MessagePack load's warm-up, rounds."""
+    options.data_flags(
+        p,
+        keys,
+        64,
+        keys_help="keyspace (-r), preloaded",
+        value_help="value bytes (-d)",
+        value_low=1,
+    )
+    what = ("length of each measured run", "MessagePack load: warm-up before the window", rounds)
+    options.window_flags(p, seconds, Quick(0.5, 0.2), Quick(3, 1), what=what)
 
 
 def _finish_args(args: argparse.Namespace) -> None:

@@ -90,24 +90,8 @@ def add_parser(sub: Any) -> None:
         "resp-get, resp-set, msgpack-get (comma-separated)",
         show="all three",
     )
-    options.data_flags(
-        p,
-        Quick(10_000, 2000),
-        64,
-        keys_help="keyspace (-r), preloaded",
-        value_help="value bytes (-d)",
-        value_low=1,
-    )
-    options.window_flags(
-        p,
-        Quick(3.0, 0.5),
-        Quick(0.5, 0.2),
-        Quick(3, 1),
-        what=(
-            "length of each measured run",
-            "MessagePack load: warm-up before the window",
-            "rounds (1,N,1,N,...), median kept",
-        ),
+    resp.redis_benchmark_flags(
+        p, Quick(10_000, 2000), Quick(3.0, 0.5), "rounds (1,N,1,N,...), median kept"
     )
     options.pin_flag(
         p,
