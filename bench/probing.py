@@ -648,38 +648,7 @@ def part_probing(
     if errors:
         out.notes.append(f"probing: {errors} requests failed ({res.error_sample})")
     for a in analyses:
-        ok = (
-            a["reached_95pct_1s_avg_s"] is not None and a["reached_95pct_1s_avg_s"] <= REACH_SECONDS
-        )
-        adj = a["adjacent_fixed_ops_per_s"]
-        out.lines += [
-            f"   {a['phase']}: reference {a['reference_ops_per_s']:,.0f} ops/s (sweep best "
-            f"N = {a['sweep_best_size']}: {a['sweep_best_ops_per_s']:,.0f}; re-measured next "
-            f"to it: {'-' if adj is None else f'{adj:,.0f}'})",
-            f"     reached 95 % after {_secs(a['reached_95pct_s'])} (one 0.5 s sample), "
-            f"{_secs(a['reached_95pct_1s_avg_s'])} (1 s average)   target <= "
-            f"{REACH_SECONDS:g} s   {_verdict(ok)}",
-            f"     steady state (last {a['steady_window_s']:g} s): {a['steady_ops_per_s']:,.0f} "
-            f"ops/s = {100 * a['steady_ratio']:.1f} % of the reference; pools read "
-            f"{a['steady_read_pool']:g} / write {a['steady_write_pool']:g} (stable "
-            f"concurrency {a['steady_stable_concurrency']:g})",
-            "     % of reference (read / write pool) at "
-            + ", ".join(f"{k} s {100 * v[0]:.0f} % ({v[1]}/{v[2]})" for k, v in a["at"].items()),
-        ]
-        out.check(
-            f"{a['short']}: time to 95 % of best",
-            a["reached_95pct_1s_avg_s"],
-            _secs(a["reached_95pct_1s_avg_s"]),
-            f"<= {REACH_SECONDS:g} s",
-            ok,
-        )
-        out.check(
-            f"{a['short']}: steady state / best",
-            a["steady_ratio"],
-            f"{100 * a['steady_ratio']:.1f} %",
-            ">= 95 %",
-            a["steady_ratio"] >= REACH,
-        )
+        _probing_phase(out, a)
     out.data = {
         "min_concurrency": mn,
         "initial_concurrency": init,
@@ -690,6 +659,40 @@ def part_probing(
     out.lines.append(mach.line())
     mach.note(out)
     return out
+
+
+def _probing_phase(out: Outcome, a: dict[str, Any]) -> None:
+    """One probing phase's lines and checks."""
+    ok = a["reached_95pct_1s_avg_s"] is not None and a["reached_95pct_1s_avg_s"] <= REACH_SECONDS
+    adj = a["adjacent_fixed_ops_per_s"]
+    out.lines += [
+        f"   {a['phase']}: reference {a['reference_ops_per_s']:,.0f} ops/s (sweep best "
+        f"N = {a['sweep_best_size']}: {a['sweep_best_ops_per_s']:,.0f}; re-measured next "
+        f"to it: {'-' if adj is None else f'{adj:,.0f}'})",
+        f"     reached 95 % after {_secs(a['reached_95pct_s'])} (one 0.5 s sample), "
+        f"{_secs(a['reached_95pct_1s_avg_s'])} (1 s average)   target <= "
+        f"{REACH_SECONDS:g} s   {_verdict(ok)}",
+        f"     steady state (last {a['steady_window_s']:g} s): {a['steady_ops_per_s']:,.0f} "
+        f"ops/s = {100 * a['steady_ratio']:.1f} % of the reference; pools read "
+        f"{a['steady_read_pool']:g} / write {a['steady_write_pool']:g} (stable "
+        f"concurrency {a['steady_stable_concurrency']:g})",
+        "     % of reference (read / write pool) at "
+        + ", ".join(f"{k} s {100 * v[0]:.0f} % ({v[1]}/{v[2]})" for k, v in a["at"].items()),
+    ]
+    out.check(
+        f"{a['short']}: time to 95 % of best",
+        a["reached_95pct_1s_avg_s"],
+        _secs(a["reached_95pct_1s_avg_s"]),
+        f"<= {REACH_SECONDS:g} s",
+        ok,
+    )
+    out.check(
+        f"{a['short']}: steady state / best",
+        a["steady_ratio"],
+        f"{100 * a['steady_ratio']:.1f} %",
+        ">= 95 %",
+        a["steady_ratio"] >= REACH,
+    )
 
 
 # -- 3. ticket accounting overhead -----------------------------------------------------

@@ -1143,7 +1143,6 @@ O_CONNS, O_DEPTH = 4, 64
 
 def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
     secs, reps = args.overhead_seconds, args.overhead_reps
-    warm = 0.3 if args.quick else min(args.warmup, 0.5)
     out = Outcome(
         "overhead",
         f"4. throttling overhead: max pipelined throughput, {O_CONNS} conns x depth {O_DEPTH}, "
@@ -1166,83 +1165,14 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                 out.notes.append(f"overhead: could not fix the execution tickets ({exc})")
         out.lines.append(f"   execution tickets: {tickets}")
         for op in ("get", "set"):
-            runs[op] = {"off": [], "on": []}
-            spec = _spec(args, value, op, O_CONNS, O_DEPTH, workers=2, seconds=secs, warmup=warm)
-            # Prime (first-run effects, execution-ticket probing), not measured.
-            d.admin.set_node_throttle({"capacity": "unlimited"})
-            prime_s = 0.5 if args.quick else 1.0
-            _run(d, [("bench", dataclasses.replace(spec, seconds=prime_s))], None)
-            # off, on, off, on, ..., off: every "on" run lies between two "off"
-            # runs, so a steady drift shifts both medians alike.
-            order = [(i, m) for i in range(reps) for m in ("off", "on")] + [(reps, "off")]
-            for i, mode in order:
-                cap: int | str = "unlimited" if mode == "off" else HUGE_CAPACITY
-                d.admin.set_node_throttle({"capacity": cap})
-                (r,), snaps = _run(d, [("bench", spec)], None, mach)
-                enabled = snaps[-1].node.get("enabled")
-                if enabled != (mode == "on"):
-                    raise BenchError(f"throttle enabled={enabled!r} in the {mode!r} run")
-                dl = delta(snaps[0], snaps[-1], "bench")
-                srv = _srv_pct(snaps[0], snaps[-1])
-                cli = _pct(r.client_cpu_s, r.window_s) or 0.0
-                runs[op][mode].append(
-                    {
-                        "ops_per_s": round(r.ops_per_s, 1),
-                        "errors": r.errors,
-                        "p50_us": _r1(r.percentile_us(0.5)),
-                        "p99_us": _r1(r.percentile_us(0.99)),
-                        "server_cpu_pct": _r1(srv),
-                        "client_cpu_pct": _r1(cli),
-                        "throttle_count": dl.throttled,
-                    }
-                )
-                report.log(
-                    f"  {op} {mode:<3} run {i + 1}: {r.ops_per_s:>10,.0f} ops/s  "
-                    f"srv {_fmt_pct(srv)}  cli {cli:.0f} %  throttled {dl.throttled}"
-                )
+            runs[op] = _overhead_runs(d, args, value, op, mach)
     out.lines.append(
         f"   {'op':<4} {'off ops/s (median)':>19} {'on ops/s (median)':>18} {'on/off':>7}"
         f"   target   result   runs off | on"
     )
     summary: dict[str, Any] = {}
     for op, by in runs.items():
-        off = [x["ops_per_s"] for x in by["off"]]
-        on = [x["ops_per_s"] for x in by["on"]]
-        m_off, m_on = statistics.median(off), statistics.median(on)
-        ratio = m_on / m_off if m_off else 0.0
-        # each "on" run against the mean of the "off" runs just before and after it
-        pairs = [b / ((off[k] + off[k + 1]) / 2) for k, b in enumerate(on) if off[k] + off[k + 1]]
-        out.lines.append(
-            f"   {op:<4} {m_off:>19,.0f} {m_on:>18,.0f} {ratio:>7.3f}   >= 0.95   "
-            f"{_verdict(ratio >= 0.95):<6}   {' '.join(f'{x:,.0f}' for x in off)} | "
-            f"{' '.join(f'{x:,.0f}' for x in on)}"
-        )
-        thr = sum(x["throttle_count"] for x in by["on"])
-        errs = sum(x["errors"] for x in by["off"] + by["on"])
-        srv_off = statistics.median(x["server_cpu_pct"] or 0 for x in by["off"])
-        srv_on = statistics.median(x["server_cpu_pct"] or 0 for x in by["on"])
-        cli_all = statistics.median(x["client_cpu_pct"] or 0 for x in by["off"] + by["on"])
-        out.lines.append(
-            f"        each on / mean of its neighbouring offs: {_range_f(pairs)}; server cpu "
-            f"off {srv_off:.0f} % / on {srv_on:.0f} %, generator {cli_all:.0f} %; "
-            f"throttled while on: {thr}, errors {errs}"
-        )
-        out.check(
-            f"{op.upper()} on/off throughput (medians)",
-            round(ratio, 4),
-            f"{ratio:.3f}",
-            ">= 0.95",
-            ratio >= 0.95,
-        )
-        summary[op] = {
-            "off": by["off"],
-            "on": by["on"],
-            "median_off": m_off,
-            "median_on": m_on,
-            "ratio": round(ratio, 4),
-            "on_over_neighbouring_off": [round(x, 4) for x in pairs],
-        }
-        _cpu_note(out, cli_all, max(srv_off, srv_on), f"overhead {op}")
+        summary[op] = _overhead_op(out, op, by)
     out.data = {
         "execution_tickets": tickets,
         "settings": {
@@ -1264,6 +1194,91 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
     out.lines.append(mach.line())
     mach.note(out)
     return out
+
+
+def _overhead_runs(
+    d: Daemon, args: argparse.Namespace, value: bytes, op: str, mach: Machine
+) -> dict[str, list[dict[str, Any]]]:
+    """One op's runs, off and on alternating (after a priming run)."""
+    secs, reps = args.overhead_seconds, args.overhead_reps
+    warm = 0.3 if args.quick else min(args.warmup, 0.5)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    spec = _spec(args, value, op, O_CONNS, O_DEPTH, workers=2, seconds=secs, warmup=warm)
+    # Prime (first-run effects, execution-ticket probing), not measured.
+    d.admin.set_node_throttle({"capacity": "unlimited"})
+    prime_s = 0.5 if args.quick else 1.0
+    _run(d, [("bench", dataclasses.replace(spec, seconds=prime_s))], None)
+    # off, on, off, on, ..., off: every "on" run lies between two "off"
+    # runs, so a steady drift shifts both medians alike.
+    order = [(i, m) for i in range(reps) for m in ("off", "on")] + [(reps, "off")]
+    for i, mode in order:
+        cap: int | str = "unlimited" if mode == "off" else HUGE_CAPACITY
+        d.admin.set_node_throttle({"capacity": cap})
+        (r,), snaps = _run(d, [("bench", spec)], None, mach)
+        enabled = snaps[-1].node.get("enabled")
+        if enabled != (mode == "on"):
+            raise BenchError(f"throttle enabled={enabled!r} in the {mode!r} run")
+        dl = delta(snaps[0], snaps[-1], "bench")
+        srv = _srv_pct(snaps[0], snaps[-1])
+        cli = _pct(r.client_cpu_s, r.window_s) or 0.0
+        runs[mode].append(
+            {
+                "ops_per_s": round(r.ops_per_s, 1),
+                "errors": r.errors,
+                "p50_us": _r1(r.percentile_us(0.5)),
+                "p99_us": _r1(r.percentile_us(0.99)),
+                "server_cpu_pct": _r1(srv),
+                "client_cpu_pct": _r1(cli),
+                "throttle_count": dl.throttled,
+            }
+        )
+        report.log(
+            f"  {op} {mode:<3} run {i + 1}: {r.ops_per_s:>10,.0f} ops/s  "
+            f"srv {_fmt_pct(srv)}  cli {cli:.0f} %  throttled {dl.throttled}"
+        )
+    return runs
+
+
+def _overhead_op(out: Outcome, op: str, by: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One op's line, check and figures: on/off medians and each on against its offs."""
+    off = [x["ops_per_s"] for x in by["off"]]
+    on = [x["ops_per_s"] for x in by["on"]]
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    ratio = m_on / m_off if m_off else 0.0
+    # each "on" run against the mean of the "off" runs just before and after it
+    pairs = [b / ((off[k] + off[k + 1]) / 2) for k, b in enumerate(on) if off[k] + off[k + 1]]
+    out.lines.append(
+        f"   {op:<4} {m_off:>19,.0f} {m_on:>18,.0f} {ratio:>7.3f}   >= 0.95   "
+        f"{_verdict(ratio >= 0.95):<6}   {' '.join(f'{x:,.0f}' for x in off)} | "
+        f"{' '.join(f'{x:,.0f}' for x in on)}"
+    )
+    thr = sum(x["throttle_count"] for x in by["on"])
+    errs = sum(x["errors"] for x in by["off"] + by["on"])
+    srv_off = statistics.median(x["server_cpu_pct"] or 0 for x in by["off"])
+    srv_on = statistics.median(x["server_cpu_pct"] or 0 for x in by["on"])
+    cli_all = statistics.median(x["client_cpu_pct"] or 0 for x in by["off"] + by["on"])
+    out.lines.append(
+        f"        each on / mean of its neighbouring offs: {_range_f(pairs)}; server cpu "
+        f"off {srv_off:.0f} % / on {srv_on:.0f} %, generator {cli_all:.0f} %; "
+        f"throttled while on: {thr}, errors {errs}"
+    )
+    out.check(
+        f"{op.upper()} on/off throughput (medians)",
+        round(ratio, 4),
+        f"{ratio:.3f}",
+        ">= 0.95",
+        ratio >= 0.95,
+    )
+    figures = {
+        "off": by["off"],
+        "on": by["on"],
+        "median_off": m_off,
+        "median_on": m_on,
+        "ratio": round(ratio, 4),
+        "on_over_neighbouring_off": [round(x, 4) for x in pairs],
+    }
+    _cpu_note(out, cli_all, max(srv_off, srv_on), f"overhead {op}")
+    return figures
 
 
 def _range_f(xs: Sequence[float]) -> str:
