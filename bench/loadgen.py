@@ -994,6 +994,36 @@ def run_loads(
     ``on_ready`` is called once every worker has connected, just before the
     start (e.g. to begin a disturbance the connections must not meet).
     """
+    _check_loads(loads)
+    spec0 = loads[0][1]
+    #: per load: its worker processes and their pipes
+    groups: list[list[tuple[Any, Connection]]] = []
+    samples: list[tuple[int, Any]] = []
+    try:
+        for li, (target, spec) in enumerate(loads):
+            groups.append(_fork_workers(li, target, spec))
+        for procs in groups:
+            for _, pipe in procs:
+                _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
+        if on_ready is not None:
+            on_ready()
+        t_go = time.monotonic_ns() + 50_000_000
+        t_measure = t_go + int(spec0.warmup * 1e9)
+        t_end = t_measure + int(spec0.seconds * 1e9)
+        for procs in groups:
+            for _, pipe in procs:
+                pipe.send(("go", t_go, t_measure, t_end))
+        if probe is not None:
+            samples = _probe_window(probe, probe_every, t_measure, t_end)
+        limit = spec0.warmup + spec0.seconds + DRAIN_SECONDS + 30
+        per_load = [[_expect(pipe, "done", limit) for _, pipe in procs] for procs in groups]
+    finally:
+        for procs in groups:
+            _stop_workers(procs)
+    return [_merge_results(results, (t_end - t_measure) / 1e9) for results in per_load], samples
+
+
+def _check_loads(loads: Sequence[tuple[Target, LoadSpec]]) -> None:
     if not loads:
         raise ValueError("no loads")
     spec0 = loads[0][1]
@@ -1008,97 +1038,81 @@ def run_loads(
             raise ValueError("split_errors needs the tenantkv codec")
         if (spec.warmup, spec.seconds) != (spec0.warmup, spec0.seconds):
             raise ValueError("loads run together must share warmup and seconds")
+
+
+def _fork_workers(li: int, target: Target, spec: LoadSpec) -> list[tuple[Any, Connection]]:
+    """A load's worker processes (its connections spread round-robin over them)."""
     ctx = mp.get_context("fork")
-    #: per load: its worker processes and their pipes
-    groups: list[list[tuple[Any, Connection]]] = []
-    samples: list[tuple[int, Any]] = []
-    try:
-        for li, (target, spec) in enumerate(loads):
-            nworkers = max(1, min(spec.workers, spec.conns))
-            interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
-            procs: list[tuple[Any, Connection]] = []
-            groups.append(procs)
-            for w in range(nworkers):
-                ids = list(range(w, spec.conns, nworkers))
-                parent, child = ctx.Pipe()
-                p = ctx.Process(
-                    target=_worker_main,
-                    args=(child, target, spec, ids, interval_ns),
-                    name=f"bench-worker-{li}-{w}",
-                    daemon=True,
-                )
-                p.start()
-                child.close()
-                procs.append((p, parent))
-        for procs in groups:
-            for _, pipe in procs:
-                _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
-        if on_ready is not None:
-            on_ready()
-        t_go = time.monotonic_ns() + 50_000_000
-        t_measure = t_go + int(spec0.warmup * 1e9)
-        t_end = t_measure + int(spec0.seconds * 1e9)
-        for procs in groups:
-            for _, pipe in procs:
-                pipe.send(("go", t_go, t_measure, t_end))
-        if probe is not None:
-            _sleep_until(t_measure)
-            samples.append((time.monotonic_ns(), probe()))
-            if probe_every:
-                step = int(probe_every * 1e9)
-                t_next = t_measure + step
-                while t_next < t_end - step // 4:
-                    _sleep_until(t_next)
-                    samples.append((time.monotonic_ns(), probe()))
-                    t_next += step
-            _sleep_until(t_end)
-            samples.append((time.monotonic_ns(), probe()))
-        limit = spec0.warmup + spec0.seconds + DRAIN_SECONDS + 30
-        per_load = [[_expect(pipe, "done", limit) for _, pipe in procs] for procs in groups]
-    finally:
-        for procs in groups:
-            for p, pipe in procs:
-                if p.is_alive():
-                    with contextlib.suppress(OSError):
-                        pipe.send(("stop",))
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-                pipe.close()
-    out = []
-    for results in per_load:
-        hist: dict[int, int] = {}
-        hist_sent: dict[int, int] = {}
-        hist_err: dict[int, int] = {}
-        codes: dict[int, int] = {}
-        for r in results:
-            for b, n in r["hist"].items():
-                hist[b] = hist.get(b, 0) + n
-            for b, n in r["hist_sent"].items():
-                hist_sent[b] = hist_sent.get(b, 0) + n
-            for b, n in r["hist_err"].items():
-                hist_err[b] = hist_err.get(b, 0) + n
-            for code, n in r["codes"].items():
-                codes[code] = codes.get(code, 0) + n
-        errs = [r["error_sample"] for r in results if r["error_sample"]]
-        out.append(
-            LoadResult(
-                ok=sum(r["ok"] for r in results),
-                errors=sum(r["errors"] for r in results),
-                window_s=(t_end - t_measure) / 1e9,
-                hist=hist,
-                client_cpu_s=sum(r["cpu_s"] for r in results),
-                server_cpu_s=None,
-                error_sample=errs[0] if errs else None,
-                workers=len(results),
-                extra=_extra(results),
-                hist_sent=hist_sent,
-                hist_err=hist_err,
-                error_codes=codes,
-            )
+    nworkers = max(1, min(spec.workers, spec.conns))
+    interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
+    procs: list[tuple[Any, Connection]] = []
+    for w in range(nworkers):
+        ids = list(range(w, spec.conns, nworkers))
+        parent, child = ctx.Pipe()
+        p = ctx.Process(
+            target=_worker_main,
+            args=(child, target, spec, ids, interval_ns),
+            name=f"bench-worker-{li}-{w}",
+            daemon=True,
         )
-    return out, samples
+        p.start()
+        child.close()
+        procs.append((p, parent))
+    return procs
+
+
+def _probe_window(
+    probe: Callable[[], Any], every: float | None, t_measure: int, t_end: int
+) -> list[tuple[int, Any]]:
+    """``probe()`` at the window's start, every ``every`` s inside it, and at its end."""
+    _sleep_until(t_measure)
+    samples = [(time.monotonic_ns(), probe())]
+    if every:
+        step = int(every * 1e9)
+        t_next = t_measure + step
+        while t_next < t_end - step // 4:
+            _sleep_until(t_next)
+            samples.append((time.monotonic_ns(), probe()))
+            t_next += step
+    _sleep_until(t_end)
+    samples.append((time.monotonic_ns(), probe()))
+    return samples
+
+
+def _stop_workers(procs: list[tuple[Any, Connection]]) -> None:
+    for p, pipe in procs:
+        if p.is_alive():
+            with contextlib.suppress(OSError):
+                pipe.send(("stop",))
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        pipe.close()
+
+
+def _merge_results(results: list[dict[str, Any]], window_s: float) -> LoadResult:
+    """One load's result from its workers' reports."""
+    hists: dict[str, dict[int, int]] = {"hist": {}, "hist_sent": {}, "hist_err": {}, "codes": {}}
+    for r in results:
+        for name, merged in hists.items():
+            for b, n in r[name].items():
+                merged[b] = merged.get(b, 0) + n
+    errs = [r["error_sample"] for r in results if r["error_sample"]]
+    return LoadResult(
+        ok=sum(r["ok"] for r in results),
+        errors=sum(r["errors"] for r in results),
+        window_s=window_s,
+        hist=hists["hist"],
+        client_cpu_s=sum(r["cpu_s"] for r in results),
+        server_cpu_s=None,
+        error_sample=errs[0] if errs else None,
+        workers=len(results),
+        extra=_extra(results),
+        hist_sent=hists["hist_sent"],
+        hist_err=hists["hist_err"],
+        error_codes=hists["codes"],
+    )
 
 
 def _check_workload(target: Target, spec: LoadSpec) -> None:
