@@ -978,18 +978,7 @@ def _reservation_report(
         for k, v in x.errors.items():
             n_errs[k] = n_errs.get(k, 0) + v
     out.data = {
-        "settings": {
-            "capacity": args.capacity,
-            "quiet_reserved": res_q,
-            "noisy_hard_limit": hard_n,
-            "quiet_rate_ops_per_s": q_rate,
-            "quiet_conns": Q_CONNS,
-            "quiet_depth_cap": Q_DEPTH,
-            "noisy_conns": N_CONNS,
-            "noisy_depth": N_DEPTH,
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-        },
+        "settings": _reservation_settings(args, q_rate),
         "quiet_alone": _reservation_part(r.d_alone, a, s99_a, [x for x, _, _ in rounds_p99]),
         "quiet_with_noisy": _reservation_part(r.d_q, q, s99_q, [y for _, y, _ in rounds_p99]),
         "quiet_control": {
@@ -1020,6 +1009,21 @@ def _reservation_report(
         "with N's worker and the server); the 'from the actual send' line leaves that out"
     )
     _cpu_note(out, cli_n, m_srv_n, "reservation")
+
+
+def _reservation_settings(args: argparse.Namespace, q_rate: float) -> dict[str, Any]:
+    return {
+        "capacity": args.capacity,
+        "quiet_reserved": args.reserved,
+        "noisy_hard_limit": args.noisy_hard_limit,
+        "quiet_rate_ops_per_s": q_rate,
+        "quiet_conns": Q_CONNS,
+        "quiet_depth_cap": Q_DEPTH,
+        "noisy_conns": N_CONNS,
+        "noisy_depth": N_DEPTH,
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+    }
 
 
 def _reservation_part(
