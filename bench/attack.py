@@ -95,6 +95,16 @@ def _flood(host: str, port: int, until: float, rate: float, counts: Any) -> None
     counts.value += i
 
 
+def under_attack(client: Any, pid: int, until: float, peak: int) -> tuple[list[float], int]:
+    """The healthy client's rate every 0.5 s until ``until``, and the server's
+    highest RssAnon (KiB) seen meanwhile (from ``peak``)."""
+    rates: list[float] = []
+    while time.monotonic() < until:
+        rates.append(healthy_rate(client, 0.5))
+        peak = max(peak, rss_anon_kib(pid))
+    return rates, peak
+
+
 def healthy_rate(client: Any, seconds: float) -> float:
     """GETs of ``canary`` a second a client gets through in ``seconds``."""
     n, end = 0, time.monotonic() + seconds
@@ -124,10 +134,7 @@ def part_flood(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str,
         for p in procs:
             p.start()
         time.sleep(0.5)  # let the flood start before measuring
-        rates: list[float] = []
-        while time.monotonic() < until - 0.5:
-            rates.append(healthy_rate(c, 0.5))
-            peak = max(peak, rss_anon_kib(srv.pid))
+        rates, peak = under_attack(c, srv.pid, until - 0.5, peak)
         for p in procs:
             p.join(30)
         under = sum(rates) / len(rates) if rates else 0.0

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import options, report, servers
-from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib
+from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib, under_attack
 
 RSS_GROWTH_TARGET_MIB = 256.0
 #: No log line per request. (A connection closed for a protocol error logs one
@@ -290,10 +290,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         for p in procs:
             p.start()
         time.sleep(0.5)
-        rates: list[float] = []
-        while time.monotonic() < until - 0.3:
-            rates.append(healthy_rate(healthy, 0.5))
-            peak = max(peak, rss_anon_kib(srv.pid))
+        rates, peak = under_attack(healthy, srv.pid, until - 0.3, peak)
         for p in procs:
             p.join(60)
             if p.is_alive():

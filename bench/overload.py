@@ -333,24 +333,11 @@ def capacity_loads(
     d: Daemon, args: argparse.Namespace, value: bytes, depth: int = 64, conns: int = 4
 ) -> list[tuple[Any, LoadSpec]]:
     """Closed-loop GET on every bucket."""
-    return [
-        (
-            d.target(b),
-            LoadSpec(
-                op="get",
-                conns=conns,
-                depth=depth,
-                value=value,
-                keys=args.keys,
-                seconds=1.5 if args.quick else 3.0,
-                warmup=0.3 if args.quick else 0.5,
-                workers=1,
-                cpus=args.client_cpus,
-                split_errors=True,
-            ),
-        )
-        for b in BUCKETS
-    ]
+    window = {"seconds": 1.5, "warmup": 0.3} if args.quick else {"seconds": 3.0, "warmup": 0.5}
+    spec = loadgen.cell_spec(
+        args, "get", conns, depth, value, workers=1, split_errors=True, **window
+    )
+    return [(d.target(b), spec) for b in BUCKETS]
 
 
 def capacity(d: Daemon, args: argparse.Namespace, value: bytes, depth: int, conns: int) -> Window:
@@ -393,9 +380,7 @@ def part_load(
         "peak_goodput": peak,
         "p99_ratio_4x": data_p99,
     }
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _load_capacity(
@@ -678,9 +663,7 @@ def part_cost(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> Ou
         }
     set_params(d, **{RATE: c, BURST: args.burst_secs})
     out.data = data
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 # -- 3. connection storm -------------------------------------------------------------------
@@ -954,9 +937,7 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
     _storm_table(out, rows)
     _storm_verdict(out, args, rows, by)
     out.data = {"established_per_s": est, "phases": rows}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _storm_rounds(

@@ -491,9 +491,7 @@ def part_sweep(
             "synchronous step, so the read pool never binds; only the write pool matters"
         )
     out.data = data
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out, results
+    return mach.close(out), results
 
 
 # -- 2. probing ------------------------------------------------------------------------
@@ -656,9 +654,7 @@ def part_probing(
         "probe_seconds": args.probe_seconds,
         "phases": analyses,
     }
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _probing_phase(out: Outcome, a: dict[str, Any]) -> None:
@@ -713,22 +709,8 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         + f"; {reps} x ({', '.join(modes)}) then default, {secs:g} s each, medians",
     )
     mach = Machine()
-    loads: list[tuple[str, LoadSpec]] = [
-        (
-            "get",
-            LoadSpec(
-                op="get",
-                conns=O_CONNS,
-                depth=O_DEPTH,
-                value=value,
-                keys=args.keys,
-                seconds=secs,
-                warmup=warm,
-                workers=2,
-                cpus=args.client_cpus,
-            ),
-        )
-    ]
+    get = loadgen.cell_spec(args, "get", O_CONNS, O_DEPTH, value, seconds=secs, warmup=warm)
+    loads: list[tuple[str, LoadSpec]] = [("get", get)]
     if not args.quick:
         wt = _ticks(secs, "--overhead-seconds")
         loads.append(
@@ -760,9 +742,7 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         "tickets'; the patched daemon does"
     )
     out.data = {"loads": data, "reps": reps, "seconds": secs, "modes": list(modes)}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _overhead_runs(

@@ -504,6 +504,12 @@ class Machine:
             f"{p['machine']:.0f}; hypervisor steal {p['steal']:.0f}"
         )
 
+    def close(self, out: Outcome) -> Outcome:
+        """The outcome's last line and note: where the machine's CPU went."""
+        out.lines.append(self.line())
+        self.note(out)
+        return out
+
     def note(self, out: Outcome) -> None:
         p = self.pct()
         out.data["machine_cpu_pct"] = p
@@ -677,9 +683,7 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
         "error_pct": round(err, 3),
     }
     _cpu_note(out, cli, srv, "hard-limit")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _run_resp(
@@ -856,9 +860,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         for i in range(args.rounds):
             _reservation_round(d, args, runs, mach, i, (q_spec, n_spec))
     _reservation_report(out, args, runs, q_rate)
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _reservation_round(
@@ -1135,9 +1137,7 @@ def scenario_fairness(args: argparse.Namespace, value: bytes) -> Outcome:
         "client_cpu_pct": _r1(cli),
     }
     _cpu_note(out, cli, srv, "fairness")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 # -- 4. throttling overhead ------------------------------------------------------------
@@ -1195,9 +1195,7 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         "the write-ticket pool, which throughput probing grows from run to run: the "
         "off/on/.../off order cancels a steady drift, not jumps"
     )
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _overhead_runs(

@@ -55,7 +55,6 @@ from typing import Any
 from bench import loadgen, options, report, servers, workloads
 from bench.loadgen import (
     WORKLOAD,
-    LoadResult,
     LoadSpec,
     Target,
     TenantKVCodec,
@@ -150,15 +149,11 @@ def cell_plan(names: list[str], dists: list[str]) -> list[tuple[str, str]]:
 
 
 @dataclass
-class Cell:
+class Cell(report.Cell):
     """One workload x distribution measured on one server."""
 
-    server: str
-    spec: LoadSpec
-    result: LoadResult
-
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str]:  # type: ignore[override]
         assert self.spec.workload is not None
         return (self.spec.workload, self.spec.distribution)
 
