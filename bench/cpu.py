@@ -203,12 +203,13 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _table(cells: list[dict[str, Any]]) -> str:
-    head = (
-        "| op | connsxdepth | value | tenantkv µs/op | floor µs/op | redis µs/op "
-        "| ÷ floor | ÷ redis | tenantkv ops/s | floor ops/s | redis ops/s | ops ÷ redis "
-        "| writes/commit |\n|" + "---|" * 13
-    )
-    rows = [head]
+    rows = [
+        report.markdown_head(
+            *("op", "connsxdepth", "value", "tenantkv µs/op", "floor µs/op", "redis µs/op"),
+            *("÷ floor", "÷ redis", "tenantkv ops/s", "floor ops/s", "redis ops/s"),
+            *("ops ÷ redis", "writes/commit"),
+        )
+    ]
     for c in cells:
         t, f, r = c["tenantkv"], c["floor"], c.get("redis", {})
         rows.append(

@@ -43,7 +43,6 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -689,18 +688,16 @@ def run(args: argparse.Namespace) -> int:
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     summary = summarize(runs)
     ver = verification(runs)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    m = meta["machine"]
-    print(
-        f"\ngates: {report.version_line(meta)}; {m['cpus']} cores ({m['cpu_model']}) shared by "
-        f"server and load generator"
-        + (
+    out, _ = report.run_header(args, "gates")
+    if args.server_cpus:
+        print(
             f" (pinned: daemon on CPU {sorted(args.server_cpus)}, load on "
-            f"{sorted(args.client_cpus)})"
-            if args.server_cpus
-            else ""
+            f"{sorted(args.client_cpus)})",
+            end="",
+            file=out,
         )
-        + f"\nevery admission gate on but generous vs every switchable gate off, one daemon "
+    print(
+        f"\nevery admission gate on but generous vs every switchable gate off, one daemon "
         f"switched at runtime; {args.value_size} B values, {args.keys} keys, closed loop, "
         f"{args.seconds:g} s per run after {args.warmup:g} s warm-up; {args.reps} off/on "
         f"pair(s) per cell, alternating which runs first; SET is durable (fsync)\n"

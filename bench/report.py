@@ -287,6 +287,11 @@ def run_header(args: Any, name: str) -> tuple[TextIO, dict[str, Any]]:
     return out, meta
 
 
+def markdown_head(*names: str) -> str:
+    """A markdown table's header and rule."""
+    return "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
+
+
 def columns(rows: Iterable[Sequence[Any]], widths: Sequence[int]) -> str:
     """Rows of cells, each cell but the last left-aligned to its width."""
     return "\n".join(

@@ -508,13 +508,7 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
-    m = meta["machine"]
-    pin = (
-        f"; pinned: servers on CPU {sorted(args.server_cpus)}, clients on "
-        f"{sorted(args.client_cpus)}"
-        if args.server_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     redis = meta["servers"].get("redis")
     return (
         f"\nresp: {report.version_line(meta)}"
@@ -523,19 +517,21 @@ def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
         f"redis-benchmark -t OP -c CONNS -P PIPELINE -d {args.value_size} -r {args.keys}, "
         f"-n sized for ~{args.seconds:g} s, median of {args.rounds} round(s); MessagePack "
         f"column: bench/loadgen.py, same shape, same keys\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by servers and clients{pin}; "
+        f"machine: {report.machine_line(meta, 'servers and clients')}"
+        f"{'; ' + pin if pin else ''}; "
         "µs/op = server CPU per request (MSET: per 10-key command); writes/commit = "
         "write commands per group commit\n"
     )
 
 
 def _table(cells: list[dict[str, Any]]) -> str:
-    head = (
-        "| op | c x P | RESP ops/s | redis ops/s | RESP ÷ redis | MessagePack ops/s "
-        "| RESP ÷ MessagePack | RESP µs/op | MessagePack µs/op | redis µs/op "
-        "| writes/commit RESP, MessagePack |\n|" + "---|" * 11
-    )
-    rows = [head]
+    rows = [
+        report.markdown_head(
+            *("op", "c x P", "RESP ops/s", "redis ops/s", "RESP ÷ redis", "MessagePack ops/s"),
+            *("RESP ÷ MessagePack", "RESP µs/op", "MessagePack µs/op", "redis µs/op"),
+            "writes/commit RESP, MessagePack",
+        )
+    ]
     for c in cells:
         r, rd, mp = c["resp"], c.get("redis", {}), c.get("msgpack", {})
         bang = "!" if r.get("errors") else ""

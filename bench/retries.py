@@ -478,14 +478,12 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)  # let the throttle forget the last run
     meta["elapsed_s"] = round(time.monotonic() - t_start, 1)
     out = sys.stderr if args.json == "-" else sys.stdout
-    m = meta["machine"]
+    throttle = "blocking" if args.blocking else "non-blocking"
     print(
-        f"\nretries: bucket hard_limit {args.hard_limit} units/s = peak "
-        f"{args.hard_limit} GET/s ({args.value_size} B values, 1 unit each), "
-        f"{'blocking' if args.blocking else 'non-blocking'} throttle, open loop, "
-        f"{args.conns} Trio client connections sharing "
-        f"one RetryPolicy\nmachine: {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator; cli% = load generator CPU, % of one core\n",
+        f"\nretries: bucket hard_limit {args.hard_limit} units/s = peak {args.hard_limit} GET/s "
+        f"({args.value_size} B values, 1 unit each), {throttle} throttle, open loop, "
+        f"{args.conns} Trio client connections sharing one RetryPolicy\n"
+        f"machine: {report.machine_line(meta)}; cli% = load generator CPU, % of one core\n",
         file=out,
     )
     print(format_tables(results), file=out)

@@ -465,15 +465,13 @@ class Parts:
         return 0
 
 
-@dataclass
 class Machine:
-    """Adds up, over a scenario's windows, where the machine's CPU went."""
+    """Adds up, over a scenario's windows, where the machine's CPU went (seconds
+    of the windows; CPU seconds of other processes, stolen, the server's, the
+    load generator's)."""
 
-    seconds: float = 0.0
-    other: float = 0.0
-    steal: float = 0.0
-    server: float = 0.0
-    client: float = 0.0
+    def __init__(self) -> None:
+        self.seconds = self.other = self.steal = self.server = self.client = 0.0
 
     def add(self, a: Snapshot, b: Snapshot, results: Sequence[LoadResult]) -> None:
         self.seconds += b.uptime - a.uptime
@@ -805,25 +803,27 @@ def _merge(results: Sequence[LoadResult]) -> LoadResult:
 
 
 @dataclass
-class _ReservationRuns:
-    """What the reservation scenario measured, round by round: Q alone, Q with the
-    noisy N, and the control (throttling off, N open loop at its achieved rate)."""
+class _Phase:
+    """One phase of the reservation scenario, round by round: Q's results and
+    its server figures, the server's and the load generator's CPU %."""
 
-    alone: list[LoadResult] = field(default_factory=list)
-    noisy_q: list[LoadResult] = field(default_factory=list)
-    noisy_n: list[LoadResult] = field(default_factory=list)
-    control_q: list[LoadResult] = field(default_factory=list)
-    d_alone: list[Delta] = field(default_factory=list)
-    d_q: list[Delta] = field(default_factory=list)
-    d_n: list[Delta] = field(default_factory=list)
-    node_units: list[float] = field(default_factory=list)
-    srv_alone: list[float] = field(default_factory=list)
-    srv_noisy: list[float] = field(default_factory=list)
-    srv_control: list[float] = field(default_factory=list)
-    cli_alone: list[float] = field(default_factory=list)
-    cli_noisy: list[float] = field(default_factory=list)
-    #: per round: CPU % of other processes in (alone, with N, control)
-    others: list[tuple[float, ...]] = field(default_factory=list)
+    q: list[LoadResult] = field(default_factory=list)
+    dq: list[Delta] = field(default_factory=list)
+    srv: list[float] = field(default_factory=list)
+    cli: list[float] = field(default_factory=list)
+
+
+class _ReservationRuns:
+    """What the reservation scenario measured: Q alone, Q with the noisy N (and
+    N's own figures), and the control (throttling off, N open loop at its rate)."""
+
+    def __init__(self) -> None:
+        self.alone, self.noisy, self.control = _Phase(), _Phase(), _Phase()
+        self.noisy_n: list[LoadResult] = []
+        self.d_n: list[Delta] = []
+        self.node_units: list[float] = []
+        #: per round: CPU % of other processes in (alone, with N, control)
+        self.others: list[tuple[float, ...]] = []
 
 
 def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
@@ -876,22 +876,22 @@ def _reservation_round(
     cap, hard_n = args.capacity, args.noisy_hard_limit
     report.log(f"  round {i + 1}: Q alone ...")
     (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
-    runs.alone.append(rq)
-    runs.d_alone.append(delta(snaps[0], snaps[-1], "quiet"))
-    runs.srv_alone.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-    runs.cli_alone.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
+    runs.alone.q.append(rq)
+    runs.alone.dq.append(delta(snaps[0], snaps[-1], "quiet"))
+    runs.alone.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.alone.cli.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
     report.log(f"  round {i + 1}: Q + noisy N ...")
     (rq, rn), snaps = _run(
         d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
     )
-    runs.noisy_q.append(rq)
+    runs.noisy.q.append(rq)
     runs.noisy_n.append(rn)
     dq, dn = delta(snaps[0], snaps[-1], "quiet"), delta(snaps[0], snaps[-1], "noisy")
-    runs.d_q.append(dq)
+    runs.noisy.dq.append(dq)
     runs.d_n.append(dn)
     runs.node_units.append(dq.units_per_s + dn.units_per_s)
-    runs.srv_noisy.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-    runs.cli_noisy.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
+    runs.noisy.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.noisy.cli.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
     # Control: the same node load without the throttle's waiting: throttling
     # off, N offered open loop at the rate it just achieved.
     report.log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
@@ -902,11 +902,11 @@ def _reservation_round(
     (rc, _), snaps = _run(d, [("quiet", q_spec), ("noisy", c_spec)], None, [mach, m_c := Machine()])
     d.admin.set_bucket_throttle("noisy", {"hard_limit": hard_n})
     d.admin.set_node_throttle({"capacity": cap})
-    runs.control_q.append(rc)
+    runs.control.q.append(rc)
     runs.others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
-    runs.srv_control.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.control.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
     report.log(
-        f"    p99 alone {_us(runs.alone[-1].percentile_us(0.99))}, with N "
+        f"    p99 alone {_us(runs.alone.q[-1].percentile_us(0.99))}, with N "
         f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
         f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
     )
@@ -921,8 +921,8 @@ def _reservation_report(
 ) -> None:
     """The reservation scenario's lines, checks and JSON from its rounds."""
     res_q, hard_n = args.reserved, args.noisy_hard_limit
-    a, q, n, c = _merge(r.alone), _merge(r.noisy_q), _merge(r.noisy_n), _merge(r.control_q)
-    q_units, n_units, a_units = _sum_rate(r.d_q), _sum_rate(r.d_n), _sum_rate(r.d_alone)
+    a, q, n, c = _merge(r.alone.q), _merge(r.noisy.q), _merge(r.noisy_n), _merge(r.control.q)
+    q_units, n_units, a_units = _sum_rate(r.noisy.dq), _sum_rate(r.d_n), _sum_rate(r.alone.dq)
     frac = 100.0 * q_units / res_q
     p99_a, p99_q, p99_c = (x.percentile_us(0.99) for x in (a, q, c))
     ratio, c_ratio = _ratio(p99_q, p99_a), _ratio(p99_c, p99_a)
@@ -930,13 +930,13 @@ def _reservation_report(
     s_ratio = _ratio(s99_q, s99_a)
     rounds_p99 = [
         (x.percentile_us(0.99), y.percentile_us(0.99), z.percentile_us(0.99))
-        for x, y, z in zip(r.alone, r.noisy_q, r.control_q, strict=True)
+        for x, y, z in zip(r.alone.q, r.noisy.q, r.control.q, strict=True)
     ]
-    m_srv_a, m_srv_n = statistics.fmean(r.srv_alone), statistics.fmean(r.srv_noisy)
+    m_srv_a, m_srv_n = statistics.fmean(r.alone.srv), statistics.fmean(r.noisy.srv)
     # What N's admitted ops cost the server: the CPU added by N over Q alone.
     n_cpu_us = (m_srv_n - m_srv_a) / 100 / n_units * 1e6 if n_units else None
     q_cpu_us = m_srv_a / 100 / a_units * 1e6 if a_units else None
-    cli_a, cli_n = statistics.fmean(r.cli_alone), statistics.fmean(r.cli_noisy)
+    cli_a, cli_n = statistics.fmean(r.alone.cli), statistics.fmean(r.noisy.cli)
     out.lines += [
         f"   Q achieved with N (server)     {q_units:>10,.1f} units/s = {frac:.1f} % of "
         f"reserved   target >= 97 %   {_verdict(frac >= 97)}",
@@ -949,14 +949,14 @@ def _reservation_report(
         ),
         f"     control, throttling off and N open loop at its achieved rate: Q p99 "
         f"{_us(p99_c)} = {_x(c_ratio)} alone, p50 {_us(c.percentile_us(0.5))}; "
-        f"server {statistics.fmean(r.srv_control):.0f} %",
+        f"server {statistics.fmean(r.control.srv):.0f} %",
         f"     p99 from the actual send (generator's lateness left out): alone {_us(s99_a)}, "
         f"with N {_us(s99_q)}, ratio {_x(s_ratio)}",
         f"     p50 alone {_us(a.percentile_us(0.5))}, with N {_us(q.percentile_us(0.5))}; "
         f"p99.9 alone {_us(a.percentile_us(0.999))}, with N {_us(q.percentile_us(0.999))}",
         f"   Q alone (server)               {a_units:>10,.1f} units/s;  client ok GET/s "
         f"alone {a.ops_per_s:,.1f}, with N {q.ops_per_s:,.1f};  Q throttled with N: "
-        f"{sum(x.throttled for x in r.d_q)}",
+        f"{sum(x.throttled for x in r.noisy.dq)}",
         f"   N achieved (server)            {n_units:>10,.1f} units/s (hard_limit {hard_n:,});"
         f"  node total {statistics.fmean(r.node_units):,.0f} of capacity {args.capacity:,}",
         f"   N throttled {sum(x.throttled for x in r.d_n):,} requests, mean wait "
@@ -981,14 +981,14 @@ def _reservation_report(
             n_errs[k] = n_errs.get(k, 0) + v
     out.data = {
         "settings": _reservation_settings(args, q_rate),
-        "quiet_alone": _reservation_part(r.d_alone, a, s99_a, [x for x, _, _ in rounds_p99]),
-        "quiet_with_noisy": _reservation_part(r.d_q, q, s99_q, [y for _, y, _ in rounds_p99]),
+        "quiet_alone": _reservation_part(r.alone.dq, a, s99_a, [x for x, _, _ in rounds_p99]),
+        "quiet_with_noisy": _reservation_part(r.noisy.dq, q, s99_q, [y for _, y, _ in rounds_p99]),
         "quiet_control": {
             "client": _client_json(c),
             "p99_from_send_us": _r1(c.percentile_us(0.99, from_send=True)),
             "per_round_p99_us": [_r1(z) for _, _, z in rounds_p99],
             "per_round_other_cpu_pct": r.others,
-            "server_cpu_pct": _r1(statistics.fmean(r.srv_control)),
+            "server_cpu_pct": _r1(statistics.fmean(r.control.srv)),
         },
         "noisy": {
             "server": [x.to_json() for x in r.d_n],

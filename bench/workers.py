@@ -423,13 +423,11 @@ def _f(x: float | None, fmt: str) -> str:
 
 
 def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    place = "not pinned: the server processes and the load generator share every core"
+    if args.server_cpus:
+        place = f"pinned: every server process on CPU {sorted(args.server_cpus)}, "
+        place += f"generators on {sorted(args.client_cpus)}"
     m = meta["machine"]
-    place = (
-        f"pinned: every server process on CPU {sorted(args.server_cpus)}, generators on "
-        f"{sorted(args.client_cpus)}"
-        if args.server_cpus
-        else "not pinned: the server processes and the load generator share every core"
-    )
     return (
         f"\nworkers: {report.version_line(meta)}; {meta['redis_benchmark']}\n"
         f"serve --workers N for N in {','.join(map(str, args.workers_list))}, a fresh server "
