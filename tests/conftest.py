@@ -78,15 +78,26 @@ def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -
 
 
 def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m bench ARGS`` from the checkout, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
+    """``python -m bench ARGS`` from the checkout, output captured. On a timeout
+    the whole process group goes, not only the bench: the daemons it started
+    would otherwise run on, orphaned, and load the rest of the suite."""
+    cmd = [sys.executable, "-m", "bench", *args]
+    with subprocess.Popen(
+        cmd,
         cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 class FakeClock:
