@@ -219,6 +219,7 @@ class Server:
                     addr=self.config.metrics_host,
                     healthy=lambda: not node.shutting_down,
                 )
+                node.metrics_port = self.metrics_port
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
@@ -262,6 +263,12 @@ class Server:
                             node.host,
                             node.resp_port,
                             tls,
+                        )
+                    if node.metrics_port:
+                        log.info(
+                            "metrics on http://%s:%d/metrics",
+                            self.config.metrics_host,
+                            node.metrics_port,
                         )
                     if ready_file:
                         _write_ready_file(

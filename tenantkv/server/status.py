@@ -41,6 +41,12 @@ def status_document(node: Node) -> dict[str, Any]:
         "pid": os.getpid(),
         "uptime_secs": round(time.monotonic() - node.started_monotonic, 3),
         "listening": f"{node.host}:{node.port}",
+        # The other doors, as "host:port" (None: off): strings, so that merging
+        # worker documents keeps them as they are.
+        "resp_listening": f"{node.host}:{node.resp_port}" if node.resp_port else None,
+        "metrics_listening": (
+            f"{node.config.metrics_host}:{node.metrics_port}" if node.metrics_port else None
+        ),
         "shutting_down": node.shutting_down,
         "connections": {
             "current": len(node.sessions),
@@ -160,6 +166,7 @@ def node_document(workers: list[dict[str, Any]], node: dict[str, Any]) -> dict[s
     if "commit_latency" in node:
         merged["latency"]["commit"] = node["commit_latency"]
     merged.pop("worker", None)
+    merged["metrics_listening"] = node.get("metrics_listening")  # the supervisor serves it
     merged["pid"] = os.getppid()  # the supervisor: the process to signal
     merged["workers"] = [
         {

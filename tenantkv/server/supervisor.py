@@ -192,6 +192,8 @@ class Supervisor:
         log.info("listening on %s:%d%s (%d workers)", host, port, tls, self.count)
         if resp_port is not None:
             log.info("RESP (Redis protocol) front door on %s:%d%s", host, resp_port, tls)
+        if self.metrics_port is not None:
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.metrics_port)
         if ready_file:
             from tenantkv.server.server import _write_ready_file
 
@@ -570,6 +572,9 @@ class Supervisor:
             "login": self.login_gate.statistics(self._login_settings).as_dict(),
             "writer": self.writer.statistics(),
             "commit_latency": self.latency.commit.status(),
+            "metrics_listening": (
+                f"{self.config.metrics_host}:{self.metrics_port}" if self.metrics_port else None
+            ),
         }
 
     # -- signals --------------------------------------------------------------------
