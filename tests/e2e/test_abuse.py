@@ -66,7 +66,11 @@ def healthy(ab: Daemon) -> Iterator[Any]:
         yield c
 
 
-def still_fine(d: Daemon, healthy: Any, *, within: float = 2.0) -> None:
+def still_fine(d: Daemon, healthy: Any, *, within: float = 5.0) -> None:
+    """The daemon runs and a healthy client's GET and PING come back promptly:
+    a client the abuse starves waits for it to end (its TIMEOUT), while a GET
+    and a PING take milliseconds; ``within`` is far from both, so that a loaded
+    machine does not fail it."""
     assert d.proc is not None and d.proc.poll() is None
     start = time.monotonic()
     assert healthy.get("canary") == b"alive"
@@ -284,7 +288,7 @@ def test_pipelining_without_reading_is_pushed_back(ab: Daemon, healthy: Any, kin
         t.start()
     for ev in flooding:  # every flooder is pushing frames before the check
         assert ev.wait(TIMEOUT)
-    still_fine(ab, healthy, within=3.0)  # other clients go on meanwhile
+    still_fine(ab, healthy)  # other clients go on meanwhile
     for t in threads:
         t.join(TIMEOUT)
     grown = rss_anon_mb(ab.proc.pid) - before
@@ -492,5 +496,7 @@ def test_thousands_of_buckets_and_many_users(ab: Daemon, healthy: Any) -> None:
         f"abuse: {MANY_BUCKETS} buckets in {made - start:.1f} s, {MANY_USERS} users in "
         f"{time.monotonic() - made:.1f} s, server_status {status_secs * 1000:.0f} ms"
     )
-    assert status_secs < 2.0
+    # server_status over 2,000 buckets stays an ordinary call; the bound is far
+    # above it, so that a loaded machine does not miss it.
+    assert status_secs < 5.0
     still_fine(ab, healthy)
