@@ -88,6 +88,7 @@ def add(
     above: float | None = None,
     high: float | None = None,
     show: str | None = None,
+    parser: argparse.ArgumentParser | None = None,
     **kw: Any,
 ) -> None:
     """One flag: ``kind`` parses it, ``default`` may be a :class:`Quick` pair,
@@ -96,7 +97,7 @@ def add(
 
     ``p`` is a parser or one of its argument groups (``parser`` names the parser
     for a group)."""
-    parser = kw.pop("parser", p)
+    parser = p if parser is None else parser
     shown = _show(default) if show is None else show
     text = f"{help} [{shown}]" if shown and default is not None else help
     if kind is None:
@@ -246,11 +247,10 @@ def window_flags(
     parser: argparse.ArgumentParser | None = None,
 ) -> None:
     """``--seconds`` (> 0), ``--warmup`` (>= 0) and, given a default, ``--rounds`` (>= 1)."""
-    kw = {"parser": parser} if parser is not None else {}
-    add(p, "--seconds", float, seconds, what[0], above=0, **kw)
-    add(p, "--warmup", float, warmup, what[1], low=0, **kw)
+    add(p, "--seconds", float, seconds, what[0], above=0, parser=parser)
+    add(p, "--warmup", float, warmup, what[1], low=0, parser=parser)
     if rounds is not None:
-        add(p, "--rounds", int, rounds, what[2], low=1, **kw)
+        add(p, "--rounds", int, rounds, what[2], low=1, parser=parser)
 
 
 def data_flags(

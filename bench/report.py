@@ -15,10 +15,10 @@ import platform
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
-from bench import options
-from bench.loadgen import LoadResult, LoadSpec
+from bench import loadgen, options
+from bench.loadgen import LoadResult, LoadSpec, Target
 
 
 @dataclass
@@ -32,6 +32,10 @@ class Cell:
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.spec.op, self.spec.conns, self.spec.depth)
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.result.ops_per_s
 
     def to_json(self) -> dict[str, Any]:
         r = self.result
@@ -49,6 +53,33 @@ class Cell:
             "ops_per_s": round(r.ops_per_s, 1),
             **load_figures(r),
         }
+
+
+C = TypeVar("C", bound=Cell)
+
+
+def run_on_each(
+    targets: Sequence[tuple[str, Any, Target]],
+    spec: LoadSpec,
+    make: Callable[[str, LoadSpec, LoadResult], C],
+    what: str,
+    prepare: Callable[[Target], None] | None = None,
+) -> list[C]:
+    """One cell on every server, back to back (``prepare`` first on each), with a
+    progress line each."""
+    cells = []
+    for name, handle, target in targets:
+        if prepare is not None:
+            prepare(target)
+        res = loadgen.run_load(target, spec, handle.cpu_seconds)
+        cell = make(name, spec, res)
+        cells.append(cell)
+        j = cell.to_json()
+        log(
+            f"  {name:<8} {what} {cell.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
+            f"p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  errors {res.errors}"
+        )
+    return cells
 
 
 def load_figures(r: LoadResult) -> dict[str, Any]:

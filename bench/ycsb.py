@@ -298,19 +298,12 @@ def _measure(args: argparse.Namespace, targets: list[servers.Measured], value: b
             workload=wname,
             distribution=dist,
         )
-        for name, handle, target in targets:
-            if w.scans and not hasattr(target.codec, "encode_scan"):
-                continue
+        runnable = [t for t in targets if not w.scans or hasattr(t[2].codec, "encode_scan")]
+
+        def preload(target: Target, spec: LoadSpec = spec) -> None:
             loadgen.preload(target, args.records, value, spec.key_prefix)
-            res = loadgen.run_load(target, spec, handle.cpu_seconds)
-            cell = Cell(name, spec, res)
-            cells.append(cell)
-            j = cell.to_json()
-            report.log(
-                f"  {name:<8} {wname} {dist:<7} {cell.ops_per_s:>9,.0f} ops/s  "
-                f"p50 {j['p50_us']} µs  p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  "
-                f"errors {res.errors}"
-            )
+
+        cells += report.run_on_each(runnable, spec, Cell, f"{wname} {dist:<7}", preload)
     return cells
 
 
