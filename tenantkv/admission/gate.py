@@ -22,7 +22,7 @@ exists so that every gate composes the same way in
 
 The gates: :class:`~tenantkv.admission.rate_limiter.RateLimiter`,
 :class:`~tenantkv.admission.execution_tickets.TicketHolder`,
-:class:`~tenantkv.admission.tenant_throttle.TenantThrottleGate`,
+:class:`~tenantkv.admission.throttle_gate.TenantThrottleGate`,
 :class:`~tenantkv.admission.bucket_queues.BucketQueueGate` and
 :class:`~tenantkv.admission.write_permits.WritePermitGate`
 (``tests/unit/test_gate_protocol.py`` checks each against this protocol).

@@ -50,7 +50,8 @@ from tenantkv.admission.cidr import CidrMatcher
 from tenantkv.admission.execution_tickets import Ticket, TicketHolder, TicketHolderStatistics
 from tenantkv.admission.gate import ParameterTable
 from tenantkv.admission.rate_limiter import RateLimiter, RateLimiterStatistics
-from tenantkv.admission.tenant_throttle import TenantThrottleGate, ThrottleStatistics
+from tenantkv.admission.throttle_gate import TenantThrottleGate
+from tenantkv.admission.throttle_stats import ThrottleStatistics
 from tenantkv.admission.write_permits import BucketPermits, WritePermitGate, WritePermitStatistics
 
 EXEMPTIONS_PARAMETER = "ingress_request_rate_limiter_exemptions"

@@ -20,7 +20,7 @@ Reports (worker -> supervisor, :func:`usage_to_wire`)
 Allocation (the supervisor, :class:`QuotaAllocator`)
     The reports of the live workers are summed per bucket (connections, demand,
     unthrottled; hungry if any worker is) and each bucket's **node rate** comes
-    from :func:`~tenantkv.admission.tenant_throttle.allocate_rates`, the very
+    from :func:`~tenantkv.admission.rate_allocation.allocate_rates`, the very
     function a single process uses: reservation + water-filled share of the free
     pool, capped at the hard limit, slow start for a bucket nobody is connected
     to. So the node behaves as one throttle would. One step is added: a single
@@ -88,16 +88,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tenantkv.admission.tenant_throttle import (
+from tenantkv.admission.rate_allocation import (
     DEMAND_HEADROOM,
     BucketLease,
     BucketUse,
     RateAllocation,
     RateNeed,
-    TenantThrottle,
     allocate_rates,
+    rate_needs,
     water_fill,
 )
+from tenantkv.admission.throttle_props import ThrottleProps, rate_to_wire
 
 __all__ = [
     "LEASE_SLICES",
@@ -134,13 +135,12 @@ class _Report:
 class QuotaAllocator:
     """The supervisor's side: turns the workers' reports into their leases.
 
-    ``throttle`` only carries the node's and the buckets' properties; the caller
-    keeps it in sync (``set_node``, ``add_bucket``, ``set_bucket``,
-    ``remove_bucket``) and never admits anything through it.
+    ``props``: the node's and the buckets' properties (the committed ones); the
+    caller gives the new ones to :meth:`set_props` when they change.
     """
 
-    def __init__(self, throttle: TenantThrottle) -> None:
-        self.throttle = throttle
+    def __init__(self, props: ThrottleProps) -> None:
+        self.props = props
         self._reports: dict[str, _Report] = {}
         #: The latest lease of every live worker, and the last one it was sent.
         self._leases: dict[str, dict[str, BucketLease]] = {}
@@ -173,7 +173,7 @@ class QuotaAllocator:
         use = dict(usage)
         previous = self._reports.get(worker)
         self._reports[worker] = _Report(use, now)
-        slice_secs = self.throttle.slice_secs
+        slice_secs = self.props.slice_secs
         horizon = now - LEASE_SLICES * slice_secs
         for name in [w for w, r in self._reports.items() if r.at < horizon]:
             self.forget(name)
@@ -190,7 +190,12 @@ class QuotaAllocator:
         return dict(lease)
 
     def invalidate(self) -> None:
-        """Recompute at the next report (after a property change on ``throttle``)."""
+        """Recompute at the next report, whatever the time."""
+        self._dirty = True
+
+    def set_props(self, props: ThrottleProps) -> None:
+        """Allocate by ``props`` from the next report on (a property changed)."""
+        self.props = props
         self._dirty = True
 
     def pending(self) -> dict[str, dict[str, BucketLease]]:
@@ -221,8 +226,8 @@ class QuotaAllocator:
         self._sent.pop(worker, None)
 
     def _allocate(self) -> None:
-        th = self.throttle
-        slice_secs = th.slice_secs
+        props = self.props
+        slice_secs = props.slice_secs
         # Sum the reports per bucket: the node as one process would see it.
         per_bucket: dict[str, list[tuple[str, BucketUse]]] = {}
         for worker, rep in self._reports.items():
@@ -237,9 +242,9 @@ class QuotaAllocator:
             )
             for name, uses in per_bucket.items()
         }
-        needs = th.rate_needs(node_use)
+        needs = rate_needs(props, node_use)
         names = list(needs)
-        alloc = allocate_rates(th.capacity, [needs[n] for n in names], slice_secs)
+        alloc = allocate_rates(props.node.capacity, [needs[n] for n in names], slice_secs)
         rates = _lend(alloc, [needs[n] for n in names])
         leases: dict[str, dict[str, BucketLease]] = {w: {} for w in self._reports}
         self._node = {}
@@ -257,14 +262,14 @@ class QuotaAllocator:
         buckets: dict[str, Any] = {}
         for name, (rate, res, hard) in self._node.items():
             shares = {
-                w: _json_rate(lease[name].rate)
+                w: rate_to_wire(lease[name].rate)
                 for w, lease in self._leases.items()
                 if name in lease
             }
             buckets[name] = {
-                "node_rate": _json_rate(rate),
-                "reserved_rate": _json_rate(res),
-                "hard_rate": _json_rate(hard),
+                "node_rate": rate_to_wire(rate),
+                "reserved_rate": rate_to_wire(res),
+                "hard_rate": rate_to_wire(hard),
                 "shares": shares,
             }
         return {"workers": self.workers, "buckets": buckets}
@@ -372,10 +377,6 @@ def _moved(sent: dict[str, BucketLease] | None, lease: dict[str, BucketLease]) -
 def _part(total: float, part: float) -> float:
     """``total x part`` where a zero part of an infinite total is zero."""
     return total * part if part > 0.0 else 0.0
-
-
-def _json_rate(value: float) -> float | str:
-    return "unlimited" if math.isinf(value) else value
 
 
 # --------------------------------------------------------------------------- wire

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from tenantkv.admission.tenant_throttle import water_fill
+from tenantkv.admission.rate_allocation import water_fill
 
 #: Demand is scaled by this before it caps a worker's share: room to grow.
 HEADROOM: Final = 1.25

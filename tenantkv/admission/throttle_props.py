@@ -1,11 +1,18 @@
-"""Validation of the two throttle admin bodies (Couchbase's JSON, our errors).
+"""The tenant throttle's properties: their records, the validation of the two
+admin bodies (Couchbase's JSON, our errors), and the reading of stored ones.
+
+The records (:class:`NodeProps`, :class:`BucketProps`, :class:`ThrottleProps`)
+are what the allocation of rates needs to know of a node, frozen so the
+supervisor's allocator carries a value, not a throttle. The stored forms (the
+node's system record, a bucket record's ``"throttle"`` part) are read by
+:func:`node_props_from_record` and :func:`bucket_props_from_record` alone.
 
 ``SetNodeThrottleProperties`` takes ``{"capacity", "default_throttle_hard_limit",
 "default_throttle_reserved_units"}`` and ``SetBucketThrottleProperties`` takes
 ``{"reserved", "hard_limit"}``; every key is optional, any other key is an
 error. A value is a non-negative integer (units per second) or the exact
 string ``"unlimited"``; ``0`` means "fully throttled". Parsed values use the
-gate's :data:`~tenantkv.admission.tenant_throttle.Limit` (``None`` = unlimited).
+gate's :data:`Limit` (``None`` = unlimited).
 
 Why so strict: these bodies come from operators and scripts; a typo such as
 ``"hardlimit"`` or ``"10000"`` silently ignored would leave a tenant unprotected.
@@ -18,11 +25,22 @@ bucket's existing hard limit) are done again by
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
-from tenantkv.admission.tenant_throttle import UNLIMITED, Limit
 from tenantkv.errors import BadValue
+
+#: A unit limit: a non-negative int, or ``None`` for "unlimited".
+Limit = int | None
+
+#: The wire spelling of an unlimited limit.
+UNLIMITED: Final = "unlimited"
+
+#: Length of the throttle's refill slice, in seconds.
+DEFAULT_SLICE_SECS: Final = 0.1
 
 #: Largest body accepted, in bytes of JSON text.
 MAX_BODY_BYTES: Final = 1024
@@ -36,6 +54,92 @@ BUCKET_KEYS: Final = ("reserved", "hard_limit")
 def limit_to_wire(limit: Limit) -> int | str:
     """The JSON spelling of a limit: the int, or ``"unlimited"`` for ``None``."""
     return UNLIMITED if limit is None else limit
+
+
+def rate_to_wire(value: float | None) -> float | str:
+    """The JSON spelling of a rate: JSON has no infinity, so infinity (and ``None``)
+    is ``"unlimited"``."""
+    return UNLIMITED if value is None or math.isinf(value) else value
+
+
+def limit_rate(limit: Limit) -> float:
+    """A limit as a rate: ``None`` (unlimited) is infinity."""
+    return math.inf if limit is None else float(limit)
+
+
+def limit_le(a: Limit, b: Limit) -> bool:
+    """``a <= b`` where ``None`` is infinity."""
+    if b is None:
+        return True
+    return a is not None and a <= b
+
+
+def check_limit(name: str, value: object) -> Limit:
+    """Validate a :data:`Limit` given through the Python API."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadValue(f"{name} must be a non-negative integer or unlimited, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProps:
+    """The node's throttle properties (units/s; ``None``: unlimited). The defaults
+    are what a bucket created without its own limits gets."""
+
+    capacity: Limit = None
+    default_reserved: Limit = 0
+    default_hard_limit: Limit = None
+
+
+@dataclass(frozen=True, slots=True)
+class BucketProps:
+    """One bucket's throttle properties (units/s; ``None``: unlimited)."""
+
+    reserved: Limit = 0
+    hard_limit: Limit = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleProps:
+    """Everything the allocation of allowance rates knows of a node besides its
+    use: the node's properties, every bucket's (in the throttle's order: the
+    order decides how exact ties are shared) and the refill slice."""
+
+    node: NodeProps = NodeProps()
+    buckets: Mapping[str, BucketProps] = field(default_factory=lambda: MappingProxyType({}))
+    slice_secs: float = DEFAULT_SLICE_SECS
+
+
+def node_props_from_record(saved: Mapping[str, Any] | None) -> NodeProps:
+    """The node's properties from their system record (absent: the defaults)."""
+    saved = saved or {}
+    return NodeProps(
+        capacity=parse_limit("capacity", saved.get("capacity", UNLIMITED)),
+        default_reserved=parse_limit(
+            "default_throttle_reserved_units", saved.get("default_throttle_reserved_units", 0)
+        ),
+        default_hard_limit=parse_limit(
+            "default_throttle_hard_limit", saved.get("default_throttle_hard_limit", UNLIMITED)
+        ),
+    )
+
+
+def bucket_props_from_record(record: Mapping[str, Any]) -> BucketProps:
+    """A bucket's properties from its system record (its ``"throttle"`` part)."""
+    saved = record.get("throttle") or {}
+    return BucketProps(
+        reserved=parse_limit("reserved", saved.get("reserved", 0)),
+        hard_limit=parse_limit("hard_limit", saved.get("hard_limit", UNLIMITED)),
+    )
+
+
+# --------------------------------------------------------------------------- admin bodies
 
 
 def parse_limit(key: str, value: Any) -> Limit:
@@ -59,7 +163,7 @@ def parse_node_props(body: str | bytes | Mapping[str, Any]) -> dict[str, Limit]:
     obj = _load(body, "node throttle properties")
     out = _parse_keys(obj, NODE_KEYS, "node throttle properties")
     res_key, hard_key = "default_throttle_reserved_units", "default_throttle_hard_limit"
-    if res_key in out and hard_key in out and not _le(out[res_key], out[hard_key]):
+    if res_key in out and hard_key in out and not limit_le(out[res_key], out[hard_key]):
         raise BadValue(
             f"{res_key}: reserved can't exceed hard limit "
             f"({res_key} {limit_to_wire(out[res_key])} > "
@@ -72,20 +176,17 @@ def parse_bucket_props(body: str | bytes | Mapping[str, Any]) -> dict[str, Limit
     """Validate a ``SetBucketThrottleProperties`` body; return only the keys given."""
     obj = _load(body, "bucket throttle properties")
     out = _parse_keys(obj, BUCKET_KEYS, "bucket throttle properties")
-    if "reserved" in out and "hard_limit" in out and not _le(out["reserved"], out["hard_limit"]):
+    if (
+        "reserved" in out
+        and "hard_limit" in out
+        and not limit_le(out["reserved"], out["hard_limit"])
+    ):
         raise BadValue(
             "reserved can't exceed hard limit "
             f"(reserved {limit_to_wire(out['reserved'])} > "
             f"hard_limit {limit_to_wire(out['hard_limit'])})"
         )
     return out
-
-
-def _le(a: Limit, b: Limit) -> bool:
-    """``a <= b`` where ``None`` is infinity."""
-    if b is None:
-        return True
-    return a is not None and a <= b
 
 
 def _show(value: Any) -> str:

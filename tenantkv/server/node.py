@@ -26,13 +26,13 @@ from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.pipeline import EXEMPTIONS_PARAMETER, Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.receive_buffers import ReceiveBuffers
-from tenantkv.admission.tenant_throttle import (
-    TenantThrottle,
-    TenantThrottleGate,
-    read_units,
-    write_units,
+from tenantkv.admission.tenant_throttle import TenantThrottle, read_units, write_units
+from tenantkv.admission.throttle_gate import TenantThrottleGate
+from tenantkv.admission.throttle_props import (
+    bucket_props_from_record,
+    limit_to_wire,
+    node_props_from_record,
 )
-from tenantkv.admission.throttle_props import limit_to_wire, parse_limit
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, ThroughputProber
 from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
@@ -312,16 +312,12 @@ class Node:
         self.connection_bypass = CidrMatcher(cidrs, name=BYPASS_PARAMETER)
 
     def _start_throttle(self) -> None:
-        saved = self.engine.system_get(THROTTLE_NODE_KEY) or {}
+        saved = node_props_from_record(self.engine.system_get(THROTTLE_NODE_KEY))
         self.throttle = TenantThrottle(
             trio_clock(),
-            capacity=parse_limit("capacity", saved.get("capacity", "unlimited")),
-            default_reserved=parse_limit(
-                "default_throttle_reserved_units", saved.get("default_throttle_reserved_units", 0)
-            ),
-            default_hard_limit=parse_limit(
-                "default_throttle_hard_limit", saved.get("default_throttle_hard_limit", "unlimited")
-            ),
+            capacity=saved.capacity,
+            default_reserved=saved.default_reserved,
+            default_hard_limit=saved.default_hard_limit,
             write_weight=self.config.write_weight,
             max_wait_secs=self.config.throttle_max_wait_ms / 1000,
             max_debt_secs=self.config.throttle_max_request_secs,
@@ -336,12 +332,8 @@ class Node:
         for cls, props in (handle.props.get("queues") or {}).items():
             self.queues.set_bucket(handle.name, cls, **props)
         self.permits.add_bucket(handle.name)
-        props = handle.props.get("throttle") or {}
-        self.throttle.add_bucket(
-            handle.name,
-            reserved=parse_limit("reserved", props.get("reserved", 0)),
-            hard_limit=parse_limit("hard_limit", props.get("hard_limit", "unlimited")),
-        )
+        saved = bucket_props_from_record(handle.props)
+        self.throttle.add_bucket(handle.name, reserved=saved.reserved, hard_limit=saved.hard_limit)
 
     def bucket_throttle_defaults(self) -> dict[str, int | str]:
         """What a new bucket gets unless told otherwise: the node defaults, now."""

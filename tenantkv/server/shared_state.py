@@ -16,10 +16,17 @@ that missed a message — restarted, or busy — still converges on the next one
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import Any
 
 from tenantkv.admission.tenant_throttle import TenantThrottle
-from tenantkv.admission.throttle_props import parse_limit
+from tenantkv.admission.throttle_props import (
+    BucketProps,
+    NodeProps,
+    ThrottleProps,
+    bucket_props_from_record,
+    node_props_from_record,
+)
 from tenantkv.server.accounts import stored_users
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
 from tenantkv.storage.engine import Engine
@@ -32,43 +39,38 @@ def stored_buckets(engine: Engine) -> dict[str, dict[str, Any]]:
     return {name.decode(): props for name, props in engine.system_items(b"bucket:")}
 
 
-def apply_node_throttle(throttle: TenantThrottle, saved: dict[str, Any] | None) -> None:
-    """Set the node's throttle properties from their system record."""
-    saved = saved or {}
+def stored_node_props(engine: Engine) -> NodeProps:
+    """The node's committed throttle properties."""
+    return node_props_from_record(engine.system_get(THROTTLE_NODE_KEY))
+
+
+def stored_throttle_props(engine: Engine, previous: ThrottleProps | None = None) -> ThrottleProps:
+    """The committed throttle properties of the node and every bucket: what the
+    supervisor's quota allocator computes the node's allowance rates from.
+
+    Buckets keep their order in ``previous`` and new ones follow, as in a
+    throttle that added and removed them as they came (the allocation shares
+    exact ties in that order)."""
+    stored = {name: bucket_props_from_record(p) for name, p in stored_buckets(engine).items()}
+    order = {name: None for name in (previous.buckets if previous else ()) if name in stored}
+    order.update(dict.fromkeys(stored))
+    buckets = MappingProxyType({name: stored[name] for name in order})
+    return ThrottleProps(stored_node_props(engine), buckets)
+
+
+def apply_node_props(throttle: TenantThrottle, props: NodeProps) -> None:
+    """Give ``throttle`` the node's properties ``props``."""
     throttle.set_node(
-        capacity=parse_limit("capacity", saved.get("capacity", "unlimited")),
-        default_reserved=parse_limit(
-            "default_throttle_reserved_units", saved.get("default_throttle_reserved_units", 0)
-        ),
-        default_hard_limit=parse_limit(
-            "default_throttle_hard_limit", saved.get("default_throttle_hard_limit", "unlimited")
-        ),
+        capacity=props.capacity,
+        default_reserved=props.default_reserved,
+        default_hard_limit=props.default_hard_limit,
     )
 
 
-def bucket_limits(props: dict[str, Any]) -> dict[str, Any]:
-    """A bucket's throttle limits from its record (reserved, hard_limit)."""
-    t = props.get("throttle") or {}
-    return {
-        "reserved": parse_limit("reserved", t.get("reserved", 0)),
-        "hard_limit": parse_limit("hard_limit", t.get("hard_limit", "unlimited")),
-    }
-
-
-def sync_throttle(throttle: TenantThrottle, engine: Engine) -> None:
-    """Make ``throttle``'s properties those committed (the supervisor's copy, which
-    the quota allocator computes the node's allowance rates from)."""
-    apply_node_throttle(throttle, engine.system_get(THROTTLE_NODE_KEY))
-    stored = stored_buckets(engine)
-    for name in [n for n in throttle.statistics().buckets if n not in stored]:
-        throttle.remove_bucket(name)
-    for name, props in stored.items():
-        limits = bucket_limits(props)
-        if name in throttle:
-            if throttle.bucket_limits(name) != (limits["reserved"], limits["hard_limit"]):
-                throttle.set_bucket(name, **limits)
-        else:
-            throttle.add_bucket(name, **limits)
+def apply_bucket_props(throttle: TenantThrottle, name: str, props: BucketProps) -> None:
+    """Give bucket ``name`` the limits ``props`` unless it has them already."""
+    if throttle.bucket_limits(name) != (props.reserved, props.hard_limit):
+        throttle.set_bucket(name, reserved=props.reserved, hard_limit=props.hard_limit)
 
 
 def reload(node: Node) -> None:
@@ -76,7 +78,7 @@ def reload(node: Node) -> None:
     engine = node.engine
     node.accounts.reload(stored_users(engine))
     _reload_buckets(node, stored_buckets(engine))
-    apply_node_throttle(node.throttle, engine.system_get(THROTTLE_NODE_KEY))
+    apply_node_props(node.throttle, stored_node_props(engine))
     node.parameters.reload(engine)
     node.gate.wake()
 
@@ -99,8 +101,6 @@ def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]]) -> None:
                 log.info("bucket %r was created by another worker", name)
         elif props != existing.props:
             existing.props = dict(props)
-            limits = bucket_limits(props)
-            if node.throttle.bucket_limits(name) != (limits["reserved"], limits["hard_limit"]):
-                node.throttle.set_bucket(name, **limits)
+            apply_bucket_props(node.throttle, name, bucket_props_from_record(props))
             for cls, queue_props in (props.get("queues") or {}).items():
                 node.queues.set_bucket(name, cls, **queue_props)

@@ -45,16 +45,14 @@ import trio
 from tenantkv import errors
 from tenantkv.admission import rate_share
 from tenantkv.admission.connection_table import ConnectionTable
-from tenantkv.admission.gate import trio_clock
 from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_from_wire
-from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.config import Config
 from tenantkv.metrics import Latency
 from tenantkv.server import auth, sd_notify
 from tenantkv.server.accounts import LocalLoginGate, known_good_key, stored_known_good
 from tenantkv.server.control import Channel, ChannelClosed, Message
 from tenantkv.server.server import ListenError, open_engine, server_ssl_context
-from tenantkv.server.shared_state import sync_throttle
+from tenantkv.server.shared_state import stored_throttle_props
 from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import _lock_data_dir
@@ -147,9 +145,7 @@ class Supervisor:
             signals = stack.enter_context(
                 trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
             )
-            throttle = TenantThrottle(trio_clock())
-            sync_throttle(throttle, self.engine)
-            self.allocator = QuotaAllocator(throttle)
+            self.allocator = QuotaAllocator(stored_throttle_props(self.engine))
             await self._listen()
             self._token = trio.lowlevel.current_trio_token()
             self.writer.start()
@@ -360,8 +356,7 @@ class Supervisor:
             w.ready.set()
             return None
         if kind == "changed":
-            sync_throttle(self.allocator.throttle, self.engine)
-            self.allocator.invalidate()
+            self.allocator.set_props(stored_throttle_props(self.engine, self.allocator.props))
             # Answered once every other worker has reloaded: the admin command that
             # made the change returns when the whole node sees it.
             async with trio.open_nursery() as nursery:

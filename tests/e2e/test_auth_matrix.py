@@ -26,7 +26,6 @@ from typing import Any
 import msgpack
 import pytest
 import trio
-import trio.testing
 
 from tenantkv import config as config_mod
 from tenantkv import errors
@@ -378,7 +377,7 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
         running[0] += 1
         running[1] = max(running[1], running[0])
         try:
-            if password != "right":  # the guesses hold their slots until the gate opens
+            if password != "right":  # the guesses hold their hash slots until the gate
                 trio.from_thread.run(gate.wait, trio_token=token)
             return real(password, salt)
         finally:
@@ -397,22 +396,23 @@ async def test_the_pool_refuses_excess_cheaply_and_the_known_good_go_first(
             if not exc.labels:  # hashed (not refused): in the order it was served
                 order.append(f"g{i}")
 
-    alice_in = trio.Event()
-
     async def alice() -> None:
         await n.accounts.authenticate("alice", "right", peer="192.0.2.1")
         order.append("alice")
-        alice_in.set()
+
+    async def until(done: Callable[[], bool]) -> None:
+        # Polled, not slept for: threads start late on a loaded machine.
+        while not done():  # noqa: ASYNC110 (set by threads and by other tasks)
+            await trio.sleep(0.001)
 
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             for i in range(20):
                 nursery.start_soon(guess, i)
-            # every guess hashing (held at the gate), waiting, or refused
-            await trio.testing.wait_all_tasks_blocked()
-            refused = codes.count("TooManyLoginFailures")
+            await until(lambda: running[0] == 2 and len(codes) == 20 - 2 - 4)
             nursery.start_soon(alice)
-            await alice_in.wait()  # in while the pool is full: she waited for no guess
+            await until(lambda: "alice" in order)  # while both hash slots are held
+            refused = codes.count("TooManyLoginFailures")
             gate.set()
     assert refused == 20 - 2 - 4  # two hashing, four waiting
     assert running[1] == 3  # and alice, in the hash kept for known-good pairs

@@ -20,7 +20,8 @@ from tenantkv.admission.execution_tickets import TicketHolder
 from tenantkv.admission.gate import ADMITTED
 from tenantkv.admission.pipeline import Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
-from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate
+from tenantkv.admission.tenant_throttle import TenantThrottle
+from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server.node import Node

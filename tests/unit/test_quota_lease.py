@@ -30,11 +30,9 @@ from tenantkv.admission.quota_lease import (
     usage_from_wire,
     usage_to_wire,
 )
-from tenantkv.admission.tenant_throttle import (
-    RateNeed,
-    TenantThrottle,
-    allocate_rates,
-)
+from tenantkv.admission.rate_allocation import RateNeed, allocate_rates
+from tenantkv.admission.tenant_throttle import TenantThrottle
+from tenantkv.admission.throttle_props import ThrottleProps
 from tests.conftest import FakeClock
 
 SLICE = 0.1
@@ -114,7 +112,7 @@ def simulate(
         return th
 
     ths = [throttle() for _ in range(n)]
-    allocator = None if ideal else QuotaAllocator(throttle())
+    allocator = None if ideal else QuotaAllocator(throttle().props())
     events: set[int] = set()
     die = die or {}
     dead: set[int] = set()
@@ -494,10 +492,15 @@ def test_a_leased_wait_is_never_predicted_past_the_next_lease() -> None:
 
 
 def allocator(capacity: int | None = 10_000, **buckets: dict[str, Any]) -> QuotaAllocator:
+    return QuotaAllocator(props(capacity, **buckets))
+
+
+def props(capacity: int | None = 10_000, **buckets: dict[str, Any]) -> ThrottleProps:
+    """The properties a throttle with these buckets has (the allocator's input)."""
     th = TenantThrottle(FakeClock(), capacity=capacity, slice_secs=SLICE)
-    for name, props in buckets.items():
-        th.add_bucket(name, **props)
-    return QuotaAllocator(th)
+    for name, bucket in buckets.items():
+        th.add_bucket(name, **bucket)
+    return th.props()
 
 
 def use(
@@ -544,17 +547,20 @@ def test_events_and_invalidate_reallocate_at_once() -> None:
     qa = allocator(A={}, B={})
     qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.0)
     assert qa.lease("w0")["A"].rate == pytest.approx(5000)
-    # A property change on the allocator's throttle applies at the next report...
-    qa.throttle.set_bucket("A", hard_limit=1000)
+    # Within the slice and with no event, a report gets the last lease...
+    qa.props = props(A={"hard_limit": 1000}, B={})
     qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.01)
     assert qa.lease("w0")["A"].rate == pytest.approx(5000)
-    qa.invalidate()  # ... at once when the caller says so
+    qa.invalidate()  # ... and a new one at once when the caller says so
     qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.02)
     assert qa.lease("w0")["A"].rate == pytest.approx(1000)
+    qa.set_props(props(A={"hard_limit": 2000}, B={}))  # new properties: at once too
+    qa.report("w0", {"A": use(1, True), "B": use(1, True)}, 0.03)
+    assert qa.lease("w0")["A"].rate == pytest.approx(2000)
     # A bucket newly hungry on a worker is an event: reallocated at once.
-    qa.report("w1", {"B": use(1)}, 0.03)
-    lease = qa.report("w1", {"B": use(1, True)}, 0.04)
-    assert lease["B"].rate + qa.lease("w0")["B"].rate == pytest.approx(9000)
+    qa.report("w1", {"B": use(1)}, 0.04)
+    lease = qa.report("w1", {"B": use(1, True)}, 0.05)
+    assert lease["B"].rate + qa.lease("w0")["B"].rate == pytest.approx(8000)
     assert set(qa.pending()) == {"w0"}  # w0's B share moved: push it
     assert qa.pending() == {}
 

@@ -21,7 +21,8 @@ import trio
 import trio.testing
 
 from tenantkv import errors, protocol
-from tenantkv.admission.tenant_throttle import TenantThrottle, TenantThrottleGate, write_units
+from tenantkv.admission.tenant_throttle import TenantThrottle, write_units
+from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.execution import REFUSAL_PAUSE_MAX_SECS

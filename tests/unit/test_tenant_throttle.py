@@ -19,14 +19,11 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tenantkv.admission.tenant_throttle import (
-    WAIT_HISTOGRAM_BOUNDS_US,
-    TenantThrottle,
-    TenantThrottleGate,
-    read_units,
-    water_fill,
-    write_units,
-)
+from tenantkv.admission.rate_allocation import water_fill
+from tenantkv.admission.tenant_throttle import TenantThrottle, read_units, write_units
+from tenantkv.admission.throttle_counters import BucketCounters, refill
+from tenantkv.admission.throttle_gate import TenantThrottleGate
+from tenantkv.admission.throttle_stats import WAIT_HISTOGRAM_BOUNDS_US
 from tenantkv.errors import (
     BadValue,
     BucketExists,
@@ -1304,3 +1301,29 @@ async def test_a_wait_that_grew_while_parked_says_how_long_it_parked(
     wait_ms = int(msg.split("the wait (")[1].split(" ms")[0])
     assert waited * 1000 + wait_ms > 5000  # the numbers agree: it would outlast the bound
     assert wait_ms <= retry_ms(info.value) <= wait_ms + 101
+
+
+# --------------------------------------------------------------------------- one slice's arithmetic
+
+
+def _counters(name: str, rate: float, credit: float, hungry_until: float) -> BucketCounters:
+    b = BucketCounters(name, 0, None, 1.0)
+    b.rate, b.res_rate, b.credit, b.hungry_until = rate, 0.0, credit, hungry_until
+    return b
+
+
+def test_refill_hands_unused_share_to_the_hungry_and_keeps_the_rest_as_spare() -> None:
+    full = _counters("full", 100.0, 10.0, -math.inf)  # its counter holds one slice: 10
+    hungry = _counters("hungry", 100.0, -5.0, 1.0)
+    spare = refill(
+        [full, hungry], 1, 0.0, 0.1, limited=True, unallocated_rate=0.0, free_rate=1000.0, spare=0.0
+    )
+    # "full" could not hold its 10 new units: they go to "hungry", on top of its own 10.
+    assert (full.credit, hungry.credit, hungry.bonus, spare) == (10.0, 15.0, 100.0, 0.0)
+    idle = _counters("idle", 100.0, 10.0, -math.inf)
+    spare = refill(
+        [idle], 1, 0.0, 0.1, limited=True, unallocated_rate=0.0, free_rate=50.0, spare=0.0
+    )
+    assert (idle.credit, spare) == (10.0, 5.0)  # nobody hungry: spare, at most a slice of free
+    kept = refill([idle], 0, 0.0, 0.1, limited=True, unallocated_rate=0, free_rate=50.0, spare=3.0)
+    assert kept == 3.0  # no slice boundary passed: nothing moves

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
 
+from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.admission.throttle_props import (
     MAX_BODY_BYTES,
+    BucketProps,
+    NodeProps,
+    bucket_props_from_record,
     limit_to_wire,
+    node_props_from_record,
     parse_bucket_props,
     parse_limit,
     parse_node_props,
+    rate_to_wire,
 )
 from tenantkv.errors import BadValue
+from tests.conftest import FakeClock
 
 
 def test_limit_to_wire() -> None:
@@ -158,3 +166,72 @@ def test_body_size_limit() -> None:
 def test_wrong_body_type() -> None:
     with pytest.raises(BadValue, match="expected a JSON object"):
         parse_node_props(42)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- records
+
+
+def test_stored_records_read_with_their_defaults() -> None:
+    assert node_props_from_record(None) == NodeProps(None, 0, None)
+    assert node_props_from_record(
+        {"capacity": 9000, "default_throttle_reserved_units": 5, "default_throttle_hard_limit": 50}
+    ) == NodeProps(9000, 5, 50)
+    assert bucket_props_from_record({"created_ms": 1}) == BucketProps(0, None, 1.0)
+    assert bucket_props_from_record(
+        {"throttle": {"reserved": 7, "hard_limit": "unlimited"}}
+    ) == BucketProps(7, None)
+    with pytest.raises(BadValue, match="hard_limit must be"):
+        bucket_props_from_record({"throttle": {"hard_limit": -1}})
+
+
+def test_rate_to_wire_spells_infinity() -> None:
+    assert rate_to_wire(math.inf) == "unlimited"
+    assert rate_to_wire(None) == "unlimited"
+    assert rate_to_wire(12.5) == 12.5
+
+
+def test_a_throttle_gives_its_properties_as_a_frozen_record() -> None:
+    th = TenantThrottle(FakeClock(), capacity=1000, default_reserved=10, slice_secs=0.05)
+    th.add_bucket("b")
+    th.add_bucket("a", reserved=100, hard_limit=500, weight=2.0)
+    props = th.props()
+    assert props.node == NodeProps(1000, 10, None)
+    assert list(props.buckets.items()) == [
+        ("b", BucketProps(10, None, 1.0)),
+        ("a", BucketProps(100, 500, 2.0)),
+    ]
+    assert props.slice_secs == 0.05
+    with pytest.raises(TypeError):
+        props.buckets["c"] = BucketProps()  # type: ignore[index]
+
+
+class _Engine:
+    """The two reads :func:`stored_throttle_props` makes of the storage engine."""
+
+    def __init__(self, node: dict[str, Any] | None, buckets: dict[str, dict[str, Any]]) -> None:
+        self.node, self.buckets = node, buckets
+
+    def system_get(self, key: bytes) -> Any:
+        assert key == b"throttle:node"
+        return self.node
+
+    def system_items(self, prefix: bytes) -> list[tuple[bytes, Any]]:
+        assert prefix == b"bucket:"
+        return [(name.encode(), props) for name, props in sorted(self.buckets.items())]
+
+
+def test_stored_properties_keep_the_order_buckets_came_in() -> None:
+    from tenantkv.server.shared_state import stored_throttle_props
+
+    engine = _Engine({"capacity": 100}, {"b": {}, "c": {"throttle": {"reserved": 5}}})
+    first = stored_throttle_props(engine)  # type: ignore[arg-type]
+    assert first.node == NodeProps(100, 0, None)
+    assert list(first.buckets) == ["b", "c"]
+    engine.buckets = {"a": {}, "c": {"throttle": {"reserved": 6}}, "d": {}}
+    after = stored_throttle_props(engine, first)  # type: ignore[arg-type]
+    # "c" keeps its place, as it would in a throttle; "a" and "d" came after it.
+    assert list(after.buckets.items()) == [
+        ("c", BucketProps(6)),
+        ("a", BucketProps()),
+        ("d", BucketProps()),
+    ]
