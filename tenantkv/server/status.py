@@ -20,43 +20,15 @@ def status_document(node: Node) -> dict[str, Any]:
     used, size = node.engine.map_usage()
     pipeline = node.pipeline
     gates = pipeline.statistics()
-    buckets: dict[str, Any] = {}
-    for name in sorted(node.engine.buckets):
-        st = node.bucket_stats.get(name) or BucketStats()
-        buckets[name] = {
-            "entries": node.engine.bucket_entries(name),
-            "connections": sum(1 for s in node.sessions if s.bucket == name),
-            "ops": dict(st.ops),
-            "errors": dict(st.errors),
-        }
-    link = node.link
     return {
         "version": __version__,
-        **({"worker": link.index} if link is not None else {}),
-        **(
-            {"leases": {"applied": link.leases_applied, "failed": link.lease_failures}}
-            if link is not None
-            else {}
-        ),
+        **node.role.identity(),
+        **node.role.figures(),
         "pid": os.getpid(),
         "uptime_secs": round(time.monotonic() - node.started_monotonic, 3),
         "listening": f"{node.host}:{node.port}",
         "shutting_down": node.shutting_down,
-        "connections": {
-            "current": len(node.sessions),
-            "total_created": node.connections_total,
-            "rejected": node.connections_rejected,
-            "backpressure": sum(1 for s in node.sessions if s.backpressure),
-            "by_protocol": {
-                proto: sum(1 for s in node.sessions if s.protocol_name == proto)
-                for proto in ("msgpack", "resp")
-            },
-            "max": node.config.max_connections,
-            "max_per_address": node.config.max_connections_per_address,
-            "admin_reserved": node.config.admin_reserved_connections,
-            "table": node.connection_table.statistics().as_dict(),
-            "receive_buffers": node.receive_buffers.statistics().as_dict(),
-        },
+        "connections": _connections(node),
         "gc": {
             "thresholds": list(gc.get_threshold()),
             "collections": [g["collections"] for g in gc.get_stats()],
@@ -69,7 +41,7 @@ def status_document(node: Node) -> dict[str, Any]:
             "durability": node.config.durability,
             "writer": node.writer.statistics(),
         },
-        "buckets": buckets,
+        "buckets": _buckets(node),
         "users": len(node.accounts.users),
         "latency": node.latency.status(),
         "authentication": node.accounts.login_statistics(),
@@ -104,6 +76,37 @@ def status_document(node: Node) -> dict[str, Any]:
             "probing": node.prober.statistics().as_dict(),
         },
     }
+
+
+def _connections(node: Node) -> dict[str, Any]:
+    return {
+        "current": len(node.sessions),
+        "total_created": node.connections_total,
+        "rejected": node.connections_rejected,
+        "backpressure": sum(1 for s in node.sessions if s.backpressure),
+        "by_protocol": {
+            proto: sum(1 for s in node.sessions if s.protocol_name == proto)
+            for proto in ("msgpack", "resp")
+        },
+        "max": node.config.max_connections,
+        "max_per_address": node.config.max_connections_per_address,
+        "admin_reserved": node.config.admin_reserved_connections,
+        "table": node.connection_table.statistics().as_dict(),
+        "receive_buffers": node.receive_buffers.statistics().as_dict(),
+    }
+
+
+def _buckets(node: Node) -> dict[str, Any]:
+    buckets: dict[str, Any] = {}
+    for name in sorted(node.engine.buckets):
+        st = node.bucket_stats.get(name) or BucketStats()
+        buckets[name] = {
+            "entries": node.engine.bucket_entries(name),
+            "connections": sum(1 for s in node.sessions if s.bucket == name),
+            "ops": dict(st.ops),
+            "errors": dict(st.errors),
+        }
+    return buckets
 
 
 # -- serve --workers N: one document for the node --------------------------------------

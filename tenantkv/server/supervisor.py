@@ -55,11 +55,17 @@ from tenantkv.server import auth, sd_notify
 from tenantkv.server import control_messages as m
 from tenantkv.server.accounts import LocalLoginGate, known_good_key, stored_known_good
 from tenantkv.server.control import Channel, ChannelClosed, Dispatch
-from tenantkv.server.server import ListenError, open_engine, server_ssl_context
+from tenantkv.server.node import Announcement
+from tenantkv.server.role import (
+    announce_listening,
+    resp_listen_error,
+    write_ready_file,
+)
+from tenantkv.server.server import open_engine, server_ssl_context
 from tenantkv.server.shared_state import sync_throttle
 from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
-from tenantkv.storage.engine import _lock_data_dir
+from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.op_wire import RemoteBatchOp, op_from_wire
 from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
@@ -108,7 +114,7 @@ class Supervisor:
         self._reload_config = reload_config
         server_ssl_context(config)  # a bad certificate stops the node here, not N workers
         # The data directory's lock, for the life of the node: the workers inherit it.
-        self._lock_fd = _lock_data_dir(config.data_dir)
+        self._lock_fd = lock_data_dir(config.data_dir)
         os.set_inheritable(self._lock_fd, True)
         # The supervisor reads the shared properties (never user data) for the
         # quota allocator; the engine also creates a new directory's files once.
@@ -190,14 +196,11 @@ class Supervisor:
                 return
         host, port = self.listen_socks[0][0].getsockname()[:2]
         resp_port = self.resp_socks[0][0].getsockname()[1] if self.resp_socks else None
-        tls = " (TLS)" if self.config.tls_cert_file else ""
-        log.info("listening on %s:%d%s (%d workers)", host, port, tls, self.count)
-        if resp_port is not None:
-            log.info("RESP (Redis protocol) front door on %s:%d%s", host, resp_port, tls)
+        tls = self.config.tls_cert_file is not None
+        where = Announcement(host, port, resp_port, self.metrics_port, tls)
+        announce_listening(where, workers=self.count)
         if ready_file:
-            from tenantkv.server.server import _write_ready_file
-
-            _write_ready_file(ready_file, host, port, self.metrics_port, resp_port)
+            write_ready_file(ready_file, where)
         sd_notify.ready(f"listening on {host}:{port} ({self.count} workers)")
 
     async def _listen(self) -> None:
@@ -207,10 +210,7 @@ class Supervisor:
             try:
                 self.resp_socks = await _reuseport_listeners(cfg.host, cfg.resp_port, self.count)
             except OSError as exc:
-                raise ListenError(
-                    f"RESP port {cfg.host}:{cfg.resp_port}: {exc.strerror}"
-                    " (set resp_port, or resp_enabled = false)"
-                ) from exc
+                raise resp_listen_error(cfg, exc) from exc
 
     # -- workers ------------------------------------------------------------------
 

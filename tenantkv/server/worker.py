@@ -50,7 +50,13 @@ from tenantkv.server.auth import (
     LoginStart,
 )
 from tenantkv.server.control import Channel, ChannelClosed, Dispatch
+from tenantkv.server.node import Announcement, Listeners
 from tenantkv.server.remote_writer import RemoteWriter
+from tenantkv.server.role import (
+    admission_limits,
+    bootstrap,
+    hello_limits,
+)
 
 if TYPE_CHECKING:
     from tenantkv.server.node import Node
@@ -75,7 +81,10 @@ RATE_LIMITERS = {
 
 
 class WorkerLink:
-    """A worker's side of the control channel, and what it was told at start."""
+    """A worker's :class:`~tenantkv.server.role.Role`: its side of the control
+    channel, and what it was told at start."""
+
+    shared_storage = True
 
     def __init__(self, init: m.Init, sock: socket.socket) -> None:
         self.index = init.index
@@ -112,11 +121,53 @@ class WorkerLink:
         """Worker 0 creates the first admin user and drops dangling roles: once."""
         return self.index == 0
 
-    def listeners(self, fds: Sequence[int]) -> list[trio.SocketListener]:
-        return [
-            trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
-            for fd in fds
-        ]
+    # -- the role -------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        return {"worker": self.index}
+
+    def figures(self) -> dict[str, Any]:
+        return {"leases": {"applied": self.leases_applied, "failed": self.lease_failures}}
+
+    async def listen(self, config: Config) -> Listeners:
+        """The sockets the supervisor opened for this worker, inherited."""
+        return Listeners(_listeners(self.listen_fds), _listeners(self.resp_fds))
+
+    async def load(self, node: Node, nursery: trio.Nursery) -> None:
+        # The link carries this worker's writes: it runs before any.
+        await nursery.start(self.run, node)
+        if self.bootstraps:
+            await bootstrap(node)
+        if self.expiry_pager:
+            nursery.start_soon(node.expiry_pager.run)
+
+    def start_metrics(self, node: Node) -> int | None:
+        """The supervisor serves the node's ``/metrics``."""
+        return None
+
+    async def announce(self, node: Node, where: Announcement, ready_file: str | None) -> None:
+        """The supervisor says "listening on" once every worker serves."""
+        tls = " (TLS)" if where.tls else ""
+        log.info("worker %d serving on %s:%d%s", self.index, where.host, where.port, tls)
+        await self.ready(where.host, where.port, where.resp_port)
+
+    async def status(self, node: Node) -> dict[str, Any]:
+        from tenantkv.server.status import node_document
+
+        return node_document(*await self.node_documents())
+
+    async def drain(self, node: Node) -> None:
+        """Writes still waiting for the node's writer get their answers before the
+        link goes (a bound: the supervisor may be gone)."""
+        with trio.move_on_after(node.config.shutdown_grace_secs):
+            await node.drain_writes()
+
+    def writer(self, node: Node) -> RemoteWriter:
+        """The node's one writer, in the supervisor, commits."""
+        return RemoteWriter(node.engine, lambda: self.channel, node._deliver, taken=node._taken)
+
+    def bind_parameters(self, table: ParameterTable) -> None:
+        self.share_rate_parameters(table)
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
         """Serve the channel and keep the throttle's lease fresh, until the
@@ -158,24 +209,11 @@ class WorkerLink:
     def node_conn_id(self, conn_id: int) -> int:
         return conn_id * MAX_WORKERS + self.index
 
-    async def admit_connection(
-        self,
-        conn_id: int,
-        addr: str,
-        *,
-        max_connections: int,
-        per_address: int,
-        reserved_per_address: int = 0,
-    ) -> Admission:
+    async def admit_connection(self, node: Node, conn_id: int, addr: str) -> Admission:
+        limits = admission_limits(node.config)
         try:
             answer = await self.channel.call(
-                m.ConnAdmit(
-                    self.node_conn_id(conn_id),
-                    addr,
-                    max_connections,
-                    per_address,
-                    reserved_per_address,
-                )
+                m.ConnAdmit(self.node_conn_id(conn_id), addr, **limits)
             )
         except ChannelClosed:
             return Admission(True)  # the supervisor is gone: this worker stops anyway
@@ -183,29 +221,18 @@ class WorkerLink:
         return Admission(answer.ok, None if evict is None else evict // MAX_WORKERS, answer.reason)
 
     async def connection_authenticated(
-        self,
-        conn_id: int,
-        *,
-        admin: bool,
-        max_connections: int,
-        reserved_for_admins: int,
-        per_address: int | None = None,
+        self, node: Node, conn_id: int, *, admin: bool
     ) -> str | None:
+        limits = hello_limits(node.config)
         try:
             answer = await self.channel.call(
-                m.ConnAuth(
-                    self.node_conn_id(conn_id),
-                    admin,
-                    max_connections,
-                    reserved_for_admins,
-                    per_address,
-                )
+                m.ConnAuth(self.node_conn_id(conn_id), admin=admin, **limits)
             )
         except ChannelClosed:
             return None
         return answer.refused
 
-    def connection_closed(self, conn_id: int) -> None:
+    def connection_closed(self, node: Node, conn_id: int) -> None:
         self._post(m.ConnClosed(self.node_conn_id(conn_id)))
 
     def post(self, msg: m.ControlMessage) -> None:
@@ -408,3 +435,9 @@ def read_init(sock: socket.socket) -> m.Init:
     if not isinstance(wire, dict) or wire.get("type") != m.Init.TYPE:
         raise SystemExit("tenantkv worker: the first control message must be init")
     return m.Init.from_wire(wire)
+
+
+def _listeners(fds: Sequence[int]) -> list[trio.SocketListener]:
+    return [
+        trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))) for fd in fds
+    ]

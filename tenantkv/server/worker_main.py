@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     process_memory.return_large_allocations()
     link = WorkerLink(init, sock)
     try:
-        server = Server(config, link=link)
+        server = Server(config, role=link)
     except Exception as exc:
         logging.getLogger("tenantkv").error("worker %d cannot start: %s", link.index, exc)
         return 1
