@@ -304,17 +304,15 @@ class Changed(Call[Done]):
 
 @dataclasses.dataclass(frozen=True)
 class NodeStatusReply(Reply):
-    #: every serving worker's status document
-    workers: list[dict[str, Any]]
-    #: what only the supervisor knows (status.node_document)
-    node: dict[str, Any]
+    #: the node's status document (status.node_document)
+    document: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeStatus(Call[NodeStatusReply]):
     TYPE = "node_status"
     SENDER = WORKER
-    MEANING = "server_status on a worker: every worker's document and the node's parts"
+    MEANING = "server_status on a worker: the node's document, merged by the supervisor"
     REPLY = NodeStatusReply
 
 

@@ -56,6 +56,7 @@ from tenantkv.server import control_messages as m
 from tenantkv.server.accounts import LocalLoginGate, known_good_key, stored_known_good
 from tenantkv.server.control import Channel, ChannelClosed, Dispatch
 from tenantkv.server.node import Announcement
+from tenantkv.server.node_figures import POLL_SECS, WorkerFigures, throttle_figures
 from tenantkv.server.role import (
     announce_listening,
     resp_listen_error,
@@ -63,7 +64,6 @@ from tenantkv.server.role import (
 )
 from tenantkv.server.server import open_engine, server_ssl_context
 from tenantkv.server.shared_state import sync_throttle
-from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
@@ -149,6 +149,9 @@ class Supervisor:
         self._token: trio.lowlevel.TrioToken | None = None
         #: why the node could not start (a worker died before it served)
         self.start_error: str | None = None
+        #: the workers' latest documents and the counts of those that died
+        self.figures = WorkerFigures()
+        self._started = time.monotonic()
 
     async def run(self, ready_file: str | None = None) -> None:
         with contextlib.ExitStack() as stack:
@@ -164,6 +167,7 @@ class Supervisor:
             try:
                 async with trio.open_nursery() as outer:
                     outer.start_soon(self._watch_signals, signals)
+                    outer.start_soon(self._poll_figures)
                     async with trio.open_nursery() as nursery:
                         await self._start(nursery, ready_file)
                     outer.cancel_scope.cancel()
@@ -306,7 +310,9 @@ class Supervisor:
         return code
 
     def _forget(self, w: _Worker) -> None:
-        """Worker ``w`` died: its leases and connections are gone with it."""
+        """Worker ``w`` died: its leases and connections are gone with it; its
+        counts stay the node's."""
+        self.figures.died(w.index)
         self.allocator.forget(str(w.index))
         for demand in self._limiter_demand.values():
             demand.pop(str(w.index), None)
@@ -367,7 +373,7 @@ class Supervisor:
         return m.Done()
 
     async def _on_node_status(self, w: _Worker, msg: m.NodeStatus) -> m.NodeStatusReply:
-        return m.NodeStatusReply(await self._documents(), self._node_parts())
+        return m.NodeStatusReply(await self.node_status())
 
     # -- the node's writer ------------------------------------------------------------
 
@@ -533,33 +539,49 @@ class Supervisor:
         return shares
 
     async def _documents(self) -> list[dict[str, Any]]:
-        """Every serving worker's status document, asked for in parallel."""
-        docs: list[dict[str, Any]] = []
+        """Every serving worker's status document, asked for in parallel; each is
+        kept as that worker's latest (its counts outlive it: node_figures)."""
+        docs: dict[int, tuple[Channel, dict[str, Any]]] = {}
 
         async def one(w: _Worker) -> None:
-            if w.channel is None or not w.ready.is_set():
+            channel = w.channel
+            if channel is None or not w.ready.is_set():
                 return
             with contextlib.suppress(ChannelClosed):
-                answer = await w.channel.call(m.Status())
-                docs.append(answer.status)
+                answer = await channel.call(m.Status())
+                if w.channel is channel:  # not a worker that died meanwhile
+                    docs[w.index] = (channel, answer.status)
+                    self.figures.seen(w.index, answer.status)
 
         async with trio.open_nursery() as nursery:
             for w in self.workers:
                 nursery.start_soon(one, w)
-        return docs
+        # A worker that died since it answered has its counts retired already.
+        return [doc for i, (ch, doc) in sorted(docs.items()) if self.workers[i].channel is ch]
 
     async def node_status(self) -> dict[str, Any]:
-        """The node's status document (``/metrics`` reads it)."""
+        """The node's status document (``/metrics`` and ``server_status`` read it)."""
         docs = await self._documents()
-        return node_document(docs, self._node_parts()) if docs else {}
+        return self.figures.document(docs, self._node_parts()) if docs else {}
+
+    async def _poll_figures(self) -> None:
+        """Read every worker's document now and then: what a worker that dies
+        takes with it is at most this much of its counts."""
+        while True:
+            await trio.sleep(POLL_SECS)
+            await self._documents()
 
     def _node_parts(self) -> dict[str, Any]:
-        """What only the supervisor knows of the node's status (see node_document)."""
+        """The figures only the supervisor knows, in the document's shape (the
+        figures the metric catalog declares ``node``)."""
         return {
-            "connection_table": self.table.statistics().as_dict(),
-            "login": self.login_gate.statistics(self._login_settings).as_dict(),
-            "writer": self.writer.statistics(),
-            "commit_latency": self.latency.commit.status(),
+            "pid": os.getpid(),
+            "uptime_secs": round(time.monotonic() - self._started, 3),
+            "connections": {"table": self.table.statistics().as_dict()},
+            "authentication": self.login_gate.statistics(self._login_settings).as_dict(),
+            "storage": {"writer": self.writer.statistics()},
+            "latency": {"commit": self.latency.commit.status()},
+            "throttle": throttle_figures(self.allocator),
         }
 
     #: Every message a worker sends and its handler.

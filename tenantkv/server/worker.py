@@ -152,9 +152,7 @@ class WorkerLink:
         await self.ready(where.host, where.port, where.resp_port)
 
     async def status(self, node: Node) -> dict[str, Any]:
-        from tenantkv.server.status import node_document
-
-        return node_document(*await self.node_documents())
+        return await self.node_status()
 
     async def drain(self, node: Node) -> None:
         """Writes still waiting for the node's writer get their answers before the
@@ -198,11 +196,10 @@ class WorkerLink:
         with contextlib.suppress(ChannelClosed):
             await self.channel.call(m.Changed(self.index))
 
-    async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Every worker's status document (this one's included) and what only the
-        supervisor knows (its connection table, the node's writer)."""
-        answer = await self.channel.call(m.NodeStatus())
-        return answer.workers, answer.node
+    async def node_status(self) -> dict[str, Any]:
+        """The node's status document: the supervisor merges every worker's (this
+        one's included) with what only it knows (status.node_document)."""
+        return (await self.channel.call(m.NodeStatus())).document
 
     # -- the node's connection table, in the supervisor ------------------------------
 
