@@ -69,7 +69,7 @@ class Announcement:
 
 
 class Role(Protocol):
-    """One process's part in the node (see the module docstring)."""
+    """One process's part in the node: :mod:`tenantkv.server.role` says which exist."""
 
     #: opens LMDB shared with other processes (no data directory lock of its own)
     shared_storage: bool

@@ -183,7 +183,7 @@ def _worker_line(d: dict[str, Any]) -> dict[str, Any]:
 def retire(retired: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     """``retired`` plus the counts of a worker that died (its last document): what
     the node's counters keep so that they never go back."""
-    return _retire(retired, doc, _RULES, None)
+    return _retire(retired, doc, _RULES, None) or {}
 
 
 def undeclared(doc: dict[str, Any]) -> list[str]:
