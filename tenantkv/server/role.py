@@ -68,7 +68,12 @@ class SingleProcess:
 
     async def listen(self, config: Config) -> Listeners:
         msgpack = await trio.open_tcp_listeners(config.port, host=config.host)
-        return Listeners(msgpack, await open_resp_listeners(config))
+        try:
+            return Listeners(msgpack, await open_resp_listeners(config))
+        except BaseException:
+            for listener in msgpack:  # the server does not start: nothing listens
+                listener.socket.close()
+            raise
 
     async def load(self, node: Node, nursery: trio.Nursery) -> None:
         await bootstrap(node)
