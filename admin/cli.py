@@ -1,6 +1,7 @@
 """``tenantkv-admin``: manage buckets, users and throttling of a tenantkv server.
 
     tenantkv-admin [--host H] [--port N] [--user U] [--password P] [--json] SUBCOMMAND ...
+    tenantkv-admin SUBCOMMAND ... [--host H] [--port N] [--user U] [--password P] [--json]
 
 Exit status: 0 on success, 1 when the server or the connection reports an
 error (one line on stderr, ``tenantkv-admin: CodeName: message``), 2 on a
@@ -185,6 +186,9 @@ class Subcommand:
     prepare: Prepare | None = None
     #: how long to wait for the server unless --timeout says (default DEFAULT_TIMEOUT)
     timeout: float | None = None
+    #: the global --password may follow the subcommand (user-create and user-update
+    #: take the new user's password there, and say so: _misplaced_password_arg)
+    password_after: bool = True
 
 
 def _no_arguments(p: argparse.ArgumentParser) -> None:
@@ -374,15 +378,18 @@ def _user_update_args(p: argparse.ArgumentParser) -> None:
         help="the user's roles become exactly these; repeat for more buckets",
     )
     p.add_argument("--no-roles", action="store_true", help="take every role away (with no --role)")
-    for flag, what in (
-        ("admin", "an admin (all buckets)"),
-        ("unthrottled", "charged throttle units but never delayed"),
+    for flag, yes, no in (
+        ("admin", "make it an admin (all buckets)", "take its admin privilege away"),
+        (
+            "unthrottled",
+            "its requests are charged throttle units but never delayed",
+            "its requests are throttled like any user's: charged units, and delayed or "
+            "refused at its bucket's limits",
+        ),
     ):
         g = p.add_mutually_exclusive_group()
-        g.add_argument(
-            f"--{flag}", dest=flag, action="store_true", default=None, help=f"make it {what}"
-        )
-        g.add_argument(f"--no-{flag}", dest=flag, action="store_false", help=f"make it not {what}")
+        g.add_argument(f"--{flag}", dest=flag, action="store_true", default=None, help=yes)
+        g.add_argument(f"--no-{flag}", dest=flag, action="store_false", help=no)
     p.add_argument(
         "--user-password",
         metavar="PW",
@@ -800,6 +807,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         _user_create_args,
         _user_create,
         _user_create_prepare,
+        password_after=False,
     ),
     Subcommand(
         "user-list",
@@ -825,6 +833,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         _user_update_args,
         _user_update,
         _user_update_prepare,
+        password_after=False,
     ),
     Subcommand(
         "user-delete",
@@ -948,12 +957,63 @@ MAIN_EPILOG = f"""\
 connection:
   --host, --port and --user default to ${ENV_HOST}, ${ENV_PORT} and
   ${ENV_USER}, then to {DEFAULT_HOST}, {DEFAULT_PORT} and {DEFAULT_USER}. The password comes from
-  --password, else ${ENV_PASSWORD}, else a prompt on a terminal.
+  --password, else ${ENV_PASSWORD}, else a prompt on a terminal. These
+  options and --timeout and --json go before or after the subcommand
+  (user-create and user-update take the new user's password as
+  --user-password). --port is the MessagePack port, not the RESP one.
 
 exit status:
   0 success, 1 an error from the server or the connection, 2 a usage error.
 
 {_examples(MAIN_EXAMPLES)}"""
+
+
+def _add_global_options(
+    p: argparse.ArgumentParser, *, suppress: bool = False, password: bool = True
+) -> None:
+    """The connection options and --json, before the subcommand or (``suppress``:
+    no default, so one given before is kept) after it."""
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument(
+        "--host",
+        metavar="H",
+        help=f"server address (default ${ENV_HOST} or {DEFAULT_HOST})",
+        **unset,
+    )
+    p.add_argument(
+        "--port",
+        metavar="N",
+        type=port_number,
+        help=f"the server's MessagePack port (default ${ENV_PORT} or {DEFAULT_PORT}; "
+        "not the RESP port)",
+        **unset,
+    )
+    p.add_argument(
+        "--user",
+        metavar="U",
+        help=f"admin user to log in as (default ${ENV_USER} or admin)",
+        **unset,
+    )
+    if password:
+        p.add_argument(
+            "--password",
+            metavar="P",
+            help=f"its password (visible in ps; prefer ${ENV_PASSWORD} or the prompt)",
+            **unset,
+        )
+    p.add_argument(
+        "--timeout",
+        metavar="SECS",
+        type=seconds,
+        help=f"give up on the server after this long (default {DEFAULT_TIMEOUT:g}; backup: 3600)",
+        **unset,
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the server's result as JSON instead of a table",
+        **unset,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -965,41 +1025,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {tenantkv.__version__}")
-    parser.add_argument(
-        "--host", metavar="H", help=f"server address (default ${ENV_HOST} or {DEFAULT_HOST})"
-    )
-    parser.add_argument(
-        "--port",
-        metavar="N",
-        type=port_number,
-        help=f"server port (default ${ENV_PORT} or {DEFAULT_PORT})",
-    )
-    parser.add_argument(
-        "--user", metavar="U", help=f"admin user to log in as (default ${ENV_USER} or admin)"
-    )
-    parser.add_argument(
-        "--password",
-        metavar="P",
-        help=f"its password (visible in ps; prefer ${ENV_PASSWORD} or the prompt)",
-    )
-    parser.add_argument(
-        "--timeout",
-        metavar="SECS",
-        type=seconds,
-        help=f"give up on the server after this long (default {DEFAULT_TIMEOUT:g}; backup: 3600)",
-    )
-    # --json may also follow the subcommand: SUPPRESS keeps a subcommand from
-    # resetting what was given before it.
-    json_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    json_flag.add_argument(
-        "--json",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="print the server's result as JSON instead of a table",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the server's result as JSON instead of a table"
-    )
+    _add_global_options(parser)
+    # The same options may follow the subcommand (`status --port 7300`): SUPPRESS
+    # keeps a subcommand from resetting what was given before it. user-create and
+    # user-update keep their own --password, which says where the new user's goes.
+    after = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_global_options(after, suppress=True)
+    after_but_password = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_global_options(after_but_password, suppress=True, password=False)
     sub = parser.add_subparsers(
         title="subcommands", dest="subcommand", metavar="SUBCOMMAND", required=True
     )
@@ -1010,7 +1043,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=spec.description,
             epilog=_examples(spec.examples),
             formatter_class=_Formatter,
-            parents=[json_flag],
+            parents=[after if spec.password_after else after_but_password],
             allow_abbrev=False,  # "--user" must not pass for "--user-password"
         )
         spec.add_arguments(p)

@@ -87,6 +87,7 @@ class Healthy:
             srv.host, srv.port, user=HEALTHY, password=password, bucket=HEALTHY, timeout=60
         )
         self.client.set("canary", b"alive")
+        self.attacked_cpu = 0.0
 
     def rate(self, seconds: float) -> float:
         n, end = 0, time.monotonic() + seconds
@@ -94,6 +95,12 @@ class Healthy:
             self.client.get("canary")
             n += 1
         return n / seconds
+
+    def cpu_per_get(self, seconds: float, pid: int) -> tuple[float, float]:
+        """This tenant's calm rate, and the server's CPU per second meanwhile."""
+        cpu0, t0 = _server_cpu(pid), time.monotonic()
+        rate = self.rate(seconds)
+        return rate, (_server_cpu(pid) - cpu0) / (time.monotonic() - t0)
 
     def during(self, attack: Callable[[], None], pid: int, nice: int) -> tuple[float, float]:
         """Run ``attack`` in a process of its own (its client's work must not take
@@ -108,16 +115,23 @@ class Healthy:
         proc = mp.get_context("fork").Process(target=attacker)
         proc.start()
         ops, start, peak = 0, time.monotonic(), rss_anon_kib(pid)
+        cpu0 = _server_cpu(pid)
         while proc.is_alive():
             self.client.get("canary")
             ops += 1
             if ops % 20 == 0:
                 peak = max(peak, rss_anon_kib(pid))
         elapsed = time.monotonic() - start
+        self.attacked_cpu = (_server_cpu(pid) - cpu0) / elapsed
         proc.join()
         if proc.exitcode:
             raise BenchError(f"the attack failed (exit status {proc.exitcode})")
         return ops / elapsed, peak / 1024
+
+
+def _server_cpu(pid: int) -> float:
+    """CPU seconds of the server process so far (all its threads)."""
+    return servers._proc_cpu(pid) or 0.0
 
 
 def _prepare(srv: servers.ServerHandle, hard_limit: int) -> str:
@@ -204,11 +218,15 @@ def _part(
     setup(password)
     healthy = Healthy(srv, password)
     try:
-        calm = healthy.rate(2.0)
+        calm, calm_cpu = healthy.cpu_per_get(2.0, srv.pid)
         idle = rss_anon_kib(srv.pid) / 1024
         under, peak = healthy.during(lambda: attack(password), srv.pid, nice)
         time.sleep(1.0)  # the sweep drops idle decoders
         after = rss_anon_kib(srv.pid) / 1024
+        # Calm again after the attack: the reference is the mean of both, so a
+        # machine whose load drifts meanwhile moves both sides alike.
+        calm_after, calm_cpu_after = healthy.cpu_per_get(2.0, srv.pid)
+        calm, calm_cpu = (calm + calm_after) / 2, (calm_cpu + calm_cpu_after) / 2
     finally:
         healthy.client.close()
     fig = {
@@ -218,6 +236,10 @@ def _part(
         "healthy_calm_ops": round(calm),
         "healthy_under_attack_ops": round(under),
         "healthy_ratio": round(under / calm, 3) if calm else None,
+        # The server's CPU share (of one core) calm and attacked: what the attack
+        # made the server do, apart from its client's own CPU on shared cores.
+        "server_cpu_calm": round(calm_cpu, 3),
+        "server_cpu_attacked": round(healthy.attacked_cpu, 3),
     }
     fig["met"] = (
         fig["rss_growth_peak_mib"] <= RSS_GROWTH_TARGET_MIB
@@ -253,12 +275,16 @@ def run(args: argparse.Namespace) -> int:
         figures["getex"] = _part(
             srv, lambda pw: _getex(srv, pw, args), big_key, args.hard_limit, args.attacker_nice
         )
-    print(f"{'part':26} {'RssAnon growth peak / after':30} {'healthy during / calm':30} met")
+    print(
+        f"{'part':14} {'RssAnon growth peak / after':30} {'healthy during / calm':27}"
+        f" {'server CPU calm / attacked':27} met"
+    )
     for name, f in figures.items():
         print(
-            f"{name:26} {f['rss_growth_peak_mib']:>8} / {f['rss_growth_after_mib']:<8} MiB"
+            f"{name:14} {f['rss_growth_peak_mib']:>8} / {f['rss_growth_after_mib']:<8} MiB"
             f"{'':10} {f['healthy_under_attack_ops']:>6} / {f['healthy_calm_ops']:<6} "
-            f"= {f['healthy_ratio']:<10} {f['met']}"
+            f"= {f['healthy_ratio']:<6} {f['server_cpu_calm']:>8} / {f['server_cpu_attacked']:<16}"
+            f" {f['met']}"
         )
     print(f"targets: growth <= {RSS_GROWTH_TARGET_MIB:.0f} MiB, healthy >= {HEALTHY_TARGET}")
     met = all(f["met"] for f in figures.values())

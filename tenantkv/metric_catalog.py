@@ -2061,6 +2061,8 @@ STATUS_FIGURES: dict[str, Across] = {
     "worker": "first",  # a worker's index: node_document drops it
     "pid": "node",
     "listening": "same",
+    "resp_listening": "same",
+    "metrics_listening": "node",  # the supervisor serves /metrics
     "shutting_down": "any",
     "users": "max",
     "leases": "total",

@@ -5,7 +5,8 @@ Clients send a command as an array of bulk strings (``*2\\r\\n$3\\r\\nGET\\r\\n$
 or, typed by hand (redis-cli, telnet), as an inline line (``GET k\\r\\n``). The
 decoder is bounded like :class:`tenantkv.protocol.RequestDecoder`, as the
 bytes arrive: a declared bulk length above ``max_bulk_bytes``, an argument
-count above :data:`MAX_ARGS`, an inline line longer than
+count above :data:`MAX_ARGS`, a command that stores nothing above
+:data:`MAX_CONTROL_BYTES`, an inline line longer than
 :data:`MAX_INLINE_BYTES`, a nested array or a frame above ``max_frame_bytes`` is
 a :class:`~tenantkv.errors.ProtocolError` (or FrameTooLarge) before the bytes
 are buffered, and the connection closes after the error reply, as Redis does.
@@ -31,6 +32,18 @@ from tenantkv import errors
 #: decoded (Redis allows 1024 * 1024: at 100,000, one DEL took ~150 ms of the
 #: event loop to decode, and was refused only then).
 MAX_ARGS = 4096
+#: Most bytes (counted as for the frame bound) of a command that stores nothing
+#: (``AUTH``, ``HELLO``, ``CLIENT SETNAME`` ...), and of any command's name. Past
+#: it the command is a protocol error on the ``$N`` header that crosses it,
+#: before that argument's body is buffered: such a command cannot use the bytes
+#: (a password is at most 1 KiB, a name 128 bytes), and receiving 20 MiB of a
+#: client name only to refuse it cost the node work and memory its sender did
+#: not pay for.
+MAX_CONTROL_BYTES = 4096
+#: Commands whose arguments are names, passwords and options, never values.
+CONTROL_COMMANDS = frozenset(
+    {b"AUTH", b"HELLO", b"CLIENT", b"SELECT", b"COMMAND", b"INFO", b"CONFIG", b"QUIT", b"RESET"}
+)
 #: Longest inline command line (Redis's PROTO_INLINE_MAX_SIZE).
 MAX_INLINE_BYTES = 64 * 1024
 #: Longest line of a multibulk header (``*N`` or ``$N``).
@@ -42,6 +55,11 @@ ARG_OVERHEAD = 16
 _CRLF = b"\r\n"
 #: A well-formed ``*N`` / ``$N`` header's number and CRLF (the fast path of _parse).
 _number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
+#: First bytes of a MessagePack-RPC frame (an array: fixarray, array 16, array 32).
+#: No Redis client starts a command so, and a MessagePack client sent here would
+#: otherwise wait, unanswered, for an inline command's newline until the hello
+#: timeout.
+_MSGPACK_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
 
 class RequestDecoder:
@@ -51,8 +69,12 @@ class RequestDecoder:
     authenticates, as the MessagePack door does before ``hello``).
     """
 
-    def __init__(self, max_bulk_bytes: int, max_frame_bytes: int) -> None:
+    def __init__(
+        self, max_bulk_bytes: int, max_frame_bytes: int, msgpack_port: int | None = None
+    ) -> None:
         self.max_bulk_bytes = max_bulk_bytes
+        #: the server's MessagePack port, named when a MessagePack client knocks here
+        self.msgpack_port = msgpack_port
         self.max_frame_bytes = max_frame_bytes
         self.frame_limit = max_frame_bytes
         self._buf: bytes | bytearray = b""
@@ -121,6 +143,8 @@ class RequestDecoder:
         blen = len(buf)
         if self._cursor <= pos:  # a new command
             if buf[pos] != 0x2A:  # '*'
+                if self.frames == 0 and buf[pos] in _MSGPACK_HEADS:
+                    raise errors.ProtocolError(self._wrong_door())
                 return self._inline(pos)
             m = _number(buf, pos + 1)
             if m is not None:
@@ -155,6 +179,8 @@ class RequestDecoder:
             cost += size + ARG_OVERHEAD
             if cost > limit:
                 raise errors.FrameTooLarge(f"command larger than {limit} bytes")
+            if cost > MAX_CONTROL_BYTES and (not args or args[0].upper() in CONTROL_COMMANDS):
+                raise errors.ProtocolError(_control_error(args))
             end = start + size
             if end + 2 > blen:
                 cost -= size + ARG_OVERHEAD  # the header is read again next time: cheap
@@ -186,6 +212,13 @@ class RequestDecoder:
         if not text or not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):
             raise errors.ProtocolError(f"invalid {what} length")
         return int(text), eol + 2
+
+    def _wrong_door(self) -> str:
+        port = f" {self.msgpack_port}" if self.msgpack_port else ""
+        return (
+            "this is the RESP (Redis protocol) port; tenantkv-admin and tenantkv.Client "
+            f"talk to the MessagePack port{port}"
+        )
 
     def _inline(self, pos: int) -> tuple[list[bytes], int] | None:
         buf = self._buf
@@ -346,3 +379,10 @@ class Encoder:
         if isinstance(v, (list, tuple)):
             return self.array(v)
         raise TypeError(f"no RESP form for {type(v).__name__}")
+
+
+def _control_error(args: list[bytes]) -> str:
+    if not args:
+        return f"a command name longer than {MAX_CONTROL_BYTES} bytes"
+    name = args[0].upper().decode(errors="replace")
+    return f"{name} takes at most {MAX_CONTROL_BYTES} bytes of arguments"

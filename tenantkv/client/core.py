@@ -12,6 +12,7 @@ following the decisions of the shared retry policy
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
@@ -21,6 +22,11 @@ from tenantkv import errors, protocol
 
 T = TypeVar("T")
 CLIENT_NAME = "tenantkv-python"
+#: A reply that opens so is a Redis protocol (RESP) error or status line; a
+#: MessagePack-RPC response opens with an array (0x94), never with these.
+_RESP_LINE_HEADS = (b"-", b"+")
+#: How the server's RESP door names its MessagePack port (``tenantkv.resp``).
+_MSGPACK_PORT = re.compile(r"MessagePack port (\d+)")
 
 Key = bytes | str
 
@@ -99,6 +105,7 @@ class ClientCore:
     def __init__(self) -> None:
         self._ids = count(1)
         self._decoder = protocol.ResponseDecoder()
+        self._answered = False
         #: the server's ``max_value_bytes`` (from its hello; None: not known yet)
         self.max_value_bytes: int | None = None
 
@@ -125,6 +132,10 @@ class ClientCore:
         return msgid, protocol.encode_request(msgid, method, params)
 
     def receive(self, data: bytes | bytearray) -> list[protocol.Response]:
+        if not self._answered and data:
+            self._answered = True
+            if bytes(data[:1]) in _RESP_LINE_HEADS:
+                raise errors.MalformedReply(wrong_door_message(data))
         self._decoder.feed(data)
         return list(self._decoder)
 
@@ -134,6 +145,18 @@ class ClientCore:
         if resp.error is not None:
             raise errors.from_wire(resp.error, command=call.method)
         return call.parse(resp.result)
+
+
+def wrong_door_message(data: bytes | bytearray) -> str:
+    """What to say when the server answered in the Redis protocol: the port given
+    is the RESP door (the server's own line, bounded, tells what it saw)."""
+    line = bytes(data[1:200]).split(b"\r\n", 1)[0].decode("utf-8", "replace")
+    m = _MSGPACK_PORT.search(line)
+    where = f"the MessagePack port {m[1]}" if m else f"the MessagePack port (it answered {line!r})"
+    return (
+        "this looks like the RESP (Redis protocol) port; tenantkv-admin and tenantkv.Client "
+        f"talk to {where}"
+    )
 
 
 def hello_call(

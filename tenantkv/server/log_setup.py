@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
+import time
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -71,3 +73,34 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("tenantkv.audit").setLevel(logging.INFO)
+
+
+class SparseLog:
+    """Lines a client can cause at will (a connection closed for a protocol
+    error, a failed AUTH): at most ``burst`` a second node-wide (one, as for a
+    connection's unexpected failures), the next one logged saying how many were
+    not. An operator still sees each kind of event and how often it happens, and
+    a client reconnecting in a loop cannot fill the disk or spend the event loop
+    on formatting lines."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 1, interval: float = 1.0) -> None:
+        self.logger = logger
+        self.burst = burst
+        self.interval = interval
+        self._window_start = -math.inf
+        self._in_window = 0
+        self._not_logged = 0
+
+    def info(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now >= self._window_start + self.interval:
+            self._window_start, self._in_window = now, 0
+        if self._in_window >= self.burst:
+            self._not_logged += 1
+            return
+        self._in_window += 1
+        if self._not_logged:
+            msg += " (%d such lines not logged before it)"
+            args = (*args, self._not_logged)
+            self._not_logged = 0
+        self.logger.info(msg, *args)

@@ -66,6 +66,7 @@ class Announcement:
     resp_port: int | None
     metrics_port: int | None
     tls: bool
+    metrics_host: str = "127.0.0.1"
 
 
 class Role(Protocol):
@@ -219,6 +220,8 @@ class Node:
         self.port = 0
         #: the RESP front door's port (0: not listening)
         self.resp_port = 0
+        #: the /metrics port of this process (0: none; a worker's node is the supervisor's)
+        self.metrics_port = 0
         self._token: trio.lowlevel.TrioToken | None = None
         # Created in start(): the throttle reads trio's clock from the outset.
         self.throttle: TenantThrottle

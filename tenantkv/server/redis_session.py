@@ -42,7 +42,7 @@ from tenantkv.server.redis_commands import (
     parse_call,
     syntax_error,
 )
-from tenantkv.server.session import Session
+from tenantkv.server.session import Session, closing_log
 
 log = logging.getLogger("tenantkv.session")
 
@@ -155,6 +155,7 @@ class RedisSession(Session):
         return resp.RequestDecoder(
             max_bulk_bytes=cfg.max_value_bytes,
             max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
+            msgpack_port=self.node.port,
         )
 
     def _reply(self, msgid: int, result: Any) -> None:
@@ -302,7 +303,7 @@ class RedisSession(Session):
 
     async def _close_unauthenticated(self, msgid: int, name: str) -> bool:
         """Past :data:`MAX_PRE_AUTH_COMMANDS` without authenticating: answer, then close."""
-        log.info(
+        closing_log.info(
             "connection %d from %s: %d commands without authentication; closing",
             self.conn_id,
             self.peer,
@@ -370,7 +371,7 @@ class RedisSession(Session):
                 name, password.decode(errors="replace"), peer=self.peer_ip
             )
         except errors.TenantKVError as exc:
-            log.info("connection %d from %s: AUTH failed: %s", self.conn_id, self.peer, exc)
+            closing_log.info("connection %d from %s: AUTH failed: %s", self.conn_id, self.peer, exc)
             raise
         bucket: str | None = bucket_part or None
         if bucket is not None:

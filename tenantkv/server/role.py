@@ -170,6 +170,8 @@ def announce_listening(where: Announcement, workers: int | None = None) -> None:
     log.info("listening on %s:%d%s%s", where.host, where.port, tls, of)
     if where.resp_port is not None:
         log.info("RESP (Redis protocol) front door on %s:%d%s", where.host, where.resp_port, tls)
+    if where.metrics_port:
+        log.info("metrics on http://%s:%d/metrics", where.metrics_host, where.metrics_port)
 
 
 def write_ready_file(path: str, where: Announcement) -> None:

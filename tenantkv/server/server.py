@@ -185,6 +185,7 @@ class Server:
             listeners = await role.listen(self.config)
             self.listeners, self.resp_listeners = listeners.msgpack, listeners.resp
             self.metrics_port = role.start_metrics(node)
+            node.metrics_port = self.metrics_port or 0
             where = self._where(node)
             async with trio.open_nursery() as outer:
                 if signals is not None:
@@ -223,6 +224,7 @@ class Server:
             node.resp_port if self.resp_listeners else None,
             self.metrics_port,
             self.ssl_context is not None,
+            self.config.metrics_host,
         )
 
     def _start_accepting(self, sessions: trio.Nursery) -> list[trio.CancelScope]:

@@ -50,10 +50,14 @@ from tenantkv._version import __version__
 from tenantkv.server import auth
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS
 from tenantkv.server.execution import ASK_ALLOWANCE, Execution, NotNow
+from tenantkv.server.log_setup import SparseLog
 from tenantkv.server.node import Node
 from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.session")
+#: What a client can make us log at will (protocol errors, failed logins),
+#: sparse node-wide.
+closing_log = SparseLog(log)
 _pack = protocol.pack
 RESPONSE = protocol.RESPONSE
 
@@ -354,7 +358,7 @@ class Session(Execution):
             if node.shutting_down:
                 await self._refuse_until_quiet(decoder)
         except (errors.ProtocolError, errors.FrameTooLarge) as exc:
-            log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
+            closing_log.info("connection %d from %s: %s; closing", self.conn_id, self.peer, exc)
             # The frame is unreadable, so the error is not addressed to a msgid.
             self._reply_error(None, exc)
 
@@ -727,7 +731,9 @@ class Session(Execution):
             self.nonblocking_throttle = bool(p.get("nonblocking_throttle", False))
         except errors.TenantKVError as exc:
             exc.command = "hello"
-            log.info("connection %d from %s: hello failed: %s", self.conn_id, self.peer, exc)
+            closing_log.info(
+                "connection %d from %s: hello failed: %s", self.conn_id, self.peer, exc
+            )
             self._reply_error(msgid, exc)
             return False  # a failed hello always closes the connection
         self.user = user

@@ -30,6 +30,12 @@ def status_document(node: Node) -> dict[str, Any]:
         "pid": os.getpid(),
         "uptime_secs": round(time.monotonic() - node.started_monotonic, 3),
         "listening": f"{node.host}:{node.port}",
+        # The other doors, as "host:port" (None: off): strings, so that merging
+        # worker documents keeps them as they are.
+        "resp_listening": f"{node.host}:{node.resp_port}" if node.resp_port else None,
+        "metrics_listening": (
+            f"{node.config.metrics_host}:{node.metrics_port}" if node.metrics_port else None
+        ),
         "shutting_down": node.shutting_down,
         "connections": _connections(node),
         "gc": {

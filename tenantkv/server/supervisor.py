@@ -201,7 +201,7 @@ class Supervisor:
         host, port = self.listen_socks[0][0].getsockname()[:2]
         resp_port = self.resp_socks[0][0].getsockname()[1] if self.resp_socks else None
         tls = self.config.tls_cert_file is not None
-        where = Announcement(host, port, resp_port, self.metrics_port, tls)
+        where = Announcement(host, port, resp_port, self.metrics_port, tls, cfg.metrics_host)
         announce_listening(where, workers=self.count)
         if ready_file:
             write_ready_file(ready_file, where)
@@ -582,6 +582,9 @@ class Supervisor:
             "storage": {"writer": self.writer.statistics()},
             "latency": {"commit": self.latency.commit.status()},
             "throttle": throttle_figures(self.allocator),
+            "metrics_listening": (
+                f"{self.config.metrics_host}:{self.metrics_port}" if self.metrics_port else None
+            ),
         }
 
     #: Every message a worker sends and its handler.

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,6 +221,39 @@ def test_status(daemon: Daemon) -> None:
     assert doc["buckets"]["cli-st"]["entries"] == 2
 
 
+def test_status_and_start_log_name_every_port(tmp_path: Path) -> None:
+    """The MessagePack, RESP and metrics ports: in the start log and in status."""
+    d = Daemon(tmp_path / "data", extra_args=["--metrics-port", "0"]).start()
+    try:
+        assert d.metrics_port
+        log = d.log()
+        assert f"listening on {d.host}:{d.port}" in log
+        assert f"RESP (Redis protocol) front door on {d.host}:{d.resp_port}" in log
+        assert f"metrics on http://127.0.0.1:{d.metrics_port}/metrics" in log
+        doc = json.loads(ok(admin(d, "--json", "status")))
+        assert doc["listening"] == f"{d.host}:{d.port}"
+        assert doc["resp_listening"] == f"{d.host}:{d.resp_port}"
+        assert doc["metrics_listening"] == f"127.0.0.1:{d.metrics_port}"
+        server = table_rows(ok(admin(d, "status")).split("\n\n")[0])
+        assert server[0] == ["server"]
+        assert ["listening", f"{d.host}:{d.port}"] in server
+        assert ["resp_listening", f"{d.host}:{d.resp_port}"] in server
+        assert ["metrics_listening", f"127.0.0.1:{d.metrics_port}"] in server
+    finally:
+        d.kill()
+
+
+def test_readme_names_the_sections_status_prints(daemon: Daemon) -> None:
+    """README's tour lists status's sections by the titles status prints."""
+    readme = (REPO / "README.md").read_text()
+    m = re.search(r"tenantkv-admin status +# sections: (.*?)\n(?!\s+#)", readme, re.S)
+    assert m, "README's status line lists the sections"
+    named = [w for w in re.split(r"[\s,#]+", m[1]) if w]
+    text = ok(admin(daemon, "status"))
+    titles = [b.splitlines()[0] for b in text.split("\n\n") if b and not b[0].isspace()]
+    assert named == titles
+
+
 def test_ping(daemon: Daemon) -> None:
     assert ok(admin(daemon, "ping")).startswith(f"pong from {daemon.host}:{daemon.port} ")
     assert json.loads(ok(admin(daemon, "--json", "ping"))) == "pong"
@@ -240,6 +275,44 @@ def test_environment_gives_defaults_and_flags_win(daemon: Daemon) -> None:
             env={**env, "TENANTKV_PORT": str(free_port())},
         )
     )
+
+
+def test_global_options_may_follow_the_subcommand(daemon: Daemon) -> None:
+    """As a newcomer types them: the connection options after the subcommand."""
+    where = ["--host", daemon.host, "--port", str(daemon.port), "--user", "admin"]
+    out = ok(admin(None, "ping", *where, "--password", ADMIN_PASSWORD, "--timeout", "5"))
+    assert out.startswith(f"pong from {daemon.host}:{daemon.port} ")
+    # from the environment for the password, --json after as well
+    assert json.loads(ok(admin(None, "ping", *where, "--json"))) == "pong"
+    # split around the subcommand; what follows it wins where both give one
+    proc = admin(None, "--port", str(free_port()), "--host", daemon.host, "ping", "--port")
+    assert proc.returncode == 2  # --port without a value is still a usage error
+    ok(admin(None, "--port", str(free_port()), "ping", "--port", str(daemon.port)))
+    # a value given before the subcommand is kept when none follows it
+    ok(admin(None, "--port", str(daemon.port), "--password", ADMIN_PASSWORD, "ping", password=None))
+
+
+def test_resp_port_is_named_as_such(daemon: Daemon) -> None:
+    """tenantkv-admin pointed at the RESP port says which port to use, at once
+    (not after the RESP door's hello timeout, and not as an undecodable reply)."""
+    assert daemon.resp_port
+    started = time.monotonic()
+    line = failed(admin(None, "--port", str(daemon.resp_port), "status"), 1)
+    assert line == (
+        "tenantkv-admin: MalformedReply: this looks like the RESP (Redis protocol) port; "
+        f"tenantkv-admin and tenantkv.Client talk to the MessagePack port {daemon.port}"
+    )
+    # the hello timeout is 10 s: the answer came before it (bound for a loaded machine)
+    assert time.monotonic() - started < RUN_TIMEOUT
+    with pytest.raises(errors.MalformedReply, match=f"MessagePack port {daemon.port}$"):
+        tenantkv.Client(daemon.host, daemon.resp_port, user="admin", password=ADMIN_PASSWORD)
+
+
+def test_no_unthrottled_help_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["user-update", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-unthrottled its requests are throttled like any user's" in text
+    assert "make it not" not in text
 
 
 # -- errors ---------------------------------------------------------------------------------

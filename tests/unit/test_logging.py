@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tenantkv.server import cli
+from tenantkv.server import cli, log_setup
 
 
 @pytest.fixture
@@ -72,3 +72,22 @@ def test_reconfiguring_replaces_the_handler(stderr: io.StringIO) -> None:
     cli.configure_logging("info", "json", stderr)
     logging.getLogger("tenantkv.test").info("once")
     assert len(stderr.getvalue().splitlines()) == 1
+
+
+def test_sparse_log_keeps_a_burst_a_second_and_counts_the_rest(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client reconnecting in a loop to cause a line cannot fill the log."""
+    now = [100.0]
+    monkeypatch.setattr(log_setup.time, "monotonic", lambda: now[0])
+    sparse = log_setup.SparseLog(logging.getLogger("tenantkv.test"), burst=2)
+    with caplog.at_level(logging.INFO, logger="tenantkv.test"):
+        for i in range(5):
+            sparse.info("closed %d", i)
+        now[0] += 1.0
+        sparse.info("closed %d", 5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "closed 0",
+        "closed 1",
+        "closed 5 (3 such lines not logged before it)",
+    ]

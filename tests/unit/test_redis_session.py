@@ -240,14 +240,23 @@ async def test_client_names_are_bounded(node: Node, mock_clock: trio.testing.Moc
         assert got[0] == b"+OK\r\n" and got[1] == b"$128\r\n" + longest + b"\r\n"
         assert got[2:6] == [too_long, too_long, special, special]
         assert got[6] == got[1]
-        # More than any handshake (the 20 MiB names): refused as a request,
-        # at a floor per 4 KB of it, its bytes not kept while it waits.
+        # More than any handshake (the 20 MiB names), typed inline: refused
+        # as a request, at a floor per 4 KB of it, its bytes not kept while it waits.
         before = units_used(node)
-        await peer.send((b"CLIENT", b"SETNAME", b"n" * (1 << 20)))
+        inline = b"n" * (8 << 10)
+        await peer.stream.send_all(b"CLIENT SETNAME " + inline + b"\r\n")
         (got_big,) = await peer.replies(1)
         assert got_big == b"-ERR 'client' takes at most 4096 bytes of arguments\r\n"
-        floors = 1 + (1 << 20) // node.config.read_unit_size
+        floors = 1 + (len(inline) + 14) // node.config.read_unit_size
         assert units_used(node) - before == floors * node.config.min_op_units
+        # As a multibulk command: refused on the header that crosses the bound,
+        # before the body is received, and the connection closes (as for any
+        # protocol error).
+        await peer.stream.send_all(b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$20971520\r\n")
+        (refused,) = await peer.replies(1)
+        assert refused == b"-ERR Protocol error: CLIENT takes at most 4096 bytes of arguments\r\n"
+        with trio.fail_after(TIMEOUT):
+            assert await peer.stream.receive_some(100) == b""
         nursery.cancel_scope.cancel()
 
 

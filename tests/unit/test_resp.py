@@ -76,6 +76,33 @@ def test_a_huge_declared_bulk_is_refused_before_its_body() -> None:
         list(dec)
 
 
+@pytest.mark.parametrize(
+    "head, message",
+    [
+        (b"*3\r\n$6\r\nclient\r\n$7\r\nSETNAME\r\n", "CLIENT takes at most 4096 bytes"),
+        (b"*2\r\n$4\r\nAUTH\r\n", "AUTH takes at most 4096 bytes"),
+        (b"*1\r\n", "a command name longer"),
+    ],
+)
+def test_a_command_that_stores_nothing_is_bounded_on_the_header_that_crosses_it(
+    head: bytes, message: str
+) -> None:
+    """Only the ``$N`` header has arrived: the 20 MiB body is never buffered."""
+    dec = decoder()
+    dec.feed(head + b"$%d\r\n" % resp.MAX_CONTROL_BYTES)
+    with pytest.raises(errors.ProtocolError, match=message):
+        list(dec)
+
+
+def test_values_and_short_control_arguments_pass() -> None:
+    dec = decoder()
+    name = b"n" * (resp.MAX_CONTROL_BYTES - 3 * resp.ARG_OVERHEAD - len(b"CLIENTSETNAME"))
+    big = b"v" * resp.MAX_CONTROL_BYTES
+    dec.feed(encode(b"CLIENT", b"SETNAME", name))
+    dec.feed(encode(b"SET", b"k", big))
+    assert list(dec) == [[b"CLIENT", b"SETNAME", name], [b"SET", b"k", big]]
+
+
 def test_inline_line_is_bounded() -> None:
     dec = decoder()
     dec.feed(b"A" * (resp.MAX_INLINE_BYTES + 10))
