@@ -32,6 +32,7 @@ from tenantkv import errors
 from tenantkv.server import auth
 from tenantkv.server.commands import COMMANDS
 from tenantkv.server.node import Node
+from tenantkv.server.role import SingleProcess
 from tenantkv.storage.engine import Engine
 from tests.conftest import ADMIN_PASSWORD, Daemon
 
@@ -289,7 +290,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node
         {"data_dir": str(tmp_path), "login_failure_limit": 3, "login_failure_window_secs": 60.0}
     )
     engine = Engine(tmp_path)
-    n = Node(cfg, engine)
+    n = Node(cfg, engine, role=SingleProcess())
     n.accounts.persist_known_good = False  # no writer here
     hashed: list[str] = []
 
