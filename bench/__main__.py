@@ -4,8 +4,10 @@ Two layers: the harness (``list``, ``run``, ``all``, ``smoke``, ``report``;
 bench/harness.py, bench/publish.py) runs named scenarios with the settings the
 published figures use; the measuring subcommands (``throughput``,
 ``throttle``, ...) are modules with ``add_parser(subparsers)`` that register
-their subcommand with all its flags and set ``func``. Adding one is one import
-and one line below, plus a Scenario in bench/harness.py to publish it.
+their subcommand (help from the module docstring) with all its flags
+(bench/options.py) and set ``func``. Adding one is one import and one line
+below, plus a Scenario in bench/harness.py to publish it. Every run's flags go
+through ``options.resolve`` (``--quick`` defaults, bounds) before ``func``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bench import (
     gates,
     harness,
     micro,
+    options,
     overload,
     probing,
     publish,
@@ -78,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        return int(args.func(options.resolve(args)))
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -26,17 +26,17 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import msgpack
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
 
 RSS_GROWTH_TARGET_MB = 64.0
+#: a healthy tenant's rate under attack / calm, at least (every attack benchmark's)
 HEALTHY_TARGET = 0.80
 IDLE_TARGET_KIB = 16.0
 ADMIN_LOGIN_TARGET_S = 1.0
@@ -46,24 +46,14 @@ PER_ADDRESS = 900
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack",
-        help="pre-auth flood, 10,000 idle connections and connect/close churn against "
-        "the security targets",
-        description="Attack a self-started tenantkv from raw sockets while a healthy "
-        "client runs: pre-auth flood (RSS growth, healthy client's rate), idle connections "
-        "(RSS per connection, admin login time), churn (RSS plateau). See docs/security.md.",
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="flood duration [10]")
-    p.add_argument("--flooders", type=int, default=2, help="flooding processes [2]")
-    p.add_argument(
-        "--rate", type=float, default=50.0, help="attack connections a second per flooder [50]"
-    )
-    p.add_argument("--idle", type=int, default=10_000, help="idle connections [10000]")
-    p.add_argument("--churn", type=int, default=100_000, help="connect/close cycles [100000]")
-    p.add_argument("--quick", action="store_true", help="3 s flood, 2000 idle, 10000 cycles")
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 10.0, "flood duration")
+    options.add(p, "--flooders", int, 2, "flooding processes")
+    options.add(p, "--rate", float, 50.0, "attack connections a second per flooder")
+    options.add(p, "--idle", int, 10_000, "idle connections")
+    options.add(p, "--churn", int, 100_000, "connect/close cycles")
+    options.quick_flag(p, "3 s flood, 2000 idle, 10000 cycles")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 def rss_anon_kib(pid: int) -> int:
@@ -105,7 +95,18 @@ def _flood(host: str, port: int, until: float, rate: float, counts: Any) -> None
     counts.value += i
 
 
-def _healthy_rate(client: Any, seconds: float) -> float:
+def under_attack(client: Any, pid: int, until: float, peak: int) -> tuple[list[float], int]:
+    """The healthy client's rate every 0.5 s until ``until``, and the server's
+    highest RssAnon (KiB) seen meanwhile (from ``peak``)."""
+    rates: list[float] = []
+    while time.monotonic() < until:
+        rates.append(healthy_rate(client, 0.5))
+        peak = max(peak, rss_anon_kib(pid))
+    return rates, peak
+
+
+def healthy_rate(client: Any, seconds: float) -> float:
+    """GETs of ``canary`` a second a client gets through in ``seconds``."""
     n, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         client.get("canary")
@@ -121,7 +122,7 @@ def part_flood(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str,
         c.create_bucket("healthy")
         c.select_bucket("healthy")
         c.set("canary", b"alive")
-        calm = _healthy_rate(c, min(3.0, args.seconds))
+        calm = healthy_rate(c, min(3.0, args.seconds))
         before = rss_anon_kib(srv.pid)
         peak = before
         counts = mp.Value("q", 0)
@@ -133,10 +134,7 @@ def part_flood(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[str,
         for p in procs:
             p.start()
         time.sleep(0.5)  # let the flood start before measuring
-        rates: list[float] = []
-        while time.monotonic() < until - 0.5:
-            rates.append(_healthy_rate(c, 0.5))
-            peak = max(peak, rss_anon_kib(srv.pid))
+        rates, peak = under_attack(c, srv.pid, until - 0.5, peak)
         for p in procs:
             p.join(30)
         under = sum(rates) / len(rates) if rates else 0.0
@@ -279,17 +277,5 @@ def run(args: argparse.Namespace) -> int:
             "<= +10 %",
         ),
     ]
-    print(f"{'figure':46} {'measured':34} target")
-    for name, got, target in rows:
-        print(f"{name:46} {got:34} {target}")
-    met = all(part["met"] for part in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    print(report.columns([("figure", "measured", "target"), *rows], (46, 34)))
+    return report.verdict(args, "attack", figures)

@@ -32,45 +32,35 @@ import argparse
 import multiprocessing as mp
 import os
 import socket
-import sys
 import threading
 import time
 from typing import Any
 
 import msgpack
 
-from bench import report, servers
-from bench.attack import rss_anon_kib
+from bench import options, report, servers
+from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib
 
 LOGIN_TARGET_S = 0.200
 ADMIN_TARGET_S = 1.0
 RSS_TARGET_MIB = 32.0
-HEALTHY_TARGET = 0.80
 HASHES_TARGET = 10
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-login",
-        help="wrong passwords against the login limiter: neighbours, admin slots, "
-        "hash pool bounds, --workers 2",
-        description="Attack a self-started tenantkv with wrong passwords: a redis-py "
-        "client, idle connections at the admin's address, 60 addresses x 10 guesses, "
-        "a tenant's 1,000 guesses at a user's address, 300 concurrent guesses over two "
-        "workers. See docs/security.md, 'Logins'.",
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="part c's attack [10]")
-    p.add_argument("--quick", action="store_true", help="part c for 4 s")
-    p.add_argument("--only", default="abcde", help="the parts to run, e.g. 'ce' [abcde]")
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 10.0, "part c's attack")
+    options.quick_flag(p, "part c for 4 s")
+    options.add(p, "--only", None, "abcde", "the parts to run, e.g. 'ce'")
+    options.add(
+        p,
         "--attacker-nice",
-        type=int,
-        default=0,
-        help="niceness of part c's attacking process, which shares the server's cores "
-        "here (a remote attacker would not) [0]",
+        int,
+        0,
+        "niceness of part c's attacking process, which shares the server's cores "
+        "here (a remote attacker would not)",
     )
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 def _hello(user: str, password: str, **extra: Any) -> bytes:
@@ -248,14 +238,6 @@ def _guessers(
     out.put(counts)
 
 
-def _healthy_rate(client: Any, seconds: float) -> float:
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        client.get("canary")
-        n += 1
-    return n / seconds
-
-
 def _fresh_login(srv: servers.ServerHandle, admin: Any, user: str, password: str) -> float:
     """A login that needs scrypt: the password set again empties the server's
     cache of verified credentials (the pair stays known-good)."""
@@ -276,7 +258,7 @@ def part_addresses(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[
         ) as healthy,
     ):
         healthy.set("canary", b"alive")
-        calm = _healthy_rate(healthy, 2.0)
+        calm = healthy_rate(healthy, 2.0)
         calm_login = _fresh_login(srv, admin, "alice", "pw-alice")
         time.sleep(0.5)
         before = rss_anon_kib(srv.pid)
@@ -293,7 +275,7 @@ def part_addresses(srv: servers.ServerHandle, args: argparse.Namespace) -> dict[
         time.sleep(1.0)
         peak, rates, logins = before, [], []
         while time.monotonic() < until - 0.5:
-            rates.append(_healthy_rate(healthy, 0.5))
+            rates.append(healthy_rate(healthy, 0.5))
             logins.append(_fresh_login(srv, admin, "alice", "pw-alice"))
             peak = max(peak, rss_anon_kib(srv.pid))
         counts = out.get(timeout=120)
@@ -474,17 +456,5 @@ def run(args: argparse.Namespace) -> int:
         report.log(f"attack-login: {name}")
         with servers.tenantkv_server(workers=workers) as srv:
             figures[name] = part(srv, args)
-    print(f"{'figure':50} {'measured':40} target")
-    for row, got, target in _rows(figures):
-        print(f"{row:50} {got:40} {target}")
-    met = all(part["met"] for part in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-login", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    print(report.columns([("figure", "measured", "target"), *_rows(figures)], (50, 40)))
+    return report.verdict(args, "attack-login", figures)

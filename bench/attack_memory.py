@@ -26,7 +26,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,47 +33,34 @@ from typing import Any
 
 import msgpack
 
-from bench import report, servers
-from bench.attack import rss_anon_kib
+from bench import options, report, servers
+from bench.attack import HEALTHY_TARGET, rss_anon_kib
 from bench.loadgen import BenchError
 
 RSS_GROWTH_TARGET_MIB = 256.0
-HEALTHY_TARGET = 0.80
 ATTACKER, HEALTHY = "attacker", "healthy"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-memory",
-        help="large pipelined writes and value-returning writes from one tenant: the "
-        "server's memory and a healthy tenant's rate",
-        description="One tenant pipelines large writes (and RESP GETEX of a large value) "
-        "while another runs GETs: RssAnon growth (<= 256 MiB) and the healthy tenant's rate "
-        "(>= 80 %% of calm). See docs/security.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--connections", int, 32, "attacking connections")
+    options.add(p, "--pipelined", int, 4, "SETs per connection")
+    options.add(p, "--value-mib", int, 20, "value size, MiB")
+    options.add(p, "--pipelined-getex", int, 100, "GETEX in one pipeline")
+    options.add(
+        p, "--hard-limit", int, 1000, "the attacking bucket's hard limit, units/s (0: none)"
     )
-    p.add_argument("--connections", type=int, default=32, help="attacking connections [32]")
-    p.add_argument("--pipelined", type=int, default=4, help="SETs per connection [4]")
-    p.add_argument("--value-mib", type=int, default=20, help="value size, MiB [20]")
-    p.add_argument("--pipelined-getex", type=int, default=100, help="GETEX in one pipeline [100]")
-    p.add_argument(
-        "--hard-limit",
-        type=int,
-        default=1000,
-        help="the attacking bucket's hard limit, units/s (0: none) [1000]",
-    )
-    p.add_argument(
-        "--seconds", type=float, default=20.0, help="longest the large writes go on [20]"
-    )
-    p.add_argument(
+    options.add(p, "--seconds", float, 20.0, "longest the large writes go on")
+    options.add(
+        p,
         "--attacker-nice",
-        type=int,
-        default=0,
-        help="niceness of the attacking process, which shares the server's and the healthy "
-        "client's cores (its own CPU is not the server's doing) [0]",
+        int,
+        0,
+        "niceness of the attacking process, which shares the server's and the healthy "
+        "client's cores (its own CPU is not the server's doing)",
     )
-    p.add_argument("--quick", action="store_true", help="16 connections, 8 MiB values, 10 s")
+    options.quick_flag(p, "16 connections, 8 MiB values, 10 s")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 class Healthy:
@@ -287,14 +273,4 @@ def run(args: argparse.Namespace) -> int:
             f" {f['met']}"
         )
     print(f"targets: growth <= {RSS_GROWTH_TARGET_MIB:.0f} MiB, healthy >= {HEALTHY_TARGET}")
-    met = all(f["met"] for f in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-memory", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    return report.verdict(args, "attack-memory", figures)

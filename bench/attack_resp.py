@@ -35,15 +35,13 @@ import contextlib
 import multiprocessing as mp
 import random
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench import report, servers
-from bench.attack import rss_anon_kib
+from bench import options, report, servers
+from bench.attack import HEALTHY_TARGET, healthy_rate, rss_anon_kib, under_attack
 
-HEALTHY_TARGET = 0.80
 RSS_GROWTH_TARGET_MIB = 256.0
 #: No log line per request. (A connection closed for a protocol error logs one
 #: line: the DEL part opens one per 40 requests it sends.)
@@ -53,22 +51,14 @@ ATTACKER, ATTACKED = "mallory", "att"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-resp",
-        help="one tenant attacks the RESP door (MGET, KEYS ranges, patterns, DEL, "
-        "CLIENT SETNAME) against the isolation targets",
-        description="Attack a self-started tenantkv's RESP door as one tenant with small "
-        "limits while another tenant's client runs GETs: its rate calm vs under attack, "
-        "RSS growth, internal-error replies and log lines per request. See docs/security.md.",
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="attack duration per part [10]")
-    p.add_argument("--attackers", type=int, default=2, help="attacking processes [2]")
-    p.add_argument("--quick", action="store_true", help="4 s per part")
-    p.add_argument(
-        "--parts", default="mget,keys-range,pattern,del,setname", help="parts to run [all]"
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 10.0, "attack duration per part")
+    options.add(p, "--attackers", int, 2, "attacking processes")
+    options.quick_flag(p, "4 s per part")
+    options.add(
+        p, "--parts", None, "mget,keys-range,pattern,del,setname", "parts to run", show="all"
     )
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 # -- RESP on a raw socket ------------------------------------------------------------
@@ -141,24 +131,30 @@ class Conn:
 # -- the attacks (each runs in its own process until ``until``) ----------------------
 
 
-def _mget(host: str, port: int, until: float, out: Any) -> None:
-    c = Conn(host, port)
-    cmd = encode(b"MGET", *[b"big"] * 1000)
+def _rounds(until: float) -> Iterator[None]:
+    """An attack's rounds: at least one, however late its process got going (on a
+    loaded machine a fork and a login can take the whole window), then until ``until``."""
+    yield
     while time.monotonic() < until:
-        c.send(cmd * 4)
-        c.replies(4)
-        _count(out, 4, c)
-    c.close()
+        yield
 
 
-def _keys_range(host: str, port: int, until: float, out: Any) -> None:
-    c = Conn(host, port)
-    cmd = encode(b"KEYS", b"[z-a]")
-    while time.monotonic() < until:
-        c.send(cmd * 5)
-        c.replies(5)
-        _count(out, 5, c)
-    c.close()
+def _repeat(command: bytes, n: int) -> Callable[[str, int, float, Any], None]:
+    """An attack sending ``n`` x ``command`` a round on one connection."""
+
+    def attack(host: str, port: int, until: float, out: Any) -> None:
+        c = Conn(host, port)
+        for _ in _rounds(until):
+            c.send(command * n)
+            c.replies(n)
+            _count(out, n, c)
+        c.close()
+
+    return attack
+
+
+_mget = _repeat(encode(b"MGET", *[b"big"] * 1000), 4)
+_keys_range = _repeat(encode(b"KEYS", b"[z-a]"), 5)
 
 
 def _pattern(host: str, port: int, until: float, out: Any) -> None:
@@ -168,7 +164,7 @@ def _pattern(host: str, port: int, until: float, out: Any) -> None:
     def fresh(n: int) -> bytes:
         return b"[" + bytes(rng.randrange(33, 127) for _ in range(n)) + b"]"
 
-    while time.monotonic() < until:
+    for _ in _rounds(until):
         batch = [encode(b"KEYS", fresh(510)) for _ in range(5)]
         batch += [encode(b"SCAN", b"0", b"MATCH", fresh(510), b"COUNT", b"1") for _ in range(4)]
         batch.append(encode(b"KEYS", fresh(16_000)))
@@ -182,7 +178,7 @@ def _del(host: str, port: int, until: float, out: Any) -> None:
     big = encode(b"DEL", *[b"key:%06d" % i for i in range(99_999)])  # (the most it took)
     most = encode(b"DEL", *[b"key:%06d" % i for i in range(1000)])
     c = Conn(host, port)
-    while time.monotonic() < until:
+    for _ in _rounds(until):
         c.send(most * 40)
         c.replies(40)
         _count(out, 40, c)
@@ -246,14 +242,6 @@ PARTS: dict[str, tuple[int, str, Callable[..., None], dict[str, bytes]]] = {
 # -- measuring -------------------------------------------------------------------------
 
 
-def _healthy_rate(r: Any, seconds: float) -> float:
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        r.get("canary")
-        n += 1
-    return n / seconds
-
-
 def _log_lines(srv: servers.ServerHandle) -> int:
     assert srv.log_path is not None
     with open(srv.log_path, "rb") as f:
@@ -295,7 +283,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
     hard_limit, role, attack, keys = PARTS[name]
     with servers.tenantkv_server() as srv, _tenants(srv, hard_limit, role, keys) as healthy:
         assert srv.pid is not None and srv.resp_port
-        calm = _healthy_rate(healthy, min(3.0, args.seconds))
+        calm = healthy_rate(healthy, min(3.0, args.seconds))
         time.sleep(0.2)
         before, lines_before = rss_anon_kib(srv.pid), _log_lines(srv)
         peak = before
@@ -308,10 +296,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         for p in procs:
             p.start()
         time.sleep(0.5)
-        rates: list[float] = []
-        while time.monotonic() < until - 0.3:
-            rates.append(_healthy_rate(healthy, 0.5))
-            peak = max(peak, rss_anon_kib(srv.pid))
+        rates, peak = under_attack(healthy, srv.pid, until - 0.3, peak)
         for p in procs:
             p.join(60)
             if p.is_alive():
@@ -321,7 +306,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict[str, Any]:
         under = sum(rates) / len(rates) if rates else 0.0
         # Calm again after it (the mean of both): on a shared machine the rate
         # drifts with other load, and one calm window would take drift for harm.
-        calm = (calm + _healthy_rate(healthy, min(3.0, args.seconds))) / 2
+        calm = (calm + healthy_rate(healthy, min(3.0, args.seconds))) / 2
     requests, internal = counts[0], counts[1]
     fig: dict[str, Any] = {
         "attacker_hard_limit": hard_limit,
@@ -367,14 +352,4 @@ def run(args: argparse.Namespace) -> int:
         f"targets: ratio >= {HEALTHY_TARGET}, RSS <= +{RSS_GROWTH_TARGET_MIB:g} MiB, "
         f"0 internal errors, <= {LOG_LINES_PER_REQUEST_TARGET} log lines per request"
     )
-    met = all(f["met"] for f in figures.values())
-    print("all targets met" if met else "TARGET MISSED")
-    if args.json:
-        report.write_json(
-            args.json, {"benchmark": "attack-resp", "meta": report.run_meta(args), **figures}
-        )
-    return 0 if met else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    return report.verdict(args, "attack-resp", figures)

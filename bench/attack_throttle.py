@@ -41,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from bench import report, servers
+from bench import options, report, servers
 
 RATIO_TARGET = 1.03
 RECOVERY_TARGET_S = 1.0
@@ -54,20 +54,11 @@ IN_FLIGHT = 4
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "attack-throttle",
-        help="writes in flight past a hard limit, an unthrottled burst, a bucket held by "
-        "its unthrottled user: the throttle's targets",
-        description="Attack the tenant throttle of a self-started tenantkv: (a) 8 x 4 "
-        "large SETs in flight at hard limit 100 (one process and --workers 2), (b) another "
-        "bucket's rate after an unthrottled burst to node capacity, (c) a GET on a bucket "
-        "its unthrottled user keeps at its limit. See docs/throttling.md.",
-    )
-    p.add_argument("--seconds", type=float, default=40.0, help="part (a) window [40]")
-    p.add_argument("--quick", action="store_true", help="10 s windows")
-    p.add_argument("--parts", default="abc", help="which parts to run, e.g. 'a' or 'bc' [abc]")
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--seconds", float, 40.0, "part (a) window")
+    options.quick_flag(p, "10 s windows")
+    options.add(p, "--parts", None, "abc", "which parts to run, e.g. 'a' or 'bc'")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON here")
-    p.set_defaults(func=run)
 
 
 # --------------------------------------------------------------------------- wire
@@ -214,6 +205,68 @@ def _slope(samples: list[tuple[float, int]]) -> float:
 # --------------------------------------------------------------------------- (b)
 
 
+class _Burst:
+    """Part (b)'s clients: ``other`` keeps its bucket's whole rate in flight
+    (blocking GETs), ``probe`` asks without blocking and records the hints it
+    is told, ``burster`` (unthrottled) pipelines GETs far past the node's
+    capacity while ``burst_on`` is set."""
+
+    def __init__(self, srv: servers.ServerHandle, opw: str, upw: str) -> None:
+        self.srv, self.opw, self.upw = srv, opw, upw
+        self.stop, self.burst_on = threading.Event(), threading.Event()
+        self.served: list[float] = []
+        self.hints: list[int] = []
+        self.lock = threading.Lock()
+
+    def conn(self, **kw: Any) -> Conn:
+        return Conn(self.srv.host, self.srv.port, user="other", password=self.opw, bucket="o", **kw)
+
+    def other(self) -> None:  # blocking GETs, 8 in flight: the bucket's whole rate
+        c = self.conn()
+        try:
+            for _ in range(8):
+                c.send("get", key=b"k")
+            while not self.stop.is_set():
+                _, err, _ = c.recv()
+                if err is None:
+                    with self.lock:
+                        self.served.append(time.monotonic())
+                elif err.get("retryAfterMs") is not None:
+                    with self.lock:
+                        self.hints.append(int(err["retryAfterMs"]))
+                c.send("get", key=b"k")
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            c.close()
+
+    def probe(self) -> None:  # non-blocking: what hints is it told?
+        c = self.conn(nonblocking_throttle=True)
+        try:
+            while not self.stop.is_set():
+                c.send("get", key=b"k")
+                _, err, _ = c.recv()
+                if err is not None and err.get("retryAfterMs") is not None:
+                    with self.lock:
+                        self.hints.append(int(err["retryAfterMs"]))
+                time.sleep(0.02)
+        finally:
+            c.close()
+
+    def burster(self) -> None:  # unthrottled: pipelined GETs far past the capacity
+        c = Conn(self.srv.host, self.srv.port, user="burster", password=self.upw, bucket="u")
+        c.call("set", key=b"k", value=b"x" * 100)
+        try:
+            self.burst_on.wait()
+            while self.burst_on.is_set():
+                for _ in range(64):
+                    c.send("get", key=b"k")
+                for _ in range(64):
+                    c.recv()
+        finally:
+            c.close()
+
+
 def part_burst(args: argparse.Namespace) -> dict[str, Any]:
     with servers.tenantkv_server() as srv, admin_conn(srv) as admin:
         admin.set_node_throttle({"capacity": 1000})
@@ -222,115 +275,65 @@ def part_burst(args: argparse.Namespace) -> dict[str, Any]:
             admin.set_bucket_throttle(name, {"reserved": 0})
         upw = make_user(srv, admin, "burster", "u", unthrottled=True)
         opw = make_user(srv, admin, "other", "o")
-        setup = Conn(srv.host, srv.port, user="other", password=opw, bucket="o")
+        b = _Burst(srv, opw, upw)
+        setup = b.conn()
         setup.call("set", key=b"k", value=b"x" * 100)
         setup.close()
-        stop = threading.Event()
-        served: list[float] = []
-        hints: list[int] = []
-        lock = threading.Lock()
-
-        def other() -> None:  # blocking GETs, 8 in flight: the bucket's whole rate
-            c = Conn(srv.host, srv.port, user="other", password=opw, bucket="o")
-            try:
-                for _ in range(8):
-                    c.send("get", key=b"k")
-                while not stop.is_set():
-                    _, err, _ = c.recv()
-                    if err is None:
-                        with lock:
-                            served.append(time.monotonic())
-                    elif err.get("retryAfterMs") is not None:
-                        with lock:
-                            hints.append(int(err["retryAfterMs"]))
-                    c.send("get", key=b"k")
-            except (OSError, ConnectionError):
-                pass
-            finally:
-                c.close()
-
-        def probe() -> None:  # non-blocking: what hints is it told?
-            c = Conn(
-                srv.host,
-                srv.port,
-                user="other",
-                password=opw,
-                bucket="o",
-                nonblocking_throttle=True,
-            )
-            try:
-                while not stop.is_set():
-                    c.send("get", key=b"k")
-                    _, err, _ = c.recv()
-                    if err is not None and err.get("retryAfterMs") is not None:
-                        with lock:
-                            hints.append(int(err["retryAfterMs"]))
-                    time.sleep(0.02)
-            finally:
-                c.close()
-
-        burst_on = threading.Event()
-
-        def burster() -> None:  # unthrottled: pipelined GETs far past the capacity
-            c = Conn(srv.host, srv.port, user="burster", password=upw, bucket="u")
-            c.call("set", key=b"k", value=b"x" * 100)
-            try:
-                burst_on.wait()
-                while burst_on.is_set():
-                    for _ in range(64):
-                        c.send("get", key=b"k")
-                    for _ in range(64):
-                        c.recv()
-            finally:
-                c.close()
-
-        threads = [threading.Thread(target=f, daemon=True) for f in (other, probe, burster)]
+        threads = [threading.Thread(target=f, daemon=True) for f in (b.other, b.probe, b.burster)]
         for t in threads:
             t.start()
         time.sleep(2.0)
         calm_from = time.monotonic()
         time.sleep(2.0)
         burst_at = time.monotonic()
-        burst_on.set()
+        b.burst_on.set()
         time.sleep(3.0)
-        burst_on.clear()
+        b.burst_on.clear()
         stopped_at = time.monotonic()
         time.sleep(3.0)
-        stop.set()
+        b.stop.set()
         for t in threads:
             t.join(timeout=10)
-        with lock:
-            times = list(served)
-            told = list(hints)
-        calm = sum(1 for t in times if calm_from <= t < burst_at) / (burst_at - calm_from)
-        during = sum(1 for t in times if burst_at + 0.5 <= t < stopped_at) / (
-            stopped_at - burst_at - 0.5
-        )
-        recovery = None
-        w = 0.2
-        t = stopped_at
-        while t + w <= stopped_at + 3.0:
-            rate = sum(1 for s in times if t <= s < t + w) / w
-            if rate >= RECOVERY_SHARE * calm:
-                recovery = t + w - stopped_at  # the window that reached it, ended
-                break
-            t += 0.05
-        max_hint = max(told) if told else 0
-        bins = [
-            sum(1 for s in times if stopped_at + k * 0.1 <= s < stopped_at + (k + 1) * 0.1)
-            for k in range(20)
-        ]
-        return {
-            "served_per_100ms_after_burst": bins,
-            "calm_ops": round(calm),
-            "during_burst_ops": round(during),
-            "recovery_secs": None if recovery is None else round(recovery, 2),
-            "max_retry_after_ms": max_hint,
-            "hints_seen": len(told),
-            "met": recovery is not None
-            and recovery <= RECOVERY_TARGET_S
-            and max_hint <= HINT_TARGET_MS,
-        }
+        with b.lock:
+            times, told = list(b.served), list(b.hints)
+        return _burst_figures(times, told, (calm_from, burst_at, stopped_at))
+
+
+def _burst_figures(
+    times: list[float], told: list[int], marks: tuple[float, float, float]
+) -> dict[str, Any]:
+    """The other bucket's rate calm, during the burst, and how soon after it
+    its rate came back; the longest hint it was told."""
+    calm_from, burst_at, stopped_at = marks
+    calm = sum(1 for t in times if calm_from <= t < burst_at) / (burst_at - calm_from)
+    during = sum(1 for t in times if burst_at + 0.5 <= t < stopped_at) / (
+        stopped_at - burst_at - 0.5
+    )
+    recovery = None
+    w = 0.2
+    t = stopped_at
+    while t + w <= stopped_at + 3.0:
+        rate = sum(1 for s in times if t <= s < t + w) / w
+        if rate >= RECOVERY_SHARE * calm:
+            recovery = t + w - stopped_at  # the window that reached it, ended
+            break
+        t += 0.05
+    max_hint = max(told) if told else 0
+    bins = [
+        sum(1 for s in times if stopped_at + k * 0.1 <= s < stopped_at + (k + 1) * 0.1)
+        for k in range(20)
+    ]
+    return {
+        "served_per_100ms_after_burst": bins,
+        "calm_ops": round(calm),
+        "during_burst_ops": round(during),
+        "recovery_secs": None if recovery is None else round(recovery, 2),
+        "max_retry_after_ms": max_hint,
+        "hints_seen": len(told),
+        "met": recovery is not None
+        and recovery <= RECOVERY_TARGET_S
+        and max_hint <= HINT_TARGET_MS,
+    }
 
 
 # --------------------------------------------------------------------------- (c)
@@ -473,9 +476,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print("(c) message:", f["answers"][0]["errmsg"] or "served")
-    print(f"{'figure':44} {'measured':46} target")
-    for name, got, target in rows:
-        print(f"{name:44} {got:46} {target}")
+    print(report.columns([("figure", "measured", "target"), *rows], (44, 46)))
     met = all(
         (all(x["met"] for x in v) if isinstance(v, list) else v["met"]) for v in figures.values()
     )

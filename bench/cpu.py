@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from typing import Any
 
-from bench import loadgen, report, servers
+from bench import loadgen, options, report, servers
 from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
 
 BUCKET = "bench"
@@ -44,29 +43,27 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "cpu",
-        help="server CPU µs per GET/SET: tenantkv vs the gate-less floor vs redis-server",
-        description="Server CPU per operation and ops/s for tenantkv, the floor (our stack "
-        "with no gates, bench/floor.py) and redis-server (appendfsync always), same load "
-        "generator, same run; ratios to the floor and to redis. See docs/benchmarking.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.window_flags(
+        p,
+        2.0,
+        0.5,
+        3,
+        what=(
+            "measuring window per cell",
+            "warm-up per cell",
+            "rounds per cell; the median is kept",
+        ),
     )
-    p.add_argument("--seconds", type=float, default=2.0, help="measuring window per cell [2]")
-    p.add_argument("--warmup", type=float, default=0.5, help="warm-up per cell [0.5]")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per cell; the median is kept [3]")
-    p.add_argument("--keys", type=int, default=10_000, help="keys preloaded and read [10000]")
-    p.add_argument("--ops", default="get,set", help="ops [get,set]")
-    p.add_argument(
-        "--shapes",
-        type=_shapes,
-        default=list(SHAPES),
-        help="CONNSxDEPTH list [1x1,16x1,1x64,16x64]",
+    options.add(p, "--keys", int, 10_000, "keys preloaded and read")
+    options.add(p, "--ops", None, "get,set", "ops")
+    options.add(
+        p, "--shapes", _shapes, list(SHAPES), "CONNSxDEPTH list", show="1x1,16x1,1x64,16x64"
     )
-    p.add_argument("--sizes", default="64,4096", help="value sizes in bytes [64,4096]")
+    options.add(p, "--sizes", None, "64,4096", "value sizes in bytes")
     p.add_argument("--no-redis", action="store_true", help="leave redis-server out")
-    p.add_argument("--quick", action="store_true", help="1 round of 0.5 s, 64 B, 1x1 and 16x64")
+    options.quick_flag(p, "1 round of 0.5 s, 64 B, 1x1 and 16x64")
     p.add_argument("--json", metavar="PATH", help="write the cells as JSON here")
-    p.set_defaults(func=run)
 
 
 def _writer_stats(server: servers.ServerHandle) -> dict[str, Any]:
@@ -156,15 +153,7 @@ def run(args: argparse.Namespace) -> int:
                 loadgen.preload(target, args.keys, value)
             for op in ops:
                 for conns, depth in args.shapes:
-                    spec = LoadSpec(
-                        op=op,
-                        conns=conns,
-                        depth=depth,
-                        value=value,
-                        keys=args.keys,
-                        seconds=args.seconds,
-                        warmup=args.warmup,
-                    )
+                    spec = loadgen.cell_spec(args, op, conns, depth, value)
                     row: dict[str, Any] = {"op": op, "conns": conns, "depth": depth, "size": size}
                     for name, handle, target in targets:
                         rounds = [_measure(name, handle, target, spec) for _ in range(args.rounds)]
@@ -214,12 +203,13 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _table(cells: list[dict[str, Any]]) -> str:
-    head = (
-        "| op | connsxdepth | value | tenantkv µs/op | floor µs/op | redis µs/op "
-        "| ÷ floor | ÷ redis | tenantkv ops/s | floor ops/s | redis ops/s | ops ÷ redis "
-        "| writes/commit |\n|" + "---|" * 13
-    )
-    rows = [head]
+    rows = [
+        report.markdown_head(
+            *("op", "connsxdepth", "value", "tenantkv µs/op", "floor µs/op", "redis µs/op"),
+            *("÷ floor", "÷ redis", "tenantkv ops/s", "floor ops/s", "redis ops/s"),
+            *("ops ÷ redis", "writes/commit"),
+        )
+    ]
     for c in cells:
         t, f, r = c["tenantkv"], c["floor"], c.get("redis", {})
         rows.append(
@@ -231,7 +221,3 @@ def _table(cells: list[dict[str, Any]]) -> str:
             f"| {_f(c['ops_over_redis'], '.2f')} | {_f(t.get('writes_per_commit'), '.0f')} |"
         )
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(argparse.ArgumentParser().parse_args()))

@@ -53,8 +53,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
+from bench.options import Quick
 
 BUCKET = "crash"
 SLOTS = 4
@@ -73,47 +74,34 @@ DETAIL_PRINTED = 20
 DETAIL_JSON = 1000
 KINDS = ("set", "pipelined_set", "slot_set", "cas", "incr")
 
-_log = report.log
-
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "crash",
-        help="SIGKILL cycles under concurrent durable writers: acknowledged writes lost "
-        "(target 0), in-flight writes, restart time",
-        description="Start a tenantkv daemon on one data directory, write from concurrent "
-        "clients (durable SETs, pipelined batches, CAS and INCR updates), SIGKILL it at a "
-        "random moment, restart it on the same directory and check that every acknowledged "
-        "write survived; repeat --cycles times. See docs/benchmarking.md.",
-    )
-    p.add_argument("--cycles", type=int, help="kill/restart cycles [10; quick 3]")
-    p.add_argument("--writers", type=int, default=8, help="concurrent writer threads [8]")
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--cycles", int, Quick(10, 3), "kill/restart cycles", low=1)
+    options.add(p, "--writers", int, 8, "concurrent writer threads", low=1)
+    options.add(
+        p,
         "--run-seconds",
-        type=float,
-        help="mean seconds of writing before the kill; each cycle kills after "
-        "uniform(0.5, 1.5) x this [2; quick 1]",
+        float,
+        Quick(2.0, 1.0),
+        "mean seconds of writing before the kill; each cycle kills after uniform(0.5, 1.5) x this",
+        above=0,
     )
-    p.add_argument("--seed", type=int, default=1, help="random seed (kill times, op mix) [1]")
+    options.add(p, "--seed", int, 1, "random seed (kill times, op mix)")
     p.add_argument(
         "--data-dir",
         help="data directory, kept afterwards; must be new or empty "
         "[a temp dir, removed unless a write was lost]",
     )
-    report.json_flag(p)
-    p.add_argument("--quick", action="store_true", help="a fast smoke run (see [... quick ...])")
-    p.set_defaults(func=run)
+    options.json_flag(p)
+    options.quick_flag(p, "a fast smoke run (see [... quick ...])")
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    if args.cycles is None:
-        args.cycles = 3 if args.quick else 10
-    if args.run_seconds is None:
-        args.run_seconds = 1.0 if args.quick else 2.0
-    if args.cycles < 1 or args.writers < 1 or args.run_seconds <= 0:
-        raise BenchError("--cycles and --writers must be >= 1, --run-seconds > 0")
-    if args.data_dir and os.path.exists(args.data_dir) and os.listdir(args.data_dir):
-        raise BenchError(f"--data-dir {args.data_dir} is not empty")
+    options.check(
+        not (args.data_dir and os.path.exists(args.data_dir) and os.listdir(args.data_dir)),
+        f"--data-dir {args.data_dir} is not empty",
+    )
 
 
 # -- writes ---------------------------------------------------------------------------------
@@ -431,7 +419,7 @@ def data_directory(path: str | None) -> Iterator[tuple[str, list[bool]]]:
         yield os.path.join(root, "data"), keep
     finally:
         if keep[0]:
-            _log(f"data directory kept for inspection: {root}/data")
+            report.log(f"data directory kept for inspection: {root}/data")
         else:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -541,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         d = Daemon(data_dir)
         try:
-            _log(f"crash: starting tenantkv on {data_dir} ...")
+            report.log(f"crash: starting tenantkv on {data_dir} ...")
             start_ms = d.start()
             assert d.handle is not None
             meta["server"] = {"version": d.handle.version, "settings": d.handle.settings}
@@ -560,14 +548,14 @@ def run(args: argparse.Namespace) -> int:
                 corrupt_detail += chk.corrupt_detail
                 row = cycle_row(cycle, written, restart_ms, check_ms, chk, writers)
                 rows.append(row)
-                _log(
+                report.log(
                     f"  cycle {cycle}/{args.cycles}: SIGKILL after {written:.2f} s; "
                     f"{chk.acknowledged:,} acknowledged, {chk.lost} lost, {chk.in_flight} in "
                     f"flight ({chk.in_flight_survived} survived), {chk.corrupt} corrupt; "
                     f"restart {restart_ms:.0f} ms, check {check_ms:.0f} ms"
                     + (f"; {row['writer_errors']} writer errors" if row["writer_errors"] else "")
                 )
-            _log(f"  final check: {len(history):,} acknowledged keys of all cycles ...")
+            report.log(f"  final check: {len(history):,} acknowledged keys of all cycles ...")
             final = _final_check(d, creds, history)
             lost_detail += final["lost_detail"]
         finally:

@@ -42,15 +42,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import secrets
 import statistics
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench import loadgen, report, servers
-from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
+from bench import loadgen, options, report, servers
+from bench.loadgen import LoadResult, LoadSpec, Target, TenantKVCodec
+from bench.options import Quick
 from bench.throttle import OTHER_CPU_WARN, machine_cpu
 
 BUCKET = "gates"
@@ -144,72 +143,26 @@ GAUGES = frozenset(
 #: Evidence figures that count requests a gate made wait or turned away: all must be 0.
 WAIT_KEYS = ("queued", "rejected", "throttled", "waited", "canceled")
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"gates")
-
-
-def _op_list(text: str) -> list[str]:
-    return report.name_list(text, loadgen.OPS, "ops")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("values must be integers >= 1")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "gates",
-        help="cost of the whole admission path: every gate on but generous vs off",
-        description="Measure GET and durable SET with every admission gate on but generous "
-        "(nothing rejected or queued) against every gate that has a switch off, on one "
-        "self-started daemon switched at runtime, in alternating off/on pairs; checks from "
-        "the server's counters that the on runs really went through the gates. See "
-        "docs/benchmarking.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--ops", options.names(loadgen.OPS, "ops"), ["get", "set"], "ops to run")
+    options.add(p, "--reps", int, Quick(3, 1), "off/on pairs per cell", low=1)
+    options.window_flags(
+        p,
+        Quick(3.0, 1.0),
+        Quick(0.5, 0.2),
+        what=("measuring window of each run", "load before each window", ""),
     )
-    p.add_argument("--ops", type=_op_list, default=["get", "set"], help="ops to run [get,set]")
-    p.add_argument("--reps", type=int, help="off/on pairs per cell [3; quick 1]")
-    p.add_argument("--seconds", type=float, help="measuring window of each run [3; quick 1]")
-    p.add_argument("--warmup", type=float, help="load before each window [0.5; quick 0.2]")
-    p.add_argument("--conns", type=_int_list, default=[16], help="connection counts [16]")
-    p.add_argument(
-        "--depths", type=_int_list, default=[16, 1], help="pipeline depths (closed loop) [16,1]"
-    )
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="distinct keys, all preloaded [10000; quick 1000]")
-    report.pin_flag(p)
-    report.json_flag(p)
-    report.quick_flag(p)
-    p.set_defaults(func=run)
+    options.add(p, "--conns", options.int_list, [16], "connection counts")
+    options.add(p, "--depths", options.int_list, [16, 1], "pipeline depths (closed loop)")
+    options.data_flags(p, Quick(10_000, 1000), keys_help="distinct keys, all preloaded")
+    options.common_flags(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.reps is None:
-        args.reps = 1 if q else 3
-    if args.seconds is None:
-        args.seconds = 1.0 if q else 3.0
-    if args.warmup is None:
-        args.warmup = 0.2 if q else 0.5
-    if args.keys is None:
-        args.keys = 1000 if q else 10_000
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0:
-        raise BenchError("--seconds must be > 0, --warmup and --value-size >= 0")
-    if args.reps < 1 or args.keys < 1:
-        raise BenchError("--reps and --keys must be >= 1")
     args.pool = max(MIN_POOL, 2 * max(args.conns) * max(args.depths))
     servers.pin_cpus(args)
 
@@ -710,56 +663,41 @@ def _order(reps: int) -> list[tuple[int, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tenantkv
 
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"gates")
     meta = report.run_meta(args)
     pool = args.pool
     runs: list[Run] = []
     t0 = time.monotonic()
-    _log("starting tenantkv ...")
-    with servers.tenantkv_server(cpus=args.server_cpus) as handle:
-        assert handle.password is not None
-        admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
-        with admin:
-            admin.create_bucket(BUCKET)
-            password = secrets.token_urlsafe(18)
-            admin.create_user("bench", password, roles={BUCKET: "readwrite"})
-            target = Target(handle.host, handle.port, TenantKVCodec("bench", password, BUCKET))
-            _log(f"preloading {args.keys} keys of {args.value_size} B ...")
-            loadgen.preload(target, args.keys, value)
-            configure_common(admin, pool)
-            for op in args.ops:
-                for conns in args.conns:
-                    for depth in args.depths:
-                        spec = LoadSpec(
-                            op=op,
-                            conns=conns,
-                            depth=depth,
-                            value=value,
-                            keys=args.keys,
-                            seconds=args.seconds,
-                            warmup=args.warmup,
-                            workers=min(conns, os.cpu_count() or 2),
-                            cpus=args.client_cpus,
-                        )
-                        runs += _cell(admin, handle, target, spec, args, pool)
+    report.log("starting tenantkv ...")
+    with (
+        servers.tenantkv_server(cpus=args.server_cpus) as handle,
+        servers.bench_user(handle, BUCKET) as (admin, password),
+    ):
+        target = Target(handle.host, handle.port, TenantKVCodec("bench", password, BUCKET))
+        report.log(f"preloading {args.keys} keys of {args.value_size} B ...")
+        loadgen.preload(target, args.keys, value)
+        configure_common(admin, pool)
+        for op in args.ops:
+            for conns in args.conns:
+                for depth in args.depths:
+                    workers = min(conns, os.cpu_count() or 2)
+                    spec = loadgen.cell_spec(args, op, conns, depth, value, workers=workers)
+                    runs += _cell(admin, handle, target, spec, args, pool)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     summary = summarize(runs)
     ver = verification(runs)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    m = meta["machine"]
-    print(
-        f"\ngates: {report.version_line(meta)}; {m['cpus']} cores ({m['cpu_model']}) shared by "
-        f"server and load generator"
-        + (
+    out, _ = report.run_header(args, "gates")
+    if args.server_cpus:
+        print(
             f" (pinned: daemon on CPU {sorted(args.server_cpus)}, load on "
-            f"{sorted(args.client_cpus)})"
-            if args.server_cpus
-            else ""
+            f"{sorted(args.client_cpus)})",
+            end="",
+            file=out,
         )
-        + f"\nevery admission gate on but generous vs every switchable gate off, one daemon "
+    print(
+        f"\nevery admission gate on but generous vs every switchable gate off, one daemon "
         f"switched at runtime; {args.value_size} B values, {args.keys} keys, closed loop, "
         f"{args.seconds:g} s per run after {args.warmup:g} s warm-up; {args.reps} off/on "
         f"pair(s) per cell, alternating which runs first; SET is durable (fsync)\n"
@@ -831,7 +769,7 @@ def _cell(
         run.steal_pct = 100 * (m1[1] - m0[1]) / (t1 - t0)
         out.append(run)
         cpu = run.cpu_us_per_op
-        _log(
+        report.log(
             f"  {spec.op} conns={spec.conns} depth={spec.depth:<3} rep {rep + 1} {mode:<3} "
             f"{res.ops_per_s:>10,.0f} ops/s  p50 {_fmt(res.percentile_us(0.5))} µs  "
             f"p99 {_fmt(res.percentile_us(0.99))} µs  srv {_fmt(cpu)} µs/op  "

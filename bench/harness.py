@@ -4,9 +4,11 @@ Each scenario is a preset invocation of one of the measuring subcommands
 (``throughput``, ``throttle``, ``overload``, ...), so the detailed flags stay
 where they are and the harness only decides *which* runs make up the published
 figures. A run writes the subcommand's raw JSON wrapped in an envelope (what
-ran, on which machine and versions, how long it took) to
-``bench/results/<scenario>.json``; ``python -m bench report`` turns those files
-into ``docs/benchmarks.md``.
+ran, on which machine and versions, how long it took) to a folder of its own,
+``bench/results/runs/<time>/<scenario>.json``, and says where; ``--publish``
+writes ``bench/results/<scenario>.json`` instead, which ``python -m bench
+report`` turns into ``docs/benchmarks.md``. A run for a look never replaces a
+published figure.
 
 Why in-process and sequential: every scenario starts its own daemon (and
 redis-server) and forks its own load generators; running two at once on a
@@ -30,13 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import report, servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
-#: quick runs go to their own folder so they never replace published results
+#: quick runs published go to their own folder so they never replace full results
 QUICK_DIR = RESULTS_DIR / "quick"
+#: every run that is not published gets a folder of its own here
+RUNS_DIR = RESULTS_DIR / "runs"
 
 
 @dataclass(frozen=True)
@@ -288,12 +292,18 @@ def add_parsers(sub: Any, build_parser: Callable[[], argparse.ArgumentParser]) -
         p.add_argument(
             "--quick",
             action="store_true",
-            help="short runs (a few minutes for all); results go to bench/results/quick/",
+            help="short runs (a few minutes for all)",
+        )
+        p.add_argument(
+            "--publish",
+            action="store_true",
+            help="write the published results, bench/results (quick: bench/results/quick), "
+            "which `report` reads",
         )
         p.add_argument(
             "--out",
             type=Path,
-            help="directory for the result JSON [bench/results, quick: bench/results/quick]",
+            help="directory for the result JSON [a new bench/results/runs/<time>/]",
         )
         p.add_argument(
             "--no-redis",
@@ -305,7 +315,8 @@ def add_parsers(sub: Any, build_parser: Callable[[], argparse.ArgumentParser]) -
     p = sub.add_parser(
         "run",
         help="run the named scenarios",
-        description="Run scenarios one after another; each writes OUT/<scenario>.json.",
+        description="Run scenarios one after another; each writes OUT/<scenario>.json "
+        "(OUT: a new folder of this run, or the published results with --publish).",
     )
     p.add_argument("scenarios", nargs="+", type=scenario_names, metavar="SCENARIO")
     common(p)
@@ -326,7 +337,9 @@ def add_parsers(sub: Any, build_parser: Callable[[], argparse.ArgumentParser]) -
         "are sane (non-zero throughput, no unexpected errors, limits holding, no lost "
         "writes). Absolute speeds are not checked. Exits 1 on any failed check.",
     )
-    p.add_argument("--out", type=Path, help="directory for the result JSON [a temp dir]")
+    p.add_argument(
+        "--out", type=Path, help="directory for the result JSON [a new temporary folder, kept]"
+    )
     p.set_defaults(func=cmd_smoke, build_parser=build_parser, no_redis=True)
 
 
@@ -424,7 +437,7 @@ def run_one(
     t0 = time.monotonic()
     printed = _Tee(sys.stdout)
     try:
-        args = build_parser().parse_args([*argv, "--json", raw_path])
+        args = options.resolve(build_parser().parse_args([*argv, "--json", raw_path]))
         with contextlib.redirect_stdout(printed):
             rc = int(args.func(args))
         with open(raw_path) as f:
@@ -499,10 +512,19 @@ def run_many(
     return done, failed
 
 
+def run_dir(parent: Path = RUNS_DIR) -> Path:
+    """A new folder for one run's results, named by its start time."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path(tempfile.mkdtemp(prefix=f"{stamp}-", dir=parent))
+
+
 def _out_dir(args: argparse.Namespace) -> Path:
     if args.out is not None:
         return Path(args.out)
-    return QUICK_DIR if args.quick else RESULTS_DIR
+    if args.publish:
+        return QUICK_DIR if args.quick else RESULTS_DIR
+    return run_dir()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -531,14 +553,12 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from bench import sanity
 
     names = [s.name for s in SCENARIOS if s.smoke is not None]
-    with contextlib.ExitStack() as stack:
-        out = args.out
-        if out is None:
-            out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-smoke-")))
-        done, failed = run_many(names, args.build_parser, Path(out), smoke=True, redis=False)
-        problems = [f"{name}: {why}" for name, why in failed]
-        for name, env in done:
-            problems += [f"{name}: {p}" for p in sanity.check(name, env["result"])]
+    # The folder is kept: its path is printed, and a failed check is read there.
+    out = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+    done, failed = run_many(names, args.build_parser, out, smoke=True, redis=False)
+    problems = [f"{name}: {why}" for name, why in failed]
+    for name, env in done:
+        problems += [f"{name}: {p}" for p in sanity.check(name, env["result"])]
     if problems:
         print("smoke: FAILED", file=sys.stderr)
         for p in problems:

@@ -49,7 +49,7 @@ import traceback
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -394,6 +394,14 @@ class LoadSpec:
     distribution: str = "zipfian"
 
 
+def cell_spec(args: Any, op: str, conns: int, depth: int, value: bytes, **kw: Any) -> LoadSpec:
+    """A cell of a subcommand's grid: its keys, window and generator CPUs from the
+    flags (``--keys``, ``--seconds``, ``--warmup``, ``--pin``); ``kw`` overrides."""
+    flags = {"keys": args.keys, "seconds": args.seconds, "warmup": args.warmup}
+    flags["cpus"] = getattr(args, "client_cpus", None)
+    return LoadSpec(op=op, conns=conns, depth=depth, value=value, **{**flags, **kw})
+
+
 def key_name(prefix: bytes, i: int) -> bytes:
     return b"%s%08d" % (prefix, i)
 
@@ -554,272 +562,308 @@ def _workload_ring(codec: Codec, spec: LoadSpec) -> tuple[bytes, list[int], int]
     return _ring(reqs)
 
 
-def _drive(
-    conns: list[_Conn],
-    blob: bytes,
-    offs: list[int],
-    ring: int,
-    depth: int,
-    interval_ns: int,
-    t_go: int,
-    t_measure: int,
-    t_end: int,
-    switch: tuple[int, bytes, list[int], int] | None = None,
-    split: bool = False,
-) -> dict[str, Any]:
-    """Run the load from ``t_go`` to ``t_end`` (monotonic ns); count [t_measure, t_end).
+#: The phases of a worker's run, in order (:meth:`_Driver.phase`): before the
+#: common start; load not counted; load counted; no new requests, outstanding
+#: replies read (up to ``DRAIN_SECONDS``); done.
+WAITING, WARMUP, MEASURING, DRAINING, DONE = "waiting", "warmup", "measuring", "draining", "done"
 
-    ``switch`` = (instant, blob, offsets, ring): from that instant on, requests
-    come from another ring (a workload change). ``split``: error replies are
-    kept out of ``hist`` / ``hist_sent`` (they go to ``hist_err``); the
-    connections' parsers must be :class:`MsgpackRpcFlagParser`. A connection
-    with a ``sched`` runs Poisson open loop.
+
+def _bucket(lat: int) -> int:
+    """A latency's histogram bucket: its 8 most significant bits (< 0.8 % wide)."""
+    b = lat.bit_length()
+    return (lat >> (b - 8)) << (b - 8) if b > 8 else lat
+
+
+def _add(hist: dict[int, int], lat: int, n: int) -> None:
+    if n:
+        b = _bucket(lat)
+        hist[b] = hist.get(b, 0) + n
+
+
+def _pop_inflight(
+    q: deque[tuple[int, int, int, int]], n: int
+) -> Iterator[tuple[int, int, int, int]]:
+    """Take ``n`` completed replies off a connection's FIFO of in-flight runs,
+    yielding ``(time, count, step, actual send)`` for each part a run gave.
+
+    Closed loop: step 0, all sent at ``time``. Open loop: step > 0, request j
+    was due at ``time + j * step``. Poisson: step -1, ``time`` is the index of
+    the run's first request in the connection's ``sched``."""
+    while n:
+        t, k, step, sent = q[0]
+        if k <= n:
+            q.popleft()
+            take = k
+        else:
+            q[0] = (t + n * step if step >= 0 else t + n, k - n, step, sent)
+            take = n
+        n -= take
+        yield t, take, step, sent
+
+
+def _scheduled_latencies(c: _Conn, now: int, t: int, take: int, step: int) -> list[int]:
+    """Open loop: each reply's latency from the time its request was due."""
+    if step < 0:
+        base, sched = c.start_ns, c.sched
+        assert sched is not None
+        return [now - base - sched[j] for j in range(t, t + take)]
+    return [now - t - j * step for j in range(take)]
+
+
+@dataclass
+class _Ring:
+    """Encoded requests stored twice back to back (:func:`build_ring`)."""
+
+    blob: memoryview
+    offs: list[int]
+    size: int
+
+
+class _Driver:
+    """One worker's connections from the common start to the last reply: a small
+    state machine whose phase follows the clock (:data:`WAITING` ... :data:`DONE`).
+
+    Each step waits for socket events (or for the next open-loop send), reads
+    replies, records their latencies when the window is on, and sends: closed
+    loop, one new request per reply; open loop, what the schedule has made due.
+    ``switch`` = (instant, ring): from then on requests come from another ring
+    (a workload change). ``split``: error replies go to ``hist_err`` instead of
+    ``hist`` / ``hist_sent`` (the parsers are :class:`MsgpackRpcFlagParser`).
+    A connection with a ``sched`` runs Poisson open loop.
     """
-    ep = select.epoll()
-    by_fd = {c.fd: c for c in conns}
-    fds = list(by_fd)
-    # select() takes descriptors below FD_SETSIZE only (a process holding
-    # thousands of sockets, as bench attack does, gets higher ones): else sleep.
-    fine_select = max(fds, default=0) < FD_SETSIZE
-    for c in conns:
-        ep.register(c.fd, select.EPOLLIN)
-    mv = memoryview(blob)
-    hist: dict[int, int] = {}
-    hist_sent: dict[int, int] = {}
-    hist_err: dict[int, int] = {}
-    codes: dict[int, int] = {}  # split: error replies in the window by code
-    ok_n = err_n = 0
-    lag_n = lag_sum = lag_max = 0
-    open_loop = interval_ns > 0
-    poisson = open_loop and conns[0].sched is not None
-    switch_ns = switch[0] if switch else 0
-    clock = time.monotonic_ns
-    IN, OUT = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP, select.EPOLLOUT
 
-    def send(c: _Conn, k: int, t: int, step: int, sent: int) -> None:
-        start = c.pos
-        data = mv[offs[start] : offs[start + k]]
-        c.pos = (start + k) % ring
+    IN = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+    OUT = select.EPOLLOUT
+
+    def __init__(
+        self,
+        conns: list[_Conn],
+        ring: _Ring,
+        depth: int,
+        interval_ns: int,
+        window: tuple[int, int, int],
+        switch: tuple[int, _Ring] | None = None,
+        split: bool = False,
+    ) -> None:
+        self.conns, self.ring, self.depth, self.interval_ns = conns, ring, depth, interval_ns
+        self.t_go, self.t_measure, self.t_end = window
+        self.switch, self.split = switch, split
+        self.by_fd = {c.fd: c for c in conns}
+        self.fds = list(self.by_fd)
+        # select() takes descriptors below FD_SETSIZE only (a process holding
+        # thousands of sockets, as bench attack does, gets higher ones): else sleep.
+        self.fine_select = max(self.fds, default=0) < FD_SETSIZE
+        self.open_loop = interval_ns > 0
+        self.poisson = self.open_loop and conns[0].sched is not None
+        self.hist: dict[int, int] = {}
+        self.hist_sent: dict[int, int] = {}
+        self.hist_err: dict[int, int] = {}
+        self.codes: dict[int, int] = {}  # split: error replies in the window by code
+        self.ok = self.errors = 0
+        self.lag_n = self.lag_sum = self.lag_max = 0
+        self.cpu_start: float | None = None
+        self.cpu_used = 0.0
+        self.ep = select.epoll()
+
+    def phase(self, now: int) -> str:
+        if now < self.t_go:
+            return WAITING
+        if now < self.t_measure:
+            return WARMUP
+        if now < self.t_end:
+            return MEASURING
+        return DRAINING if any(c.outstanding for c in self.conns) else DONE
+
+    def run(self) -> dict[str, Any]:
+        clock = time.monotonic_ns
+        for c in self.conns:
+            self.ep.register(c.fd, select.EPOLLIN)
+        try:
+            while clock() < self.t_go:
+                time.sleep(max(0.0, (self.t_go - clock()) / 1e9))
+            self._start(clock())
+            while self.phase(now := clock()) in (WARMUP, MEASURING):
+                self._step(now)
+            self.cpu_used = time.process_time() - (self.cpu_start or 0.0)
+            self._drain()
+        finally:
+            self.ep.close()
+        return self._result()
+
+    def _start(self, now: int) -> None:
+        for c in self.conns:
+            if self.open_loop:
+                c.start_ns += self.t_go
+            else:
+                self._send(c, self.depth, now, 0, now)
+
+    def _step(self, now: int) -> None:
+        if self.cpu_start is None and now >= self.t_measure:
+            self.cpu_start = time.process_time()
+        if self.switch is not None and now >= self.switch[0]:
+            self.ring = self.switch[1]  # _send() takes from the new ring from here on
+            for c in self.conns:
+                c.pos %= self.ring.size
+            self.switch = None
+        events = self._wait(max(0.0, (self._wake() - now) / 1e9))
+        now = time.monotonic_ns()
+        refill = not self.open_loop and now < self.t_end
+        for fd, ev in events:
+            c = self.by_fd[fd]
+            if ev & self.OUT:
+                self._flush(c)
+            if ev & self.IN:
+                n = self._receive(c, now)
+                if n and refill:
+                    self._send(c, n, now, 0, now)
+        if self.open_loop:
+            self._send_due(now)
+
+    def _wake(self) -> int:
+        """The next instant this worker has something to do without a reply."""
+        wake = self.t_end if self.cpu_start is not None else self.t_measure
+        if self.switch is not None:
+            wake = min(wake, self.switch[0])
+        if self.open_loop:
+            for c in self.conns:
+                if c.outstanding < self.depth:
+                    if self.poisson:
+                        s = c.sched
+                        assert s is not None
+                        if c.scheduled < len(s):
+                            wake = min(wake, c.start_ns + s[c.scheduled])
+                    else:
+                        wake = min(wake, c.start_ns + c.scheduled * self.interval_ns)
+        return wake
+
+    def _wait(self, timeout: float) -> list[tuple[int, int]]:
+        if self.open_loop and 0 < timeout < FINE_WAIT:
+            # epoll's timeout is whole milliseconds; select() waits to ~50 µs
+            if self.fine_select:
+                select.select(self.fds, (), (), timeout)
+            else:
+                time.sleep(timeout)
+            return self.ep.poll(0)
+        return self.ep.poll(timeout)
+
+    def _send_due(self, now: int) -> None:
+        """Open loop: send what each connection's schedule has made due."""
+        depth, interval = self.depth, self.interval_ns
+        for c in self.conns:
+            i = c.scheduled
+            if self.poisson:
+                s = c.sched
+                assert s is not None
+                k = min(bisect_right(s, now - c.start_ns, i) - i, depth - c.outstanding)
+                if k <= 0:
+                    continue
+                first = c.start_ns + s[i]
+                self._send(c, k, i, -1, now)
+            else:
+                k = min((now - c.start_ns) // interval + 1 - i, depth - c.outstanding)
+                if k <= 0:
+                    continue
+                first = c.start_ns + i * interval
+                self._send(c, k, first, interval, now)
+            c.scheduled += k
+            if self.cpu_start is not None:  # how late the generator sent (diagnostic)
+                self.lag_n += 1
+                self.lag_sum += now - first
+                self.lag_max = max(self.lag_max, now - first)
+
+    def _send(self, c: _Conn, k: int, t: int, step: int, sent: int) -> None:
+        ring, start = self.ring, c.pos
+        data = ring.blob[ring.offs[start] : ring.offs[start + k]]
+        c.pos = (start + k) % ring.size
         c.outstanding += k
         c.inflight.append((t, k, step, sent))
         if c.wbuf:
             c.wbuf += data
             return
-        sent = c.sock.send(data)
-        if sent < len(data):
-            c.wbuf += data[sent:]
-            ep.modify(c.fd, select.EPOLLIN | OUT)
+        n = c.sock.send(data)
+        if n < len(data):
+            c.wbuf += data[n:]
+            self.ep.modify(c.fd, select.EPOLLIN | self.OUT)
 
-    def flush(c: _Conn) -> None:
-        sent = c.sock.send(c.wbuf)
-        del c.wbuf[:sent]
+    def _flush(self, c: _Conn) -> None:
+        n = c.sock.send(c.wbuf)
+        del c.wbuf[:n]
         if not c.wbuf:
-            ep.modify(c.fd, select.EPOLLIN)
+            self.ep.modify(c.fd, select.EPOLLIN)
 
-    def complete(c: _Conn, n: int, now: int, record: bool) -> None:
-        # An inflight entry is (time, count, step, actual send): closed loop
-        # step 0 (all sent at ``time``); open loop step > 0 (request j was due
-        # at time + j * step); Poisson step -1 (``time`` is the index of the
-        # first request in c.sched).
-        q = c.inflight
-        while n:
-            t, k, step, sent = q[0]
-            if k <= n:
-                q.popleft()
-                take = k
-            else:
-                q[0] = (t + n * step if step >= 0 else t + n, k - n, step, sent)
-                take = n
-            n -= take
-            if not record:
-                continue
-            if step:  # open loop: also from the actual send time
-                lat = now - sent
-                b = lat.bit_length()
-                if b > 8:
-                    lat = (lat >> (b - 8)) << (b - 8)
-                hist_sent[lat] = hist_sent.get(lat, 0) + take
-            if step < 0:
-                base, sched = c.start_ns, c.sched
-                for j in range(t, t + take):
-                    lat = now - base - sched[j]  # type: ignore[index]
-                    b = lat.bit_length()
-                    if b > 8:
-                        lat = (lat >> (b - 8)) << (b - 8)
-                    hist[lat] = hist.get(lat, 0) + 1
-                continue
-            for j in range(take if step else 1):
-                lat = now - t - j * step
-                b = lat.bit_length()
-                if b > 8:
-                    lat = (lat >> (b - 8)) << (b - 8)
-                hist[lat] = hist.get(lat, 0) + (1 if step else take)
-
-    def complete_split(c: _Conn, n: int, now: int, record: bool) -> None:
-        # As complete(), with each reply's error flag from the parser.
-        flags = c.parser.flags  # type: ignore[attr-defined]
-        pos = 0
-        q = c.inflight
-        while n:
-            t, k, step, sent = q[0]
-            if k <= n:
-                q.popleft()
-                take = k
-            else:
-                q[0] = (t + n * step if step >= 0 else t + n, k - n, step, sent)
-                take = n
-            n -= take
-            if not record:
-                pos += take
-                continue
-            nerr = flags.count(1, pos, pos + take)
-            if not step:
-                lat = now - t
-                b = lat.bit_length()
-                if b > 8:
-                    lat = (lat >> (b - 8)) << (b - 8)
-                if take > nerr:
-                    hist[lat] = hist.get(lat, 0) + take - nerr
-                if nerr:
-                    hist_err[lat] = hist_err.get(lat, 0) + nerr
-                pos += take
-                continue
-            if take > nerr:
-                lat = now - sent
-                b = lat.bit_length()
-                if b > 8:
-                    lat = (lat >> (b - 8)) << (b - 8)
-                hist_sent[lat] = hist_sent.get(lat, 0) + take - nerr
-            base, sched = c.start_ns, c.sched
-            for j in range(take):
-                lat = now - base - sched[t + j] if step < 0 else now - t - j * step  # type: ignore[index]
-                b = lat.bit_length()
-                if b > 8:
-                    lat = (lat >> (b - 8)) << (b - 8)
-                h = hist_err if flags[pos + j] else hist
-                h[lat] = h.get(lat, 0) + 1
-            pos += take
-
-    finish = complete_split if split else complete
-
-    def receive(c: _Conn, now: int) -> int:
-        nonlocal ok_n, err_n
+    def _receive(self, c: _Conn, now: int) -> int:
         data = c.sock.recv(RECV_BYTES)
         if not data:
             raise BenchError("the server closed a connection during the run")
         ok, err = c.parser.feed(data)
         n = ok + err
-        if n:
-            c.outstanding -= n
-            if t_measure <= now < t_end:
-                ok_n += ok
-                err_n += err
-                finish(c, n, now, True)
-                if split and err:
-                    for code, m in c.parser.codes.items():  # type: ignore[attr-defined]
-                        codes[code] = codes.get(code, 0) + m
-            else:
-                finish(c, n, now, False)
+        if not n:
+            return 0
+        c.outstanding -= n
+        if not self.t_measure <= now < self.t_end:
+            for _ in _pop_inflight(c.inflight, n):
+                pass
+            return n
+        self.ok += ok
+        self.errors += err
+        if self.split:
+            self._record_split(c, n, now)
+            for code, m in c.parser.codes.items():  # type: ignore[attr-defined]
+                self.codes[code] = self.codes.get(code, 0) + m
+        else:
+            self._record(c, n, now)
         return n
 
-    while clock() < t_go:
-        time.sleep(max(0.0, (t_go - clock()) / 1e9))
-    now = clock()
-    if open_loop:
-        for c in conns:
-            c.start_ns += t_go
-    else:
-        for c in conns:
-            send(c, depth, now, 0, now)
-    cpu_start: float | None = None
-    while True:
-        now = clock()
-        if cpu_start is None and now >= t_measure:
-            cpu_start = time.process_time()
-        if now >= t_end:
-            break
-        if switch_ns and now >= switch_ns:
-            assert switch is not None
-            _, blob2, offs, ring = switch  # send() sees the new ring from here on
-            mv = memoryview(blob2)
-            for c in conns:
-                c.pos %= ring
-            switch_ns = 0
-        wake = t_end if cpu_start is not None else t_measure
-        if switch_ns:
-            wake = min(wake, switch_ns)
-        if open_loop:
-            for c in conns:
-                if c.outstanding < depth:
-                    if poisson:
-                        s = c.sched
-                        if c.scheduled < len(s):  # type: ignore[arg-type]
-                            wake = min(wake, c.start_ns + s[c.scheduled])  # type: ignore[index]
-                    else:
-                        wake = min(wake, c.start_ns + c.scheduled * interval_ns)
-        timeout = max(0.0, (wake - now) / 1e9)
-        if open_loop and 0 < timeout < FINE_WAIT:
-            # epoll's timeout is whole milliseconds; select() waits to ~50 µs
-            if fine_select:
-                select.select(fds, (), (), timeout)
+    def _record(self, c: _Conn, n: int, now: int) -> None:
+        hist = self.hist
+        for t, take, step, sent in _pop_inflight(c.inflight, n):
+            if not step:
+                _add(hist, now - t, take)
+                continue
+            _add(self.hist_sent, now - sent, take)  # open loop: also from the actual send
+            for lat in _scheduled_latencies(c, now, t, take, step):
+                _add(hist, lat, 1)
+
+    def _record_split(self, c: _Conn, n: int, now: int) -> None:
+        """As :meth:`_record`, with each reply's error flag from the parser."""
+        flags = c.parser.flags  # type: ignore[attr-defined]
+        pos = 0
+        for t, take, step, sent in _pop_inflight(c.inflight, n):
+            nerr = flags.count(1, pos, pos + take)
+            if not step:
+                _add(self.hist, now - t, take - nerr)
+                _add(self.hist_err, now - t, nerr)
             else:
-                time.sleep(timeout)
-            events = ep.poll(0)
-        else:
-            events = ep.poll(timeout)
-        now = clock()
-        for fd, ev in events:
-            c = by_fd[fd]
-            if ev & OUT:
-                flush(c)
-            if ev & IN:
-                n = receive(c, now)
-                if n and not open_loop and now < t_end:
-                    send(c, n, now, 0, now)
-        if open_loop:
-            for c in conns:
-                if poisson:
-                    s = c.sched
-                    i = c.scheduled
-                    k = min(bisect_right(s, now - c.start_ns, i) - i, depth - c.outstanding)  # type: ignore[arg-type]
-                    if k > 0:
-                        first = c.start_ns + s[i]  # type: ignore[index]
-                        send(c, k, i, -1, now)
-                else:
-                    due = (now - c.start_ns) // interval_ns + 1 - c.scheduled
-                    k = min(due, depth - c.outstanding)
-                    if k > 0:
-                        first = c.start_ns + c.scheduled * interval_ns
-                        send(c, k, first, interval_ns, now)
-                if k > 0:
-                    c.scheduled += k
-                    if cpu_start is not None:  # how late the generator sent (diagnostic)
-                        lag_n += 1
-                        lag_sum += now - first
-                        lag_max = max(lag_max, now - first)
-    cpu_used = time.process_time() - (cpu_start if cpu_start is not None else 0.0)
-    deadline = clock() + int(DRAIN_SECONDS * 1e9)
-    while any(c.outstanding for c in conns) and clock() < deadline:
-        for fd, ev in ep.poll(0.1):
-            c = by_fd[fd]
-            if ev & OUT:
-                flush(c)
-            if ev & IN:
-                receive(c, clock())
-    ep.close()
-    errors = [c.parser.error_sample for c in conns if c.parser.error_sample]
-    return {
-        "ok": ok_n,
-        "errors": err_n,
-        "hist": hist,
-        "hist_sent": hist_sent,
-        "hist_err": hist_err,
-        "codes": codes,
-        "cpu_s": cpu_used,
-        "error_sample": errors[0] if errors else None,
-        "undrained": sum(c.outstanding for c in conns),
-        "lag": (lag_n, lag_sum, lag_max),
-    }
+                _add(self.hist_sent, now - sent, take - nerr)
+                for j, lat in enumerate(_scheduled_latencies(c, now, t, take, step)):
+                    _add(self.hist_err if flags[pos + j] else self.hist, lat, 1)
+            pos += take
+
+    def _drain(self) -> None:
+        clock = time.monotonic_ns
+        deadline = clock() + int(DRAIN_SECONDS * 1e9)
+        while self.phase(clock()) == DRAINING and clock() < deadline:
+            for fd, ev in self.ep.poll(0.1):
+                c = self.by_fd[fd]
+                if ev & self.OUT:
+                    self._flush(c)
+                if ev & self.IN:
+                    self._receive(c, clock())
+
+    def _result(self) -> dict[str, Any]:
+        errors = [c.parser.error_sample for c in self.conns if c.parser.error_sample]
+        return {
+            "ok": self.ok,
+            "errors": self.errors,
+            "hist": self.hist,
+            "hist_sent": self.hist_sent,
+            "hist_err": self.hist_err,
+            "codes": self.codes,
+            "cpu_s": self.cpu_used,
+            "error_sample": errors[0] if errors else None,
+            "undrained": sum(c.outstanding for c in self.conns),
+            "lag": (self.lag_n, self.lag_sum, self.lag_max),
+        }
 
 
 def _connect(target: Target) -> socket.socket:
@@ -854,67 +898,66 @@ def poisson_schedule(mean_gap_ns: int, seconds: float, seed: int) -> array[int]:
     return out
 
 
+def _open_conns(
+    target: Target, spec: LoadSpec, ring: int, conn_ids: list[int], interval_ns: int
+) -> list[_Conn]:
+    """Connect, handshake and set up the worker's connections (each starts at its
+    own place in the ring and, open loop, its own offset inside one interval)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in conn_ids:
+            socks.append(_connect(target))
+            target.codec.handshake(socks[-1])
+            socks[-1].setblocking(False)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    conns = []
+    for g, sock in zip(conn_ids, socks, strict=True):
+        split = spec.split_errors
+        parser = MsgpackRpcFlagParser() if split else target.codec.parser(spec.op, spec.value)
+        c = _Conn(sock, parser, g * ring // spec.conns)
+        c.start_ns = g * interval_ns // spec.conns
+        if spec.poisson and interval_ns:
+            c.sched = poisson_schedule(interval_ns, spec.warmup + spec.seconds + 1.0, spec.seed + g)
+        conns.append(c)
+    return conns
+
+
 def _worker_main(
     pipe: Connection, target: Target, spec: LoadSpec, conn_ids: list[int], interval_ns: int
 ) -> None:
     """One worker process: connect and handshake, report ready, run when told."""
-    socks: list[socket.socket] = []
+    conns: list[_Conn] = []
     _tight_timers()
     if spec.cpus:
         os.sched_setaffinity(0, spec.cpus)
     try:
-        codec = target.codec
-        blob, offs, ring = build_ring(codec, spec)
+        blob, offs, size = build_ring(target.codec, spec)
+        ring = _Ring(memoryview(blob), offs, size)
         second = None
         if spec.switch_after is not None:
-            second = build_ring(codec, spec, spec.switch_set_fraction)
-        conns = []
-        for g in conn_ids:
-            sock = _connect(target)
-            socks.append(sock)
-            codec.handshake(sock)
-            sock.setblocking(False)
-            parser = (
-                MsgpackRpcFlagParser() if spec.split_errors else codec.parser(spec.op, spec.value)
-            )
-            c = _Conn(sock, parser, g * ring // spec.conns)
-            # open loop: stagger connections evenly inside one interval
-            c.start_ns = g * interval_ns // spec.conns
-            if spec.poisson and interval_ns:
-                c.sched = poisson_schedule(
-                    interval_ns, spec.warmup + spec.seconds + 1.0, spec.seed + g
-                )
-            conns.append(c)
+            blob2, offs2, size2 = build_ring(target.codec, spec, spec.switch_set_fraction)
+            second = _Ring(memoryview(blob2), offs2, size2)
+        conns = _open_conns(target, spec, size, conn_ids, interval_ns)
         pipe.send(("ready", None))
         msg = pipe.recv()
         if msg[0] != "go":
             return
-        _, t_go, t_measure, t_end = msg
+        window = msg[1:]
         switch = None
-        if second is not None:
-            assert spec.switch_after is not None
-            switch = (t_go + int(spec.switch_after * 1e9), *second)
-        res = _drive(
-            conns,
-            blob,
-            offs,
-            ring,
-            spec.depth,
-            interval_ns,
-            t_go,
-            t_measure,
-            t_end,
-            switch,
-            spec.split_errors,
-        )
-        pipe.send(("done", res))
+        if second is not None and spec.switch_after is not None:
+            switch = (window[0] + int(spec.switch_after * 1e9), second)
+        driver = _Driver(conns, ring, spec.depth, interval_ns, window, switch, spec.split_errors)
+        pipe.send(("done", driver.run()))
     except BaseException as exc:
         detail = str(exc) if isinstance(exc, BenchError) else traceback.format_exc()
         with contextlib.suppress(OSError):
             pipe.send(("error", detail))
     finally:
-        for s in socks:
-            s.close()
+        for c in conns:
+            c.sock.close()
         pipe.close()
 
 
@@ -951,6 +994,36 @@ def run_loads(
     ``on_ready`` is called once every worker has connected, just before the
     start (e.g. to begin a disturbance the connections must not meet).
     """
+    _check_loads(loads)
+    spec0 = loads[0][1]
+    #: per load: its worker processes and their pipes
+    groups: list[list[tuple[Any, Connection]]] = []
+    samples: list[tuple[int, Any]] = []
+    try:
+        for li, (target, spec) in enumerate(loads):
+            groups.append(_fork_workers(li, target, spec))
+        for procs in groups:
+            for _, pipe in procs:
+                _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
+        if on_ready is not None:
+            on_ready()
+        t_go = time.monotonic_ns() + 50_000_000
+        t_measure = t_go + int(spec0.warmup * 1e9)
+        t_end = t_measure + int(spec0.seconds * 1e9)
+        for procs in groups:
+            for _, pipe in procs:
+                pipe.send(("go", t_go, t_measure, t_end))
+        if probe is not None:
+            samples = _probe_window(probe, probe_every, t_measure, t_end)
+        limit = spec0.warmup + spec0.seconds + DRAIN_SECONDS + 30
+        per_load = [[_expect(pipe, "done", limit) for _, pipe in procs] for procs in groups]
+    finally:
+        for procs in groups:
+            _stop_workers(procs)
+    return [_merge_results(results, (t_end - t_measure) / 1e9) for results in per_load], samples
+
+
+def _check_loads(loads: Sequence[tuple[Target, LoadSpec]]) -> None:
     if not loads:
         raise ValueError("no loads")
     spec0 = loads[0][1]
@@ -965,97 +1038,81 @@ def run_loads(
             raise ValueError("split_errors needs the tenantkv codec")
         if (spec.warmup, spec.seconds) != (spec0.warmup, spec0.seconds):
             raise ValueError("loads run together must share warmup and seconds")
+
+
+def _fork_workers(li: int, target: Target, spec: LoadSpec) -> list[tuple[Any, Connection]]:
+    """A load's worker processes (its connections spread round-robin over them)."""
     ctx = mp.get_context("fork")
-    #: per load: its worker processes and their pipes
-    groups: list[list[tuple[Any, Connection]]] = []
-    samples: list[tuple[int, Any]] = []
-    try:
-        for li, (target, spec) in enumerate(loads):
-            nworkers = max(1, min(spec.workers, spec.conns))
-            interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
-            procs: list[tuple[Any, Connection]] = []
-            groups.append(procs)
-            for w in range(nworkers):
-                ids = list(range(w, spec.conns, nworkers))
-                parent, child = ctx.Pipe()
-                p = ctx.Process(
-                    target=_worker_main,
-                    args=(child, target, spec, ids, interval_ns),
-                    name=f"bench-worker-{li}-{w}",
-                    daemon=True,
-                )
-                p.start()
-                child.close()
-                procs.append((p, parent))
-        for procs in groups:
-            for _, pipe in procs:
-                _expect(pipe, "ready", HANDSHAKE_TIMEOUT * 2)
-        if on_ready is not None:
-            on_ready()
-        t_go = time.monotonic_ns() + 50_000_000
-        t_measure = t_go + int(spec0.warmup * 1e9)
-        t_end = t_measure + int(spec0.seconds * 1e9)
-        for procs in groups:
-            for _, pipe in procs:
-                pipe.send(("go", t_go, t_measure, t_end))
-        if probe is not None:
-            _sleep_until(t_measure)
-            samples.append((time.monotonic_ns(), probe()))
-            if probe_every:
-                step = int(probe_every * 1e9)
-                t_next = t_measure + step
-                while t_next < t_end - step // 4:
-                    _sleep_until(t_next)
-                    samples.append((time.monotonic_ns(), probe()))
-                    t_next += step
-            _sleep_until(t_end)
-            samples.append((time.monotonic_ns(), probe()))
-        limit = spec0.warmup + spec0.seconds + DRAIN_SECONDS + 30
-        per_load = [[_expect(pipe, "done", limit) for _, pipe in procs] for procs in groups]
-    finally:
-        for procs in groups:
-            for p, pipe in procs:
-                if p.is_alive():
-                    with contextlib.suppress(OSError):
-                        pipe.send(("stop",))
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-                pipe.close()
-    out = []
-    for results in per_load:
-        hist: dict[int, int] = {}
-        hist_sent: dict[int, int] = {}
-        hist_err: dict[int, int] = {}
-        codes: dict[int, int] = {}
-        for r in results:
-            for b, n in r["hist"].items():
-                hist[b] = hist.get(b, 0) + n
-            for b, n in r["hist_sent"].items():
-                hist_sent[b] = hist_sent.get(b, 0) + n
-            for b, n in r["hist_err"].items():
-                hist_err[b] = hist_err.get(b, 0) + n
-            for code, n in r["codes"].items():
-                codes[code] = codes.get(code, 0) + n
-        errs = [r["error_sample"] for r in results if r["error_sample"]]
-        out.append(
-            LoadResult(
-                ok=sum(r["ok"] for r in results),
-                errors=sum(r["errors"] for r in results),
-                window_s=(t_end - t_measure) / 1e9,
-                hist=hist,
-                client_cpu_s=sum(r["cpu_s"] for r in results),
-                server_cpu_s=None,
-                error_sample=errs[0] if errs else None,
-                workers=len(results),
-                extra=_extra(results),
-                hist_sent=hist_sent,
-                hist_err=hist_err,
-                error_codes=codes,
-            )
+    nworkers = max(1, min(spec.workers, spec.conns))
+    interval_ns = int(1e9 * spec.conns / spec.rate) if spec.rate else 0
+    procs: list[tuple[Any, Connection]] = []
+    for w in range(nworkers):
+        ids = list(range(w, spec.conns, nworkers))
+        parent, child = ctx.Pipe()
+        p = ctx.Process(
+            target=_worker_main,
+            args=(child, target, spec, ids, interval_ns),
+            name=f"bench-worker-{li}-{w}",
+            daemon=True,
         )
-    return out, samples
+        p.start()
+        child.close()
+        procs.append((p, parent))
+    return procs
+
+
+def _probe_window(
+    probe: Callable[[], Any], every: float | None, t_measure: int, t_end: int
+) -> list[tuple[int, Any]]:
+    """``probe()`` at the window's start, every ``every`` s inside it, and at its end."""
+    _sleep_until(t_measure)
+    samples = [(time.monotonic_ns(), probe())]
+    if every:
+        step = int(every * 1e9)
+        t_next = t_measure + step
+        while t_next < t_end - step // 4:
+            _sleep_until(t_next)
+            samples.append((time.monotonic_ns(), probe()))
+            t_next += step
+    _sleep_until(t_end)
+    samples.append((time.monotonic_ns(), probe()))
+    return samples
+
+
+def _stop_workers(procs: list[tuple[Any, Connection]]) -> None:
+    for p, pipe in procs:
+        if p.is_alive():
+            with contextlib.suppress(OSError):
+                pipe.send(("stop",))
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        pipe.close()
+
+
+def _merge_results(results: list[dict[str, Any]], window_s: float) -> LoadResult:
+    """One load's result from its workers' reports."""
+    hists: dict[str, dict[int, int]] = {"hist": {}, "hist_sent": {}, "hist_err": {}, "codes": {}}
+    for r in results:
+        for name, merged in hists.items():
+            for b, n in r[name].items():
+                merged[b] = merged.get(b, 0) + n
+    errs = [r["error_sample"] for r in results if r["error_sample"]]
+    return LoadResult(
+        ok=sum(r["ok"] for r in results),
+        errors=sum(r["errors"] for r in results),
+        window_s=window_s,
+        hist=hists["hist"],
+        client_cpu_s=sum(r["cpu_s"] for r in results),
+        server_cpu_s=None,
+        error_sample=errs[0] if errs else None,
+        workers=len(results),
+        extra=_extra(results),
+        hist_sent=hists["hist_sent"],
+        hist_err=hists["hist_err"],
+        error_codes=hists["codes"],
+    )
 
 
 def _check_workload(target: Target, spec: LoadSpec) -> None:

@@ -16,6 +16,8 @@ from tenantkv.admission.execution_tickets import TicketHolder
 from tenantkv.admission.rate_limiter import TokenBucket
 from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.admission.write_permits import WritePermits
+from tenantkv.metrics import OpLatency
+from tenantkv.server.redis_commands import MAX_PATTERN_BYTES, compiled_glob
 
 
 def per_op_us(step: Callable[[], None], n: int) -> float:
@@ -59,12 +61,22 @@ def cases() -> dict[str, Callable[[], None]]:
         assert t is not None
         t.release()
 
+    latency = OpLatency()
+    glob_patterns = iter(range(10**9))
+
+    def glob_step() -> None:
+        # a class as long as a pattern may be, never seen before (not cached)
+        body = b"%d" % next(glob_patterns)
+        compiled_glob("b", b"[" + body.rjust(MAX_PATTERN_BYTES - 2, b"x") + b"]")
+
     return {
         "tenant throttle: admission_wait + charge": throttle_step,
         "rate limiter: take": lambda: tokens.take() and None,
         "bucket queue: try_acquire + release": queue_step,
         "write permit: try_acquire + release": permit_step,
         "execution ticket: try_acquire + release": ticket_step,
+        "op latency: observe": lambda: latency.observe("orders", "get", 0.000123),
+        "RESP glob: compile a longest class": glob_step,
     }
 
 

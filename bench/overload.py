@@ -46,7 +46,6 @@ import select
 import socket
 import statistics
 import struct
-import sys
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -56,21 +55,21 @@ from typing import Any
 
 import msgpack
 
-from bench import loadgen, report, servers
+from bench import loadgen, options, report, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, hist_percentile_us
+from bench.options import Quick
 from bench.throttle import (
     CLIENT_CPU_WARN,
     OTHER_CPU_WARN,
     Daemon,
     Machine,
     Outcome,
+    Parts,
     Snapshot,
     _merge,
     _pct,
     _verdict,
     daemon,
-    finish,
-    machine_cpu,
 )
 
 PARTS = ("load", "cost", "storm")
@@ -104,99 +103,53 @@ CONN_BURST = "ingress_connection_establishment_burst_capacity_secs"
 CONN_QUEUE = "ingress_connection_establishment_max_queue_depth"
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"overload")
-
-
-def _part_list(text: str) -> list[str]:
-    return report.name_list(text, PARTS, "parts")
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError("factors must be > 0")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "overload",
-        help="front-door protection: Poisson overload at 0.5-8 x capacity, rejection cost, "
-        "connection storm",
-        description="Offer GETs open loop with Poisson arrivals at multiples of the capacity "
-        "the ingress request rate limiter admits, and measure goodput, rejections, admitted "
-        "latency and the server CPU a rejection costs; then a connection storm against "
-        "established clients with the connection-establishment limiter on. Starts its own "
-        "tenantkv daemon. See docs/benchmarking.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.parts(p, "--part", PARTS, "parts")
+    options.common_flags(p)
+    options.window_flags(
+        p,
+        Quick(8.0, 2.0),
+        Quick(1.0, 0.5),
+        Quick(3, 1),
+        what=(
+            "window per run",
+            "load before each window",
+            "repetitions of the load sweep and of the storm",
+        ),
     )
-    p.add_argument(
-        "--part",
-        type=_part_list,
-        default=list(PARTS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(PARTS)} [all]",
-    )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument("--seconds", type=float, help="window per run [8; quick 2]")
-    p.add_argument("--warmup", type=float, help="load before each window [1; quick 0.5]")
-    p.add_argument(
-        "--rounds", type=int, help="repetitions of the load sweep and of the storm [3; quick 1]"
-    )
-    p.add_argument(
-        "--factors", type=_float_list, default=list(FACTORS), help="offered load / C [0.5,1,2,4,8]"
-    )
-    p.add_argument(
+    options.add(p, "--factors", options.float_list, list(FACTORS), "offered load / C")
+    options.add(
+        p,
         "--capacity",
-        type=float,
-        help="C, the admission rate of the request limiter, req/s [min(capacity / 2, "
+        float,
+        None,
+        "C, the admission rate of the request limiter, req/s [min(capacity / 2, "
         f"{GEN_MAX:,} / max factor), rounded down to 500]",
+        above=0,
     )
-    p.add_argument(
-        "--burst-secs", type=float, default=0.1, help="request limiter burst, in s of C [0.1]"
-    )
-    p.add_argument("--conns", type=int, default=4, help="connections per bucket [4]")
-    p.add_argument("--keys", type=int, default=1000, help="keys per bucket, preloaded [1000]")
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
+    options.add(p, "--burst-secs", float, 0.1, "request limiter burst, in s of C", above=0)
+    options.add(p, "--conns", int, 4, "connections per bucket", low=1)
+    options.data_flags(p, 1000, keys_help="keys per bucket, preloaded")
     g = p.add_argument_group("connection storm")
-    g.add_argument(
-        "--storm-rate", type=float, default=3000, help="connections opened per second [3000]"
-    )
-    g.add_argument("--storm-procs", type=int, default=2, help="processes opening them [2]")
+    options.add(g, "--storm-rate", float, 3000, "connections opened per second", above=0, parser=p)
+    options.add(g, "--storm-procs", int, 2, "processes opening them", low=1, parser=p)
     g.add_argument(
         "--storm-rst",
         action="store_true",
         help="close storm connections with RST (SO_LINGER 0), as crashing clients do "
         "(before 08d78df one reset killed the daemon) [FIN]",
     )
-    g.add_argument(
-        "--conn-rate", type=float, default=200, help="connection limiter: admitted per s [200]"
+    options.add(
+        g, "--conn-rate", float, 200, "connection limiter: admitted per s", above=0, parser=p
     )
-    g.add_argument(
-        "--conn-queue", type=int, default=20, help="connection limiter: max queue depth [20]"
-    )
-    p.set_defaults(func=run)
+    options.add(g, "--conn-queue", int, 20, "connection limiter: max queue depth", low=0, parser=p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    report.timing_defaults(args, seconds=(2.0, 8.0), warmup=(0.5, 1.0), rounds=(1, 3))
-    if min(args.conns, args.keys, args.storm_procs, args.conn_queue + 1) < 1:
-        raise BenchError("--conns, --keys, --storm-procs must be >= 1, --conn-queue >= 0")
-    if args.capacity is not None and args.capacity <= 0:
-        raise BenchError("--capacity must be > 0")
-    if args.storm_rate <= 0 or args.conn_rate <= 0 or args.burst_secs <= 0:
-        raise BenchError("--storm-rate, --conn-rate and --burst-secs must be > 0")
     servers.pin_cpus(args)
 
 
@@ -218,15 +171,7 @@ class Edge:
 
 def edge(d: Daemon) -> Edge:
     st = d.admin.server_status()
-    snap = Snapshot(
-        uptime=float(st["uptime_secs"]),
-        cpu_s=d.handle.cpu_seconds(),
-        write_weight=2,
-        node={},
-        buckets={},
-        errors={},
-        machine_s=machine_cpu(),
-    )
+    snap = Snapshot.bare(float(st["uptime_secs"]), d.handle.cpu_seconds())
     return Edge(snap, st)
 
 
@@ -388,24 +333,11 @@ def capacity_loads(
     d: Daemon, args: argparse.Namespace, value: bytes, depth: int = 64, conns: int = 4
 ) -> list[tuple[Any, LoadSpec]]:
     """Closed-loop GET on every bucket."""
-    return [
-        (
-            d.target(b),
-            LoadSpec(
-                op="get",
-                conns=conns,
-                depth=depth,
-                value=value,
-                keys=args.keys,
-                seconds=1.5 if args.quick else 3.0,
-                warmup=0.3 if args.quick else 0.5,
-                workers=1,
-                cpus=args.client_cpus,
-                split_errors=True,
-            ),
-        )
-        for b in BUCKETS
-    ]
+    window = {"seconds": 1.5, "warmup": 0.3} if args.quick else {"seconds": 3.0, "warmup": 0.5}
+    spec = loadgen.cell_spec(
+        args, "get", conns, depth, value, workers=1, split_errors=True, **window
+    )
+    return [(d.target(b), spec) for b in BUCKETS]
 
 
 def capacity(d: Daemon, args: argparse.Namespace, value: bytes, depth: int, conns: int) -> Window:
@@ -415,7 +347,47 @@ def capacity(d: Daemon, args: argparse.Namespace, value: bytes, depth: int, conn
 def part_load(
     d: Daemon, args: argparse.Namespace, value: bytes, out_meta: dict[str, Any]
 ) -> Outcome:
-    _log("  capacity: closed-loop GET, pipelined and unpipelined ...")
+    out, c, caps = _load_capacity(d, args, value)
+    out_meta["C"] = c
+    set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
+    mach = Machine()
+    by: dict[float, list[Window]] = {f: [] for f in args.factors}
+    for rnd in range(args.rounds):
+        order = list(args.factors) if rnd % 2 == 0 else list(args.factors)[::-1]
+        for f in order:
+            offered = f * c
+            report.log(f"  round {rnd + 1}: {f:g} x C = {offered:,.0f} req/s ...")
+            w = measure(d, poisson_loads(d, args, value, offered, 7 + rnd), offered, mach)
+            by[f].append(w)
+            r = w.result
+            report.log(
+                f"    goodput {r.ops_per_s:,.0f}/s, rejected {w.rejected / r.window_s:,.0f}/s, "
+                f"p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
+                f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
+            )
+    rows = [_load_row(f, c, by[f]) for f in args.factors]
+    peak = max(x["goodput_per_s"] for x in rows)
+    _load_table(out, rows, peak)
+    data_p99 = _load_p99_check(out, args, rows, by, peak)
+    _load_notes(out, rows)
+    k_p, k_u = caps
+    out.data = {
+        "capacity_pipelined": round(k_p, 1),
+        "capacity_unpipelined": round(k_u, 1),
+        "C": c,
+        "burst_secs": args.burst_secs,
+        "rows": rows,
+        "peak_goodput": peak,
+        "p99_ratio_4x": data_p99,
+    }
+    return mach.close(out)
+
+
+def _load_capacity(
+    d: Daemon, args: argparse.Namespace, value: bytes
+) -> tuple[Outcome, float, tuple[float, float]]:
+    """Part 1's capacities (pipelined, unpipelined) and C, the limiter's rate."""
+    report.log("  capacity: closed-loop GET, pipelined and unpipelined ...")
     cap_p = capacity(d, args, value, 64, 4)
     cap_u = capacity(d, args, value, 1, args.conns)
     k_p, k_u = cap_p.result.ops_per_s, cap_u.result.ops_per_s
@@ -429,7 +401,6 @@ def part_load(
             f"min(unpipelined capacity / 2, {GEN_MAX:,} / {fmax:g}) rounded down to 500: "
             f"{fmax:g} x C must stay within what the generator can offer"
         )
-    out_meta["C"] = c
     out = Outcome(
         "load",
         f"1. Poisson overload: GET open loop, exponential gaps, {len(BUCKETS)} buckets x "
@@ -446,68 +417,51 @@ def part_load(
         f"   C = {c:,.0f} req/s: {why}; C = {100 * c / k_p:.1f} % of the pipelined and "
         f"{100 * c / k_u:.0f} % of the unpipelined capacity",
     ]
-    set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
-    mach = Machine()
-    by: dict[float, list[Window]] = {f: [] for f in args.factors}
-    for rnd in range(args.rounds):
-        order = list(args.factors) if rnd % 2 == 0 else list(args.factors)[::-1]
-        for f in order:
-            offered = f * c
-            _log(f"  round {rnd + 1}: {f:g} x C = {offered:,.0f} req/s ...")
-            w = measure(d, poisson_loads(d, args, value, offered, 7 + rnd), offered, mach)
-            by[f].append(w)
-            r = w.result
-            _log(
-                f"    goodput {r.ops_per_s:,.0f}/s, rejected {w.rejected / r.window_s:,.0f}/s, "
-                f"p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
-                f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
-            )
-    rows = []
-    for f in args.factors:
-        ws = by[f]
-        r = merge_windows(ws)
-        secs = r.window_s
-        answered = (r.ok + r.errors) / secs
-        rows.append(
+    return out, c, (k_p, k_u)
+
+
+def _load_row(f: float, c: float, ws: list[Window]) -> dict[str, Any]:
+    """One offered load's figures over its rounds."""
+    r = merge_windows(ws)
+    secs = r.window_s
+    answered = (r.ok + r.errors) / secs
+    return {
+        "factor": f,
+        "offered_per_s": f * c,
+        "answered_per_s": round(answered, 1),
+        "goodput_per_s": round(r.ok / secs, 1),
+        "rejected_per_s": round(_rejected(r) / secs, 1),
+        "other_errors": r.errors - _rejected(r),
+        "rejections_by_code": {str(k): v for k, v in r.error_codes.items()},
+        "p50_us": r.percentile_us(0.5),
+        "p99_us": r.percentile_us(0.99),
+        "p999_us": r.percentile_us(0.999),
+        "p99_from_send_us": r.percentile_us(0.99, from_send=True),
+        "rejected_p99_us": hist_percentile_us(r.hist_err, 0.99),
+        "per_round": [
             {
-                "factor": f,
-                "offered_per_s": f * c,
-                "answered_per_s": round(answered, 1),
-                "goodput_per_s": round(r.ok / secs, 1),
-                "rejected_per_s": round(_rejected(r) / secs, 1),
-                "other_errors": r.errors - _rejected(r),
-                "rejections_by_code": {str(k): v for k, v in r.error_codes.items()},
-                "p50_us": r.percentile_us(0.5),
-                "p99_us": r.percentile_us(0.99),
-                "p999_us": r.percentile_us(0.999),
-                "p99_from_send_us": r.percentile_us(0.99, from_send=True),
-                "rejected_p99_us": hist_percentile_us(r.hist_err, 0.99),
-                "per_round": [
-                    {
-                        "goodput_per_s": round(w.result.ops_per_s, 1),
-                        "p99_us": w.result.percentile_us(0.99),
-                        "server_cpu_pct": round(w.server_pct, 1),
-                        "client_cpu_pct": round(w.client_pct, 1),
-                        "other_cpu_pct": w.other_pct(),
-                        "send_lag_mean_us": w.result.extra.get("send_lag_mean_us"),
-                        "limiter": _diff(
-                            _limiter(w.a), _limiter(w.b), ("attempted", "successful", "rejected")
-                        ),
-                    }
-                    for w in ws
-                ],
-                "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
-                "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
-                "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
-                "server_us_per_request": statistics.fmean(w.server_pct for w in ws)
-                / 100
-                / answered
-                * 1e6
-                if answered
-                else None,
+                "goodput_per_s": round(w.result.ops_per_s, 1),
+                "p99_us": w.result.percentile_us(0.99),
+                "server_cpu_pct": round(w.server_pct, 1),
+                "client_cpu_pct": round(w.client_pct, 1),
+                "other_cpu_pct": w.other_pct(),
+                "send_lag_mean_us": w.result.extra.get("send_lag_mean_us"),
+                "limiter": _diff(
+                    _limiter(w.a), _limiter(w.b), ("attempted", "successful", "rejected")
+                ),
             }
-        )
-    peak = max(x["goodput_per_s"] for x in rows)
+            for w in ws
+        ],
+        "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
+        "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
+        "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
+        "server_us_per_request": statistics.fmean(w.server_pct for w in ws) / 100 / answered * 1e6
+        if answered
+        else None,
+    }
+
+
+def _load_table(out: Outcome, rows: list[dict[str, Any]], peak: float) -> None:
     out.lines.append(
         f"   {'load':>5} {'offered/s':>9} {'answered':>9} {'goodput/s':>9} {'%peak':>5} "
         f"{'rejected/s':>10} {'rej %':>5}  {'p50':>7} {'p99':>7} {'p99.9':>7} (µs, admitted)  "
@@ -544,6 +498,16 @@ def part_load(
         )
         + f"; other errors {other}"
     )
+
+
+def _load_p99_check(
+    out: Outcome,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    by: dict[float, list[Window]],
+    peak: float,
+) -> dict[str, Any] | None:
+    """The goodput checks at 4x and 8x, and admitted p99 at 4x against 0.5x."""
     base = next((x for x in rows if x["factor"] == 0.5), rows[0])
     data_p99: dict[str, Any] | None = None
     for f in (4.0, 8.0):
@@ -589,6 +553,10 @@ def part_load(
                 f"<= {P99_TARGET:g} x",
                 ratio <= P99_TARGET,
             )
+    return data_p99
+
+
+def _load_notes(out: Outcome, rows: list[dict[str, Any]]) -> None:
     for x in rows:
         short = x["answered_per_s"] < 0.97 * x["offered_per_s"]
         lags = [y["send_lag_mean_us"] or 0 for y in x["per_round"]]
@@ -600,18 +568,6 @@ def part_load(
                 + "/".join(f"{v:,.0f}" for v in lags)
                 + " µs: the generator (or the machine) may not have offered the full load"
             )
-    out.data = {
-        "capacity_pipelined": round(k_p, 1),
-        "capacity_unpipelined": round(k_u, 1),
-        "C": c,
-        "burst_secs": args.burst_secs,
-        "rows": rows,
-        "peak_goodput": peak,
-        "p99_ratio_4x": data_p99,
-    }
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
 
 
 # -- 2. cost of a rejection ----------------------------------------------------------------
@@ -665,7 +621,7 @@ def part_cost(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> Ou
                 pct[mode].append(w.server_pct)
                 rates[mode].append(n / r.window_s)
                 counts[mode].append((r.ok, w.rejected))
-                _log(
+                report.log(
                     f"  {name} {mode}: {n / r.window_s:,.0f} req/s, server "
                     f"{w.server_pct:.0f} %, {per[mode][-1]:.1f} µs/request"
                 )
@@ -707,12 +663,149 @@ def part_cost(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> Ou
         }
     set_params(d, **{RATE: c, BURST: args.burst_secs})
     out.data = data
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 # -- 3. connection storm -------------------------------------------------------------------
+
+
+class _Stormer:
+    """One storm process's connections: each is opened (connect), sent its hello
+    once writable, and closed at its reply, its reset, or its timeout; what
+    happened to each is counted."""
+
+    IN = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+    COUNTS = (
+        "attempted",
+        "hello_ok",
+        "refused",
+        "other_error",
+        "no_reply",
+        "reset",
+        "timeout",
+        "connect_failed",
+        "skipped",
+    )
+
+    def __init__(self, address: tuple[str, int], hello: bytes, timeout: float, rst: bool) -> None:
+        self.address, self.hello, self.timeout_ns = address, hello, int(timeout * 1e9)
+        self.linger = struct.pack("ii", 1, 0) if rst else None
+        self.counts = dict.fromkeys(self.COUNTS, 0)
+        self.ep = select.epoll()
+        #: fd -> [sock, state 0 connecting / 1 hello sent, unpacker]
+        self.conns: dict[int, list[Any]] = {}
+        self.expiry: deque[tuple[int, int, socket.socket]] = deque()
+
+    def close(self, fd: int, outcome: str | None = None) -> None:
+        if outcome is not None:
+            self.counts[outcome] += 1
+        c = self.conns.pop(fd, None)
+        if c is None:
+            return
+        with contextlib.suppress(OSError):
+            self.ep.unregister(fd)
+        c[0].close()
+
+    def open(self, now: int) -> None:
+        self.counts["attempted"] += 1
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        if self.linger is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, self.linger)
+        err = s.connect_ex(self.address)
+        if err not in (0, errno.EINPROGRESS):
+            self.counts["connect_failed"] += 1
+            s.close()
+            return
+        fd = s.fileno()
+        self.conns[fd] = [s, 0, None]
+        self.ep.register(fd, select.EPOLLOUT | self.IN)
+        self.expiry.append((now + self.timeout_ns, fd, s))
+
+    def expire(self, now: int) -> None:
+        """Close the connections whose reply is overdue."""
+        q, conns = self.expiry, self.conns
+        while q and (q[0][0] <= now or conns.get(q[0][1], [None])[0] is not q[0][2]):
+            _, fd, s = q.popleft()
+            if conns.get(fd, [None])[0] is s:
+                self.close(fd, "timeout")
+
+    def poll(self, wait: float) -> None:
+        for fd, ev in self.ep.poll(wait):
+            c = self.conns.get(fd)
+            if c is not None and (c[1] == 1 or self._connected(fd, c, ev)):
+                self._read(fd, c)
+
+    def _connected(self, fd: int, c: list[Any], ev: int) -> bool:
+        """A connection became writable: send the hello; True if a reply may be there."""
+        s = c[0]
+        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.close(fd, "connect_failed")
+            return False
+        try:
+            s.send(self.hello)
+        except OSError:
+            self.close(fd, "reset")
+            return False
+        c[1], c[2] = 1, msgpack.Unpacker(raw=True)
+        self.ep.modify(fd, self.IN)
+        return bool(ev & select.EPOLLIN)
+
+    def _read(self, fd: int, c: list[Any]) -> None:
+        try:
+            data = c[0].recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close(fd, "reset")
+            return
+        if not data:
+            self.close(fd, "no_reply")
+            return
+        c[2].feed(data)
+        for obj in c[2]:
+            e = obj[2]
+            if e is None:
+                self.close(fd, "hello_ok")
+            elif isinstance(e, dict) and e.get(b"code") == REFUSED_CODE:
+                self.close(fd, "refused")
+            else:
+                self.close(fd, "other_error")
+            return
+
+    def run(self, rate: float, t_start: int, t_stop: int, max_pending: int) -> dict[str, Any]:
+        """Open connections at ``rate``/s from t_start to t_stop (monotonic ns), then
+        wait up to STORM_DRAIN s for the replies still due."""
+        clock = time.monotonic_ns
+        interval = int(1e9 / rate)
+        while clock() < t_start:
+            time.sleep(max(0.0, (t_start - clock()) / 1e9))
+        cpu0 = time.process_time()
+        nxt = t_start
+        t_drain = t_stop + int(STORM_DRAIN * 1e9)
+        cpu_open = None
+        while True:
+            now = clock()
+            opening = now < t_stop
+            if not opening and cpu_open is None:
+                cpu_open = time.process_time() - cpu0
+            if not opening and (not self.conns or now >= t_drain):
+                break
+            while opening and nxt <= now:
+                nxt += interval
+                if len(self.conns) >= max_pending:
+                    self.counts["skipped"] += 1
+                else:
+                    self.open(now)
+            self.expire(now)
+            self.poll(max(0.0, min(nxt, t_stop) - clock()) / 1e9 if opening else 0.05)
+        self.counts["abandoned"] = len(self.conns)  # no reply STORM_DRAIN s after the storm
+        for fd in list(self.conns):
+            self.close(fd)
+        return {
+            "counts": self.counts,
+            "cpu_s": cpu_open if cpu_open is not None else time.process_time() - cpu0,
+            "seconds": (t_stop - t_start) / 1e9,
+        }
 
 
 def _storm_main(
@@ -727,137 +820,10 @@ def _storm_main(
     max_pending: int,
     rst: bool,
 ) -> None:
-    """Open connections at ``rate``/s from t_start to t_stop (monotonic ns): connect,
-    send hello, wait for the reply (or ``timeout``), close (with RST if ``rst``).
-    After t_stop, wait up to STORM_DRAIN s for the replies still due."""
-    counts = dict.fromkeys(
-        (
-            "attempted",
-            "hello_ok",
-            "refused",
-            "other_error",
-            "no_reply",
-            "reset",
-            "timeout",
-            "connect_failed",
-            "skipped",
-        ),
-        0,
-    )
-    linger = struct.pack("ii", 1, 0)
-    ep = select.epoll()
-    conns: dict[int, list[Any]] = {}  # fd -> [sock, state 0 connecting / 1 hello sent, unpacker]
-    expiry: deque[tuple[int, int, socket.socket]] = deque()
-    interval = int(1e9 / rate)
-    clock = time.monotonic_ns
-    IN = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
-
-    def close(fd: int) -> None:
-        c = conns.pop(fd, None)
-        if c is None:
-            return
-        with contextlib.suppress(OSError):
-            ep.unregister(fd)
-        c[0].close()
-
+    """One storm process (see :class:`_Stormer`); reports to the parent, never hangs it."""
     try:
-        while clock() < t_start:
-            time.sleep(max(0.0, (t_start - clock()) / 1e9))
-        cpu0 = time.process_time()
-        nxt = t_start
-        t_drain = t_stop + int(STORM_DRAIN * 1e9)
-        cpu_open = None
-        while True:
-            now = clock()
-            opening = now < t_stop
-            if not opening and cpu_open is None:
-                cpu_open = time.process_time() - cpu0
-            if not opening and (not conns or now >= t_drain):
-                break
-            while opening and nxt <= now:
-                nxt += interval
-                if len(conns) >= max_pending:
-                    counts["skipped"] += 1
-                    continue
-                counts["attempted"] += 1
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-                if rst:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-                err = s.connect_ex((host, port))
-                if err not in (0, errno.EINPROGRESS):
-                    counts["connect_failed"] += 1
-                    s.close()
-                    continue
-                fd = s.fileno()
-                conns[fd] = [s, 0, None]
-                ep.register(fd, select.EPOLLOUT | IN)
-                expiry.append((now + int(timeout * 1e9), fd, s))
-            while expiry and (
-                expiry[0][0] <= now or conns.get(expiry[0][1], [None])[0] is not expiry[0][2]
-            ):
-                _, fd, s = expiry.popleft()
-                if conns.get(fd, [None])[0] is s:
-                    counts["timeout"] += 1
-                    close(fd)
-            wait = max(0.0, min(nxt, t_stop) - clock()) / 1e9 if opening else 0.05
-            for fd, ev in ep.poll(wait):
-                c = conns.get(fd)
-                if c is None:
-                    continue
-                s = c[0]
-                if c[1] == 0:
-                    err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                    if err:
-                        counts["connect_failed"] += 1
-                        close(fd)
-                        continue
-                    try:
-                        s.send(hello)
-                    except OSError:
-                        counts["reset"] += 1
-                        close(fd)
-                        continue
-                    c[1] = 1
-                    c[2] = msgpack.Unpacker(raw=True)
-                    ep.modify(fd, IN)
-                    if not ev & select.EPOLLIN:
-                        continue
-                try:
-                    data = s.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    counts["reset"] += 1
-                    close(fd)
-                    continue
-                if not data:
-                    counts["no_reply"] += 1
-                    close(fd)
-                    continue
-                c[2].feed(data)
-                for obj in c[2]:
-                    e = obj[2]
-                    if e is None:
-                        counts["hello_ok"] += 1
-                    elif isinstance(e, dict) and e.get(b"code") == REFUSED_CODE:
-                        counts["refused"] += 1
-                    else:
-                        counts["other_error"] += 1
-                    close(fd)
-                    break
-        counts["abandoned"] = len(conns)  # no reply STORM_DRAIN s after the storm
-        for fd in list(conns):
-            close(fd)
-        pipe.send(
-            (
-                "done",
-                {
-                    "counts": counts,
-                    "cpu_s": cpu_open if cpu_open is not None else time.process_time() - cpu0,
-                    "seconds": (t_stop - t_start) / 1e9,
-                },
-            )
-        )
+        stormer = _Stormer((host, port), hello, timeout, rst)
+        pipe.send(("done", stormer.run(rate, t_start, t_stop, max_pending)))
     except BaseException as exc:  # report, never hang the parent
         with contextlib.suppress(OSError):
             pipe.send(("error", repr(exc)))
@@ -965,6 +931,24 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
         d,
         **{CONN_RATE: args.conn_rate, CONN_BURST: 0.1, CONN_QUEUE: args.conn_queue},
     )
+    by = _storm_rounds(d, args, value, est, modes, mach)
+    set_params(d, **{CONN_LIMITER: False})
+    rows = {m: _storm_row(m, ws) for m, ws in by.items()}
+    _storm_table(out, rows)
+    _storm_verdict(out, args, rows, by)
+    out.data = {"established_per_s": est, "phases": rows}
+    return mach.close(out)
+
+
+def _storm_rounds(
+    d: Daemon,
+    args: argparse.Namespace,
+    value: bytes,
+    est: float,
+    modes: list[str],
+    mach: Machine,
+) -> dict[str, list[Window]]:
+    """Every round of every phase: the established clients' windows, with the storm's counts."""
     by: dict[str, list[Window]] = {m: [] for m in modes}
     for rnd in range(args.rounds):
         for m in modes:
@@ -980,7 +964,7 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
                     BUCKETS[0],
                     args.storm_rst,
                 )
-            _log(f"  round {rnd + 1}: {m} ...")
+            report.log(f"  round {rnd + 1}: {m} ...")
             w = measure(d, loads, est, mach, storm.start if storm else None)
             if storm is not None:
                 s = storm.finish()
@@ -989,59 +973,63 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
                 mach.client += w.extra_client_cpu_s
             by[m].append(w)
             r = w.result
-            _log(
+            report.log(
                 f"    p99 {_us(r.percentile_us(0.99))}, server {w.server_pct:.0f} %, generator "
                 f"{w.client_pct:.0f} %, others {w.other_pct():.0f} %"
                 + (f", storm {w.storm['counts']}" if w.storm else "")
             )
-    set_params(d, **{CONN_LIMITER: False})
-    rows: dict[str, dict[str, Any]] = {}
-    for m, ws in by.items():
-        r = merge_windows(ws)
-        row: dict[str, Any] = {
-            "p50_us": r.percentile_us(0.5),
-            "p99_us": r.percentile_us(0.99),
-            "p999_us": r.percentile_us(0.999),
-            "p99_from_send_us": r.percentile_us(0.99, from_send=True),
-            "ok_per_s": round(r.ops_per_s, 1),
-            "errors": r.errors,
-            "error_codes": {str(k): v for k, v in r.error_codes.items()},
-            "per_round_p99_us": [w.result.percentile_us(0.99) for w in ws],
-            "per_round_other_cpu_pct": [w.other_pct() for w in ws],
-            "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
-            "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
-            "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
-        }
-        if m != "calm":
-            tot: dict[str, int] = {}
-            secs = 0.0
-            for w in ws:
-                for k, v in w.storm["counts"].items():
-                    tot[k] = tot.get(k, 0) + v
-                secs += w.storm["seconds"]
-            row["storm_counts"] = tot
-            row["storm_per_s"] = {k: round(v / secs, 1) for k, v in tot.items()}
-            keys = (
-                "attempted",
-                "successful",
-                "rejected",
-                "queued",
-                "interrupted_in_queue",
-                "added_to_queue",
-                "exempted",
-            )
-            srv: dict[str, int] = {}
-            for w in ws:
-                for k, v in _diff(_conn_limiter(w.a), _conn_limiter(w.b), keys).items():
-                    srv[k] = srv.get(k, 0) + v
-            cr = sum(
-                w.b.status["connections"]["rejected"] - w.a.status["connections"]["rejected"]
-                for w in ws
-            )
-            row["server_connection_limiter"] = srv
-            row["server_connections_rejected"] = cr
-        rows[m] = row
-    calm = rows["calm"]
+    return by
+
+
+def _storm_row(m: str, ws: list[Window]) -> dict[str, Any]:
+    """One phase's figures over its rounds."""
+    r = merge_windows(ws)
+    row: dict[str, Any] = {
+        "p50_us": r.percentile_us(0.5),
+        "p99_us": r.percentile_us(0.99),
+        "p999_us": r.percentile_us(0.999),
+        "p99_from_send_us": r.percentile_us(0.99, from_send=True),
+        "ok_per_s": round(r.ops_per_s, 1),
+        "errors": r.errors,
+        "error_codes": {str(k): v for k, v in r.error_codes.items()},
+        "per_round_p99_us": [w.result.percentile_us(0.99) for w in ws],
+        "per_round_other_cpu_pct": [w.other_pct() for w in ws],
+        "server_cpu_pct": statistics.fmean(w.server_pct for w in ws),
+        "client_cpu_pct": statistics.fmean(w.client_pct for w in ws),
+        "other_cpu_pct": statistics.fmean(w.other_pct() for w in ws),
+    }
+    if m != "calm":
+        tot: dict[str, int] = {}
+        secs = 0.0
+        for w in ws:
+            for k, v in w.storm["counts"].items():
+                tot[k] = tot.get(k, 0) + v
+            secs += w.storm["seconds"]
+        row["storm_counts"] = tot
+        row["storm_per_s"] = {k: round(v / secs, 1) for k, v in tot.items()}
+        keys = (
+            "attempted",
+            "successful",
+            "rejected",
+            "queued",
+            "interrupted_in_queue",
+            "added_to_queue",
+            "exempted",
+        )
+        srv: dict[str, int] = {}
+        for w in ws:
+            for k, v in _diff(_conn_limiter(w.a), _conn_limiter(w.b), keys).items():
+                srv[k] = srv.get(k, 0) + v
+        cr = sum(
+            w.b.status["connections"]["rejected"] - w.a.status["connections"]["rejected"]
+            for w in ws
+        )
+        row["server_connection_limiter"] = srv
+        row["server_connections_rejected"] = cr
+    return row
+
+
+def _storm_table(out: Outcome, rows: dict[str, dict[str, Any]]) -> None:
     out.lines.append(
         f"   {'phase':<20} {'p50':>8} {'p99':>8} {'p99.9':>8}  {'p99 per round (oth%)':<26} "
         f"{'ok/s':>6} {'err':>4}  {'srv%':>4} {'gen%':>4} {'oth%':>4}"
@@ -1073,6 +1061,16 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
             + ", ".join(f"{k} {v:,}" for k, v in srv.items() if v)
             + f"; connections refused {row['server_connections_rejected']:,}"
         )
+
+
+def _storm_verdict(
+    out: Outcome,
+    args: argparse.Namespace,
+    rows: dict[str, dict[str, Any]],
+    by: dict[str, list[Window]],
+) -> None:
+    """Established p99 during the storm against calm: the check."""
+    calm = rows["calm"]
     row = rows["storm"]
     ratio = row["p99_us"] / calm["p99_us"] if row["p99_us"] and calm["p99_us"] else None
     out.lines.append(
@@ -1107,10 +1105,6 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
         out.lines.append(
             f"   without the connection limiter: {r2 or 0:.2f} x calm (shown for comparison)"
         )
-    out.data = {"established_per_s": est, "phases": rows}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
 
 
 # -- driver ------------------------------------------------------------------------------
@@ -1118,31 +1112,20 @@ def part_storm(d: Daemon, args: argparse.Namespace, value: bytes, c: float) -> O
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
+    value = report.value_bytes(args.value_size, b"overload")
+    out, meta = report.run_header(args, "overload")
     print(
-        f"\noverload: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\n{args.value_size} B values, {args.keys:,} keys per bucket, buckets "
+        f"\n{args.value_size} B values, {args.keys:,} keys per bucket, buckets "
         f"{', '.join(BUCKETS)}; warm-up {args.warmup:g} s{' (quick)' if args.quick else ''}",
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
-
-    def show(o: Outcome) -> None:
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-
+    parts = Parts(args, out, "overload")
     with daemon(list(BUCKETS), args.keys, value, args.server_cpus) as d:
         c = args.capacity
         if "load" in args.part:
-            _log("part load ...")
-            show(part_load(d, args, value, meta))
+            report.log("part load ...")
+            parts.show(part_load(d, args, value, meta))
             c = meta["C"]
         if c is None:
             cap = capacity(d, args, value, 1, args.conns).result.ops_per_s
@@ -1150,12 +1133,10 @@ def run(args: argparse.Namespace) -> int:
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
             print(f"\nC = {c:,.0f} req/s (unpipelined capacity {cap:,.0f} GET/s)", file=out)
         if "cost" in args.part:
-            _log("part cost ...")
-            show(part_cost(d, args, value, c))
+            report.log("part cost ...")
+            parts.show(part_cost(d, args, value, c))
         if "storm" in args.part:
-            _log("part storm ...")
+            report.log("part storm ...")
             set_params(d, **{RATE: c, BURST: args.burst_secs, LIMITER: True})
-            show(part_storm(d, args, value, c))
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(args, out, "overload", meta, outcomes, widths=(8, 46, 10))
-    return 0
+            parts.show(part_storm(d, args, value, c))
+    return parts.finish(meta, widths=(8, 46, 10))

@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -48,18 +47,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench import loadgen, report, servers
+from bench import loadgen, options, report, servers
 from bench.loadgen import MIXED, BenchError, LoadResult, LoadSpec
+from bench.options import Quick
 from bench.throttle import (
     Daemon,
     Machine,
     Outcome,
+    Parts,
     Snapshot,
     _cpu_note,
     _pct,
     _verdict,
-    finish,
-    machine_cpu,
 )
 from tenantkv.admission.execution_tickets import NOOP_TICKET, Ticket, TicketHolder
 
@@ -89,88 +88,56 @@ O_CONNS, O_DEPTH = 4, 64
 BUCKET = "bench"
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"probing")
-
-
-def _part_list(text: str) -> list[str]:
-    return report.name_list(text, PARTS, "parts")
-
-
-def _size_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("sizes must be >= 1")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "probing",
-        help="execution tickets: fixed pool sweep, throughput probing, ticket overhead",
-        description="Sweep fixed execution-ticket pool sizes under a read-heavy and a "
-        "write-heavy workload, then measure how fast and how well throughput probing "
-        "finds the best size (also after a workload switch), and what ticket accounting "
-        "costs. Starts its own tenantkv daemons. See docs/benchmarking.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.parts(p, "--part", PARTS, "parts", " (probing needs the sweep)")
+    options.common_flags(p)
+    options.add(
+        p,
+        "--sizes",
+        options.int_list,
+        Quick(list(SIZES), list(QUICK_SIZES)),
+        "pool sizes swept",
+        show="1,2,4,...,512; quick 1,16,256",
     )
-    p.add_argument(
-        "--part",
-        type=_part_list,
-        default=list(PARTS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(PARTS)} (probing needs the sweep) [all]",
+    options.add(p, "--seconds", float, Quick(2.5, 1.0), "sweep: window per size, a multiple of 0.5")
+    options.add(
+        p, "--passes", int, Quick(2, 1), "sweep: 1 = ascending, 2 = and descending", low=1, high=2
     )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument(
-        "--sizes", type=_size_list, help="pool sizes swept [1,2,4,...,512; quick 1,16,256]"
-    )
-    p.add_argument(
-        "--seconds", type=float, help="sweep: window per size, a multiple of 0.5 [2.5; quick 1]"
-    )
-    p.add_argument(
-        "--passes", type=int, help="sweep: 1 = ascending, 2 = and descending [2; quick 1]"
-    )
-    p.add_argument(
+    options.add(
+        p,
         "--probe-seconds",
-        type=float,
-        help="probing: length of each probing phase, a multiple of 0.5 [30; quick 3]",
+        float,
+        Quick(30.0, 3.0),
+        "probing: length of each probing phase, a multiple of 0.5",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--reference-seconds",
-        type=float,
-        help="probing: window of the adjacent best-fixed re-measurement [3; quick 0.5]",
+        float,
+        Quick(3.0, 0.5),
+        "probing: window of the adjacent best-fixed re-measurement",
     )
-    p.add_argument("--conns", type=int, default=32, help="connections of the mixed loads [32]")
-    p.add_argument("--depth", type=int, default=16, help="pipeline depth per connection [16]")
-    p.add_argument("--workers", type=int, default=2, help="load-generator processes [2]")
-    p.add_argument(
-        "--read-heavy-sets", type=float, default=0.05, help="SET share of read-heavy [0.05]"
+    options.add(p, "--conns", int, 32, "connections of the mixed loads", low=1)
+    options.add(p, "--depth", int, 16, "pipeline depth per connection", low=1)
+    options.add(p, "--workers", int, 2, "load-generator processes", low=1)
+    options.add(p, "--read-heavy-sets", float, 0.05, "SET share of read-heavy", low=0, high=1)
+    options.add(p, "--write-heavy-sets", float, 0.90, "SET share of write-heavy", low=0, high=1)
+    options.data_flags(p, Quick(10_000, 2000), keys_help="keys, all preloaded")
+    options.add(
+        p, "--overhead-seconds", float, Quick(2.0, 1.0), "overhead: window of each run", above=0
     )
-    p.add_argument(
-        "--write-heavy-sets", type=float, default=0.90, help="SET share of write-heavy [0.9]"
-    )
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="keys, all preloaded [10000; quick 2000]")
-    p.add_argument(
-        "--overhead-seconds", type=float, help="overhead: window of each run [2; quick 1]"
-    )
-    p.add_argument(
+    options.add(
+        p,
         "--overhead-reps",
-        type=int,
-        help="overhead: rounds of (default, huge, none, a/a) [5; quick 1]",
+        int,
+        Quick(5, 1),
+        "overhead: rounds of (default, huge, none, a/a)",
+        low=1,
     )
-    p.set_defaults(func=run)
 
 
 def _ticks(x: float, what: str) -> int:
@@ -182,35 +149,10 @@ def _ticks(x: float, what: str) -> int:
 
 def _finish_args(args: argparse.Namespace) -> None:
     q = args.quick
-    if args.sizes is None:
-        args.sizes = list(QUICK_SIZES if q else SIZES)
-    if args.seconds is None:
-        args.seconds = 1.0 if q else 2.5
-    if args.passes is None:
-        args.passes = 1 if q else 2
-    if args.probe_seconds is None:
-        args.probe_seconds = 3.0 if q else 30.0
-    if args.reference_seconds is None:
-        args.reference_seconds = 0.5 if q else 3.0
-    if args.keys is None:
-        args.keys = 2000 if q else 10_000
-    if args.overhead_seconds is None:
-        args.overhead_seconds = 1.0 if q else 2.0
-    if args.overhead_reps is None:
-        args.overhead_reps = 1 if q else 5
     args.warmup = 0.5 if q else 1.0
     args.window_ticks = _ticks(args.seconds, "--seconds")
     args.probe_ticks = _ticks(args.probe_seconds, "--probe-seconds")
     args.ref_ticks = _ticks(args.reference_seconds, "--reference-seconds")
-    if args.passes not in (1, 2):
-        raise BenchError("--passes must be 1 or 2")
-    if min(args.conns, args.depth, args.workers, args.keys, args.overhead_reps) < 1:
-        raise BenchError("--conns, --depth, --workers, --keys, --overhead-reps must be >= 1")
-    for f in (args.read_heavy_sets, args.write_heavy_sets):
-        if not 0.0 <= f <= 1.0:
-            raise BenchError("SET shares must be within 0..1")
-    if args.overhead_seconds <= 0 or args.value_size < 0:
-        raise BenchError("--overhead-seconds must be > 0, --value-size >= 0")
     if "probing" in args.part and "sweep" not in args.part:
         args.part = ["sweep", *args.part]  # probing's reference is the sweep's best
     servers.pin_cpus(args)
@@ -301,20 +243,16 @@ def daemon(
     launcher: Sequence[str] | None = None,
 ) -> Iterator[Daemon]:
     """A started daemon with bucket ``bench``, user ``bench`` and every key preloaded."""
-    import tenantkv
 
     what = "" if not launcher else " (no execution tickets)" if "True" in launcher[-1] else " (A/A)"
-    _log(f"  starting tenantkv{what} ...")
-    with servers.tenantkv_server(cpus=cpus, launcher=launcher) as handle:
-        assert handle.password is not None
-        admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
-        with admin:
-            admin.create_bucket(BUCKET)
-            password = secrets.token_urlsafe(18)
-            admin.create_user("bench", password, roles={BUCKET: "readwrite"})
-            d = Daemon(handle, admin, "bench", password)
-            loadgen.preload(d.target(BUCKET), keys, value)
-            yield d
+    report.log(f"  starting tenantkv{what} ...")
+    with (
+        servers.tenantkv_server(cpus=cpus, launcher=launcher) as handle,
+        servers.bench_user(handle, BUCKET) as (admin, password),
+    ):
+        d = Daemon(handle, admin, "bench", password)
+        loadgen.preload(d.target(BUCKET), keys, value)
+        yield d
 
 
 def set_params(d: Daemon, **params: Any) -> None:
@@ -355,15 +293,7 @@ def sample(d: Daemon) -> Sample:
     st = d.admin.server_status()
     ex = st["execution"]
     r, w, pr = ex["read"], ex["write"], ex.get("probing", {})
-    snap = Snapshot(
-        uptime=float(st["uptime_secs"]),
-        cpu_s=d.handle.cpu_seconds(),
-        write_weight=2,
-        node={},
-        buckets={},
-        errors={},
-        machine_s=machine_cpu(),
-    )
+    snap = Snapshot.bare(float(st["uptime_secs"]), d.handle.cpu_seconds())
     return Sample(
         t=time.monotonic(),
         snap=snap,
@@ -476,7 +406,7 @@ def sweep(
     actions = {j * seg: (lambda n=n: fixed(d, n)) for j, n in enumerate(plan)}
     fixed(d, plan[0])
     spec = mixed_spec(args, value, w.set_fraction, seg * len(plan), warmup=args.warmup)
-    _log(f"  sweep {w.name}: sizes {' '.join(map(str, plan))} ({spec.seconds:g} s) ...")
+    report.log(f"  sweep {w.name}: sizes {' '.join(map(str, plan))} ({spec.seconds:g} s) ...")
     res, ss = timeline(d, spec, actions, machine)
     out = SweepResult(w, {}, {}, {})
     for j, n in enumerate(plan):
@@ -561,9 +491,7 @@ def part_sweep(
             "synchronous step, so the read pool never binds; only the write pool matters"
         )
     out.data = data
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out, results
+    return mach.close(out), results
 
 
 # -- 2. probing ------------------------------------------------------------------------
@@ -673,7 +601,7 @@ def part_probing(
         seg_ref: probing_on,
         seg_ref + 2 * P: lambda: fixed(d, wh.best),
     }
-    _log(f"  probing: read-heavy, then write-heavy ({spec.seconds:g} s) ...")
+    report.log(f"  probing: read-heavy, then write-heavy ({spec.seconds:g} s) ...")
     res, ss = timeline(d, spec, actions, mach)
     ref_rh = rate(ss[1], ss[seg_ref])
     ref_wh = rate(ss[seg_ref + 2 * P + 1], ss[total])
@@ -701,7 +629,7 @@ def part_probing(
     fixed(d, wh.best)
     total = seg_ref + P
     spec = mixed_spec(args, value, wh.workload.set_fraction, total, warmup=warm)
-    _log(f"  probing: write-heavy ({spec.seconds:g} s) ...")
+    report.log(f"  probing: write-heavy ({spec.seconds:g} s) ...")
     res, ss2 = timeline(d, spec, {seg_ref: probing_on}, mach)
     ref_wh2 = rate(ss2[1], ss2[seg_ref])
     pc = Phase(
@@ -718,38 +646,7 @@ def part_probing(
     if errors:
         out.notes.append(f"probing: {errors} requests failed ({res.error_sample})")
     for a in analyses:
-        ok = (
-            a["reached_95pct_1s_avg_s"] is not None and a["reached_95pct_1s_avg_s"] <= REACH_SECONDS
-        )
-        adj = a["adjacent_fixed_ops_per_s"]
-        out.lines += [
-            f"   {a['phase']}: reference {a['reference_ops_per_s']:,.0f} ops/s (sweep best "
-            f"N = {a['sweep_best_size']}: {a['sweep_best_ops_per_s']:,.0f}; re-measured next "
-            f"to it: {'-' if adj is None else f'{adj:,.0f}'})",
-            f"     reached 95 % after {_secs(a['reached_95pct_s'])} (one 0.5 s sample), "
-            f"{_secs(a['reached_95pct_1s_avg_s'])} (1 s average)   target <= "
-            f"{REACH_SECONDS:g} s   {_verdict(ok)}",
-            f"     steady state (last {a['steady_window_s']:g} s): {a['steady_ops_per_s']:,.0f} "
-            f"ops/s = {100 * a['steady_ratio']:.1f} % of the reference; pools read "
-            f"{a['steady_read_pool']:g} / write {a['steady_write_pool']:g} (stable "
-            f"concurrency {a['steady_stable_concurrency']:g})",
-            "     % of reference (read / write pool) at "
-            + ", ".join(f"{k} s {100 * v[0]:.0f} % ({v[1]}/{v[2]})" for k, v in a["at"].items()),
-        ]
-        out.check(
-            f"{a['short']}: time to 95 % of best",
-            a["reached_95pct_1s_avg_s"],
-            _secs(a["reached_95pct_1s_avg_s"]),
-            f"<= {REACH_SECONDS:g} s",
-            ok,
-        )
-        out.check(
-            f"{a['short']}: steady state / best",
-            a["steady_ratio"],
-            f"{100 * a['steady_ratio']:.1f} %",
-            ">= 95 %",
-            a["steady_ratio"] >= REACH,
-        )
+        _probing_phase(out, a)
     out.data = {
         "min_concurrency": mn,
         "initial_concurrency": init,
@@ -757,9 +654,41 @@ def part_probing(
         "probe_seconds": args.probe_seconds,
         "phases": analyses,
     }
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
+
+
+def _probing_phase(out: Outcome, a: dict[str, Any]) -> None:
+    """One probing phase's lines and checks."""
+    ok = a["reached_95pct_1s_avg_s"] is not None and a["reached_95pct_1s_avg_s"] <= REACH_SECONDS
+    adj = a["adjacent_fixed_ops_per_s"]
+    out.lines += [
+        f"   {a['phase']}: reference {a['reference_ops_per_s']:,.0f} ops/s (sweep best "
+        f"N = {a['sweep_best_size']}: {a['sweep_best_ops_per_s']:,.0f}; re-measured next "
+        f"to it: {'-' if adj is None else f'{adj:,.0f}'})",
+        f"     reached 95 % after {_secs(a['reached_95pct_s'])} (one 0.5 s sample), "
+        f"{_secs(a['reached_95pct_1s_avg_s'])} (1 s average)   target <= "
+        f"{REACH_SECONDS:g} s   {_verdict(ok)}",
+        f"     steady state (last {a['steady_window_s']:g} s): {a['steady_ops_per_s']:,.0f} "
+        f"ops/s = {100 * a['steady_ratio']:.1f} % of the reference; pools read "
+        f"{a['steady_read_pool']:g} / write {a['steady_write_pool']:g} (stable "
+        f"concurrency {a['steady_stable_concurrency']:g})",
+        "     % of reference (read / write pool) at "
+        + ", ".join(f"{k} s {100 * v[0]:.0f} % ({v[1]}/{v[2]})" for k, v in a["at"].items()),
+    ]
+    out.check(
+        f"{a['short']}: time to 95 % of best",
+        a["reached_95pct_1s_avg_s"],
+        _secs(a["reached_95pct_1s_avg_s"]),
+        f"<= {REACH_SECONDS:g} s",
+        ok,
+    )
+    out.check(
+        f"{a['short']}: steady state / best",
+        a["steady_ratio"],
+        f"{100 * a['steady_ratio']:.1f} %",
+        ">= 95 %",
+        a["steady_ratio"] >= REACH,
+    )
 
 
 # -- 3. ticket accounting overhead -----------------------------------------------------
@@ -780,27 +709,56 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         + f"; {reps} x ({', '.join(modes)}) then default, {secs:g} s each, medians",
     )
     mach = Machine()
-    loads: list[tuple[str, LoadSpec]] = [
-        (
-            "get",
-            LoadSpec(
-                op="get",
-                conns=O_CONNS,
-                depth=O_DEPTH,
-                value=value,
-                keys=args.keys,
-                seconds=secs,
-                warmup=warm,
-                workers=2,
-                cpus=args.client_cpus,
-            ),
-        )
-    ]
+    get = loadgen.cell_spec(args, "get", O_CONNS, O_DEPTH, value, seconds=secs, warmup=warm)
+    loads: list[tuple[str, LoadSpec]] = [("get", get)]
     if not args.quick:
         wt = _ticks(secs, "--overhead-seconds")
         loads.append(
             ("write-heavy", mixed_spec(args, value, args.write_heavy_sets, wt, warmup=warm))
         )
+    runs, cpu, pools = _overhead_runs(args, value, loads, modes, mach)
+    out.lines.append(
+        f"   {'load':<12}"
+        + "".join(f" {m:>9}" for m in modes)
+        + f"  {'tickets cost':>12}  {'pool limit':>10}"
+        + (f"  {'a/a diff':>8}" if control else "")
+        + "   target   result"
+    )
+    data: dict[str, Any] = {}
+    for name, by in runs.items():
+        data[name] = _overhead_load(out, data, name, by, cpu[name], pools[name], modes)
+    out.notes.append(
+        "overhead: 'tickets cost' = 1 - default / none (what taking and counting execution "
+        "tickets costs); 'pool limit' = 1 - default / huge (what the default pool sizes cost "
+        "by making operations wait)"
+        + (
+            "; 'a/a diff' = 1 - default / a/a, two unpatched daemons: how far two server "
+            "processes differ for no reason (hash seeds, memory layout), the noise floor of "
+            "'tickets cost'"
+            if control
+            else ""
+        )
+        + ". Huge pools still take a ticket per operation, so they do not approximate 'no "
+        "tickets'; the patched daemon does"
+    )
+    out.data = {"loads": data, "reps": reps, "seconds": secs, "modes": list(modes)}
+    return mach.close(out)
+
+
+def _overhead_runs(
+    args: argparse.Namespace,
+    value: bytes,
+    loads: list[tuple[str, LoadSpec]],
+    modes: tuple[str, ...],
+    mach: Machine,
+) -> tuple[
+    dict[str, dict[str, list[float]]],
+    dict[str, dict[str, list[float]]],
+    dict[str, list[tuple[int, int]]],
+]:
+    """Each load on each mode's daemon, ``--overhead-reps`` times, modes alternating:
+    ops/s and server CPU % per run, and the default pools after its runs."""
+    reps, control = args.overhead_reps, "a/a" in modes
     runs: dict[str, dict[str, list[float]]] = {}
     cpu: dict[str, dict[str, list[float]]] = {}
     pools: dict[str, list[tuple[int, int]]] = {}
@@ -830,12 +788,10 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
             order = [m for _ in range(reps) for m in modes] + ["default"]
             for m in order:
                 dd = mode(m)
-                snap0 = Snapshot(0.0, dd.handle.cpu_seconds(), 2, {}, {}, {}, machine_cpu())
+                snap0 = Snapshot.bare(0.0, dd.handle.cpu_seconds())
                 t0 = time.monotonic()
                 r = loadgen.run_load(dd.target(BUCKET), spec, dd.handle.cpu_seconds)
-                snap1 = Snapshot(
-                    time.monotonic() - t0, dd.handle.cpu_seconds(), 2, {}, {}, {}, machine_cpu()
-                )
+                snap1 = Snapshot.bare(time.monotonic() - t0, dd.handle.cpu_seconds())
                 mach.add(snap0, snap1, [r])
                 if r.errors:
                     raise BenchError(f"overhead {name} {m}: {r.errors} errors ({r.error_sample})")
@@ -847,91 +803,78 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                         pools[name].append((b.size_r, b.size_w))
                 runs[name][m].append(r.ops_per_s)
                 cpu[name][m].append(_pct(r.server_cpu_s, r.window_s) or 0.0)
-                _log(f"  overhead {name} {m:<7} {r.ops_per_s:>10,.0f} ops/s")
+                report.log(f"  overhead {name} {m:<7} {r.ops_per_s:>10,.0f} ops/s")
+    return runs, cpu, pools
+
+
+def _overhead_load(
+    out: Outcome,
+    data: dict[str, Any],
+    name: str,
+    by: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    pools: list[tuple[int, int]],
+    modes: tuple[str, ...],
+) -> dict[str, Any]:
+    """One load's line, runs, check and JSON (``data`` gets the micro check)."""
+    control = "a/a" in modes
+    med = {m: statistics.median(v) for m, v in by.items()}
+    cost = 1 - med["default"] / med["none"]
+    limit = 1 - med["default"] / med["huge"]
+    aa = 1 - med["default"] / med["a/a"] if control else None
+    ok = cost <= OVERHEAD_TARGET
     out.lines.append(
-        f"   {'load':<12}"
-        + "".join(f" {m:>9}" for m in modes)
-        + f"  {'tickets cost':>12}  {'pool limit':>10}"
-        + (f"  {'a/a diff':>8}" if control else "")
-        + "   target   result"
+        f"   {name:<12}"
+        + "".join(f" {med[m]:>9,.0f}" for m in modes)
+        + f"  {100 * cost:>+11.1f}%  {100 * limit:>+9.1f}%"
+        + (f"  {100 * aa:>+7.1f}%" if aa is not None else "")
+        + f"   <= {100 * OVERHEAD_TARGET:.0f} %   {_verdict(ok)}"
     )
-    data: dict[str, Any] = {}
-    for name, by in runs.items():
-        med = {m: statistics.median(v) for m, v in by.items()}
-        cost = 1 - med["default"] / med["none"]
-        limit = 1 - med["default"] / med["huge"]
-        aa = 1 - med["default"] / med["a/a"] if control else None
-        ok = cost <= OVERHEAD_TARGET
-        out.lines.append(
-            f"   {name:<12}"
-            + "".join(f" {med[m]:>9,.0f}" for m in modes)
-            + f"  {100 * cost:>+11.1f}%  {100 * limit:>+9.1f}%"
-            + (f"  {100 * aa:>+7.1f}%" if aa is not None else "")
-            + f"   <= {100 * OVERHEAD_TARGET:.0f} %   {_verdict(ok)}"
-        )
-        srv = {m: statistics.median(v) for m, v in cpu[name].items()}
-        ends = sorted(set(pools[name]))
-        out.lines.append(
-            "        runs: "
-            + "; ".join(f"{m} " + " ".join(f"{x:,.0f}" for x in by[m]) for m in modes)
-        )
-        out.lines.append(
-            "        server cpu % (median): "
-            + ", ".join(f"{m} {srv[m]:.0f}" for m in modes)
-            + "; default's pools (read/write) after its runs: "
-            + ", ".join(f"{r}/{w}" for r, w in ends)
-        )
-        if name == "get":
-            real, free = micro_cost()
-            per_op = (srv["default"] / 100) / med["default"] * 1e6 if med["default"] else 0.0
-            est = (real - free) / per_op if per_op else 0.0
-            data["micro"] = {
-                "ticket_us": round(real, 3),
-                "free_us": round(free, 3),
-                "daemon_us_per_get": round(per_op, 2),
-                "expected_cost": round(est, 4),
-            }
-            out.lines.append(
-                f"        in-process check: try_acquire() + release() {real:.2f} µs on a real "
-                f"pool, {free:.2f} µs on the no-op one; the daemon spends {per_op:.1f} µs of "
-                f"CPU per pipelined GET (default runs), so tickets should cost "
-                f"~{100 * est:.1f} %"
-            )
-        out.check(
-            f"{name}: tickets cost (1 - default/none)",
-            round(cost, 4),
-            f"{100 * cost:+.1f} %",
-            f"<= {100 * OVERHEAD_TARGET:.0f} %",
-            ok,
-        )
-        data[name] = {
-            "runs": {m: [round(x, 1) for x in v] for m, v in by.items()},
-            "medians": {m: round(x, 1) for m, x in med.items()},
-            "tickets_cost": round(cost, 4),
-            "pool_limit_cost": round(limit, 4),
-            "a_a_difference": None if aa is None else round(aa, 4),
-            "server_cpu_pct": {m: [round(x, 1) for x in v] for m, v in cpu[name].items()},
-            "default_pools_after_runs": ends,
+    srv = {m: statistics.median(v) for m, v in cpu.items()}
+    ends = sorted(set(pools))
+    out.lines.append(
+        "        runs: " + "; ".join(f"{m} " + " ".join(f"{x:,.0f}" for x in by[m]) for m in modes)
+    )
+    out.lines.append(
+        "        server cpu % (median): "
+        + ", ".join(f"{m} {srv[m]:.0f}" for m in modes)
+        + "; default's pools (read/write) after its runs: "
+        + ", ".join(f"{r}/{w}" for r, w in ends)
+    )
+    if name == "get":
+        real, free = micro_cost()
+        per_op = (srv["default"] / 100) / med["default"] * 1e6 if med["default"] else 0.0
+        est = (real - free) / per_op if per_op else 0.0
+        data["micro"] = {
+            "ticket_us": round(real, 3),
+            "free_us": round(free, 3),
+            "daemon_us_per_get": round(per_op, 2),
+            "expected_cost": round(est, 4),
         }
-        _cpu_note(out, 0.0, max(srv.values()), f"overhead {name}")
-    out.notes.append(
-        "overhead: 'tickets cost' = 1 - default / none (what taking and counting execution "
-        "tickets costs); 'pool limit' = 1 - default / huge (what the default pool sizes cost "
-        "by making operations wait)"
-        + (
-            "; 'a/a diff' = 1 - default / a/a, two unpatched daemons: how far two server "
-            "processes differ for no reason (hash seeds, memory layout), the noise floor of "
-            "'tickets cost'"
-            if control
-            else ""
+        out.lines.append(
+            f"        in-process check: try_acquire() + release() {real:.2f} µs on a real "
+            f"pool, {free:.2f} µs on the no-op one; the daemon spends {per_op:.1f} µs of "
+            f"CPU per pipelined GET (default runs), so tickets should cost "
+            f"~{100 * est:.1f} %"
         )
-        + ". Huge pools still take a ticket per operation, so they do not approximate 'no "
-        "tickets'; the patched daemon does"
+    out.check(
+        f"{name}: tickets cost (1 - default/none)",
+        round(cost, 4),
+        f"{100 * cost:+.1f} %",
+        f"<= {100 * OVERHEAD_TARGET:.0f} %",
+        ok,
     )
-    out.data = {"loads": data, "reps": reps, "seconds": secs, "modes": list(modes)}
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    figures = {
+        "runs": {m: [round(x, 1) for x in v] for m, v in by.items()},
+        "medians": {m: round(x, 1) for m, x in med.items()},
+        "tickets_cost": round(cost, 4),
+        "pool_limit_cost": round(limit, 4),
+        "a_a_difference": None if aa is None else round(aa, 4),
+        "server_cpu_pct": {m: [round(x, 1) for x in v] for m, v in cpu.items()},
+        "default_pools_after_runs": ends,
+    }
+    _cpu_note(out, 0.0, max(srv.values()), f"overhead {name}")
+    return figures
 
 
 # -- driver ----------------------------------------------------------------------------
@@ -939,18 +882,14 @@ def part_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
+    value = report.value_bytes(args.value_size, b"probing")
     loads = [
         Workload("read-heavy", args.read_heavy_sets),
         Workload("write-heavy", args.write_heavy_sets),
     ]
+    out, meta = report.run_header(args, "probing")
     print(
-        f"\nprobing: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\nworkloads: {loads[0].describe()} and {loads[1].describe()}, "
+        f"\nworkloads: {loads[0].describe()} and {loads[1].describe()}, "
         f"durable SETs, both ops mixed on every connection in a fixed ratio; "
         f"{args.conns} conns x depth {args.depth} closed loop, {args.workers} worker "
         f"processes; {args.value_size} B values over {args.keys:,} keys"
@@ -958,16 +897,9 @@ def run(args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
-
-    def show(o: Outcome) -> None:
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-
+    parts = Parts(args, out, "probing")
     if "sweep" in args.part:
-        _log("part sweep + probing ..." if "probing" in args.part else "part sweep ...")
+        report.log("part sweep + probing ..." if "probing" in args.part else "part sweep ...")
         with daemon(args.keys, value, args.server_cpus) as d:
             set_params(d, **{MAX_P: max(256, max(args.sizes))}, **OPEN_GATES)
             print(
@@ -979,12 +911,10 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             o, sweeps = part_sweep(d, args, value, loads)
-            show(o)
+            parts.show(o)
             if "probing" in args.part:
-                show(part_probing(d, args, value, sweeps))
+                parts.show(part_probing(d, args, value, sweeps))
     if "overhead" in args.part:
-        _log("part overhead ...")
-        show(part_overhead(args, value))
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(args, out, "probing", meta, outcomes, widths=(10, 44, 10))
-    return 0
+        report.log("part overhead ...")
+        parts.show(part_overhead(args, value))
+    return parts.finish(meta, widths=(10, 44, 10))

@@ -70,7 +70,9 @@ def load_results(directory: Path) -> dict[str, Env]:
 def cmd_report(args: argparse.Namespace) -> int:
     envs = load_results(args.results)
     if not envs:
-        print(f"bench report: no results in {args.results}; run `python -m bench all` first")
+        print(
+            f"bench report: no results in {args.results}; run `python -m bench all --publish` first"
+        )
         return 1
     out = Path(args.out)
     plots = Path(args.plots) if args.plots else out.parent / "bench"
@@ -140,7 +142,7 @@ def render(envs: dict[str, Env], plot_prefix: str = "bench") -> str:
         "Measured figures of tenantkv, each from a scenario of `python -m bench` "
         "(how they work and how to run them: [benchmarking.md](benchmarking.md)). "
         "Reproduce one with the command shown in its section, all with "
-        "`python -m bench all && python -m bench report`.",
+        "`python -m bench all --publish && python -m bench report`.",
         "",
     ]
     out += _targets(envs)
@@ -149,7 +151,7 @@ def render(envs: dict[str, Env], plot_prefix: str = "bench") -> str:
         env = envs.get(s.name)
         out += [f"## {s.name}: {s.title}", ""]
         if env is None:
-            out += [f"Not run yet: `python -m bench run {s.name}`.", ""]
+            out += [f"Not run yet: `python -m bench run {s.name} --publish`.", ""]
             continue
         out += [
             f"{s.what}. `{env['command']}` — {env['mode']} run of {env['started'][:10]}, "

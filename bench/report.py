@@ -9,16 +9,16 @@ where the 2 cores went: ``cli%`` is all load-generator processes together,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO, TypeVar
 
-from bench.loadgen import BenchError, LoadResult, LoadSpec
+from bench import loadgen, options
+from bench.loadgen import LoadResult, LoadSpec, Target
 
 
 @dataclass
@@ -32,6 +32,10 @@ class Cell:
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.spec.op, self.spec.conns, self.spec.depth)
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.result.ops_per_s
 
     def to_json(self) -> dict[str, Any]:
         r = self.result
@@ -49,6 +53,33 @@ class Cell:
             "ops_per_s": round(r.ops_per_s, 1),
             **load_figures(r),
         }
+
+
+C = TypeVar("C", bound=Cell)
+
+
+def run_on_each(
+    targets: Sequence[tuple[str, Any, Target]],
+    spec: LoadSpec,
+    make: Callable[[str, LoadSpec, LoadResult], C],
+    what: str,
+    prepare: Callable[[Target], None] | None = None,
+) -> list[C]:
+    """One cell on every server, back to back (``prepare`` first on each), with a
+    progress line each."""
+    cells = []
+    for name, handle, target in targets:
+        if prepare is not None:
+            prepare(target)
+        res = loadgen.run_load(target, spec, handle.cpu_seconds)
+        cell = make(name, spec, res)
+        cells.append(cell)
+        j = cell.to_json()
+        log(
+            f"  {name:<8} {what} {cell.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
+            f"p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  errors {res.errors}"
+        )
+    return cells
 
 
 def load_figures(r: LoadResult) -> dict[str, Any]:
@@ -96,57 +127,98 @@ def _fmt_pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
-def format_table(cells: Sequence[Cell], servers: Sequence[str]) -> str:
-    """The printed table: one line per (op, conns, depth), servers side by side."""
-    keys: list[tuple[str, int, int]] = []
-    for c in cells:
-        if c.key not in keys:
-            keys.append(c.key)
+@dataclass(frozen=True)
+class Layout:
+    """How :func:`side_by_side` draws a table: the key columns (both header
+    lines and a row's text), each server's figures (names, widths), and how a
+    failed cell is named under the table."""
+
+    heads: tuple[str, str]
+    key_text: Callable[[Any], str]
+    figures: Sequence[str]
+    widths: Sequence[int]
+    errors_head: str
+    error_text: Callable[[Any], str]
+
+
+def side_by_side(
+    cells: Sequence[Any],
+    servers: Sequence[str],
+    layout: Layout,
+    values: Callable[[Any], Sequence[str]],
+    ratio_of: Callable[[Any], float | None],
+    missing: Callable[[str, Any], str] = lambda server, key: "",
+) -> str:
+    """A table with one line per cell key and each server's figures side by
+    side (``values(cell)``; ``missing`` names a cell not run), then the
+    tenantkv/redis ratio when both ran, then the cells that had errors."""
+    keys = list(dict.fromkeys(c.key for c in cells))
     by = {(c.server, c.key): c for c in cells}
-    per = ["ops/s", "p50 µs", "p99 µs", "cli%", "srv%"]
-    widths = [10, 8, 8, 5, 5]
-    head1 = f"{'':<4} {'':>5} {'':>5}"
-    head2 = f"{'op':<4} {'conns':>5} {'depth':>5}"
+    widths = layout.widths
+    block = sum(widths) + len(widths)
+    head1, head2 = layout.heads
     for s in servers:
-        block = sum(widths) + len(widths)
         head1 += " |" + s.center(block)
-        head2 += " |" + "".join(f" {h:>{w}}" for h, w in zip(per, widths, strict=True))
+        head2 += " |" + "".join(f" {h:>{w}}" for h, w in zip(layout.figures, widths, strict=True))
     show_ratio = "tenantkv" in servers and "redis" in servers
     if show_ratio:
         head1 += " |" + " ratio".ljust(10)
         head2 += " | tkv/redis"
     lines = [head1, head2, "-" * len(head2)]
     for key in keys:
-        op, conns, depth = key
-        line = f"{op:<4} {conns:>5} {depth:>5}"
+        line = layout.key_text(key)
         for s in servers:
             cell = by.get((s, key))
             if cell is None:
-                line += " |" + " " * (sum(widths) + len(widths))
-                continue
-            j = cell.to_json()
-            vals = [
-                _fmt_ops(cell.result.ops_per_s) + ("!" if j["errors"] else ""),
-                _fmt_us(j["p50_us"]),
-                _fmt_us(j["p99_us"]),
-                _fmt_pct(j["client_cpu_pct"]),
-                _fmt_pct(j["server_cpu_pct"]),
-            ]
-            line += " |" + "".join(f" {v:>{w}}" for v, w in zip(vals, widths, strict=True))
+                line += " |" + f"{missing(s, key):^{block}}"
+            else:
+                vals = values(cell)
+                line += " |" + "".join(f" {v:>{w}}" for v, w in zip(vals, widths, strict=True))
         if show_ratio:
-            r = ratio(cells, key, "tenantkv", "redis")
+            r = ratio_of(key)
             line += " | " + (f"{r:>8.2f}x" if r is not None else f"{'-':>9}")
         lines.append(line)
     errs = [c for c in cells if c.result.errors]
     if errs:
-        lines.append("")
-        lines.append("! = some requests failed (not counted in ops/s):")
-        for c in errs:
-            lines.append(
-                f"  {c.server} {c.spec.op} conns={c.spec.conns} depth={c.spec.depth}: "
-                f"{c.result.errors} errors, e.g. {c.result.error_sample}"
-            )
+        lines += ["", layout.errors_head]
+        lines += [f"  {layout.error_text(c)}, e.g. {c.result.error_sample}" for c in errs]
     return "\n".join(lines)
+
+
+#: the throughput table: one line per (op, conns, depth)
+THROUGHPUT = Layout(
+    (f"{'':<4} {'':>5} {'':>5}", f"{'op':<4} {'conns':>5} {'depth':>5}"),
+    lambda k: f"{k[0]:<4} {k[1]:>5} {k[2]:>5}",
+    ["ops/s", "p50 µs", "p99 µs", "cli%", "srv%"],
+    [10, 8, 8, 5, 5],
+    "! = some requests failed (not counted in ops/s):",
+    lambda c: (
+        f"{c.server} {c.spec.op} conns={c.spec.conns} depth={c.spec.depth}: "
+        f"{c.result.errors} errors"
+    ),
+)
+
+
+def _throughput_values(cell: Cell) -> list[str]:
+    j = cell.to_json()
+    return [
+        _fmt_ops(cell.result.ops_per_s) + ("!" if j["errors"] else ""),
+        _fmt_us(j["p50_us"]),
+        _fmt_us(j["p99_us"]),
+        _fmt_pct(j["client_cpu_pct"]),
+        _fmt_pct(j["server_cpu_pct"]),
+    ]
+
+
+def format_table(cells: Sequence[Cell], servers: Sequence[str]) -> str:
+    """The printed table: one line per (op, conns, depth), servers side by side."""
+    return side_by_side(
+        cells,
+        servers,
+        THROUGHPUT,
+        _throughput_values,
+        lambda key: ratio(cells, key, "tenantkv", "redis"),
+    )
 
 
 def machine_info() -> dict[str, Any]:
@@ -219,50 +291,6 @@ def results_doc(
     }
 
 
-def json_flag(p: argparse.ArgumentParser) -> None:
-    """``--json PATH``, as every measuring subcommand has it."""
-    p.add_argument("--json", metavar="PATH", help="write results as JSON here ('-' = stdout)")
-
-
-def quick_flag(p: argparse.ArgumentParser, what: str = "a fast smoke run, < 40 s in all") -> None:
-    """``--quick``, as every measuring subcommand has it (what it means varies)."""
-    p.add_argument("--quick", action="store_true", help=what)
-
-
-def pin_flag(
-    p: argparse.ArgumentParser,
-    what: str = "split = the daemon on the first CPU, the load generator on the others",
-) -> None:
-    """``--pin none|split``, as the subcommands that compare CPU placements have it
-    (resolved by :func:`bench.servers.pin_cpus`)."""
-    p.add_argument(
-        "--pin",
-        choices=("none", "split"),
-        default="none",
-        help=f"CPU placement: none = the OS decides; {what} [none]",
-    )
-
-
-def timing_defaults(
-    args: argparse.Namespace,
-    *,
-    seconds: tuple[float, float],
-    warmup: tuple[float, float],
-    rounds: tuple[int, int],
-) -> None:
-    """Fill ``--seconds``, ``--warmup`` and ``--rounds`` not given from (quick, full)
-    defaults, and check them (BenchError): the measuring subcommands share these three."""
-    i = 0 if args.quick else 1
-    if args.seconds is None:
-        args.seconds = seconds[i]
-    if args.warmup is None:
-        args.warmup = warmup[i]
-    if args.rounds is None:
-        args.rounds = rounds[i]
-    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1:
-        raise BenchError("--seconds must be > 0, --warmup >= 0, --rounds >= 1")
-
-
 def write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
     if path == "-":
@@ -270,6 +298,48 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
         return
     with open(path, "w") as f:
         f.write(text)
+
+
+# -- results: a run's header, its table of figures, its verdict ----------------------------
+
+
+def machine_line(meta: dict[str, Any], who: str = "server and load generator") -> str:
+    """``N cores (model) shared by WHO``: how to read every figure of the run."""
+    m = meta["machine"]
+    return f"{m['cpus']} cores ({m['cpu_model']}) shared by {who}"
+
+
+def run_header(args: Any, name: str) -> tuple[TextIO, dict[str, Any]]:
+    """Where a run prints (stderr when its JSON goes to stdout) and its meta;
+    the first line of its header is ``NAME: version; machine``."""
+    out = sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+    meta = run_meta(args)
+    print(f"\n{name}: {version_line(meta)}; {machine_line(meta)}", end="", file=out)
+    return out, meta
+
+
+def markdown_head(*names: str) -> str:
+    """A markdown table's header and rule."""
+    return "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
+
+
+def columns(rows: Iterable[Sequence[Any]], widths: Sequence[int]) -> str:
+    """Rows of cells, each cell but the last left-aligned to its width."""
+    return "\n".join(
+        " ".join(f"{c!s:{w}}" for c, w in zip(row, widths, strict=False))
+        + (f" {row[-1]}" if len(row) > len(widths) else "")
+        for row in rows
+    )
+
+
+def verdict(args: Any, benchmark: str, figures: dict[str, Any]) -> int:
+    """The last line of a run with targets, its JSON (``--json``) and its exit
+    status: 0 when every part's ``met`` holds, else 1."""
+    met = all(part["met"] for part in figures.values())
+    print("all targets met" if met else "TARGET MISSED")
+    if args.json:
+        write_json(args.json, {"benchmark": benchmark, "meta": run_meta(args), **figures})
+    return 0 if met else 1
 
 
 # -- helpers every scenario module uses ---------------------------------------------------
@@ -286,26 +356,12 @@ def value_bytes(size: int, tag: bytes) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def name_list(text: str, choices: Sequence[str], what: str) -> list[str]:
-    """Parse ``a,b`` as a non-empty subset of ``choices`` (an argparse type)."""
-    import argparse
-
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names or [n for n in names if n not in choices]:
-        raise argparse.ArgumentTypeError(f"{what} are a comma-separated subset of {choices}")
-    return names
-
-
 def run_meta(args: Any) -> dict[str, Any]:
     """Machine, source commit and the settings of a run, for --json and headers."""
     return {
         "machine": machine_info(),
         "source": source_info(),
-        "settings": {
-            k: sorted(v) if isinstance(v, set | frozenset) else v
-            for k, v in vars(args).items()
-            if k != "func"
-        },
+        "settings": options.settings(args),
     }
 
 

@@ -43,8 +43,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench import cpu, loadgen, report, servers
-from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench import cpu, loadgen, options, report, servers
+from bench.loadgen import BenchError, RedisCodec, Target, TenantKVCodec
+from bench.options import Quick
 
 BUCKET = "bench"
 OPS = ("get", "set", "incr", "mset")
@@ -66,49 +67,45 @@ def find_redis_benchmark() -> str | None:
     return shutil.which("redis-benchmark")
 
 
-def _ops(text: str) -> list[str]:
-    return report.name_list(text, OPS, "ops")
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "resp",
-        help="tenantkv's RESP port under redis-benchmark, vs redis-server and the "
-        "MessagePack-RPC port",
-        description="Drive tenantkv's RESP front door (and, with --vs-redis, redis-server "
-        "with appendfsync always) with redis-benchmark: GET, SET, INCR, MSET x connections "
-        "x pipeline depth. Reports ops/s, the ratio to redis from the same run, server CPU "
-        "µs/op, and for GET and SET the MessagePack-RPC port's ops/s for the same load shape "
-        "(bench/loadgen.py) with the ratio RESP / MessagePack. See docs/benchmarking.md.",
-    )
+    p = options.subcommand(sub, run, __doc__)
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
-    p.add_argument("--ops", type=_ops, default=list(OPS), help="redis-benchmark tests [all four]")
-    p.add_argument(
+    options.add(
+        p, "--ops", options.names(OPS, "ops"), list(OPS), "redis-benchmark tests", show="all four"
+    )
+    options.add(
+        p,
         "--shapes",
-        type=cpu._shapes,
-        default=list(cpu.SHAPES),
-        help="CONNSxPIPELINE list (-c x -P) [1x1,16x1,1x64,16x64]",
+        cpu._shapes,
+        list(cpu.SHAPES),
+        "CONNSxPIPELINE list (-c x -P)",
+        show="1x1,16x1,1x64,16x64",
     )
-    p.add_argument("--value-size", type=int, default=64, help="value bytes (-d) [64]")
-    p.add_argument("--keys", type=int, default=10_000, help="keyspace (-r), preloaded [10000]")
-    p.add_argument("--seconds", type=float, help="length of each measured run [2; quick 0.5]")
-    p.add_argument(
-        "--warmup", type=float, help="MessagePack load: warm-up before the window [0.5; quick 0.2]"
-    )
-    p.add_argument("--rounds", type=int, help="rounds per cell, median kept [3; quick 1]")
-    report.pin_flag(
+    redis_benchmark_flags(p, 10_000, Quick(2.0, 0.5), "rounds per cell, median kept")
+    options.pin_flag(
         p,
         "split = servers on the first CPU, redis-benchmark and the load generator on the others",
     )
-    report.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
-    report.json_flag(p)
-    p.set_defaults(func=run)
+    options.quick_flag(p, "1 round of 0.5 s per cell (about a minute for the whole grid)")
+    options.json_flag(p)
+
+
+def redis_benchmark_flags(p: argparse.ArgumentParser, keys: Any, seconds: Any, rounds: str) -> None:
+    """The load flags of a redis-benchmark subcommand (this one and ``workers``):
+    ``-d``, ``-r``, each run's length, the MessagePack load's warm-up, rounds."""
+    options.data_flags(
+        p,
+        keys,
+        64,
+        keys_help="keyspace (-r), preloaded",
+        value_help="value bytes (-d)",
+        value_low=1,
+    )
+    what = ("length of each measured run", "MessagePack load: warm-up before the window", rounds)
+    options.window_flags(p, seconds, Quick(0.5, 0.2), Quick(3, 1), what=what)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    report.timing_defaults(args, seconds=(0.5, 2.0), warmup=(0.2, 0.5), rounds=(1, 3))
-    if args.value_size < 1 or args.keys < 1:
-        raise BenchError("--value-size and --keys must be >= 1")
     servers.pin_cpus(args)
 
 
@@ -415,17 +412,7 @@ def _cell(
     spec = None
     if op in MSGPACK_OPS:
         runs["msgpack"] = []
-        spec = LoadSpec(
-            op=op,
-            conns=conns,
-            depth=depth,
-            value=value,
-            keys=args.keys,
-            seconds=args.seconds,
-            warmup=args.warmup,
-            cpus=args.client_cpus,
-            key_prefix=KEY_PREFIX,
-        )
+        spec = loadgen.cell_spec(args, op, conns, depth, value, key_prefix=KEY_PREFIX)
     for _ in range(args.rounds):
         for s in sides:
             if any(r["error"] for r in runs[s.name]):
@@ -521,13 +508,7 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
-    m = meta["machine"]
-    pin = (
-        f"; pinned: servers on CPU {sorted(args.server_cpus)}, clients on "
-        f"{sorted(args.client_cpus)}"
-        if args.server_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     redis = meta["servers"].get("redis")
     return (
         f"\nresp: {report.version_line(meta)}"
@@ -536,19 +517,21 @@ def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
         f"redis-benchmark -t OP -c CONNS -P PIPELINE -d {args.value_size} -r {args.keys}, "
         f"-n sized for ~{args.seconds:g} s, median of {args.rounds} round(s); MessagePack "
         f"column: bench/loadgen.py, same shape, same keys\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by servers and clients{pin}; "
+        f"machine: {report.machine_line(meta, 'servers and clients')}"
+        f"{'; ' + pin if pin else ''}; "
         "µs/op = server CPU per request (MSET: per 10-key command); writes/commit = "
         "write commands per group commit\n"
     )
 
 
 def _table(cells: list[dict[str, Any]]) -> str:
-    head = (
-        "| op | c x P | RESP ops/s | redis ops/s | RESP ÷ redis | MessagePack ops/s "
-        "| RESP ÷ MessagePack | RESP µs/op | MessagePack µs/op | redis µs/op "
-        "| writes/commit RESP, MessagePack |\n|" + "---|" * 11
-    )
-    rows = [head]
+    rows = [
+        report.markdown_head(
+            *("op", "c x P", "RESP ops/s", "redis ops/s", "RESP ÷ redis", "MessagePack ops/s"),
+            *("RESP ÷ MessagePack", "RESP µs/op", "MessagePack µs/op", "redis µs/op"),
+            "writes/commit RESP, MessagePack",
+        )
+    ]
     for c in cells:
         r, rd, mp = c["resp"], c.get("redis", {}), c.get("msgpack", {})
         bang = "!" if r.get("errors") else ""

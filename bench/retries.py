@@ -47,8 +47,8 @@ from typing import Any
 import trio
 
 import tenantkv
-from bench import report, servers
-from bench.loadgen import BenchError
+from bench import options, report, servers
+from bench.options import Quick
 
 SCENARIOS = ("burst", "sustained")
 DEFAULT_MODES = ("off", "on", "adaptive")
@@ -61,18 +61,6 @@ DRAIN_LIMIT = 60.0
 #: Sustained load past the window: longer than the default retries' backoffs (3.1 s
 #: at most) plus the server's retryAfterMs hints.
 TAIL_SECONDS = 4.0
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _scenario_list(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in SCENARIOS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"scenarios are a comma-separated subset of {SCENARIOS}")
-    return names
 
 
 @dataclass(frozen=True)
@@ -100,89 +88,48 @@ def _mode_list(text: str) -> list[Mode]:
     return [_mode(x.strip()) for x in text.split(",") if x.strip()]
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError("factors must be > 0")
-    return vals
-
-
 # -- command line ------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "retries",
-        help="client overload retries: goodput and retry amplification at 2x / 4x overload",
-        description="Overload a bucket's hard limit (non-blocking throttle) with open-loop "
-        "GETs from the Trio client and compare retries off, on and adaptive: success rate "
-        "after a burst, goodput against peak and retry amplification under sustained "
-        "overload. Starts its own tenantkv daemon. See docs/client.md.",
-    )
-    p.add_argument(
-        "--scenario",
-        type=_scenario_list,
-        default=list(SCENARIOS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(SCENARIOS)} [all]",
-    )
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.parts(p, "--scenario", SCENARIOS, "scenarios")
+    options.add(
+        p,
         "--modes",
-        type=_mode_list,
-        default=[_mode(m) for m in DEFAULT_MODES],
+        _mode_list,
+        [_mode(m) for m in DEFAULT_MODES],
+        "retry modes: off, on, adaptive, on:N, adaptive:N (N = max_overload_retries)",
+        show="off,on,adaptive",
         metavar="MODE[,MODE]",
-        help="retry modes: off, on, adaptive, on:N, adaptive:N (N = max_overload_retries) "
-        "[off,on,adaptive]",
     )
-    p.add_argument("--hard-limit", type=int, default=200, help="the bucket's units/s = peak [200]")
-    p.add_argument(
-        "--factors", type=_float_list, default=[2.0, 4.0], help="sustained: load / peak [2,4]"
+    options.add(p, "--hard-limit", int, 200, "the bucket's units/s = peak", low=1)
+    options.add(p, "--factors", options.float_list, [2.0, 4.0], "sustained: load / peak")
+    options.window_flags(
+        p,
+        Quick(10.0, 4.0),
+        Quick(2.0, 1.0),
+        what=("sustained: measuring window", "sustained: load before the window", ""),
     )
-    p.add_argument("--seconds", type=float, help="sustained: measuring window [10; quick 4]")
-    p.add_argument("--warmup", type=float, help="sustained: load before the window [2; quick 1]")
-    p.add_argument("--burst-factor", type=float, default=4.0, help="burst: load / peak [4]")
-    p.add_argument("--burst-seconds", type=float, default=2.0, help="burst: its length [2]")
-    p.add_argument(
-        "--calm-factor", type=float, default=0.0, help="burst: load / peak afterwards [0]"
-    )
-    p.add_argument(
-        "--calm-seconds", type=float, default=10.0, help="burst: calm load's length [10]"
-    )
+    options.add(p, "--burst-factor", float, 4.0, "burst: load / peak", above=0)
+    options.add(p, "--burst-seconds", float, 2.0, "burst: its length", above=0)
+    options.add(p, "--calm-factor", float, 0.0, "burst: load / peak afterwards", low=0)
+    options.add(p, "--calm-seconds", float, 10.0, "burst: calm load's length", low=0)
     p.add_argument(
         "--blocking",
         action="store_true",
         help="use the blocking throttle (requests wait at the server up to its "
         "throttle_max_wait_ms) instead of non-blocking rejections",
     )
-    p.add_argument("--conns", type=int, default=4, help="client connections [4]")
-    p.add_argument("--keys", type=int, default=100, help="keys read, all preloaded [100]")
-    p.add_argument("--value-size", type=int, default=100, help="value bytes (<= 4096) [100]")
-    p.add_argument("--quick", action="store_true", help="a fast smoke run")
-    report.json_flag(p)
+    options.add(p, "--conns", int, 4, "client connections", low=1)
+    options.add(p, "--keys", int, 100, "keys read, all preloaded", low=1)
+    # a GET must cost 1 unit
+    options.add(p, "--value-size", int, 100, "value bytes (<= 4096)", low=0, high=4096)
+    options.quick_flag(p, "a fast smoke run")
+    options.json_flag(p)
     p.add_argument(
         "--data-dir", help="data directory for the started daemon; must be new [a temp dir]"
     )
-    p.set_defaults(func=run)
-
-
-def _finish_args(args: argparse.Namespace) -> None:
-    if args.seconds is None:
-        args.seconds = 4.0 if args.quick else 10.0
-    if args.warmup is None:
-        args.warmup = 1.0 if args.quick else 2.0
-    if args.hard_limit < 1 or args.conns < 1 or args.keys < 1:
-        raise BenchError("--hard-limit, --conns and --keys must be >= 1")
-    if not 0 <= args.value_size <= 4096:
-        raise BenchError("--value-size must be 0-4096 (a GET must cost 1 unit)")
-    if args.seconds <= 0 or args.warmup < 0 or args.burst_seconds <= 0:
-        raise BenchError("--seconds and --burst-seconds must be > 0, --warmup >= 0")
-    if args.calm_factor < 0 or args.calm_seconds < 0 or args.burst_factor <= 0:
-        raise BenchError("--burst-factor must be > 0, --calm-factor/--calm-seconds >= 0")
 
 
 # -- one run ---------------------------------------------------------------------------
@@ -498,7 +445,6 @@ def _targets(results: Sequence[RunResult]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    _finish_args(args)
     plan: list[tuple[str, Mode, float]] = []
     for scenario in args.scenario:
         factors = [args.burst_factor] if scenario == "burst" else args.factors
@@ -517,14 +463,14 @@ def run(args: argparse.Namespace) -> int:
     }
     results: list[RunResult] = []
     t_start = time.monotonic()
-    _log("starting tenantkv ...")
+    report.log("starting tenantkv ...")
     with servers.tenantkv_server(args.data_dir) as handle:
         user, password = _prepare(handle, names, args)
         for name, (scenario, mode, factor) in zip(names, plan, strict=True):
-            _log(f"  {scenario} {factor:g}x peak, retries {mode.name} ...")
+            report.log(f"  {scenario} {factor:g}x peak, retries {mode.name} ...")
             r = _run(args, handle, user, password, name, scenario, mode, factor)
             results.append(r)
-            _log(
+            report.log(
                 f"    ops {r.ops}, ok {r.ok_pct:.2f} %, goodput {r.goodput:.1f}/s "
                 f"({r.goodput_pct:.1f} % of peak), attempts/op {r.attempts_per_op:.3f}, "
                 f"errors {r.errors or '-'}"
@@ -532,14 +478,12 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)  # let the throttle forget the last run
     meta["elapsed_s"] = round(time.monotonic() - t_start, 1)
     out = sys.stderr if args.json == "-" else sys.stdout
-    m = meta["machine"]
+    throttle = "blocking" if args.blocking else "non-blocking"
     print(
-        f"\nretries: bucket hard_limit {args.hard_limit} units/s = peak "
-        f"{args.hard_limit} GET/s ({args.value_size} B values, 1 unit each), "
-        f"{'blocking' if args.blocking else 'non-blocking'} throttle, open loop, "
-        f"{args.conns} Trio client connections sharing "
-        f"one RetryPolicy\nmachine: {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator; cli% = load generator CPU, % of one core\n",
+        f"\nretries: bucket hard_limit {args.hard_limit} units/s = peak {args.hard_limit} GET/s "
+        f"({args.value_size} B values, 1 unit each), {throttle} throttle, open loop, "
+        f"{args.conns} Trio client connections sharing one RetryPolicy\n"
+        f"machine: {report.machine_line(meta)}; cli% = load generator CPU, % of one core\n",
         file=out,
     )
     print(format_tables(results), file=out)

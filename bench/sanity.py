@@ -4,9 +4,10 @@ They guard the harness, not the speed: a smoke run is a second or two per
 scenario on a shared CI machine, so absolute figures mean nothing there. What
 must hold on any machine: every scenario produced results, load got through
 (non-zero throughput, no unexpected error replies, nothing left unanswered),
-limits held where a limit was set (within a tolerance wide enough for a
-two-second window), an overloaded server said no instead of falling over, and
-no acknowledged write was lost.
+limits held where a limit was set (never above it by more than a two-second
+window's tolerance; a floor is a speed, which a loaded machine can miss), an
+overloaded server said no instead of falling over, and no acknowledged write
+was lost.
 """
 
 from __future__ import annotations
@@ -62,8 +63,13 @@ def _hard_limit(r: Result) -> list[str]:
     limit = s["settings"]["hard_limit"]
     got = s["server"]["units_per_s"]
     out = []
-    if abs(got - limit) > 0.10 * limit:
-        out.append(f"achieved {got:.0f} units/s, hard limit {limit} (beyond ±10 %)")
+    # The ceiling only: a loaded machine offers less, never more, so a floor fails
+    # there (1,765 of 2,000 beside other work); the throttling shows the limit bound.
+    # How close to the limit a bucket gets is the full run's figure (±3 %).
+    if got > 1.10 * limit:
+        out.append(f"achieved {got:.0f} units/s, hard limit {limit} (over +10 %)")
+    if not s["server"].get("throttle_count"):
+        out.append("the bucket was never throttled: the load did not reach its limit")
     if s["client"].get("errors"):
         out.append(f"{s['client']['errors']} client errors ({s['client'].get('error_sample')})")
     return out

@@ -24,8 +24,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from bench.loadgen import BenchError, RedisCodec, RespParser, resp_command
+from bench.loadgen import BenchError, RedisCodec, RespParser, Target, resp_command
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
@@ -409,3 +410,77 @@ def redis_info(handle: ServerHandle, section: str = "persistence") -> dict[str, 
             k, v = line.split(":", 1)
             out[k] = v
     return out
+
+
+# -- the servers of a comparison run ---------------------------------------------------------
+
+#: a server a run measures: its name, its handle, and where its load goes
+Measured = tuple[str, ServerHandle, Target]
+
+
+def describe(handle: ServerHandle) -> dict[str, object]:
+    """A server as a run's ``meta["servers"]`` records it."""
+    return {
+        "version": handle.version,
+        "address": f"{handle.host}:{handle.port}",
+        "started_by_bench": handle.pid is not None,
+        "settings": handle.settings,
+    }
+
+
+def vs_redis(
+    stack: contextlib.ExitStack, cpus: set[int] | None, meta: dict[str, Any]
+) -> Measured | None:
+    """``--vs-redis``: redis-server with ``appendfsync always`` (Redis's durable
+    mode), recorded in ``meta["servers"]``; None when it is not on PATH."""
+    if find_redis() is None:
+        return None
+    from bench import report
+
+    report.log("starting redis-server (appendonly yes, appendfsync always, save '') ...")
+    rd = stack.enter_context(redis_server("always", cpus))
+    meta["servers"]["redis"] = {
+        **describe(rd),
+        "aof_enabled": redis_info(rd).get("aof_enabled"),
+    }
+    return ("redis", rd, Target(rd.host, rd.port, RedisCodec()))
+
+
+#: what a run says when ``--vs-redis`` finds no redis-server
+NO_REDIS = (
+    "--vs-redis: redis-server is not on PATH; comparison skipped "
+    "(Debian: apt-get install redis-server)"
+)
+
+
+def versions_line(meta: dict[str, Any]) -> str:
+    """``tenantkv V @ commit; redis V (appendfsync always)``."""
+    from bench import report
+
+    line = report.version_line(meta)
+    if "redis" in meta["servers"]:
+        line += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
+    return line
+
+
+def pinned(args: argparse.Namespace) -> str:
+    """`` (pinned: servers on CPU [..], load on [..])`` when ``--pin split``."""
+    if args.server_cpus and args.client_cpus:
+        return (
+            f"pinned: servers on CPU {sorted(args.server_cpus)}, load on {sorted(args.client_cpus)}"
+        )
+    return ""
+
+
+@contextlib.contextmanager
+def bench_user(handle: ServerHandle, bucket: str) -> Iterator[tuple[Any, str]]:
+    """An admin client of a server started here, ``bucket`` made and a plain
+    ``bench`` user with the readwrite role on it: (the client, that user's password)."""
+    import tenantkv
+
+    assert handle.password is not None
+    with tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password) as c:
+        c.create_bucket(bucket)
+        password = secrets.token_urlsafe(18)
+        c.create_user("bench", password, roles={bucket: "readwrite"})
+        yield c, password

@@ -39,7 +39,6 @@ import os
 import random
 import secrets
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -47,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import servers
+from bench import options, report, servers
 from bench.loadgen import BenchError
 
 RSS_TARGET_PCT = 10.0
@@ -56,37 +55,19 @@ NOISY = "noisy"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "soak",
-        help="long run with mixed tenants, overload bursts and admin changes: "
-        "memory growth and latency drift",
-        description="Run a self-started tenantkv for --minutes under steady tenants, a "
-        "bursting noisy tenant, connection churn and admin changes; report resident memory "
-        "and latency over time against the targets (RssAnon growth < 10 %%, p99 drift "
-        "< 20 %%). Not for CI. See docs/benchmarking.md.",
-    )
-    p.add_argument("--minutes", type=float, default=10.0, help="how long to run [10]")
-    p.add_argument("--warmup", type=float, help="seconds not measured at the start [min(60, 20%%)]")
-    p.add_argument("--interval", type=float, default=10.0, help="seconds per report row [10]")
-    p.add_argument("--tenants", type=int, default=4, help="steady tenant buckets [4]")
-    p.add_argument("--rate", type=float, default=200.0, help="ops/s per steady tenant [200]")
-    p.add_argument("--keys", type=int, default=2000, help="keys per steady tenant [2000]")
-    p.add_argument("--value-size", type=int, default=200, help="value bytes [200]")
-    p.add_argument("--burst-every", type=float, default=30.0, help="seconds between bursts [30]")
-    p.add_argument("--burst-secs", type=float, default=5.0, help="length of a burst [5]")
-    p.add_argument(
-        "--noisy-hard-limit", type=int, default=2000, help="noisy bucket's hard_limit [2000]"
-    )
-    p.add_argument(
-        "--admin-every", type=float, default=5.0, help="seconds between admin changes [5]"
-    )
-    p.add_argument("--seed", type=int, default=1, help="random seed [1]")
+    p = options.subcommand(sub, run, __doc__)
+    options.add(p, "--minutes", float, 10.0, "how long to run", above=0)
+    options.add(p, "--warmup", float, None, "seconds not measured at the start [min(60, 20%%)]")
+    options.add(p, "--interval", float, 10.0, "seconds per report row", above=0)
+    options.add(p, "--tenants", int, 4, "steady tenant buckets", low=1)
+    options.add(p, "--rate", float, 200.0, "ops/s per steady tenant", above=0)
+    options.data_flags(p, 2000, 200, keys_help="keys per steady tenant")
+    options.add(p, "--burst-every", float, 30.0, "seconds between bursts")
+    options.add(p, "--burst-secs", float, 5.0, "length of a burst")
+    options.add(p, "--noisy-hard-limit", int, 2000, "noisy bucket's hard_limit")
+    options.add(p, "--admin-every", float, 5.0, "seconds between admin changes")
+    options.add(p, "--seed", int, 1, "random seed")
     p.add_argument("--json", metavar="PATH", help="write the rows and summary as JSON here")
-    p.set_defaults(func=run)
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def proc_memory_mb(pid: int) -> dict[str, float]:
@@ -279,14 +260,9 @@ def admin_changes(env: Env, buckets: list[str]) -> None:
 
 
 def _finish_args(a: argparse.Namespace) -> None:
-    if a.minutes <= 0 or a.interval <= 0:
-        raise BenchError("--minutes and --interval must be > 0")
     if a.warmup is None:
         a.warmup = min(60.0, a.minutes * 60 * 0.2)
-    if a.warmup >= a.minutes * 60:
-        raise BenchError("--warmup must be shorter than the run")
-    if a.tenants < 1 or a.rate <= 0 or a.keys < 1 or a.value_size < 0:
-        raise BenchError("--tenants, --rate, --keys must be >= 1 (--value-size >= 0)")
+    options.check(a.warmup < a.minutes * 60, "--warmup must be shorter than the run")
 
 
 def _fmt(x: float | None, scale: float = 1000.0, digits: int = 2) -> str:
@@ -327,11 +303,11 @@ def run(args: argparse.Namespace) -> int:
         ]
         for t in threads:
             t.start()
-        _log(
+        report.log(
             f"soak: {args.minutes:g} min, {args.tenants} tenants x {args.rate:g} ops/s, bursts "
             f"{args.burst_secs:g}s every {args.burst_every:g}s, warm-up {args.warmup:g}s"
         )
-        _log(
+        report.log(
             f"{'t s':>6} {'ops/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
             f"{'RSS MiB':>8} {'anon MiB':>8} {'overload':>8} {'errors':>6}"
         )
@@ -365,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 if not row["warmup"]:
                     pooled.append((t, array.array("d", lat)))
-                _log(
+                report.log(
                     f"{t:6.0f} {row['ops_per_s']:7.0f} {_fmt(percentile(lat, 0.5)):>7} "
                     f"{_fmt(percentile(lat, 0.99)):>7} {_fmt(lat[-1] if lat else None):>7} "
                     f"{row['rss_mb']:8.1f} {row['rss_anon_mb']:8.1f} {row['overload']:8d} "

@@ -43,14 +43,14 @@ import itertools
 import os
 import secrets
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from bench import loadgen, report, resp, servers
+from bench import loadgen, options, report, resp, servers
 from bench.loadgen import BenchError, LoadResult, LoadSpec, Target, TenantKVCodec
+from bench.options import Quick
 
 SCENARIOS = ("hard-limit", "reservation", "fairness", "overhead")
 #: ``--client``: which front door (and client) drives the hard-limit scenario
@@ -78,43 +78,12 @@ OTHER_CPU_WARN = 15.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-_log = report.log
-
-
-def _value(size: int) -> bytes:
-    return report.value_bytes(size, b"throttle")
-
-
-def _scenario_list(text: str) -> list[str]:
-    return report.name_list(text, SCENARIOS, "scenarios")
-
-
-# -- command line ------------------------------------------------------------------
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "throttle",
-        help="tenant throttle: hard-limit accuracy, reservations, fairness, overhead",
-        description="Measure the tenant throttle (docs/throttling.md) against its targets: "
-        "hard-limit accuracy, a reservation under a noisy neighbour, fairness between a "
-        "1-connection and a 64-connection bucket, and the cost of the admission fast "
-        "path. Each scenario starts its own tenantkv daemon. See docs/benchmarking.md.",
-    )
-    p.add_argument(
-        "--scenario",
-        type=_scenario_list,
-        default=list(SCENARIOS),
-        metavar="NAME[,NAME]",
-        help=f"run only these: {', '.join(SCENARIOS)} [all]",
-    )
-    report.quick_flag(p)
-    report.json_flag(p)
-    report.pin_flag(p)
-    p.add_argument(
-        "--seconds",
-        type=float,
-        help="measuring window of scenarios 1-3 [10; quick 3]",
+    p = options.subcommand(sub, run, __doc__)
+    options.parts(p, "--scenario", SCENARIOS, "scenarios")
+    options.common_flags(p)
+    options.add(
+        p, "--seconds", float, Quick(10.0, 3.0), "measuring window of scenarios 1-3", above=0
     )
     p.add_argument(
         "--client",
@@ -123,74 +92,65 @@ def add_parser(sub: Any) -> None:
         help="1: who drives the bucket: msgpack = bench/loadgen.py on the MessagePack-RPC "
         "port; resp = redis-benchmark (redis-tools) on the RESP port [msgpack]",
     )
-    p.add_argument(
-        "--warmup", type=float, help="load before each window, not counted [1; quick 0.5]"
+    options.add(
+        p, "--warmup", float, Quick(1.0, 0.5), "load before each window, not counted", low=0
     )
-    p.add_argument(
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="serve --workers N for every daemon: a supervisor and N worker processes, so "
+        int,
+        1,
+        "serve --workers N for every daemon: a supervisor and N worker processes, so "
         "the limits are held across workers by leased quotas (docs/scaling.md); 1 = the "
-        "single process [1]",
+        "single process",
+        metavar="N",
+        low=1,
+        high=256,
     )
-    p.add_argument(
-        "--value-size", type=int, default=100, help="value bytes; 100 B makes a GET 1 unit [100]"
+    options.data_flags(
+        p,
+        1000,
+        value_help="value bytes; 100 B makes a GET 1 unit",
+        keys_help="keys per bucket, all preloaded",
     )
-    p.add_argument("--keys", type=int, default=1000, help="keys per bucket, all preloaded [1000]")
     g = p.add_argument_group("scenario settings (limits in units/s)")
-    g.add_argument("--hard-limit", type=int, default=2000, help="1: the bucket's hard_limit [2000]")
-    g.add_argument("--capacity", type=int, default=10_000, help="2, 3: node capacity [10000]")
-    g.add_argument("--reserved", type=int, default=2000, help="2: quiet bucket's reserved [2000]")
-    g.add_argument(
-        "--noisy-hard-limit", type=int, default=8000, help="2: noisy bucket's hard_limit [8000]"
-    )
-    g.add_argument(
+    options.add(g, "--hard-limit", int, 2000, "1: the bucket's hard_limit", low=1, parser=p)
+    options.add(g, "--capacity", int, 10_000, "2, 3: node capacity", low=1, parser=p)
+    options.add(g, "--reserved", int, 2000, "2: quiet bucket's reserved", low=0, parser=p)
+    options.add(g, "--noisy-hard-limit", int, 8000, "2: noisy bucket's hard_limit", low=1, parser=p)
+    options.add(
+        g,
         "--rounds",
-        type=int,
-        help="2: repetitions of (quiet alone, quiet + noisy, control) [2; quick 1]",
+        int,
+        Quick(2, 1),
+        "2: repetitions of (quiet alone, quiet + noisy, control)",
+        low=1,
+        parser=p,
     )
-    g.add_argument(
+    options.add(
+        g,
         "--overhead-seconds",
-        type=float,
-        help="4: measuring window of each off/on run [3; quick 1]",
+        float,
+        Quick(3.0, 1.0),
+        "4: measuring window of each off/on run",
+        above=0,
+        parser=p,
     )
-    g.add_argument("--overhead-reps", type=int, help="4: off/on pairs per op [3; quick 1]")
-    g.add_argument(
+    options.add(g, "--overhead-reps", int, Quick(3, 1), "4: off/on pairs per op", low=1, parser=p)
+    options.add(
+        g,
         "--tickets",
-        type=int,
-        default=FIXED_TICKETS,
-        help="4: fix both execution-ticket pools at this size (throughput probing off) so "
-        "SET does not drift from run to run; 0 = leave probing on [%(default)s]",
+        int,
+        FIXED_TICKETS,
+        "4: fix both execution-ticket pools at this size (throughput probing off) so "
+        "SET does not drift from run to run; 0 = leave probing on",
+        low=0,
+        parser=p,
     )
-    p.set_defaults(func=run)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.seconds is None:
-        args.seconds = 3.0 if q else 10.0
-    if args.warmup is None:
-        args.warmup = 0.5 if q else 1.0
-    if args.rounds is None:
-        args.rounds = 1 if q else 2
-    if args.overhead_seconds is None:
-        args.overhead_seconds = 1.0 if q else 3.0
-    if args.overhead_reps is None:
-        args.overhead_reps = 1 if q else 3
-    if args.seconds <= 0 or args.warmup < 0 or args.overhead_seconds <= 0:
-        raise BenchError("--seconds and --overhead-seconds must be > 0, --warmup >= 0")
-    if args.value_size < 0 or args.keys < 1 or args.rounds < 1 or args.overhead_reps < 1:
-        raise BenchError("--value-size >= 0, --keys/--rounds/--overhead-reps >= 1")
-    if min(args.hard_limit, args.capacity, args.noisy_hard_limit) < 1 or args.reserved < 0:
-        raise BenchError("limits must be >= 1 (--reserved >= 0)")
-    if args.reserved > args.capacity:
-        raise BenchError("--reserved can't exceed --capacity")
-    if args.tickets < 0:
-        raise BenchError("--tickets must be >= 0")
-    if not 1 <= args.workers <= 256:
-        raise BenchError("--workers is 1 to 256")
+    options.check(args.reserved <= args.capacity, "--reserved can't exceed --capacity")
     if args.client == "resp":
         if args.scenario != ["hard-limit"]:
             raise BenchError("--client resp drives the hard-limit scenario only")
@@ -257,6 +217,11 @@ class Snapshot:
     errors: dict[str, dict[str, int]]
     #: CPU seconds so far of each process outside the benchmark, and stolen seconds
     machine_s: tuple[dict[int, float], float] = field(default_factory=lambda: ({}, 0.0))
+
+    @classmethod
+    def bare(cls, uptime: float, cpu_s: float | None) -> Snapshot:
+        """Only the clocks (no bucket figures): the server's uptime and CPU, the machine's."""
+        return cls(uptime, cpu_s, 2, {}, {}, {}, machine_cpu())
 
 
 @dataclass
@@ -363,7 +328,7 @@ def daemon(
     """
     import tenantkv
 
-    _log("  starting tenantkv" + (f" --workers {workers}" if workers > 1 else "") + " ...")
+    report.log("  starting tenantkv" + (f" --workers {workers}" if workers > 1 else "") + " ...")
     with servers.tenantkv_server(cpus=cpus, workers=workers) as handle:
         assert handle.password is not None
         admin = tenantkv.Client(handle.host, handle.port, user="admin", password=handle.password)
@@ -480,15 +445,33 @@ def finish(
         )
 
 
-@dataclass
-class Machine:
-    """Adds up, over a scenario's windows, where the machine's CPU went."""
+class Parts:
+    """A parts benchmark's outcomes as they come: each printed at once, all of
+    them summed up by :meth:`finish` (the table of checks, notes, ``--json``)."""
 
-    seconds: float = 0.0
-    other: float = 0.0
-    steal: float = 0.0
-    server: float = 0.0
-    client: float = 0.0
+    def __init__(self, args: argparse.Namespace, out: TextIO, benchmark: str) -> None:
+        self.args, self.out, self.benchmark = args, out, benchmark
+        self.outcomes: list[Outcome] = []
+        self.t0 = time.monotonic()
+
+    def show(self, o: Outcome) -> None:
+        self.outcomes.append(o)
+        print(f"\n{o.title}", file=self.out)
+        print("\n".join(o.lines), file=self.out, flush=True)
+
+    def finish(self, meta: dict[str, Any], **how: Any) -> int:
+        meta["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        finish(self.args, self.out, self.benchmark, meta, self.outcomes, **how)
+        return 0
+
+
+class Machine:
+    """Adds up, over a scenario's windows, where the machine's CPU went (seconds
+    of the windows; CPU seconds of other processes, stolen, the server's, the
+    load generator's)."""
+
+    def __init__(self) -> None:
+        self.seconds = self.other = self.steal = self.server = self.client = 0.0
 
     def add(self, a: Snapshot, b: Snapshot, results: Sequence[LoadResult]) -> None:
         self.seconds += b.uptime - a.uptime
@@ -518,6 +501,12 @@ class Machine:
             f" + generator {p['generator']:.0f} + other processes {p['other']:.0f} = "
             f"{p['machine']:.0f}; hypervisor steal {p['steal']:.0f}"
         )
+
+    def close(self, out: Outcome) -> Outcome:
+        """The outcome's last line and note: where the machine's CPU went."""
+        out.lines.append(self.line())
+        self.note(out)
+        return out
 
     def note(self, out: Outcome) -> None:
         p = self.pct()
@@ -585,18 +574,8 @@ def _spec(
     seconds: float | None = None,
     warmup: float | None = None,
 ) -> LoadSpec:
-    return LoadSpec(
-        op=op,
-        conns=conns,
-        depth=depth,
-        value=value,
-        keys=args.keys,
-        seconds=args.seconds if seconds is None else seconds,
-        warmup=args.warmup if warmup is None else warmup,
-        rate=rate,
-        workers=workers,
-        cpus=args.client_cpus,
-    )
+    timing = {k: v for k, v in (("seconds", seconds), ("warmup", warmup)) if v is not None}
+    return loadgen.cell_spec(args, op, conns, depth, value, rate=rate, workers=workers, **timing)
 
 
 def _run(
@@ -702,9 +681,7 @@ def scenario_hard_limit(args: argparse.Namespace, value: bytes) -> Outcome:
         "error_pct": round(err, 3),
     }
     _cpu_note(out, cli, srv, "hard-limit")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 def _run_resp(
@@ -825,10 +802,33 @@ def _merge(results: Sequence[LoadResult]) -> LoadResult:
     )
 
 
+@dataclass
+class _Phase:
+    """One phase of the reservation scenario, round by round: Q's results and
+    its server figures, the server's and the load generator's CPU %."""
+
+    q: list[LoadResult] = field(default_factory=list)
+    dq: list[Delta] = field(default_factory=list)
+    srv: list[float] = field(default_factory=list)
+    cli: list[float] = field(default_factory=list)
+
+
+class _ReservationRuns:
+    """What the reservation scenario measured: Q alone, Q with the noisy N (and
+    N's own figures), and the control (throttling off, N open loop at its rate)."""
+
+    def __init__(self) -> None:
+        self.alone, self.noisy, self.control = _Phase(), _Phase(), _Phase()
+        self.noisy_n: list[LoadResult] = []
+        self.d_n: list[Delta] = []
+        self.node_units: list[float] = []
+        #: per round: CPU % of other processes in (alone, with N, control)
+        self.others: list[tuple[float, ...]] = []
+
+
 def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
     cap, res_q, hard_n = args.capacity, args.reserved, args.noisy_hard_limit
-    cost = unit_cost("get", args.value_size)
-    q_rate = res_q / cost
+    q_rate = res_q / unit_cost("get", args.value_size)
     out = Outcome(
         "reservation",
         f"2. reservation under a noisy neighbour: node capacity {cap:,}; quiet Q reserved "
@@ -836,22 +836,8 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         f"hard_limit {hard_n:,}, closed loop {N_CONNS} conns x depth {N_DEPTH}; "
         f"{args.rounds} x (Q alone, Q + N, control), {args.seconds:g} s each",
     )
-    alone: list[LoadResult] = []
-    noisy_q: list[LoadResult] = []
-    noisy_n: list[LoadResult] = []
-    d_alone: list[Delta] = []
-    d_q: list[Delta] = []
-    d_n: list[Delta] = []
-    node_units: list[float] = []
-    srv_alone: list[float] = []
-    srv_noisy: list[float] = []
-    cli_noisy: list[float] = []
-    cli_alone: list[float] = []
-    control_q: list[LoadResult] = []
-    #: per round: CPU % of other processes in (alone, with N, control)
-    others: list[tuple[float, ...]] = []
-    srv_control: list[float] = []
     mach = Machine()
+    runs = _ReservationRuns()
     with daemon(["quiet", "noisy"], args.keys, value, args.server_cpus, args.workers) as d:
         d.admin.set_node_throttle({"capacity": cap})
         d.admin.set_bucket_throttle("quiet", {"reserved": res_q, "hard_limit": "unlimited"})
@@ -860,7 +846,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         n_spec = _spec(args, value, "get", N_CONNS, N_DEPTH)
         # The first run after a start has a worse tail (first-time code paths,
         # page faults): prime the server and the generator, unmeasured.
-        _log("  priming (not measured) ...")
+        report.log("  priming (not measured) ...")
         ps = 0.5 if args.quick else 1.0
         prime = dataclasses.replace(q_spec, seconds=ps, warmup=0.2)
         _run(
@@ -872,68 +858,85 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         # Only window-edge snapshots here: a status call every second adds to
         # Q's tail, which is the figure under test.
         for i in range(args.rounds):
-            _log(f"  round {i + 1}: Q alone ...")
-            (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
-            alone.append(rq)
-            d_alone.append(delta(snaps[0], snaps[-1], "quiet"))
-            srv_alone.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            cli_alone.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
-            _log(f"  round {i + 1}: Q + noisy N ...")
-            (rq, rn), snaps = _run(
-                d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
-            )
-            noisy_q.append(rq)
-            noisy_n.append(rn)
-            dq, dn = delta(snaps[0], snaps[-1], "quiet"), delta(snaps[0], snaps[-1], "noisy")
-            d_q.append(dq)
-            d_n.append(dn)
-            node_units.append(dq.units_per_s + dn.units_per_s)
-            srv_noisy.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            cli_noisy.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
-            # Control: the same node load without the throttle's waiting: throttling
-            # off, N offered open loop at the rate it just achieved.
-            _log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
-            d.admin.set_node_throttle({"capacity": "unlimited"})
-            d.admin.set_bucket_throttle("noisy", {"hard_limit": "unlimited"})
-            c_spec = dataclasses.replace(n_spec, rate=max(1.0, dn.units_per_s / cost))
-            (rc, _), snaps = _run(
-                d, [("quiet", q_spec), ("noisy", c_spec)], None, [mach, m_c := Machine()]
-            )
-            d.admin.set_bucket_throttle("noisy", {"hard_limit": hard_n})
-            d.admin.set_node_throttle({"capacity": cap})
-            control_q.append(rc)
-            others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
-            srv_control.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
-            _log(
-                f"    p99 alone {_us(alone[-1].percentile_us(0.99))}, with N "
-                f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
-                f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
-            )
-    a, q, n = _merge(alone), _merge(noisy_q), _merge(noisy_n)
-    q_units, n_units, a_units = _sum_rate(d_q), _sum_rate(d_n), _sum_rate(d_alone)
+            _reservation_round(d, args, runs, mach, i, (q_spec, n_spec))
+    _reservation_report(out, args, runs, q_rate)
+    return mach.close(out)
+
+
+def _reservation_round(
+    d: Any,
+    args: argparse.Namespace,
+    runs: _ReservationRuns,
+    mach: Machine,
+    i: int,
+    specs: tuple[LoadSpec, LoadSpec],
+) -> None:
+    """One round: Q alone, Q with N, then the control."""
+    q_spec, n_spec = specs
+    cap, hard_n = args.capacity, args.noisy_hard_limit
+    report.log(f"  round {i + 1}: Q alone ...")
+    (rq,), snaps = _run(d, [("quiet", q_spec)], None, [mach, m_a := Machine()])
+    runs.alone.q.append(rq)
+    runs.alone.dq.append(delta(snaps[0], snaps[-1], "quiet"))
+    runs.alone.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.alone.cli.append(_pct(rq.client_cpu_s, rq.window_s) or 0.0)
+    report.log(f"  round {i + 1}: Q + noisy N ...")
+    (rq, rn), snaps = _run(
+        d, [("quiet", q_spec), ("noisy", n_spec)], None, [mach, m_n := Machine()]
+    )
+    runs.noisy.q.append(rq)
+    runs.noisy_n.append(rn)
+    dq, dn = delta(snaps[0], snaps[-1], "quiet"), delta(snaps[0], snaps[-1], "noisy")
+    runs.noisy.dq.append(dq)
+    runs.d_n.append(dn)
+    runs.node_units.append(dq.units_per_s + dn.units_per_s)
+    runs.noisy.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    runs.noisy.cli.append(_pct(rq.client_cpu_s + rn.client_cpu_s, rq.window_s) or 0.0)
+    # Control: the same node load without the throttle's waiting: throttling
+    # off, N offered open loop at the rate it just achieved.
+    report.log(f"  round {i + 1}: control (throttling off, N open loop at its rate) ...")
+    d.admin.set_node_throttle({"capacity": "unlimited"})
+    d.admin.set_bucket_throttle("noisy", {"hard_limit": "unlimited"})
+    cost = unit_cost("get", args.value_size)
+    c_spec = dataclasses.replace(n_spec, rate=max(1.0, dn.units_per_s / cost))
+    (rc, _), snaps = _run(d, [("quiet", q_spec), ("noisy", c_spec)], None, [mach, m_c := Machine()])
+    d.admin.set_bucket_throttle("noisy", {"hard_limit": hard_n})
+    d.admin.set_node_throttle({"capacity": cap})
+    runs.control.q.append(rc)
+    runs.others.append(tuple(m.pct()["other"] for m in (m_a, m_n, m_c)))
+    runs.control.srv.append(_srv_pct(snaps[0], snaps[-1]) or 0.0)
+    report.log(
+        f"    p99 alone {_us(runs.alone.q[-1].percentile_us(0.99))}, with N "
+        f"{_us(rq.percentile_us(0.99))}, control {_us(rc.percentile_us(0.99))}; "
+        f"Q {dq.units_per_s:,.0f} units/s, N {dn.units_per_s:,.0f} units/s"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _reservation_report(
+    out: Outcome, args: argparse.Namespace, r: _ReservationRuns, q_rate: float
+) -> None:
+    """The reservation scenario's lines, checks and JSON from its rounds."""
+    res_q, hard_n = args.reserved, args.noisy_hard_limit
+    a, q, n, c = _merge(r.alone.q), _merge(r.noisy.q), _merge(r.noisy_n), _merge(r.control.q)
+    q_units, n_units, a_units = _sum_rate(r.noisy.dq), _sum_rate(r.d_n), _sum_rate(r.alone.dq)
     frac = 100.0 * q_units / res_q
-    p99_a, p99_q = a.percentile_us(0.99), q.percentile_us(0.99)
-    ratio = p99_q / p99_a if p99_a and p99_q else None
-    s99_a = a.percentile_us(0.99, from_send=True)
-    s99_q = q.percentile_us(0.99, from_send=True)
-    s_ratio = s99_q / s99_a if s99_a and s99_q else None
-    c = _merge(control_q)
-    p99_c = c.percentile_us(0.99)
-    c_ratio = p99_c / p99_a if p99_a and p99_c else None
+    p99_a, p99_q, p99_c = (x.percentile_us(0.99) for x in (a, q, c))
+    ratio, c_ratio = _ratio(p99_q, p99_a), _ratio(p99_c, p99_a)
+    s99_a, s99_q = (x.percentile_us(0.99, from_send=True) for x in (a, q))
+    s_ratio = _ratio(s99_q, s99_a)
     rounds_p99 = [
         (x.percentile_us(0.99), y.percentile_us(0.99), z.percentile_us(0.99))
-        for x, y, z in zip(alone, noisy_q, control_q, strict=True)
+        for x, y, z in zip(r.alone.q, r.noisy.q, r.control.q, strict=True)
     ]
-    q_thr = sum(x.throttled for x in d_q)
-    n_thr, n_rej = sum(x.throttled for x in d_n), sum(x.rejected for x in d_n)
-    n_errs: dict[str, int] = {}
-    for x in d_n:
-        for k, v in x.errors.items():
-            n_errs[k] = n_errs.get(k, 0) + v
-    m_srv_a, m_srv_n = statistics.fmean(srv_alone), statistics.fmean(srv_noisy)
+    m_srv_a, m_srv_n = statistics.fmean(r.alone.srv), statistics.fmean(r.noisy.srv)
     # What N's admitted ops cost the server: the CPU added by N over Q alone.
     n_cpu_us = (m_srv_n - m_srv_a) / 100 / n_units * 1e6 if n_units else None
     q_cpu_us = m_srv_a / 100 / a_units * 1e6 if a_units else None
+    cli_a, cli_n = statistics.fmean(r.alone.cli), statistics.fmean(r.noisy.cli)
     out.lines += [
         f"   Q achieved with N (server)     {q_units:>10,.1f} units/s = {frac:.1f} % of "
         f"reserved   target >= 97 %   {_verdict(frac >= 97)}",
@@ -942,25 +945,27 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "     per round, alone / with N / control (other processes' CPU %): "
         + ", ".join(
             f"{_us(x)} / {_us(y)} / {_us(z)} ({' / '.join(f'{o:.0f}' for o in oth)})"
-            for (x, y, z), oth in zip(rounds_p99, others, strict=True)
+            for (x, y, z), oth in zip(rounds_p99, r.others, strict=True)
         ),
         f"     control, throttling off and N open loop at its achieved rate: Q p99 "
         f"{_us(p99_c)} = {_x(c_ratio)} alone, p50 {_us(c.percentile_us(0.5))}; "
-        f"server {statistics.fmean(srv_control):.0f} %",
+        f"server {statistics.fmean(r.control.srv):.0f} %",
         f"     p99 from the actual send (generator's lateness left out): alone {_us(s99_a)}, "
         f"with N {_us(s99_q)}, ratio {_x(s_ratio)}",
         f"     p50 alone {_us(a.percentile_us(0.5))}, with N {_us(q.percentile_us(0.5))}; "
         f"p99.9 alone {_us(a.percentile_us(0.999))}, with N {_us(q.percentile_us(0.999))}",
         f"   Q alone (server)               {a_units:>10,.1f} units/s;  client ok GET/s "
-        f"alone {a.ops_per_s:,.1f}, with N {q.ops_per_s:,.1f};  Q throttled with N: {q_thr}",
+        f"alone {a.ops_per_s:,.1f}, with N {q.ops_per_s:,.1f};  Q throttled with N: "
+        f"{sum(x.throttled for x in r.noisy.dq)}",
         f"   N achieved (server)            {n_units:>10,.1f} units/s (hard_limit {hard_n:,});"
-        f"  node total {statistics.fmean(node_units):,.0f} of capacity {cap:,}",
-        f"   N throttled {n_thr:,} requests, mean wait "
-        f"{_ms(_mean_wait(d_n))}, rejected {n_rej:,}; N client ok {n.ops_per_s:,.0f} GET/s, "
-        f"errors {n.errors:,}" + (f" ({n.error_sample})" if n.error_sample else ""),
+        f"  node total {statistics.fmean(r.node_units):,.0f} of capacity {args.capacity:,}",
+        f"   N throttled {sum(x.throttled for x in r.d_n):,} requests, mean wait "
+        f"{_ms(_mean_wait(r.d_n))}, rejected {sum(x.rejected for x in r.d_n):,}; N client ok "
+        f"{n.ops_per_s:,.0f} GET/s, errors {n.errors:,}"
+        + (f" ({n.error_sample})" if n.error_sample else ""),
         f"   cpu: server {m_srv_a:.0f} % with Q alone, {m_srv_n:.0f} % with N (N's ops cost "
         f"~{_num(n_cpu_us)} µs of server CPU each, Q's ~{_num(q_cpu_us)} µs); load generator "
-        f"{statistics.fmean(cli_alone):.0f} % / {statistics.fmean(cli_noisy):.0f} %",
+        f"{cli_a:.0f} % / {cli_n:.0f} %",
     ]
     out.check("Q achieved / reserved, %", round(frac, 2), f"{frac:.1f} %", ">= 97 %", frac >= 97)
     out.check(
@@ -970,40 +975,23 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "<= 1.2 x",
         ratio is not None and ratio <= 1.2,
     )
+    n_errs: dict[str, int] = {}
+    for x in r.d_n:
+        for k, v in x.errors.items():
+            n_errs[k] = n_errs.get(k, 0) + v
     out.data = {
-        "settings": {
-            "capacity": cap,
-            "quiet_reserved": res_q,
-            "noisy_hard_limit": hard_n,
-            "quiet_rate_ops_per_s": q_rate,
-            "quiet_conns": Q_CONNS,
-            "quiet_depth_cap": Q_DEPTH,
-            "noisy_conns": N_CONNS,
-            "noisy_depth": N_DEPTH,
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-        },
-        "quiet_alone": {
-            "server": [x.to_json() for x in d_alone],
-            "client": _client_json(a),
-            "p99_from_send_us": _r1(s99_a),
-            "per_round_p99_us": [_r1(x) for x, _, _ in rounds_p99],
-        },
-        "quiet_with_noisy": {
-            "server": [x.to_json() for x in d_q],
-            "client": _client_json(q),
-            "p99_from_send_us": _r1(s99_q),
-            "per_round_p99_us": [_r1(y) for _, y, _ in rounds_p99],
-        },
+        "settings": _reservation_settings(args, q_rate),
+        "quiet_alone": _reservation_part(r.alone.dq, a, s99_a, [x for x, _, _ in rounds_p99]),
+        "quiet_with_noisy": _reservation_part(r.noisy.dq, q, s99_q, [y for _, y, _ in rounds_p99]),
         "quiet_control": {
             "client": _client_json(c),
             "p99_from_send_us": _r1(c.percentile_us(0.99, from_send=True)),
             "per_round_p99_us": [_r1(z) for _, _, z in rounds_p99],
-            "per_round_other_cpu_pct": others,
-            "server_cpu_pct": _r1(statistics.fmean(srv_control)),
+            "per_round_other_cpu_pct": r.others,
+            "server_cpu_pct": _r1(statistics.fmean(r.control.srv)),
         },
         "noisy": {
-            "server": [x.to_json() for x in d_n],
+            "server": [x.to_json() for x in r.d_n],
             "client": _client_json(n),
             "server_errors": n_errs,
         },
@@ -1015,20 +1003,40 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         "control_p99_ratio": _r3(c_ratio),
         "server_cpu_pct": {"alone": _r1(m_srv_a), "with_noisy": _r1(m_srv_n)},
         "server_cpu_us_per_op": {"quiet_alone": _r1(q_cpu_us), "noisy": _r1(n_cpu_us)},
-        "client_cpu_pct": {
-            "alone": _r1(statistics.fmean(cli_alone)),
-            "with_noisy": _r1(statistics.fmean(cli_noisy)),
-        },
+        "client_cpu_pct": {"alone": _r1(cli_a), "with_noisy": _r1(cli_n)},
     }
     out.notes.append(
         "reservation: Q's latency is counted from each request's scheduled send time, so it "
         "includes the generator's own lateness on the shared 2 cores (Q's worker competes "
         "with N's worker and the server); the 'from the actual send' line leaves that out"
     )
-    _cpu_note(out, statistics.fmean(cli_noisy), m_srv_n, "reservation")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    _cpu_note(out, cli_n, m_srv_n, "reservation")
+
+
+def _reservation_settings(args: argparse.Namespace, q_rate: float) -> dict[str, Any]:
+    return {
+        "capacity": args.capacity,
+        "quiet_reserved": args.reserved,
+        "noisy_hard_limit": args.noisy_hard_limit,
+        "quiet_rate_ops_per_s": q_rate,
+        "quiet_conns": Q_CONNS,
+        "quiet_depth_cap": Q_DEPTH,
+        "noisy_conns": N_CONNS,
+        "noisy_depth": N_DEPTH,
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+    }
+
+
+def _reservation_part(
+    ds: list[Delta], merged: LoadResult, s99: float | None, p99s: list[float | None]
+) -> dict[str, Any]:
+    return {
+        "server": [x.to_json() for x in ds],
+        "client": _client_json(merged),
+        "p99_from_send_us": _r1(s99),
+        "per_round_p99_us": [_r1(x) for x in p99s],
+    }
 
 
 def _num(x: float | None) -> str:
@@ -1129,9 +1137,7 @@ def scenario_fairness(args: argparse.Namespace, value: bytes) -> Outcome:
         "client_cpu_pct": _r1(cli),
     }
     _cpu_note(out, cli, srv, "fairness")
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
 
 
 # -- 4. throttling overhead ------------------------------------------------------------
@@ -1141,7 +1147,6 @@ O_CONNS, O_DEPTH = 4, 64
 
 def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
     secs, reps = args.overhead_seconds, args.overhead_reps
-    warm = 0.3 if args.quick else min(args.warmup, 0.5)
     out = Outcome(
         "overhead",
         f"4. throttling overhead: max pipelined throughput, {O_CONNS} conns x depth {O_DEPTH}, "
@@ -1164,83 +1169,14 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
                 out.notes.append(f"overhead: could not fix the execution tickets ({exc})")
         out.lines.append(f"   execution tickets: {tickets}")
         for op in ("get", "set"):
-            runs[op] = {"off": [], "on": []}
-            spec = _spec(args, value, op, O_CONNS, O_DEPTH, workers=2, seconds=secs, warmup=warm)
-            # Prime (first-run effects, execution-ticket probing), not measured.
-            d.admin.set_node_throttle({"capacity": "unlimited"})
-            prime_s = 0.5 if args.quick else 1.0
-            _run(d, [("bench", dataclasses.replace(spec, seconds=prime_s))], None)
-            # off, on, off, on, ..., off: every "on" run lies between two "off"
-            # runs, so a steady drift shifts both medians alike.
-            order = [(i, m) for i in range(reps) for m in ("off", "on")] + [(reps, "off")]
-            for i, mode in order:
-                cap: int | str = "unlimited" if mode == "off" else HUGE_CAPACITY
-                d.admin.set_node_throttle({"capacity": cap})
-                (r,), snaps = _run(d, [("bench", spec)], None, mach)
-                enabled = snaps[-1].node.get("enabled")
-                if enabled != (mode == "on"):
-                    raise BenchError(f"throttle enabled={enabled!r} in the {mode!r} run")
-                dl = delta(snaps[0], snaps[-1], "bench")
-                srv = _srv_pct(snaps[0], snaps[-1])
-                cli = _pct(r.client_cpu_s, r.window_s) or 0.0
-                runs[op][mode].append(
-                    {
-                        "ops_per_s": round(r.ops_per_s, 1),
-                        "errors": r.errors,
-                        "p50_us": _r1(r.percentile_us(0.5)),
-                        "p99_us": _r1(r.percentile_us(0.99)),
-                        "server_cpu_pct": _r1(srv),
-                        "client_cpu_pct": _r1(cli),
-                        "throttle_count": dl.throttled,
-                    }
-                )
-                _log(
-                    f"  {op} {mode:<3} run {i + 1}: {r.ops_per_s:>10,.0f} ops/s  "
-                    f"srv {_fmt_pct(srv)}  cli {cli:.0f} %  throttled {dl.throttled}"
-                )
+            runs[op] = _overhead_runs(d, args, value, op, mach)
     out.lines.append(
         f"   {'op':<4} {'off ops/s (median)':>19} {'on ops/s (median)':>18} {'on/off':>7}"
         f"   target   result   runs off | on"
     )
     summary: dict[str, Any] = {}
     for op, by in runs.items():
-        off = [x["ops_per_s"] for x in by["off"]]
-        on = [x["ops_per_s"] for x in by["on"]]
-        m_off, m_on = statistics.median(off), statistics.median(on)
-        ratio = m_on / m_off if m_off else 0.0
-        # each "on" run against the mean of the "off" runs just before and after it
-        pairs = [b / ((off[k] + off[k + 1]) / 2) for k, b in enumerate(on) if off[k] + off[k + 1]]
-        out.lines.append(
-            f"   {op:<4} {m_off:>19,.0f} {m_on:>18,.0f} {ratio:>7.3f}   >= 0.95   "
-            f"{_verdict(ratio >= 0.95):<6}   {' '.join(f'{x:,.0f}' for x in off)} | "
-            f"{' '.join(f'{x:,.0f}' for x in on)}"
-        )
-        thr = sum(x["throttle_count"] for x in by["on"])
-        errs = sum(x["errors"] for x in by["off"] + by["on"])
-        srv_off = statistics.median(x["server_cpu_pct"] or 0 for x in by["off"])
-        srv_on = statistics.median(x["server_cpu_pct"] or 0 for x in by["on"])
-        cli_all = statistics.median(x["client_cpu_pct"] or 0 for x in by["off"] + by["on"])
-        out.lines.append(
-            f"        each on / mean of its neighbouring offs: {_range_f(pairs)}; server cpu "
-            f"off {srv_off:.0f} % / on {srv_on:.0f} %, generator {cli_all:.0f} %; "
-            f"throttled while on: {thr}, errors {errs}"
-        )
-        out.check(
-            f"{op.upper()} on/off throughput (medians)",
-            round(ratio, 4),
-            f"{ratio:.3f}",
-            ">= 0.95",
-            ratio >= 0.95,
-        )
-        summary[op] = {
-            "off": by["off"],
-            "on": by["on"],
-            "median_off": m_off,
-            "median_on": m_on,
-            "ratio": round(ratio, 4),
-            "on_over_neighbouring_off": [round(x, 4) for x in pairs],
-        }
-        _cpu_note(out, cli_all, max(srv_off, srv_on), f"overhead {op}")
+        summary[op] = _overhead_op(out, op, by)
     out.data = {
         "execution_tickets": tickets,
         "settings": {
@@ -1259,9 +1195,92 @@ def scenario_overhead(args: argparse.Namespace, value: bytes) -> Outcome:
         "the write-ticket pool, which throughput probing grows from run to run: the "
         "off/on/.../off order cancels a steady drift, not jumps"
     )
-    out.lines.append(mach.line())
-    mach.note(out)
-    return out
+    return mach.close(out)
+
+
+def _overhead_runs(
+    d: Daemon, args: argparse.Namespace, value: bytes, op: str, mach: Machine
+) -> dict[str, list[dict[str, Any]]]:
+    """One op's runs, off and on alternating (after a priming run)."""
+    secs, reps = args.overhead_seconds, args.overhead_reps
+    warm = 0.3 if args.quick else min(args.warmup, 0.5)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    spec = _spec(args, value, op, O_CONNS, O_DEPTH, workers=2, seconds=secs, warmup=warm)
+    # Prime (first-run effects, execution-ticket probing), not measured.
+    d.admin.set_node_throttle({"capacity": "unlimited"})
+    prime_s = 0.5 if args.quick else 1.0
+    _run(d, [("bench", dataclasses.replace(spec, seconds=prime_s))], None)
+    # off, on, off, on, ..., off: every "on" run lies between two "off"
+    # runs, so a steady drift shifts both medians alike.
+    order = [(i, m) for i in range(reps) for m in ("off", "on")] + [(reps, "off")]
+    for i, mode in order:
+        cap: int | str = "unlimited" if mode == "off" else HUGE_CAPACITY
+        d.admin.set_node_throttle({"capacity": cap})
+        (r,), snaps = _run(d, [("bench", spec)], None, mach)
+        enabled = snaps[-1].node.get("enabled")
+        if enabled != (mode == "on"):
+            raise BenchError(f"throttle enabled={enabled!r} in the {mode!r} run")
+        dl = delta(snaps[0], snaps[-1], "bench")
+        srv = _srv_pct(snaps[0], snaps[-1])
+        cli = _pct(r.client_cpu_s, r.window_s) or 0.0
+        runs[mode].append(
+            {
+                "ops_per_s": round(r.ops_per_s, 1),
+                "errors": r.errors,
+                "p50_us": _r1(r.percentile_us(0.5)),
+                "p99_us": _r1(r.percentile_us(0.99)),
+                "server_cpu_pct": _r1(srv),
+                "client_cpu_pct": _r1(cli),
+                "throttle_count": dl.throttled,
+            }
+        )
+        report.log(
+            f"  {op} {mode:<3} run {i + 1}: {r.ops_per_s:>10,.0f} ops/s  "
+            f"srv {_fmt_pct(srv)}  cli {cli:.0f} %  throttled {dl.throttled}"
+        )
+    return runs
+
+
+def _overhead_op(out: Outcome, op: str, by: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One op's line, check and figures: on/off medians and each on against its offs."""
+    off = [x["ops_per_s"] for x in by["off"]]
+    on = [x["ops_per_s"] for x in by["on"]]
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    ratio = m_on / m_off if m_off else 0.0
+    # each "on" run against the mean of the "off" runs just before and after it
+    pairs = [b / ((off[k] + off[k + 1]) / 2) for k, b in enumerate(on) if off[k] + off[k + 1]]
+    out.lines.append(
+        f"   {op:<4} {m_off:>19,.0f} {m_on:>18,.0f} {ratio:>7.3f}   >= 0.95   "
+        f"{_verdict(ratio >= 0.95):<6}   {' '.join(f'{x:,.0f}' for x in off)} | "
+        f"{' '.join(f'{x:,.0f}' for x in on)}"
+    )
+    thr = sum(x["throttle_count"] for x in by["on"])
+    errs = sum(x["errors"] for x in by["off"] + by["on"])
+    srv_off = statistics.median(x["server_cpu_pct"] or 0 for x in by["off"])
+    srv_on = statistics.median(x["server_cpu_pct"] or 0 for x in by["on"])
+    cli_all = statistics.median(x["client_cpu_pct"] or 0 for x in by["off"] + by["on"])
+    out.lines.append(
+        f"        each on / mean of its neighbouring offs: {_range_f(pairs)}; server cpu "
+        f"off {srv_off:.0f} % / on {srv_on:.0f} %, generator {cli_all:.0f} %; "
+        f"throttled while on: {thr}, errors {errs}"
+    )
+    out.check(
+        f"{op.upper()} on/off throughput (medians)",
+        round(ratio, 4),
+        f"{ratio:.3f}",
+        ">= 0.95",
+        ratio >= 0.95,
+    )
+    figures = {
+        "off": by["off"],
+        "on": by["on"],
+        "median_off": m_off,
+        "median_on": m_on,
+        "ratio": round(ratio, 4),
+        "on_over_neighbouring_off": [round(x, 4) for x in pairs],
+    }
+    _cpu_note(out, cli_all, max(srv_off, srv_on), f"overhead {op}")
+    return figures
 
 
 def _range_f(xs: Sequence[float]) -> str:
@@ -1282,15 +1301,11 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, bytes], Outcome]] = {
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    meta = report.run_meta(args)
-    m = meta["machine"]
-    version = report.version_line(meta)
+    value = report.value_bytes(args.value_size, b"throttle")
     g, s = unit_cost("get", args.value_size), unit_cost("set", args.value_size)
+    out, meta = report.run_header(args, "throttle")
     print(
-        f"\nthrottle: {version}; {m['cpus']} cores ({m['cpu_model']}) shared by server and "
-        f"load generator\n{args.value_size} B values, {args.keys} keys per bucket: a GET hit "
+        f"\n{args.value_size} B values, {args.keys} keys per bucket: a GET hit "
         f"costs {g} unit(s), a SET {s}; rates from the server's ru_total/wu_total over its "
         f"own clock; warm-up {args.warmup:g} s{' (quick)' if args.quick else ''}"
         + (
@@ -1308,26 +1323,12 @@ def run(args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    t0 = time.monotonic()
-    outcomes: list[Outcome] = []
+    parts = Parts(args, out, "throttle")
     for name in args.scenario:
-        _log(f"scenario {name} ...")
+        report.log(f"scenario {name} ...")
         t1 = time.monotonic()
         o = RUNNERS[name](args, value)
         o.data["elapsed_s"] = round(time.monotonic() - t1, 1)
-        _log(f"scenario {name} done in {o.data['elapsed_s']:g} s")
-        outcomes.append(o)
-        print(f"\n{o.title}", file=out)
-        print("\n".join(o.lines), file=out, flush=True)
-    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
-    finish(
-        args,
-        out,
-        "throttle",
-        meta,
-        outcomes,
-        part="scenario",
-        widths=(12, 42, 12),
-        key="scenarios",
-    )
-    return 0
+        report.log(f"scenario {name} done in {o.data['elapsed_s']:g} s")
+        parts.show(o)
+    return parts.finish(meta, part="scenario", widths=(12, 42, 12), key="scenarios")

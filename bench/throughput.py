@@ -12,212 +12,165 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import sys
 import time
 from typing import Any
 
-from bench import loadgen, report, servers
-from bench.loadgen import BenchError, LoadSpec, RedisCodec, Target, TenantKVCodec
+from bench import loadgen, options, report, servers
+from bench.loadgen import Target, TenantKVCodec
+from bench.options import Quick
 
 BUCKET = "bench"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("values must be integers >= 1")
-    return vals
-
-
-def _op_list(text: str) -> list[str]:
-    ops = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [o for o in ops if o not in loadgen.OPS]
-    if not ops or bad:
-        raise argparse.ArgumentTypeError(f"ops must be a comma-separated subset of {loadgen.OPS}")
-    return ops
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "throughput",
-        help="GET / durable SET ops/s, pipelined and not, 1 and many connections",
-        description="Measure GET and durable SET throughput and latency against a "
-        "self-started tenantkv daemon (or --host/--port), optionally next to "
-        "redis-server with appendfsync always (--vs-redis). See docs/benchmarking.md.",
+    p = options.subcommand(sub, run, __doc__)
+    options.window_flags(
+        p, 3.0, Quick(0.5, 0.1), what=("measuring window per cell", "warm-up per cell", "")
     )
-    p.add_argument("--seconds", type=float, default=3.0, help="measuring window per cell [3]")
-    p.add_argument("--warmup", type=float, help="warm-up per cell [0.5; quick 0.1]")
-    p.add_argument("--value-size", type=int, default=100, help="value bytes [100]")
-    p.add_argument("--keys", type=int, help="distinct keys written and read [10000; quick 1000]")
-    p.add_argument("--ops", type=_op_list, default="get,set", help="ops to run [get,set]")
-    p.add_argument("--conns", type=_int_list, help="connection counts [1,16; quick 1,4]")
-    p.add_argument("--depths", type=_int_list, default="1,64", help="pipeline depths [1,64]")
-    p.add_argument(
+    options.data_flags(p, Quick(10_000, 1000), keys_help="distinct keys written and read")
+    options.add(p, "--ops", options.names(loadgen.OPS, "ops"), ["get", "set"], "ops to run")
+    options.add(p, "--conns", options.int_list, Quick([1, 16], [1, 4]), "connection counts")
+    options.add(p, "--depths", options.int_list, [1, 64], "pipeline depths")
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=os.cpu_count() or 2,
-        help="most load-generator processes per cell; connections are spread over them [CPU count]",
+        int,
+        os.cpu_count() or 2,
+        "most load-generator processes per cell; connections are spread over them",
+        show="CPU count",
+        low=1,
     )
-    p.add_argument(
+    options.add(
+        p,
         "--rate",
-        type=float,
-        help="open loop: total target ops/s per cell, spread evenly over the connections; "
+        float,
+        None,
+        "open loop: total target ops/s per cell, spread evenly over the connections; "
         "latency counts from the scheduled send time [closed loop, max rate]",
+        above=0,
     )
-    report.pin_flag(
+    options.pin_flag(
         p,
         "split = servers on the first CPU, the load generator on the others "
         "(repeatable 1-connection cells)",
     )
     p.add_argument("--vs-redis", action="store_true", help="also run redis-server and compare")
-    report.json_flag(p)
-    p.add_argument("--quick", action="store_true", help="a fast smoke run (see [... quick ...])")
-    g = p.add_argument_group("existing server (default: start a tenantkv daemon)")
-    g.add_argument("--host", help="tenantkv host; when given, no daemon is started")
-    g.add_argument("--port", type=int, default=7207, help="tenantkv port (with --host) [7207]")
-    g.add_argument("--user", default="admin", help="tenantkv user (with --host) [admin]")
-    g.add_argument(
-        "--password",
-        default=os.environ.get("TENANTKV_PASSWORD"),
-        help="tenantkv password (with --host) [env TENANTKV_PASSWORD]",
-    )
-    g.add_argument(
-        "--data-dir", help="data directory for the started daemon; must be new [a temp dir]"
-    )
-    p.set_defaults(func=run)
+    options.json_flag(p)
+    options.quick_flag(p, "a fast smoke run (see [... quick ...])")
+    options.server_flags(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    if args.warmup is None:
-        args.warmup = 0.1 if args.quick else 0.5
-    if args.keys is None:
-        args.keys = 1000 if args.quick else 10_000
-    if args.conns is None:
-        args.conns = [1, 4] if args.quick else [1, 16]
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0 or args.keys < 1:
-        raise BenchError("--seconds must be > 0, --warmup/--value-size >= 0, --keys >= 1")
-    if args.workers < 1:
-        raise BenchError("--workers must be >= 1")
-    if args.rate is not None and args.rate <= 0:
-        raise BenchError("--rate must be > 0")
-    if args.host and not args.password:
-        raise BenchError("--host needs --password (or env TENANTKV_PASSWORD)")
-
-
-def _value(size: int) -> bytes:
-    """A fixed, incompressible-looking value (same bytes for every server)."""
-    seed = b"tenantkv-bench-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    return (seed * (size // len(seed) + 1))[:size]
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    options.check(
+        not args.host or bool(args.password), "--host needs --password (or env TENANTKV_PASSWORD)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     _finish_args(args)
-    value = _value(args.value_size)
+    value = report.value_bytes(args.value_size, b"bench")
     servers.pin_cpus(args)
-    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta: dict[str, Any] = {
         "machine": report.machine_info(),
         "source": report.source_info(),
-        "settings": {
-            "seconds": args.seconds,
-            "warmup": args.warmup,
-            "value_size": args.value_size,
-            "keys": args.keys,
-            "workers": args.workers,
-            "mode": "open loop" if args.rate else "closed loop",
-            "rate": args.rate,
-            "pin": args.pin,
-            "server_cpus": sorted(server_cpus) if server_cpus else None,
-            "client_cpus": sorted(client_cpus) if client_cpus else None,
-        },
+        "settings": _settings(args),
         "servers": {},
     }
     with contextlib.ExitStack() as stack:
-        targets: list[tuple[str, servers.ServerHandle, Target]] = []
-        if args.host:
-            tkv = servers.ServerHandle(
-                "tenantkv", args.host, args.port, user=args.user, password=args.password
-            )
-            user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=False)
-        else:
-            _log("starting tenantkv ...")
-            tkv = stack.enter_context(servers.tenantkv_server(args.data_dir, server_cpus))
-            user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
-        codec = TenantKVCodec(user, password, BUCKET)
-        targets.append(("tenantkv", tkv, Target(tkv.host, tkv.port, codec)))
-        meta["servers"]["tenantkv"] = {
-            "version": tkv.version,
-            "address": f"{tkv.host}:{tkv.port}",
-            "started_by_bench": tkv.pid is not None,
-            "settings": tkv.settings,
-        }
-        if args.vs_redis:
-            if servers.find_redis() is None:
-                note = (
-                    "NOTE: --vs-redis: redis-server is not on PATH; skipping the comparison "
-                    "(Debian: apt-get install redis-server)."
-                )
-                print(note, file=sys.stderr if args.json == "-" else sys.stdout)
-                meta["redis_skipped"] = note
-            else:
-                _log("starting redis-server (appendonly yes, appendfsync always, save '') ...")
-                rd = stack.enter_context(servers.redis_server("always", server_cpus))
-                targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
-                meta["servers"]["redis"] = {
-                    "version": rd.version,
-                    "address": f"{rd.host}:{rd.port}",
-                    "settings": rd.settings,
-                    "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
-                }
+        targets = _start(stack, args, meta)
         for name, _, target in targets:
-            _log(f"preloading {args.keys} keys of {args.value_size} B into {name} ...")
+            report.log(f"preloading {args.keys} keys of {args.value_size} B into {name} ...")
             loadgen.preload(target, args.keys, value)
-        cells: list[report.Cell] = []
         t0 = time.monotonic()
-        for op in args.ops:
-            for conns in args.conns:
-                for depth in args.depths:
-                    spec = LoadSpec(
-                        op=op,
-                        conns=conns,
-                        depth=depth,
-                        value=value,
-                        keys=args.keys,
-                        seconds=args.seconds,
-                        warmup=args.warmup,
-                        rate=args.rate,
-                        workers=args.workers,
-                        cpus=client_cpus,
-                    )
-                    for name, handle, target in targets:
-                        res = loadgen.run_load(target, spec, handle.cpu_seconds)
-                        cell = report.Cell(name, spec, res)
-                        cells.append(cell)
-                        j = cell.to_json()
-                        _log(
-                            f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
-                            f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
-                            f"p99 {j['p99_us']} µs  errors {res.errors}"
-                        )
+        cells = _measure(args, targets, value)
         meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     names = [n for n, _, _ in targets]
+    _print(args, meta, targets[0][1], cells, names)
+    if args.json:
+        report.write_json(args.json, report.results_doc(cells, names, meta))
+    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "value_size": args.value_size,
+        "keys": args.keys,
+        "workers": args.workers,
+        "mode": "open loop" if args.rate else "closed loop",
+        "rate": args.rate,
+        "pin": args.pin,
+        "server_cpus": sorted(args.server_cpus) if args.server_cpus else None,
+        "client_cpus": sorted(args.client_cpus) if args.client_cpus else None,
+    }
+
+
+def _start(
+    stack: contextlib.ExitStack, args: argparse.Namespace, meta: dict[str, Any]
+) -> list[servers.Measured]:
+    """tenantkv (started, or ``--host``), and redis-server with ``--vs-redis``."""
+    if args.host:
+        tkv = servers.ServerHandle(
+            "tenantkv", args.host, args.port, user=args.user, password=args.password
+        )
+        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=False)
+    else:
+        report.log("starting tenantkv ...")
+        tkv = stack.enter_context(servers.tenantkv_server(args.data_dir, args.server_cpus))
+        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
+    codec = TenantKVCodec(user, password, BUCKET)
+    targets: list[servers.Measured] = [("tenantkv", tkv, Target(tkv.host, tkv.port, codec))]
+    meta["servers"]["tenantkv"] = servers.describe(tkv)
+    if args.vs_redis:
+        rd = servers.vs_redis(stack, args.server_cpus, meta)
+        if rd is None:
+            note = f"NOTE: {servers.NO_REDIS}."
+            print(note, file=sys.stderr if args.json == "-" else sys.stdout)
+            meta["redis_skipped"] = note
+        else:
+            targets.append(rd)
+    return targets
+
+
+def _measure(
+    args: argparse.Namespace, targets: list[servers.Measured], value: bytes
+) -> list[report.Cell]:
+    """Every cell of the grid on every server, back to back."""
+    cells: list[report.Cell] = []
+    for op, conns, depth in itertools.product(args.ops, args.conns, args.depths):
+        spec = loadgen.cell_spec(
+            args, op, conns, depth, value, rate=args.rate, workers=args.workers
+        )
+        for name, handle, target in targets:
+            res = loadgen.run_load(target, spec, handle.cpu_seconds)
+            cell = report.Cell(name, spec, res)
+            cells.append(cell)
+            j = cell.to_json()
+            report.log(
+                f"  {name:<8} {op} conns={conns:<3} depth={depth:<3} "
+                f"{res.ops_per_s:>10,.0f} ops/s  p50 {j['p50_us']} µs  "
+                f"p99 {j['p99_us']} µs  errors {res.errors}"
+            )
+    return cells
+
+
+def _print(
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    tkv: servers.ServerHandle,
+    cells: list[report.Cell],
+    names: list[str],
+) -> None:
     out = sys.stderr if args.json == "-" else sys.stdout
     mode = (
         f"open loop at {args.rate:,.0f} ops/s per cell (latency from scheduled send)"
         if args.rate
         else "closed loop (max throughput)"
     )
-    m = meta["machine"]
     src = meta["source"]
     versions = f"tenantkv {tkv.version}"
     if src["commit"]:
@@ -226,21 +179,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if "redis" in meta["servers"]:
         versions += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
-    pin = (
-        f" (pinned: servers on CPU {sorted(server_cpus)}, load on {sorted(client_cpus)})"
-        if server_cpus and client_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     print(
         f"\nthroughput: {args.value_size} B values, {args.keys} keys, {args.seconds:g} s per cell "
         f"after {args.warmup:g} s warm-up, {mode}; SET is durable on both sides\n"
         f"{versions}\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by server and load generator"
-        f"{pin}; "
+        f"machine: {report.machine_line(meta)}{f' ({pin})' if pin else ''}; "
         f"cli% = load generator, srv% = server, % of one core\n",
         file=out,
     )
     print(report.format_table(cells, names), file=out)
-    if args.json:
-        report.write_json(args.json, report.results_doc(cells, names, meta))
-    return 1 if any(c.result.errors for c in cells) else 0

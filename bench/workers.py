@@ -38,8 +38,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from bench import cpu, loadgen, report, resp, servers, throttle
+from bench import cpu, loadgen, options, report, resp, servers, throttle
 from bench.loadgen import BenchError, LoadSpec, Target, TenantKVCodec
+from bench.options import Quick
 
 BUCKET = "bench"
 #: the loads: (front door, op). RESP GET and SET carry the targets.
@@ -63,65 +64,50 @@ def _workers_list(text: str) -> list[int]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "workers",
-        help="serve --workers N vs 1: ops/s, server CPU/op over all processes, ops/commit",
-        description="One worker process against N (serve --workers N) on the same cores as "
-        "the load generator: redis-benchmark pipelined GET and durable SET on the RESP port, "
-        "and GET on the MessagePack-RPC port with bench/loadgen.py. Reports ops/s, server CPU "
-        "µs/op summed over the supervisor and every worker, ops per group commit, and the "
-        "ratios N/1 against issue 19's targets. See docs/scaling.md.",
-    )
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.add(
+        p,
         "--workers-list",
-        type=_workers_list,
-        default=[1, 2],
+        _workers_list,
+        [1, 2],
+        "worker counts to compare, the first (1) is the baseline",
         metavar="1,N[,M]",
-        help="worker counts to compare, the first (1) is the baseline [1,2]",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--shapes",
-        type=cpu._shapes,
-        help="CONNSxPIPELINE list (-c x -P) [16x64,64x64; quick 16x64]",
+        cpu._shapes,
+        Quick([(16, 64), (64, 64)], [(16, 64)]),
+        "CONNSxPIPELINE list (-c x -P)",
+        show="16x64,64x64; quick 16x64",
     )
-    p.add_argument(
+    load_names = [f"{d}-{o}" for d, o in LOADS]
+    options.add(
+        p,
         "--loads",
-        type=_loads,
-        default=[f"{d}-{o}" for d, o in LOADS],
-        help="resp-get, resp-set, msgpack-get (comma-separated) [all three]",
+        options.names(load_names, "loads"),
+        load_names,
+        "resp-get, resp-set, msgpack-get (comma-separated)",
+        show="all three",
     )
-    p.add_argument("--value-size", type=int, default=64, help="value bytes (-d) [64]")
-    p.add_argument("--keys", type=int, help="keyspace (-r), preloaded [10000; quick 2000]")
-    p.add_argument("--seconds", type=float, help="length of each measured run [3; quick 0.5]")
-    p.add_argument(
-        "--warmup", type=float, help="MessagePack load: warm-up before the window [0.5; quick 0.2]"
+    resp.redis_benchmark_flags(
+        p, Quick(10_000, 2000), Quick(3.0, 0.5), "rounds (1,N,1,N,...), median kept"
     )
-    p.add_argument("--rounds", type=int, help="rounds (1,N,1,N,...), median kept [3; quick 1]")
-    report.pin_flag(
+    options.pin_flag(
         p,
         "split = every server process on the first CPU, the generators on the others "
         "(one core for N workers: for comparison only, the targets assume none)",
     )
-    report.quick_flag(p, "1 round of 0.5 s, 16x64 only, 2000 keys (about 15 s)")
-    report.json_flag(p)
-    p.set_defaults(func=run)
-
-
-def _loads(text: str) -> list[str]:
-    return report.name_list(text, [f"{d}-{o}" for d, o in LOADS], "loads")
+    options.quick_flag(p, "1 round of 0.5 s, 16x64 only, 2000 keys (about 15 s)")
+    options.json_flag(p)
 
 
 def _finish_args(args: argparse.Namespace) -> None:
-    q = args.quick
-    if args.shapes is None:
-        args.shapes = [(16, 64)] if q else [(16, 64), (64, 64)]
-    if args.keys is None:
-        args.keys = 2000 if q else 10_000
-    report.timing_defaults(args, seconds=(0.5, 3.0), warmup=(0.2, 0.5), rounds=(1, 3))
-    if args.value_size < 1 or args.keys < 1:
-        raise BenchError("--value-size and --keys must be >= 1")
-    if any(ld.startswith("resp-") for ld in args.loads) and resp.find_redis_benchmark() is None:
-        raise BenchError("redis-benchmark is not on PATH (Debian: apt-get install redis-tools)")
+    options.check(
+        not any(ld.startswith("resp-") for ld in args.loads)
+        or resp.find_redis_benchmark() is not None,
+        "redis-benchmark is not on PATH (Debian: apt-get install redis-tools)",
+    )
     servers.pin_cpus(args)
 
 
@@ -437,13 +423,11 @@ def _f(x: float | None, fmt: str) -> str:
 
 
 def _header(args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    place = "not pinned: the server processes and the load generator share every core"
+    if args.server_cpus:
+        place = f"pinned: every server process on CPU {sorted(args.server_cpus)}, "
+        place += f"generators on {sorted(args.client_cpus)}"
     m = meta["machine"]
-    place = (
-        f"pinned: every server process on CPU {sorted(args.server_cpus)}, generators on "
-        f"{sorted(args.client_cpus)}"
-        if args.server_cpus
-        else "not pinned: the server processes and the load generator share every core"
-    )
     return (
         f"\nworkers: {report.version_line(meta)}; {meta['redis_benchmark']}\n"
         f"serve --workers N for N in {','.join(map(str, args.workers_list))}, a fresh server "

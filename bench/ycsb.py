@@ -52,16 +52,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench import loadgen, report, servers, workloads
+from bench import loadgen, options, report, servers, workloads
 from bench.loadgen import (
     WORKLOAD,
-    BenchError,
-    LoadResult,
     LoadSpec,
-    RedisCodec,
     Target,
     TenantKVCodec,
 )
+from bench.options import Quick
 
 BUCKET = "bench"
 NAMES = tuple(workloads.WORKLOADS)
@@ -72,63 +70,62 @@ E_ON_REDIS = (
 )
 
 
-def _workload_list(text: str) -> list[str]:
-    return report.name_list(text.upper(), NAMES, "workloads")
-
-
-def _dist_list(text: str) -> list[str]:
-    return report.name_list(text.lower(), workloads.DISTRIBUTIONS, "distributions")
-
-
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "ycsb",
-        help="YCSB core workloads A-F with zipfian / uniform / latest keys",
-        description="Run YCSB's core workloads (A update heavy, B read mostly, C read only, "
-        "D read latest, E short ranges, F read-modify-write) against a self-started "
-        "tenantkv daemon, optionally next to redis-server with appendfsync always "
-        "(--vs-redis). See the module docstring of bench/ycsb.py.",
-    )
-    p.add_argument(
+    p = options.subcommand(sub, run, __doc__)
+    options.add(
+        p,
         "--workloads",
-        type=_workload_list,
-        default=list(NAMES),
+        options.names(NAMES, "workloads", str.upper),
+        list(NAMES),
+        "workloads to run",
         metavar="W[,W]",
-        help="workloads to run [A,B,C,D,E,F]",
     )
-    p.add_argument(
+    options.add(
+        p,
         "--distributions",
-        type=_dist_list,
-        default=["zipfian", "uniform"],
+        options.names(workloads.DISTRIBUTIONS, "distributions", str.lower),
+        ["zipfian", "uniform"],
+        "key distributions, of zipfian, uniform, latest (D always uses latest)",
         metavar="D[,D]",
-        help="key distributions, of zipfian, uniform, latest (D always uses latest) "
-        "[zipfian,uniform]",
     )
-    p.add_argument("--records", type=int, help="records preloaded per cell [10000; quick 1000]")
-    p.add_argument(
+    options.add(p, "--records", int, Quick(10_000, 1000), "records preloaded per cell", low=2)
+    options.add(
+        p,
         "--value-size",
-        type=int,
-        default=100,
-        help="value bytes [100, as the other scenarios; YCSB's record is 1000]",
+        int,
+        100,
+        "value bytes",
+        show="100, as the other scenarios; YCSB's record is 1000",
+        low=0,
     )
-    p.add_argument("--conns", type=int, default=16, help="connections (YCSB threads) [16]")
-    p.add_argument("--depth", type=int, default=1, help="outstanding requests per connection [1]")
-    p.add_argument("--seconds", type=float, help="measuring window per cell [5; quick 1]")
-    p.add_argument("--warmup", type=float, help="warm-up per cell [1; quick 0.2]")
-    p.add_argument(
+    options.add(p, "--conns", int, 16, "connections (YCSB threads)", low=1)
+    options.add(p, "--depth", int, 1, "outstanding requests per connection", low=1)
+    options.window_flags(
+        p,
+        Quick(5.0, 1.0),
+        Quick(1.0, 0.2),
+        what=("measuring window per cell", "warm-up per cell", ""),
+    )
+    options.add(
+        p,
         "--rate",
-        type=float,
-        help="open loop: total YCSB ops/s per cell, Poisson arrivals; latency counts from "
+        float,
+        None,
+        "open loop: total YCSB ops/s per cell, Poisson arrivals; latency counts from "
         "the scheduled send [closed loop]",
+        above=0,
     )
-    p.add_argument(
+    options.add(
+        p,
         "--workers",
-        type=int,
-        default=os.cpu_count() or 2,
-        help="most load-generator processes per cell [CPU count]",
+        int,
+        os.cpu_count() or 2,
+        "most load-generator processes per cell",
+        show="CPU count",
+        low=1,
     )
-    p.add_argument("--seed", type=int, default=1, help="seed of the workload plans [1]")
-    report.pin_flag(
+    options.add(p, "--seed", int, 1, "seed of the workload plans")
+    options.pin_flag(
         p,
         "split = servers on the first CPU, the load generator on the others",
     )
@@ -137,28 +134,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="also run redis-server (appendfsync always): workloads A-D, F",
     )
-    report.json_flag(p)
-    p.add_argument(
-        "--quick", action="store_true", help="a fast smoke run (every workload in < 40 s)"
-    )
-    p.set_defaults(func=run)
-
-
-def _finish_args(args: argparse.Namespace) -> None:
-    if args.records is None:
-        args.records = 1000 if args.quick else 10_000
-    if args.seconds is None:
-        args.seconds = 1.0 if args.quick else 5.0
-    if args.warmup is None:
-        args.warmup = 0.2 if args.quick else 1.0
-    if args.seconds <= 0 or args.warmup < 0 or args.value_size < 0:
-        raise BenchError("--seconds must be > 0, --warmup and --value-size >= 0")
-    if args.records < 2:
-        raise BenchError("--records must be >= 2")
-    if args.conns < 1 or args.depth < 1 or args.workers < 1:
-        raise BenchError("--conns, --depth and --workers must be >= 1")
-    if args.rate is not None and args.rate <= 0:
-        raise BenchError("--rate must be > 0")
+    options.json_flag(p)
+    options.quick_flag(p, "a fast smoke run (every workload in < 40 s)")
 
 
 def cell_plan(names: list[str], dists: list[str]) -> list[tuple[str, str]]:
@@ -172,15 +149,11 @@ def cell_plan(names: list[str], dists: list[str]) -> list[tuple[str, str]]:
 
 
 @dataclass
-class Cell:
+class Cell(report.Cell):
     """One workload x distribution measured on one server."""
 
-    server: str
-    spec: LoadSpec
-    result: LoadResult
-
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str]:  # type: ignore[override]
         assert self.spec.workload is not None
         return (self.spec.workload, self.spec.distribution)
 
@@ -224,57 +197,33 @@ def ratio(cells: list[Cell], key: tuple[str, str], a: str, b: str) -> float | No
     return None
 
 
+#: one line per workload x distribution
+LAYOUT = report.Layout(
+    (f"{'':<2} {'':<8}", f"{'wl':<2} {'dist':<8}"),
+    lambda k: f"{k[0]:<2} {k[1]:<8}",
+    ["ops/s", "p50 µs", "p99 µs", "p99.9 µs", "err"],
+    [9, 7, 7, 8, 4],
+    "errors (not counted in ops/s):",
+    lambda c: f"{c.server} {c.key[0]} {c.key[1]}: {c.result.errors} errors",
+)
+
+
+def _values(cell: Cell) -> list[str]:
+    j = cell.to_json()
+    us = [report._fmt_us(j[k]) for k in ("p50_us", "p99_us", "p999_us")]
+    return [f"{cell.ops_per_s:,.0f}", *us, str(j["errors"])]
+
+
 def format_table(cells: list[Cell], names: list[str]) -> str:
     """One line per workload x distribution, servers side by side."""
-    keys: list[tuple[str, str]] = []
-    for c in cells:
-        if c.key not in keys:
-            keys.append(c.key)
-    by = {(c.server, c.key): c for c in cells}
-    per = ["ops/s", "p50 µs", "p99 µs", "p99.9 µs", "err"]
-    widths = [9, 7, 7, 8, 4]
-    block = sum(widths) + len(widths)
-    head1 = f"{'':<2} {'':<8}"
-    head2 = f"{'wl':<2} {'dist':<8}"
-    for s in names:
-        head1 += " |" + s.center(block)
-        head2 += " |" + "".join(f" {h:>{w}}" for h, w in zip(per, widths, strict=True))
-    show_ratio = "tenantkv" in names and "redis" in names
-    if show_ratio:
-        head1 += " |" + " ratio".ljust(10)
-        head2 += " | tkv/redis"
-    lines = [head1, head2, "-" * len(head2)]
-    for key in keys:
-        line = f"{key[0]:<2} {key[1]:<8}"
-        for s in names:
-            cell = by.get((s, key))
-            if cell is None:
-                skipped = "skipped (no scan)" if s == "redis" and key[0] == "E" else ""
-                line += " |" + f"{skipped:^{block}}"
-                continue
-            j = cell.to_json()
-            vals = [
-                f"{cell.ops_per_s:,.0f}",
-                report._fmt_us(j["p50_us"]),
-                report._fmt_us(j["p99_us"]),
-                report._fmt_us(j["p999_us"]),
-                str(j["errors"]),
-            ]
-            line += " |" + "".join(f" {v:>{w}}" for v, w in zip(vals, widths, strict=True))
-        if show_ratio:
-            r = ratio(cells, key, "tenantkv", "redis")
-            line += " | " + (f"{r:>8.2f}x" if r is not None else f"{'-':>9}")
-        lines.append(line)
-    errs = [c for c in cells if c.result.errors]
-    if errs:
-        lines.append("")
-        lines.append("errors (not counted in ops/s):")
-        for c in errs:
-            lines.append(
-                f"  {c.server} {c.key[0]} {c.key[1]}: {c.result.errors} errors, "
-                f"e.g. {c.result.error_sample}"
-            )
-    return "\n".join(lines)
+    return report.side_by_side(
+        cells,
+        names,
+        LAYOUT,
+        _values,
+        lambda key: ratio(cells, key, "tenantkv", "redis"),
+        lambda server, key: "skipped (no scan)" if server == "redis" and key[0] == "E" else "",
+    )
 
 
 def _prefix(workload: str, distribution: str) -> bytes:
@@ -283,104 +232,101 @@ def _prefix(workload: str, distribution: str) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
-    _finish_args(args)
     value = report.value_bytes(args.value_size, b"ycsb")
     servers.pin_cpus(args)
-    server_cpus, client_cpus = args.server_cpus, args.client_cpus
     meta = report.run_meta(args)
-    meta["settings"]["server_cpus"] = sorted(server_cpus) if server_cpus else None
-    meta["settings"]["client_cpus"] = sorted(client_cpus) if client_cpus else None
+    for side in ("server_cpus", "client_cpus"):
+        cpus = getattr(args, side)
+        meta["settings"][side] = sorted(cpus) if cpus else None
     meta["servers"] = {}
     notes: list[str] = []
-    out = sys.stderr if args.json == "-" else sys.stdout
-    plan = cell_plan(args.workloads, args.distributions)
     t0 = time.monotonic()
-    cells: list[Cell] = []
     with contextlib.ExitStack() as stack:
-        report.log("starting tenantkv ...")
-        tkv = stack.enter_context(servers.tenantkv_server(None, server_cpus))
-        user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
-        targets: list[tuple[str, servers.ServerHandle, Target]] = [
-            ("tenantkv", tkv, Target(tkv.host, tkv.port, TenantKVCodec(user, password, BUCKET)))
-        ]
-        meta["servers"]["tenantkv"] = {
-            "version": tkv.version,
-            "address": f"{tkv.host}:{tkv.port}",
-            "settings": tkv.settings,
-        }
-        if args.vs_redis:
-            if servers.find_redis() is None:
-                notes.append(
-                    "--vs-redis: redis-server is not on PATH; comparison skipped "
-                    "(Debian: apt-get install redis-server)"
-                )
-            else:
-                report.log("starting redis-server (appendonly yes, appendfsync always) ...")
-                rd = stack.enter_context(servers.redis_server("always", server_cpus))
-                targets.append(("redis", rd, Target(rd.host, rd.port, RedisCodec())))
-                meta["servers"]["redis"] = {
-                    "version": rd.version,
-                    "address": f"{rd.host}:{rd.port}",
-                    "settings": rd.settings,
-                    "aof_enabled": servers.redis_info(rd).get("aof_enabled"),
-                }
-                if "E" in args.workloads:
-                    notes.append(E_ON_REDIS)
-        for wname, dist in plan:
-            w = workloads.WORKLOADS[wname]
-            spec = LoadSpec(
-                op=WORKLOAD,
-                conns=args.conns,
-                depth=args.depth,
-                value=value,
-                keys=args.records,
-                seconds=args.seconds,
-                warmup=args.warmup,
-                rate=args.rate * w.requests_per_op if args.rate else None,
-                workers=args.workers,
-                cpus=client_cpus,
-                key_prefix=_prefix(wname, dist),
-                poisson=bool(args.rate),
-                seed=args.seed,
-                workload=wname,
-                distribution=dist,
-            )
-            for name, handle, target in targets:
-                if w.scans and not hasattr(target.codec, "encode_scan"):
-                    continue
-                loadgen.preload(target, args.records, value, spec.key_prefix)
-                res = loadgen.run_load(target, spec, handle.cpu_seconds)
-                cell = Cell(name, spec, res)
-                cells.append(cell)
-                j = cell.to_json()
-                report.log(
-                    f"  {name:<8} {wname} {dist:<7} {cell.ops_per_s:>9,.0f} ops/s  "
-                    f"p50 {j['p50_us']} µs  p99 {j['p99_us']} µs  p99.9 {j['p999_us']} µs  "
-                    f"errors {res.errors}"
-                )
+        targets = _start(stack, args, meta, notes)
+        cells = _measure(args, targets, value)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     names = [n for n, _, _ in targets]
-    m = meta["machine"]
-    versions = report.version_line(meta)
-    if "redis" in meta["servers"]:
-        versions += f"; redis {meta['servers']['redis']['version']} (appendfsync always)"
+    _print(args, meta, cells, names, notes)
+    if args.json:
+        meta["notes"] = notes
+        doc = {"cells": [c.to_json() for c in cells], "ratios": _ratios(cells, names)}
+        report.write_json(args.json, {"benchmark": "ycsb", "meta": meta, **doc})
+    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _start(
+    stack: contextlib.ExitStack, args: argparse.Namespace, meta: dict[str, Any], notes: list[str]
+) -> list[servers.Measured]:
+    """tenantkv, and redis-server with ``--vs-redis``."""
+    report.log("starting tenantkv ...")
+    tkv = stack.enter_context(servers.tenantkv_server(None, args.server_cpus))
+    user, password = servers.prepare_tenantkv(tkv, BUCKET, dedicated_user=True)
+    targets: list[servers.Measured] = [
+        ("tenantkv", tkv, Target(tkv.host, tkv.port, TenantKVCodec(user, password, BUCKET)))
+    ]
+    meta["servers"]["tenantkv"] = servers.describe(tkv)
+    if args.vs_redis:
+        rd = servers.vs_redis(stack, args.server_cpus, meta)
+        if rd is None:
+            notes.append(servers.NO_REDIS)
+        else:
+            targets.append(rd)
+            if "E" in args.workloads:
+                notes.append(E_ON_REDIS)
+    return targets
+
+
+def _measure(args: argparse.Namespace, targets: list[servers.Measured], value: bytes) -> list[Cell]:
+    """Every cell of the plan on every server that can run it."""
+    cells: list[Cell] = []
+    for wname, dist in cell_plan(args.workloads, args.distributions):
+        w = workloads.WORKLOADS[wname]
+        spec = LoadSpec(
+            op=WORKLOAD,
+            conns=args.conns,
+            depth=args.depth,
+            value=value,
+            keys=args.records,
+            seconds=args.seconds,
+            warmup=args.warmup,
+            rate=args.rate * w.requests_per_op if args.rate else None,
+            workers=args.workers,
+            cpus=args.client_cpus,
+            key_prefix=_prefix(wname, dist),
+            poisson=bool(args.rate),
+            seed=args.seed,
+            workload=wname,
+            distribution=dist,
+        )
+        runnable = [t for t in targets if not w.scans or hasattr(t[2].codec, "encode_scan")]
+
+        def preload(target: Target, spec: LoadSpec = spec) -> None:
+            loadgen.preload(target, args.records, value, spec.key_prefix)
+
+        cells += report.run_on_each(runnable, spec, Cell, f"{wname} {dist:<7}", preload)
+    return cells
+
+
+def _print(
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    cells: list[Cell],
+    names: list[str],
+    notes: list[str],
+) -> None:
+    out = sys.stderr if args.json == "-" else sys.stdout
     mode = (
         f"open loop, Poisson arrivals at {args.rate:,.0f} ops/s per cell "
         "(latency from the scheduled send)"
         if args.rate
         else f"closed loop, {args.conns} conns x {args.depth} outstanding"
     )
-    pin = (
-        f"; pinned: servers on CPU {sorted(server_cpus)}, load on {sorted(client_cpus)}"
-        if server_cpus and client_cpus
-        else ""
-    )
+    pin = servers.pinned(args)
     print(
         f"\nycsb: {args.records:,} records of {args.value_size} B preloaded per cell, "
         f"{args.seconds:g} s per cell after {args.warmup:g} s warm-up, {mode}; "
-        f"SETs durable{' on both sides' if len(names) > 1 else ''}\n{versions}\n"
-        f"machine: {m['cpus']} cores ({m['cpu_model']}) shared by server and load "
-        f"generator{pin}\n",
+        f"SETs durable{' on both sides' if len(names) > 1 else ''}\n{servers.versions_line(meta)}\n"
+        f"machine: {report.machine_line(meta)}{'; ' + pin if pin else ''}\n",
         file=out,
     )
     print(format_table(cells, names), file=out)
@@ -396,30 +342,17 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"- {n}", file=out)
     print(f"\n({meta['elapsed_s']:g} s)", file=out)
-    if args.json:
-        ratios = []
-        if "tenantkv" in names and "redis" in names:
-            for c in cells:
-                if c.server != "tenantkv":
-                    continue
-                r = ratio(cells, c.key, "tenantkv", "redis")
-                if r is None:
-                    continue  # E: not run on redis
-                ratios.append(
-                    {
-                        "workload": c.key[0],
-                        "distribution": c.key[1],
-                        "tenantkv_over_redis": round(r, 3),
-                    }
-                )
-        meta["notes"] = notes
-        report.write_json(
-            args.json,
-            {
-                "benchmark": "ycsb",
-                "meta": meta,
-                "cells": [c.to_json() for c in cells],
-                "ratios": ratios,
-            },
-        )
-    return 1 if any(c.result.errors for c in cells) else 0
+
+
+def _ratios(cells: list[Cell], names: list[str]) -> list[dict[str, Any]]:
+    """tenantkv / redis per cell both ran (E is not run on redis)."""
+    if "tenantkv" not in names or "redis" not in names:
+        return []
+    out = []
+    for c in cells:
+        r = ratio(cells, c.key, "tenantkv", "redis") if c.server == "tenantkv" else None
+        if r is not None:
+            out.append(
+                {"workload": c.key[0], "distribution": c.key[1], "tenantkv_over_redis": round(r, 3)}
+            )
+    return out

@@ -13,6 +13,13 @@ whose keys become the next label in ``labels`` (``buckets.*.ops.*`` with
 ``("bucket", "operation")``). An empty path is a family computed from several
 values (``gate_*``, ``build_info``). ``docs/metrics.md`` is generated from this
 table (``python -m tenantkv.metric_catalog``; a test keeps them equal).
+
+``across`` declares how a figure of ``serve --workers N`` is the node's, from
+the workers' documents and the supervisor's (:data:`ACROSS`): the
+``node_document`` merge reads it here, never from a figure's name. Figures
+of the status document that are no metric are declared in
+:data:`STATUS_FIGURES`, beside them; a test checks that every figure of a
+worker's document has a declaration.
 """
 
 from __future__ import annotations
@@ -21,6 +28,33 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["counter", "gauge", "histogram"]
+
+#: How a figure combines across the workers of ``serve --workers N``.
+Across = Literal["total", "sum", "same", "max", "any", "node", "histogram", "p50", "p99", "first"]
+ACROSS: dict[str, str] = {
+    "total": "a count since start: the sum of the workers', plus the last counts of "
+    "workers that died (it never goes back when a worker restarts)",
+    "sum": "a level now: the sum of the live workers'",
+    "same": "a setting or fact the same on every worker: any worker's",
+    "max": "a figure of what the workers share, read at slightly different times: the largest",
+    "any": "a yes/no: yes if any worker's is",
+    "node": "the supervisor's own figure for the node (its allocator, connection table, "
+    "login limiter, writer)",
+    "histogram": "counts per bound: added up bound by bound (dead workers' included)",
+    "p50": "the median of the merged histogram beside it (`histogram_us`)",
+    "p99": "the 99th percentile of the merged histogram beside it (`histogram_us`)",
+    "first": "a figure of one process (its garbage collector, its probing state): the "
+    "first worker's; each worker's own is in its document",
+}
+ACROSS_INTRO = """With `serve --workers N` each worker counts what it serves and the
+supervisor merges the workers' documents into the node's (one `status`, one
+`/metrics`). The **workers** column of each table says how; the supervisor
+reads every worker's document at least once a second and keeps the last one of
+a worker that dies, so `total` figures never go back when a worker restarts
+(what a worker counted after that last read and before a `kill -9` is lost
+with it). In one process every figure is that process's own."""
+#: What ``across`` is when a metric does not say: by its kind.
+ACROSS_BY_KIND: dict[str, Across] = {"counter": "total", "gauge": "sum", "histogram": "histogram"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +76,12 @@ class Metric:
     origin: str = ""
     #: the docs/metrics.md section it is listed in
     section: str = ""
+    #: how the node's figure comes from the workers' (:data:`ACROSS`); by kind if not set
+    across: Across | None = None
+
+    @property
+    def combine(self) -> Across:
+        return self.across or ACROSS_BY_KIND[self.kind]
 
 
 #: docs/metrics.md up to its first section.
@@ -197,6 +237,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         origin="MongoDB `uptime`",
         section="Node and connections",
+        across="node",
     ),
     Metric(
         "tenantkv_storage_map_size_bytes",
@@ -206,6 +247,7 @@ METRICS: tuple[Metric, ...] = (
         unit="bytes",
         origin="LMDB `me_mapsize`",
         section="Storage and group commit",
+        across="max",
     ),
     Metric(
         "tenantkv_storage_used_bytes",
@@ -215,6 +257,7 @@ METRICS: tuple[Metric, ...] = (
         unit="bytes",
         origin="LMDB `me_last_pgno`",
         section="Storage and group commit",
+        across="max",
     ),
     Metric(
         "tenantkv_writer_queue_length",
@@ -223,6 +266,7 @@ METRICS: tuple[Metric, ...] = (
         "Write lag: writes queued for the group-commit writer and not yet durable. Drives the write permits.",
         origin="EvidentDB admission `lag`",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_batches",
@@ -230,6 +274,7 @@ METRICS: tuple[Metric, ...] = (
         "storage.writer.batches",
         "Group-commit transactions committed (each one fsync with `durability = fsync`).",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_ops_committed",
@@ -237,6 +282,7 @@ METRICS: tuple[Metric, ...] = (
         "storage.writer.ops_committed",
         "Writes committed (batches × ops per batch).",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_commit_seconds",
@@ -245,6 +291,7 @@ METRICS: tuple[Metric, ...] = (
         "Time spent applying and committing batches, fsync included.",
         unit="seconds",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_failed_batches",
@@ -252,6 +299,7 @@ METRICS: tuple[Metric, ...] = (
         "storage.writer.failed_batches",
         "Batches that failed as a whole (disk full, map limit, I/O error); their writes got an error.",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_map_grows",
@@ -259,6 +307,7 @@ METRICS: tuple[Metric, ...] = (
         "storage.writer.map_grows",
         "Times the LMDB map was grown.",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_commit_latency_seconds",
@@ -268,6 +317,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         histogram="latency",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_writer_batch_ops",
@@ -276,6 +326,7 @@ METRICS: tuple[Metric, ...] = (
         "Histogram: operations per group-commit batch (buckets 1, 2, 4 … 2048). Large batches under load are the point of group commit.",
         histogram="batch",
         section="Storage and group commit",
+        across="node",
     ),
     Metric(
         "tenantkv_bucket_entries",
@@ -285,6 +336,7 @@ METRICS: tuple[Metric, ...] = (
         labels=("bucket",),
         origin="Couchbase `curr_items`",
         section="Buckets and operations",
+        across="max",
     ),
     Metric(
         "tenantkv_ops",
@@ -344,6 +396,7 @@ METRICS: tuple[Metric, ...] = (
         "throttle.node.enabled",
         "1 when the tenant throttle is on (always).",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_capacity",
@@ -352,6 +405,7 @@ METRICS: tuple[Metric, ...] = (
         "Node capacity in cost units/s; no series while unlimited (node throttling off).",
         origin="Couchbase `capacity`",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_default_reserved_units",
@@ -360,6 +414,7 @@ METRICS: tuple[Metric, ...] = (
         "Reservation given to buckets created from now on.",
         origin="Couchbase `default_throttle_reserved_units`",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_default_hard_limit",
@@ -368,6 +423,7 @@ METRICS: tuple[Metric, ...] = (
         "Hard limit given to buckets created from now on; no series while unlimited.",
         origin="Couchbase `default_throttle_hard_limit`",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_write_weight",
@@ -375,6 +431,7 @@ METRICS: tuple[Metric, ...] = (
         "throttle.node.write_weight",
         "Cost of one WU in RU (`write_weight`).",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_slice_seconds",
@@ -384,6 +441,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_max_wait_seconds",
@@ -393,6 +451,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_free_pool_units",
@@ -401,6 +460,7 @@ METRICS: tuple[Metric, ...] = (
         "Units/s left after finite reservations (capacity − Σ reserved); no series while unlimited.",
         origin="Couchbase free pool",
         section="Tenant throttle",
+        across="node",
     ),
     Metric(
         "tenantkv_throttle_node_reservation_scale",
@@ -408,6 +468,7 @@ METRICS: tuple[Metric, ...] = (
         "throttle.node.reservation_scale",
         "Factor every reservation is scaled by because the reservations exceed the node capacity (1 = none).",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_node_free_pool_available_units",
@@ -415,6 +476,7 @@ METRICS: tuple[Metric, ...] = (
         "throttle.node.free_pool_available_units",
         "Of the free pool, units/s left to share now, after capacity set aside for unthrottled use; no series while unlimited.",
         section="Tenant throttle",
+        across="node",
     ),
     Metric(
         "tenantkv_throttle_node_free_pool_used_window",
@@ -470,6 +532,7 @@ METRICS: tuple[Metric, ...] = (
         labels=("bucket",),
         origin="Couchbase `reserved`",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_bucket_hard_limit",
@@ -479,6 +542,7 @@ METRICS: tuple[Metric, ...] = (
         labels=("bucket",),
         origin="Couchbase `hard_limit`",
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_bucket_weight",
@@ -487,6 +551,7 @@ METRICS: tuple[Metric, ...] = (
         "The bucket's weight in the fair share of the free pool.",
         labels=("bucket",),
         section="Tenant throttle",
+        across="same",
     ),
     Metric(
         "tenantkv_throttle_bucket_connections",
@@ -503,6 +568,7 @@ METRICS: tuple[Metric, ...] = (
         "Reservation in force now, after slow start and over-reservation scaling; no series while unlimited.",
         labels=("bucket",),
         section="Tenant throttle",
+        across="node",
     ),
     Metric(
         "tenantkv_throttle_bucket_allowance_rate",
@@ -511,6 +577,7 @@ METRICS: tuple[Metric, ...] = (
         "The bucket's allowance rate now: reservation + fair share of the free pool, capped at the hard limit; no series while unlimited.",
         labels=("bucket",),
         section="Tenant throttle",
+        across="node",
     ),
     Metric(
         "tenantkv_throttle_bucket_allowance",
@@ -527,6 +594,7 @@ METRICS: tuple[Metric, ...] = (
         "1 while the bucket wants more than it gets (throttled recently or has waiters).",
         labels=("bucket",),
         section="Tenant throttle",
+        across="any",
     ),
     Metric(
         "tenantkv_throttle_bucket_ru",
@@ -616,6 +684,7 @@ METRICS: tuple[Metric, ...] = (
         "Ingress request rate limiter: 1 when the limiter is on.",
         origin="MongoDB `ingressRequestAdmissionEnabled`",
         section="Ingress: rate limiters and admission tickets",
+        across="same",
     ),
     Metric(
         "tenantkv_ingress_request_rate_limiter_tokens_per_second",
@@ -633,6 +702,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         origin="MongoDB `ingressRequestAdmissionBurstCapacitySecs`",
         section="Ingress: rate limiters and admission tickets",
+        across="same",
     ),
     Metric(
         "tenantkv_ingress_request_rate_limiter_burst_size",
@@ -729,6 +799,7 @@ METRICS: tuple[Metric, ...] = (
         scale=1e-06,
         origin="MongoDB `averageTimeQueuedMicros`",
         section="Ingress: rate limiters and admission tickets",
+        across="max",
     ),
     Metric(
         "tenantkv_ingress_request_rate_limiter_total_available_tokens",
@@ -752,6 +823,7 @@ METRICS: tuple[Metric, ...] = (
         "Connection-establishment rate limiter: 1 when the limiter is on.",
         origin="MongoDB `ingressConnectionEstablishmentEnabled`",
         section="Ingress: rate limiters and admission tickets",
+        across="same",
     ),
     Metric(
         "tenantkv_ingress_connection_establishment_tokens_per_second",
@@ -769,6 +841,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         origin="MongoDB `ingressConnectionEstablishmentBurstCapacitySecs`",
         section="Ingress: rate limiters and admission tickets",
+        across="same",
     ),
     Metric(
         "tenantkv_ingress_connection_establishment_burst_size",
@@ -866,6 +939,7 @@ METRICS: tuple[Metric, ...] = (
         scale=1e-06,
         origin="MongoDB `averageTimeQueuedMicros`",
         section="Ingress: rate limiters and admission tickets",
+        across="max",
     ),
     Metric(
         "tenantkv_ingress_connection_establishment_total_available_tokens",
@@ -889,6 +963,7 @@ METRICS: tuple[Metric, ...] = (
         "Ingress admission controller: 1 when operations take a ticket (`ingress_admission_controller_enabled`).",
         origin="MongoDB `ingressAdmissionControllerEnabled`",
         section="Ingress: rate limiters and admission tickets",
+        across="same",
     ),
     Metric(
         "tenantkv_ingress_admission_out",
@@ -1038,6 +1113,7 @@ METRICS: tuple[Metric, ...] = (
         "bucket_queues.enabled",
         "Bucket queues: 1 when requests pass them (`bucket_queue_enabled`).",
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_node_concurrency",
@@ -1046,6 +1122,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queues: node default: slots per bucket and class.",
         origin="Manta `concurrency`",
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_node_tolerance",
@@ -1054,6 +1131,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queues: node default: requests that may wait per bucket and class.",
         origin="Manta `queueTolerance`",
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_node_pending_timeout_seconds",
@@ -1063,6 +1141,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_node_subscribers",
@@ -1111,6 +1190,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queue, reads, per bucket: 1 when the bucket has its own concurrency (`bucket-queue-set`).",
         labels=("bucket",),
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_read_queue_tolerance_overridden",
@@ -1119,6 +1199,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queue, reads, per bucket: 1 when the bucket has its own tolerance.",
         labels=("bucket",),
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_read_running",
@@ -1212,6 +1293,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queue, writes, per bucket: 1 when the bucket has its own concurrency (`bucket-queue-set`).",
         labels=("bucket",),
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_write_queue_tolerance_overridden",
@@ -1220,6 +1302,7 @@ METRICS: tuple[Metric, ...] = (
         "Bucket queue, writes, per bucket: 1 when the bucket has its own tolerance.",
         labels=("bucket",),
         section="Bucket queues",
+        across="same",
     ),
     Metric(
         "tenantkv_bucket_queues_write_running",
@@ -1294,6 +1377,7 @@ METRICS: tuple[Metric, ...] = (
         "write_permits.enabled",
         "Write permits: 1 when writes take one (`write_permit_enabled`).",
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_target_lag",
@@ -1302,6 +1386,7 @@ METRICS: tuple[Metric, ...] = (
         "Write permits: lag up to which buckets get max permits.",
         origin="EvidentDB `target_lag`",
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_critical_lag",
@@ -1310,6 +1395,7 @@ METRICS: tuple[Metric, ...] = (
         "Write permits: lag from which buckets get min permits.",
         origin="EvidentDB `critical_lag`",
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_min_capacity",
@@ -1318,6 +1404,7 @@ METRICS: tuple[Metric, ...] = (
         "Write permits: fewest permits per bucket.",
         origin="EvidentDB min capacity",
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_max_capacity",
@@ -1326,6 +1413,7 @@ METRICS: tuple[Metric, ...] = (
         "Write permits: most permits per bucket.",
         origin="EvidentDB max capacity",
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_adjustment_interval_seconds",
@@ -1335,6 +1423,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Write permits",
+        across="same",
     ),
     Metric(
         "tenantkv_write_permits_node_capacity",
@@ -1802,6 +1891,7 @@ METRICS: tuple[Metric, ...] = (
         "execution.probing.streak",
         "Throughput probing boost: successful probes in a row in one direction (`streak_direction` in `status`); 0: no boost on the next probe.",
         section="Execution tickets and throughput probing",
+        across="max",
     ),
     Metric(
         "tenantkv_execution_probing_last_step_multiple",
@@ -1809,6 +1899,7 @@ METRICS: tuple[Metric, ...] = (
         "execution.probing.last_step_multiple",
         "Throughput probing boost: relative step of the latest probe up or down, boost included (0 before the first).",
         section="Execution tickets and throughput probing",
+        across="max",
     ),
     Metric(
         "tenantkv_authentication_login_failure_limit",
@@ -1816,6 +1907,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.login_failure_limit",
         "Login limiter: failures counted per (user, address) pair and per address, each doubling the delay (`login_failure_limit`; 0 = delays off).",
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_failure_window_seconds",
@@ -1824,6 +1916,7 @@ METRICS: tuple[Metric, ...] = (
         "Login limiter: failures are forgotten this long after the last one, in seconds.",
         unit="seconds",
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_delay_seconds",
@@ -1833,6 +1926,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_delay_max_seconds",
@@ -1842,6 +1936,7 @@ METRICS: tuple[Metric, ...] = (
         unit="seconds",
         scale=0.001,
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_hash_concurrency",
@@ -1849,6 +1944,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.login_hash_concurrency",
         "Login limiter: password verifications (scrypt) allowed at once, node-wide (`login_hash_concurrency`).",
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_hash_queue",
@@ -1856,6 +1952,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.login_hash_queue",
         "Login limiter: logins allowed to wait for a verification, per lane (`login_hash_queue`).",
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_login_hash_per_address",
@@ -1863,6 +1960,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.login_hash_per_address",
         "Login limiter: logins of one address not known-good, verifying or waiting (`login_hash_per_address`).",
         section="Authentication",
+        across="same",
     ),
     Metric(
         "tenantkv_authentication_tracked_sources",
@@ -1870,6 +1968,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.tracked_sources",
         "Login limiter: client addresses with recent failed logins.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_tracked_pairs",
@@ -1877,6 +1976,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.tracked_pairs",
         "Login limiter: (user, address) pairs with recent failed logins.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_delayed_pairs",
@@ -1884,6 +1984,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.delayed_pairs",
         "Login limiter: (user, address) pairs in their delay now (refused up front unless known-good).",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_known_good_pairs",
@@ -1891,6 +1992,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.known_good_pairs",
         "Login limiter: (user, address) pairs with a successful login in the last 7 days (kept across restarts); never refused for failures, first to the hash pool.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_failures",
@@ -1898,6 +2000,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.failures",
         "Login limiter: failed logins.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_refused",
@@ -1905,6 +2008,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.refused",
         "Login limiter: logins refused up front because their pair is in its delay (`TooManyLoginFailures`).",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_refused_busy",
@@ -1912,6 +2016,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.refused_busy",
         "Login limiter: logins refused because the hash pool's lane or the address's share was full (`TooManyLoginFailures`, retryable).",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_hashes",
@@ -1919,6 +2024,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.hashes",
         "Login limiter: password verifications (scrypt) started.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_hashing",
@@ -1926,6 +2032,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.hashing",
         "Login limiter: password verifications running now.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_authentication_queued",
@@ -1933,6 +2040,7 @@ METRICS: tuple[Metric, ...] = (
         "authentication.queued",
         "Login limiter: logins waiting for a password verification now.",
         section="Authentication",
+        across="node",
     ),
     Metric(
         "tenantkv_build_info",
@@ -1944,6 +2052,64 @@ METRICS: tuple[Metric, ...] = (
     ),
 )
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+#: The status document's figures that are no metric (or parts of one: a
+#: histogram's count, sum and percentiles), and how each combines across
+#: workers. A path names a leaf, or a whole section whose leaves all combine so.
+STATUS_FIGURES: dict[str, Across] = {
+    "version": "same",
+    "worker": "first",  # a worker's index: node_document drops it
+    "pid": "node",
+    "listening": "same",
+    "resp_listening": "same",
+    "metrics_listening": "node",  # the supervisor serves /metrics
+    "shutting_down": "any",
+    "users": "max",
+    "leases": "total",
+    "connections.max": "same",
+    "connections.max_per_address": "same",
+    "connections.admin_reserved": "same",
+    "connections.table": "node",
+    "connections.receive_buffers.capacity_bytes": "sum",
+    "connections.receive_buffers.user_capacity_bytes": "sum",
+    "connections.receive_buffers.buffered_bytes": "sum",
+    "connections.receive_buffers.waiting": "sum",
+    "connections.receive_buffers.waits_total": "total",
+    "gc": "first",
+    "storage.path": "same",
+    "storage.durability": "same",
+    "storage.writer": "node",
+    "latency.bounds_us": "same",
+    "latency.commit": "node",
+    "latency.buckets.*.*.count": "total",
+    "latency.buckets.*.*.sum_micros": "total",
+    "latency.buckets.*.*.p50_micros": "p50",
+    "latency.buckets.*.*.p99_micros": "p99",
+    "write_permits.buckets.*.wait_micros_total": "total",
+    "execution.probing.state": "first",
+    "execution.probing.streak_direction": "first",
+}
+
+
+def across_rules() -> dict[tuple[str, ...], Across]:
+    """Every declared path (``*``: any key of a map) and how it combines: the
+    metrics' and :data:`STATUS_FIGURES`'."""
+    rules: dict[tuple[str, ...], Across] = {
+        tuple(m.path.split(".")): m.combine for m in METRICS if m.path
+    }
+    for path, across in STATUS_FIGURES.items():
+        rules[tuple(path.split("."))] = across
+    return rules
+
+
+def bucket_maps() -> set[tuple[str, ...]]:
+    """The paths of the status document's maps keyed by bucket (a metric's first
+    label ``bucket``): what a dropped bucket takes out of the node's counts."""
+    out = set()
+    for m in METRICS:
+        if m.labels[:1] == ("bucket",) and m.path:
+            out.add(tuple(m.path.split(".")[: m.path.split(".").index("*")]))
+    return out
 
 
 def exposed_name(m: Metric) -> str:
@@ -1958,13 +2124,29 @@ def render_markdown() -> str:
         out += [f"## {title}", ""]
         if intro:
             out += [intro, ""]
-        out += ["| metric | type | labels | meaning | origin |", "| --- | --- | --- | --- | --- |"]
+        out += [
+            "| metric | type | labels | meaning | workers | origin |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for m in METRICS:
             if m.section == title:
                 labels = ", ".join(sorted(m.labels)) or "—"
-                out.append(f"| `{exposed_name(m)}` | {m.kind} | {labels} | {m.help} | {m.origin} |")
+                out.append(
+                    f"| `{exposed_name(m)}` | {m.kind} | {labels} | {m.help} | {m.combine}"
+                    f" | {m.origin} |"
+                )
         out.append("")
-    return "\n".join(out)
+    return "\n".join([*out, *_across_section()])
+
+
+def _across_section() -> list[str]:
+    """How each figure is the node's with ``serve --workers N``."""
+    out = ["## Across workers", "", ACROSS_INTRO, "", "| workers | the node's figure |"]
+    out += ["| --- | --- |", *(f"| {k} | {v} |" for k, v in ACROSS.items()), ""]
+    out += ["Figures of `status` that are no metric:", ""]
+    out += ["| status figure | workers |", "| --- | --- |"]
+    out += [*(f"| `{path}` | {across} |" for path, across in STATUS_FIGURES.items()), ""]
+    return out
 
 
 if __name__ == "__main__":

@@ -19,11 +19,30 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import settings
+
+# Hypothesis fails an example slower than 200 ms: a wall-clock assert that a
+# loaded machine misses (674 ms once, 7 ms on the rerun). Timings are bench's.
+settings.register_profile("tenantkv", deadline=None)
+settings.load_profile("tenantkv")
 
 ADMIN_PASSWORD = "admin-test-password"
+# Tests run with the defaults, not the developer's shell: a TENANTKV_<NAME> there
+# (a metrics port, a data directory, ...) would reach every daemon a test starts.
+for _name in [n for n in os.environ if n.startswith("TENANTKV_")]:
+    del os.environ[_name]
 # Every daemon a test starts takes a free RESP port, not the fixed default: tests
-# run side by side (and next to a developer's own server).
-os.environ.setdefault("TENANTKV_RESP_PORT", "0")
+# run side by side, and next to a developer's own server (the README's tour). The
+# main port is given on each command line; the metrics port is off unless asked.
+os.environ["TENANTKV_RESP_PORT"] = "0"
+
+
+def free_config(data_dir: Path | str, **values: Any) -> Any:  # -> tenantkv.config.Config
+    """The config of an in-process server: every listener on a free port."""
+    from tenantkv import config
+
+    base = {"data_dir": str(data_dir), "port": 0, "resp_port": 0, "metrics_port": None}
+    return config.Config().with_values({**base, **values})
 
 
 def read_response(s: socket.socket) -> Any:
@@ -59,15 +78,26 @@ def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -
 
 
 def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m bench ARGS`` from the checkout, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
+    """``python -m bench ARGS`` from the checkout, output captured. On a timeout
+    the whole process group goes, not only the bench: the daemons it started
+    would otherwise run on, orphaned, and load the rest of the suite."""
+    cmd = [sys.executable, "-m", "bench", *args]
+    with subprocess.Popen(
+        cmd,
         cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 class FakeClock:

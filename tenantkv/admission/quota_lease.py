@@ -152,6 +152,8 @@ class QuotaAllocator:
         self._dirty = True
         #: Per bucket: (node rate, reserved rate, hard rate) of the latest allocation.
         self._node: dict[str, tuple[float, float, float]] = {}
+        #: The node's free pool left after reservations, as of the latest allocation.
+        self._free_rate = _INF
 
     @property
     def workers(self) -> list[str]:
@@ -246,6 +248,7 @@ class QuotaAllocator:
         names = list(needs)
         alloc = allocate_rates(props.node.capacity, [needs[n] for n in names], slice_secs)
         rates = _lend(alloc, [needs[n] for n in names])
+        self._free_rate = alloc.free_rate
         leases: dict[str, dict[str, BucketLease]] = {w: {} for w in self._reports}
         self._node = {}
         for i, name in enumerate(names):
@@ -272,7 +275,11 @@ class QuotaAllocator:
                 "hard_rate": rate_to_wire(hard),
                 "shares": shares,
             }
-        return {"workers": self.workers, "buckets": buckets}
+        return {
+            "workers": self.workers,
+            "buckets": buckets,
+            "free_rate": rate_to_wire(self._free_rate),
+        }
 
 
 def _lend(alloc: RateAllocation, needs: list[RateNeed]) -> list[float]:

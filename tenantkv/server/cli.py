@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tenantkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
+    _add_config(sub)
+    _add_restore(sub)
+    return parser
+
+
+def _add_serve(sub: Any) -> None:
     serve = sub.add_parser(
         "serve",
         help="run the server",
@@ -97,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="allow test-only admin commands such as configure_fail_point",
     )
+
+
+def _add_config(sub: Any) -> None:
     cfg = sub.add_parser("config", help="check a config file or print the settings reference")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     check = cfg_sub.add_parser("check", help="validate a TOML config file (exit 0 if valid)")
@@ -106,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         "defaults",
         help="print a TOML config file with every setting at its default, commented",
     )
+
+
+def _add_restore(sub: Any) -> None:
     restore = sub.add_parser(
         "restore",
         help="restore a backup into a data directory (server stopped)",
@@ -123,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace the data in a non-empty data directory (it is lost)",
     )
-    return parser
 
 
 def _workers_arg(text: str) -> int:

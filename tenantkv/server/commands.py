@@ -25,7 +25,6 @@ from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
 from tenantkv.server import auth
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
-from tenantkv.server.status import node_document, status_document
 from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
 from tenantkv.storage.ops import (
@@ -367,13 +366,12 @@ async def whoami(s: Session, p: dict[str, Any]) -> Any:
     """{user, bucket, admin, roles, connection_id}, and ``worker`` (its index) when
     the node runs ``serve --workers N``."""
     assert s.user is not None
-    link = s.node.link
     return {
         **s.user.public(),
         "user": s.user.name,
         "bucket": s.bucket,
         "connection_id": s.conn_id,
-        **({"worker": link.index} if link is not None else {}),
+        **s.node.role.identity(),
     }
 
 
@@ -488,10 +486,7 @@ async def server_status(s: Session, p: dict[str, Any]) -> Any:
     """The status document: version, uptime, connections, storage, buckets, and a
     section per admission gate. With ``serve --workers N``: node totals, and
     ``workers``, a line per worker."""
-    link = s.node.link
-    if link is not None:
-        return node_document(*await link.node_documents())
-    return status_document(s.node)
+    return await s.node.role.status(s.node)
 
 
 # -- throttle properties (Couchbase's names; bodies are JSON) -----------------------------

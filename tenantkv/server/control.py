@@ -1,27 +1,14 @@
 """The control channel between the supervisor and a worker (``serve --workers N``).
 
-One Unix socket pair per worker, inherited at spawn; messages are msgpack maps
-with a ``type``. Either side may send a one-way message, or *call*: the message
-carries an ``id`` and the other side answers with ``{"reply_to": id, ...}``.
-Every message is small (a usage report, a lease, a status document), so one
-``Unpacker`` bounded by :data:`MAX_MESSAGE_BYTES` decodes the stream; a peer
-that sends something malformed is a bug and ends the channel.
-
-Messages (the payload fields; docs/scaling.md lists them with their meaning):
-
-========================  =================  =====================================
-type                      direction          fields / answer
-========================  =================  =====================================
-``init``                  supervisor→worker  ``index``, ``config``, ``listen_fds``,
-                                             ``resp_fds``, ``expiry_pager``
-``ready``                 worker→supervisor  ``host``, ``port``, ``resp_port``
-``usage`` (call)          worker→supervisor  ``usage`` → ``lease``
-``changed``               worker→supervisor  (shared state changed: tell the others)
-``refresh``               supervisor→worker  (reload shared state from LMDB)
-``reload_config``         supervisor→worker  ``config`` (SIGHUP)
-``status`` (call)         supervisor→worker  → ``status`` (the worker's document)
-``node_status`` (call)    worker→supervisor  → ``workers`` (every worker's document)
-========================  =================  =====================================
+One Unix socket pair per worker, inherited at spawn. Every message is a frozen
+dataclass of :mod:`tenantkv.server.control_messages` (docs/scaling.md lists
+them all), sent as its msgpack wire form. Either side may send a one-way
+message, or *call*: the message carries an ``id`` and the other side answers
+with the call's reply and ``reply_to``. Each side serves the channel with a
+dispatch table: message class -> handler. Every message is small (a usage
+report, a lease, a status document), so one ``Unpacker`` bounded by
+:data:`MAX_MESSAGE_BYTES` decodes the stream; a peer that sends something
+malformed is a bug and ends the channel.
 """
 
 from __future__ import annotations
@@ -30,11 +17,13 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 import msgpack
 import trio
+
+from tenantkv.server.control_messages import Call, ControlMessage, R, Reply, Wire, decode
 
 log = logging.getLogger("tenantkv.server")
 
@@ -43,12 +32,18 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: A call the other side does not answer within this fails (a stuck or dead peer).
 CALL_TIMEOUT_SECS = 5.0
 
-Message = dict[str, Any]
-Handler = Callable[[Message], Awaitable[Message | None]]
+#: A handler gets its message (of the class it is registered for) and returns
+#: the call's reply, or None for a one-way message.
+Handler = Callable[[Any], Awaitable[Reply | None]]
+Dispatch = Mapping[type[ControlMessage], Handler]
 
 
 class ChannelClosed(Exception):
     """The peer went away (or the channel was closed) before answering."""
+
+
+class RemoteError(ChannelClosed):
+    """The peer's handler failed: to the caller, as if the peer had gone."""
 
 
 class Channel:
@@ -59,40 +54,46 @@ class Channel:
         self.name = name
         self._send_lock = trio.Lock()
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[trio.Event, list[Message]]] = {}
+        self._pending: dict[int, tuple[trio.Event, list[Wire]]] = {}
         self.closed = False
 
-    async def send(self, msg: Message) -> None:
-        data = msgpack.packb(msg)
+    async def send(self, msg: ControlMessage) -> None:
+        await self._send_wire(msg.to_wire())
+
+    async def _send_wire(self, wire: Wire) -> None:
+        data = msgpack.packb(wire)
         async with self._send_lock:
             try:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ChannelClosed(f"{self.name}: {exc}") from None
 
-    async def call(self, msg: Message, *, patient: bool = False) -> Message:
-        """Send ``msg`` and wait for its answer: at most CALL_TIMEOUT_SECS, or
+    async def call(self, msg: Call[R], *, patient: bool = False) -> R:
+        """Send ``msg`` and wait for its reply: at most CALL_TIMEOUT_SECS, or
         (``patient``) until it comes or the channel closes — a write waits for
         its commit however long the disk takes, and must never be reported as
         failed while it may still commit."""
         if self.closed:
             raise ChannelClosed(f"{self.name}: closed")
         msg_id = next(self._ids)
-        done, box = trio.Event(), list[Message]()
+        done, box = trio.Event(), list[Wire]()
         self._pending[msg_id] = (done, box)
         try:
-            await self.send({**msg, "id": msg_id})
+            await self._send_wire({**msg.to_wire(), "id": msg_id})
             with trio.move_on_after(math.inf if patient else CALL_TIMEOUT_SECS):
                 await done.wait()
         finally:
             self._pending.pop(msg_id, None)
         if not box:
-            raise ChannelClosed(f"{self.name}: no answer to {msg.get('type')!r}")
-        return box[0]
+            raise ChannelClosed(f"{self.name}: no answer to {msg.TYPE!r}")
+        if "error" in box[0]:
+            raise RemoteError(f"{self.name}: {msg.TYPE!r} failed: {box[0]['error']}")
+        return cast(R, msg.REPLY.from_wire(box[0]))
 
-    async def run(self, handler: Handler) -> None:
+    async def run(self, dispatch: Dispatch) -> None:
         """Read messages until the peer closes: answers resolve calls; every other
-        message is handled in its own task (a slow status never holds a lease)."""
+        message goes to its handler in ``dispatch``, in its own task (a slow
+        status never holds a lease)."""
         unpacker = msgpack.Unpacker(max_buffer_size=MAX_MESSAGE_BYTES, strict_map_key=False)
         try:
             async with trio.open_nursery() as nursery:
@@ -104,33 +105,39 @@ class Channel:
                     if not data:
                         break
                     unpacker.feed(data)
-                    for msg in unpacker:
-                        if not isinstance(msg, dict):
+                    for wire in unpacker:
+                        if not isinstance(wire, dict):
                             raise ValueError(f"{self.name}: a message must be a map")
-                        reply_to = msg.get("reply_to")
+                        reply_to = wire.get("reply_to")
                         if reply_to is not None:
                             waiter = self._pending.get(reply_to)
                             if waiter is not None:
-                                waiter[1].append(msg)
+                                waiter[1].append(wire)
                                 waiter[0].set()
                         else:
-                            nursery.start_soon(self._handle, handler, msg)
+                            nursery.start_soon(self._handle, dispatch, wire)
                 nursery.cancel_scope.cancel()
         finally:
             self.closed = True
             for done, _ in self._pending.values():
                 done.set()
 
-    async def _handle(self, handler: Handler, msg: Message) -> None:
+    async def _handle(self, dispatch: Dispatch, wire: Wire) -> None:
+        answer: Wire | None
         try:
-            answer = await handler(msg)
+            msg = decode(wire)
+            handler = dispatch.get(type(msg))
+            if handler is None:
+                raise ValueError(f"{type(msg).__name__} is not sent to this side")
+            reply = await handler(msg)
+            answer = None if reply is None else reply.to_wire()
         except Exception as exc:
-            log.exception("%s: handling %r failed", self.name, msg.get("type"))
+            log.exception("%s: handling %r failed", self.name, wire.get("type"))
             answer = {"error": str(exc)}
-        msg_id = msg.get("id")
+        msg_id = wire.get("id")
         if msg_id is not None:
             with contextlib.suppress(ChannelClosed):
-                await self.send({**(answer or {}), "reply_to": msg_id})
+                await self._send_wire({**(answer or {}), "reply_to": msg_id})
 
     async def aclose(self) -> None:
         self.closed = True

@@ -38,7 +38,6 @@ from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.accounts import Accounts, stored_known_good, stored_users
-from tenantkv.server.control import Channel
 from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.server.parameters import RuntimeParameters, prefixed
@@ -50,44 +49,90 @@ from tenantkv.storage.ops import DropBucketOp, WriteOp
 log = logging.getLogger("tenantkv.server")
 
 
-class WorkerLink(Protocol):
-    """What the node needs of its control channel when it is a worker of
-    ``serve --workers N`` (:class:`tenantkv.server.worker.WorkerLink`)."""
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """What a process accepts connections on: each door's listeners."""
 
-    index: int
-    leases_applied: int
-    lease_failures: int
+    msgpack: list[trio.SocketListener]
+    resp: list[trio.SocketListener]
 
-    @property
-    def channel(self) -> Channel: ...
 
-    async def changed(self) -> None: ...
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """Where the process serves, once it does."""
 
-    async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+    host: str
+    port: int
+    resp_port: int | None
+    metrics_port: int | None
+    tls: bool
+    metrics_host: str = "127.0.0.1"
 
-    async def admit_connection(
-        self,
-        conn_id: int,
-        addr: str,
-        *,
-        max_connections: int,
-        per_address: int,
-        reserved_per_address: int = 0,
-    ) -> Admission: ...
+
+class Role(Protocol):
+    """One process's part in the node: :mod:`tenantkv.server.role` says which exist."""
+
+    #: opens LMDB shared with other processes (no data directory lock of its own)
+    shared_storage: bool
+
+    def identity(self) -> dict[str, Any]:
+        """Who this process is, in ``whoami`` and its status document."""
+        ...
+
+    def figures(self) -> dict[str, Any]:
+        """The role's own figures, in its status document."""
+        ...
+
+    async def listen(self, config: Config) -> Listeners:
+        """What accepts this process's connections (before any state is served)."""
+        ...
+
+    async def load(self, node: Node, nursery: trio.Nursery) -> None:
+        """Start what the role runs beside the sessions and load what the node
+        needs before it serves (the first admin user, the expiry pager)."""
+        ...
+
+    def start_metrics(self, node: Node) -> int | None:
+        """Serve ``/metrics`` if this process is where the node's figures are read."""
+        ...
+
+    async def announce(self, node: Node, where: Announcement, ready_file: str | None) -> None:
+        """The process serves: say so (log, ready file, service manager, supervisor)."""
+        ...
+
+    async def status(self, node: Node) -> dict[str, Any]:
+        """``server_status``: the node's document."""
+        ...
+
+    async def drain(self, node: Node) -> None:
+        """After the sessions: what must be answered before storage closes."""
+        ...
+
+    # -- the node's seams -------------------------------------------------------------
+
+    def writer(self, node: Node) -> GroupCommitWriter | RemoteWriter:
+        """What commits this process's writes."""
+        ...
+
+    def bind_parameters(self, table: ParameterTable) -> None:
+        """Adjust how runtime parameters apply in this process."""
+        ...
+
+    async def changed(self) -> None:
+        """Shared state changed here (committed): returns once the node sees it."""
+        ...
+
+    async def admit_connection(self, node: Node, conn_id: int, addr: str) -> Admission:
+        """The connection table's decision for a new connection."""
+        ...
 
     async def connection_authenticated(
-        self,
-        conn_id: int,
-        *,
-        admin: bool,
-        max_connections: int,
-        reserved_for_admins: int,
-        per_address: int | None = None,
-    ) -> str | None: ...
+        self, node: Node, conn_id: int, *, admin: bool
+    ) -> str | None:
+        """At hello: None if the connection may stay, else why not (admin slots)."""
+        ...
 
-    def connection_closed(self, conn_id: int) -> None: ...
-
-    def share_rate_parameters(self, table: ParameterTable) -> None: ...
+    def connection_closed(self, node: Node, conn_id: int) -> None: ...
 
 
 class Session(Protocol):
@@ -139,10 +184,10 @@ class WriteTally:
 
 
 class Node:
-    def __init__(self, config: Config, engine: Engine, *, link: WorkerLink | None = None) -> None:
+    def __init__(self, config: Config, engine: Engine, *, role: Role) -> None:
         self.engine = engine
-        #: the control channel when this process is a worker of ``serve --workers N``
-        self.link = link
+        #: this process's part in the node (tenantkv.server.role.SingleProcess, or a worker)
+        self.role = role
         #: stops the server this node belongs to (set by the Server)
         self.request_stop: Callable[[], None] = lambda: None
         #: closes a connection without hello to make room (set by the Server)
@@ -197,16 +242,7 @@ class Node:
         self._unsent: list[Pending] = []
         #: what the writes of the commit being delivered add up to (see _deliver)
         self._tally: WriteTally | None = None
-        self.writer: GroupCommitWriter | RemoteWriter
-        if link is not None:
-            # serve --workers N: the node's one writer, in the supervisor, commits.
-            self.writer = RemoteWriter(
-                engine, lambda: link.channel, self._deliver, taken=self._taken
-            )
-        else:
-            self.writer = GroupCommitWriter(
-                engine, self._deliver_threadsafe, taken=self._taken_threadsafe
-            )
+        self.writer: GroupCommitWriter | RemoteWriter = self.role.writer(self)
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
@@ -214,11 +250,16 @@ class Node:
             engine, self.write, lambda: self.config.expiry_pager_interval_secs
         )
         self.writer.expiry_observers.append(self._expiry_written_threadsafe)
+        self._execution_control(config)
+        for bucket_name in engine.buckets:
+            self.bucket_stats[bucket_name] = BucketStats()
+
+    def _execution_control(self, config: Config) -> None:
         # The ingress admission controller: a ticket per operation in the server.
         self.ingress_tickets = TicketHolder(config.ingress_admission_tickets, name="ingress")
+        cfg = self.config
         # Execution control: every storage access by a user operation holds a
         # ticket of its class; throughput probing sizes the two pools.
-        cfg = self.config
         self.read_tickets = TicketHolder(
             0, name="read", max_queue_depth=cfg.execution_read_max_queue_depth
         )
@@ -230,8 +271,6 @@ class Node:
             self.write_tickets,
             **{name: getattr(cfg, name) for name in PROBING_PARAMETERS},
         )
-        for bucket_name in engine.buckets:
-            self.bucket_stats[bucket_name] = BucketStats()
 
     # -- writer plumbing -----------------------------------------------------
 
@@ -307,8 +346,7 @@ class Node:
                 "log_level": lambda level: logging.getLogger().setLevel(level.upper()),
             },
         )
-        if self.link is not None:
-            self.link.share_rate_parameters(self.parameters.table)
+        self.role.bind_parameters(self.parameters.table)
         self.writer.start()
 
     def _config_changed(self, config: Config) -> None:
@@ -557,59 +595,23 @@ class Node:
         ticket.release()
         if box[1] is not None:
             raise box[1]
-        if op.shared_state and self.link is not None:
-            await self.link.changed()
+        if op.shared_state:
+            await self.role.changed()
         return box[0]
 
     # -- the connection table: the node's, also with serve --workers N ---------------
 
     async def admit_connection(self, conn_id: int, addr: str) -> Admission:
         """The connection table's decision for a new connection (see
-        :mod:`tenantkv.admission.connection_table`); a worker asks the supervisor,
-        which holds the node's table."""
-        cfg = self.config
-        if self.link is not None:
-            return await self.link.admit_connection(
-                conn_id,
-                addr,
-                max_connections=cfg.max_connections,
-                per_address=cfg.max_connections_per_address,
-                reserved_per_address=cfg.admin_reserved_connections_per_address,
-            )
-        return self.connection_table.admit(
-            conn_id,
-            addr,
-            trio.current_time(),
-            max_connections=cfg.max_connections,
-            per_address=cfg.max_connections_per_address,
-            reserved_per_address=cfg.admin_reserved_connections_per_address,
-        )
+        :mod:`tenantkv.admission.connection_table`), wherever the role keeps it."""
+        return await self.role.admit_connection(self, conn_id, addr)
 
     async def connection_authenticated(self, conn_id: int, *, admin: bool) -> str | None:
         """At hello: None if the connection may stay, else why not (admin slots)."""
-        cfg = self.config
-        reserved = min(cfg.admin_reserved_connections, cfg.max_connections - 1)
-        if self.link is not None:
-            return await self.link.connection_authenticated(
-                conn_id,
-                admin=admin,
-                max_connections=cfg.max_connections,
-                reserved_for_admins=reserved,
-                per_address=cfg.max_connections_per_address,
-            )
-        return self.connection_table.authenticated(
-            conn_id,
-            admin=admin,
-            max_connections=cfg.max_connections,
-            reserved_for_admins=reserved,
-            per_address=cfg.max_connections_per_address,
-        )
+        return await self.role.connection_authenticated(self, conn_id, admin=admin)
 
     def connection_closed(self, conn_id: int) -> None:
-        if self.link is not None:
-            self.link.connection_closed(conn_id)
-        else:
-            self.connection_table.closed(conn_id)
+        self.role.connection_closed(self, conn_id)
 
     def reload_config(self, config: Config) -> None:
         """SIGHUP: the config file was read again. Runtime settings that changed

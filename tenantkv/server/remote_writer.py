@@ -26,6 +26,7 @@ import trio
 
 from tenantkv import errors
 from tenantkv.server.control import Channel, ChannelClosed
+from tenantkv.server.control_messages import Write
 from tenantkv.storage.engine import Engine
 from tenantkv.storage.group_commit import Callback, Pending
 from tenantkv.storage.op_wire import apply_outcome, op_to_wire
@@ -164,12 +165,12 @@ class RemoteWriter:
                     wire.extend(op_to_wire(op) for op in p.op.ops)
                 else:
                     wire.append(op_to_wire(p.op))
-            msg = {"type": "write", "ops": wire}
+            msg = Write(wire)
             # Shielded: once sent, the writes may commit; the answer (or the
             # channel closing) must be waited for, whatever is being cancelled.
             with trio.CancelScope(shield=True):
                 answer = await self._channel().call(msg, patient=True)
-            outcomes = answer["outcomes"]
+            outcomes = answer.outcomes
             if len(outcomes) != len(wire):
                 raise ValueError(f"{len(outcomes)} outcomes for {len(wire)} writes")
         except (ChannelClosed, KeyError, ValueError, TypeError) as exc:

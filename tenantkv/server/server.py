@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import math
-import os
 import signal
 import socket
 import ssl
 from collections.abc import Callable
-from functools import partial
 from itertools import count
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -41,12 +38,11 @@ from tenantkv.server.connection import Codec, Connection
 from tenantkv.server.direct_stream import DirectSocketStream
 from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.doors.resp import RespDoor
-from tenantkv.server.node import Node
-from tenantkv.server.status import status_document
+from tenantkv.server.node import Announcement, Node, Role
+from tenantkv.server.role import ListenError, SingleProcess
 from tenantkv.storage.engine import Engine
 
-if TYPE_CHECKING:
-    from tenantkv.server.worker import WorkerLink
+__all__ = ["ListenError", "Server", "TLSConfigError", "open_engine", "server_ssl_context"]
 
 log = logging.getLogger("tenantkv.server")
 
@@ -114,15 +110,16 @@ def open_engine(config: Config, *, shared: bool = False) -> Engine:
 
 
 class Server:
-    """A whole server in one process, or (with ``link``) one worker of
-    ``serve --workers N`` (see :mod:`tenantkv.server.worker` for what differs)."""
+    """A process that serves clients in its :class:`~tenantkv.server.role.Role`:
+    by default the whole server in one process (:class:`SingleProcess`), or one
+    worker of ``serve --workers N`` (:class:`tenantkv.server.worker.WorkerLink`)."""
 
-    def __init__(self, config: Config, *, link: WorkerLink | None = None) -> None:
+    def __init__(self, config: Config, *, role: Role | None = None) -> None:
         self.config = config
-        self.link = link
+        self.role: Role = role if role is not None else SingleProcess()
         self.ssl_context = server_ssl_context(config)  # before the data directory is locked
-        self.engine = open_engine(config, shared=link is not None)
-        self.node = Node(config, self.engine, link=link)
+        self.engine = open_engine(config, shared=self.role.shared_storage)
+        self.node = Node(config, self.engine, role=self.role)
         self.node.request_stop = self.shutdown
         self.node.evict_connection = self._evict
         #: connections accepted and not yet a session (connection limiter, TLS handshake)
@@ -183,132 +180,32 @@ class Server:
         task_status: trio.TaskStatus[Server],
         ready_file: str | None,
     ) -> None:
-        link = self.link
+        role = self.role
         try:
             node.start()
-            if link is None:
-                await self._bootstrap()
-            if link is not None:
-                self.listeners = link.listeners(link.listen_fds)
-                self.resp_listeners = link.listeners(link.resp_fds)
-            else:
-                self.listeners = await trio.open_tcp_listeners(
-                    self.config.port, host=self.config.host
-                )
-            sockname = self.listeners[0].socket.getsockname()
-            node.host, node.port = sockname[0], sockname[1]
-            if self.resp_listeners:
-                node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
-            elif self.config.resp_enabled:
-                try:
-                    self.resp_listeners = await trio.open_tcp_listeners(
-                        self.config.resp_port, host=self.config.host
-                    )
-                except OSError as exc:
-                    # Name the door: the main port is listening, this one is not.
-                    raise ListenError(
-                        f"RESP port {self.config.host}:{self.config.resp_port}: {exc.strerror}"
-                        " (set resp_port, or resp_enabled = false)"
-                    ) from exc
-                node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
-            if self.config.metrics_port is not None and link is None:
-                from tenantkv.metrics import start_metrics_server
-
-                self.metrics_port = start_metrics_server(
-                    partial(status_document, node),
-                    self.config.metrics_port,
-                    addr=self.config.metrics_host,
-                    healthy=lambda: not node.shutting_down,
-                )
-                node.metrics_port = self.metrics_port
+            listeners = await role.listen(self.config)
+            self.listeners, self.resp_listeners = listeners.msgpack, listeners.resp
+            self.metrics_port = role.start_metrics(node)
+            node.metrics_port = self.metrics_port or 0
+            where = self._where(node)
             async with trio.open_nursery() as outer:
                 if signals is not None:
                     outer.start_soon(self._watch_signals, signals)
-                if link is not None:
-                    # The link carries this worker's writes: it runs before any.
-                    await outer.start(link.run, node)
-                    if link.bootstraps:
-                        await self._bootstrap()
-                if link is None or link.expiry_pager:
-                    outer.start_soon(node.expiry_pager.run)
+                await role.load(node, outer)
                 outer.start_soon(self._sweep)
                 outer.start_soon(run_probing, node.prober)
                 await outer.start(node.permits.run)
                 async with trio.open_nursery() as sessions:
-                    # One scope per accept loop (a scope enters one block only).
-                    accept_scopes: list[trio.CancelScope] = []
-                    for listener in self.listeners:
-                        sessions.start_soon(
-                            self._accept_loop, listener, sessions, _new(accept_scopes), MsgpackDoor
-                        )
-                    for listener in self.resp_listeners:
-                        sessions.start_soon(
-                            self._accept_loop,
-                            listener,
-                            sessions,
-                            _new(accept_scopes),
-                            RespDoor,
-                        )
-                    tls = " (TLS)" if self.ssl_context is not None else ""
-                    if link is not None:
-                        # The supervisor says "listening on" once all workers serve.
-                        log.info(
-                            "worker %d serving on %s:%d%s", link.index, node.host, node.port, tls
-                        )
-                        await link.ready(node.host, node.port, node.resp_port or None)
-                    else:
-                        log.info("listening on %s:%d%s", node.host, node.port, tls)
-                    if self.resp_listeners and link is None:
-                        log.info(
-                            "RESP (Redis protocol) front door on %s:%d%s",
-                            node.host,
-                            node.resp_port,
-                            tls,
-                        )
-                    if node.metrics_port:
-                        log.info(
-                            "metrics on http://%s:%d/metrics",
-                            self.config.metrics_host,
-                            node.metrics_port,
-                        )
-                    if ready_file:
-                        _write_ready_file(
-                            ready_file,
-                            node.host,
-                            node.port,
-                            self.metrics_port,
-                            node.resp_port if self.resp_listeners else None,
-                        )
-                    if link is None:
-                        sd_notify.ready(f"listening on {node.host}:{node.port}")
+                    accept_scopes = self._start_accepting(sessions)
+                    await role.announce(node, where, ready_file)
                     if self._freeze_gc:
                         gc.freeze()
                         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
                     task_status.started(self)
                     await self._stop.wait()
-                    sd_notify.stopping()
-                    log.info(
-                        "shutting down: no new connections, %d sessions finishing",
-                        len(node.sessions),
-                    )
-                    # From here new connections get ShuttingDown (_run_session),
-                    # and sessions answer requests still arriving with it.
-                    node.shutting_down = True
-                    for s in list(node.sessions):
-                        s.begin_shutdown()
-                    with trio.move_on_after(node.config.shutdown_grace_secs):
-                        if node.sessions:
-                            await node.no_sessions.wait()
-                    for scope in accept_scopes:
-                        scope.cancel()
-                    for listener in (*self.listeners, *self.resp_listeners):
-                        await listener.aclose()
+                    await self._drain_sessions(accept_scopes)
                     sessions.cancel_scope.cancel()
-                if link is not None:
-                    # Writes still waiting for the node's writer get their answers
-                    # before the link goes (a bound: the supervisor may be gone).
-                    with trio.move_on_after(node.config.shutdown_grace_secs):
-                        await node.drain_writes()
+                await role.drain(node)
                 outer.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -316,10 +213,52 @@ class Server:
             self.engine.close()
             log.info("stopped; storage closed")
 
-    async def _bootstrap(self) -> None:
-        """First start: the admin user; at every start: roles on deleted buckets go."""
-        await self.node.accounts.bootstrap_admin()
-        await self.node.accounts.drop_dangling_roles(self.node.engine.buckets)
+    def _where(self, node: Node) -> Announcement:
+        """Where this process serves (the node learns its ports here)."""
+        sockname = self.listeners[0].socket.getsockname()
+        node.host, node.port = sockname[0], sockname[1]
+        if self.resp_listeners:
+            node.resp_port = self.resp_listeners[0].socket.getsockname()[1]
+        return Announcement(
+            node.host,
+            node.port,
+            node.resp_port if self.resp_listeners else None,
+            self.metrics_port,
+            self.ssl_context is not None,
+            self.config.metrics_host,
+        )
+
+    def _start_accepting(self, sessions: trio.Nursery) -> list[trio.CancelScope]:
+        """An accept loop per listener of each door; their scopes stop them."""
+        # One scope per accept loop (a scope enters one block only).
+        accept_scopes: list[trio.CancelScope] = []
+        for listener in self.listeners:
+            sessions.start_soon(
+                self._accept_loop, listener, sessions, _new(accept_scopes), MsgpackDoor
+            )
+        for listener in self.resp_listeners:
+            sessions.start_soon(
+                self._accept_loop, listener, sessions, _new(accept_scopes), RespDoor
+            )
+        return accept_scopes
+
+    async def _drain_sessions(self, accept_scopes: list[trio.CancelScope]) -> None:
+        """Stop taking requests, give sessions the grace to finish, stop accepting."""
+        node = self.node
+        sd_notify.stopping()
+        log.info("shutting down: no new connections, %d sessions finishing", len(node.sessions))
+        # From here new connections get ShuttingDown (_run_session),
+        # and sessions answer requests still arriving with it.
+        node.shutting_down = True
+        for s in list(node.sessions):
+            s.begin_shutdown()
+        with trio.move_on_after(node.config.shutdown_grace_secs):
+            if node.sessions:
+                await node.no_sessions.wait()
+        for scope in accept_scopes:
+            scope.cancel()
+        for listener in (*self.listeners, *self.resp_listeners):
+            await listener.aclose()
 
     async def _watch_signals(self, signals: Any) -> None:
         async for signum in signals:
@@ -526,26 +465,6 @@ class Server:
                 s.expire_if_due(now)
 
 
-class ListenError(OSError):
-    """A port could not be listened on; the message names which."""
-
-
 def _new(scopes: list[trio.CancelScope]) -> trio.CancelScope:
     scopes.append(trio.CancelScope())
     return scopes[-1]
-
-
-def _write_ready_file(
-    path: str, host: str, port: int, metrics_port: int | None, resp_port: int | None
-) -> None:
-    data: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "resp_port": resp_port,
-        "metrics_port": metrics_port,
-        "pid": os.getpid(),
-    }
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)

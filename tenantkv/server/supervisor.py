@@ -36,8 +36,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, ClassVar
 
 import msgpack
 import trio
@@ -49,13 +50,20 @@ from tenantkv.admission.quota_lease import QuotaAllocator, lease_to_wire, usage_
 from tenantkv.config import Config
 from tenantkv.metrics import Latency
 from tenantkv.server import auth, sd_notify
+from tenantkv.server import control_messages as m
 from tenantkv.server.accounts import LocalLoginGate, known_good_key, stored_known_good
-from tenantkv.server.control import Channel, ChannelClosed, Message
-from tenantkv.server.server import ListenError, open_engine, server_ssl_context
+from tenantkv.server.control import Channel, ChannelClosed, Dispatch
+from tenantkv.server.node import Announcement
+from tenantkv.server.node_figures import POLL_SECS, WorkerFigures, throttle_figures
+from tenantkv.server.role import (
+    announce_listening,
+    resp_listen_error,
+    write_ready_file,
+)
+from tenantkv.server.server import open_engine, server_ssl_context
 from tenantkv.server.shared_state import stored_throttle_props
-from tenantkv.server.status import node_document
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
-from tenantkv.storage.engine import _lock_data_dir
+from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.op_wire import RemoteBatchOp, op_from_wire
 from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
@@ -104,7 +112,7 @@ class Supervisor:
         self._reload_config = reload_config
         server_ssl_context(config)  # a bad certificate stops the node here, not N workers
         # The data directory's lock, for the life of the node: the workers inherit it.
-        self._lock_fd = _lock_data_dir(config.data_dir)
+        self._lock_fd = lock_data_dir(config.data_dir)
         os.set_inheritable(self._lock_fd, True)
         # The supervisor reads the shared properties (never user data) for the
         # quota allocator; the engine also creates a new directory's files once.
@@ -139,6 +147,9 @@ class Supervisor:
         self._token: trio.lowlevel.TrioToken | None = None
         #: why the node could not start (a worker died before it served)
         self.start_error: str | None = None
+        #: the workers' latest documents and the counts of those that died
+        self.figures = WorkerFigures()
+        self._started = time.monotonic()
 
     async def run(self, ready_file: str | None = None) -> None:
         with contextlib.ExitStack() as stack:
@@ -152,6 +163,7 @@ class Supervisor:
             try:
                 async with trio.open_nursery() as outer:
                     outer.start_soon(self._watch_signals, signals)
+                    outer.start_soon(self._poll_figures)
                     async with trio.open_nursery() as nursery:
                         await self._start(nursery, ready_file)
                     outer.cancel_scope.cancel()
@@ -184,16 +196,11 @@ class Supervisor:
                 return
         host, port = self.listen_socks[0][0].getsockname()[:2]
         resp_port = self.resp_socks[0][0].getsockname()[1] if self.resp_socks else None
-        tls = " (TLS)" if self.config.tls_cert_file else ""
-        log.info("listening on %s:%d%s (%d workers)", host, port, tls, self.count)
-        if resp_port is not None:
-            log.info("RESP (Redis protocol) front door on %s:%d%s", host, resp_port, tls)
-        if self.metrics_port is not None:
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.metrics_port)
+        tls = self.config.tls_cert_file is not None
+        where = Announcement(host, port, resp_port, self.metrics_port, tls, cfg.metrics_host)
+        announce_listening(where, workers=self.count)
         if ready_file:
-            from tenantkv.server.server import _write_ready_file
-
-            _write_ready_file(ready_file, host, port, self.metrics_port, resp_port)
+            write_ready_file(ready_file, where)
         sd_notify.ready(f"listening on {host}:{port} ({self.count} workers)")
 
     async def _listen(self) -> None:
@@ -203,10 +210,7 @@ class Supervisor:
             try:
                 self.resp_socks = await _reuseport_listeners(cfg.host, cfg.resp_port, self.count)
             except OSError as exc:
-                raise ListenError(
-                    f"RESP port {cfg.host}:{cfg.resp_port}: {exc.strerror}"
-                    " (set resp_port, or resp_enabled = false)"
-                ) from exc
+                raise resp_listen_error(cfg, exc) from exc
 
     # -- workers ------------------------------------------------------------------
 
@@ -251,15 +255,14 @@ class Supervisor:
         theirs.close()
         w.process = process
         init = msgpack.packb(
-            {
-                "type": "init",
-                "index": w.index,
-                "workers": self.count,
-                "config": dataclasses.asdict(self.config),
-                "listen_fds": [s.fileno() for s in mine_listen],
-                "resp_fds": [s.fileno() for s in mine_resp],
-                "expiry_pager": w.index == 0,
-            }
+            m.Init(
+                index=w.index,
+                workers=self.count,
+                config=dataclasses.asdict(self.config),
+                listen_fds=[s.fileno() for s in mine_listen],
+                resp_fds=[s.fileno() for s in mine_resp],
+                expiry_pager=w.index == 0,
+            ).to_wire()
         )
         mine.sendall(INIT_HEADER.pack(len(init)) + init)
         mine.setblocking(False)
@@ -269,7 +272,7 @@ class Supervisor:
         w.channel = channel
         code: int | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(channel.run, lambda msg: self._handle(w, msg))
+            nursery.start_soon(channel.run, self._dispatch(w))
             if task_status is not None:
                 # Startup waits for this worker to serve (or to die trying).
                 async with trio.open_nursery() as wait:
@@ -303,7 +306,9 @@ class Supervisor:
         return code
 
     def _forget(self, w: _Worker) -> None:
-        """Worker ``w`` died: its leases and connections are gone with it."""
+        """Worker ``w`` died: its leases and connections are gone with it; its
+        counts stay the node's."""
+        self.figures.died(w.index)
         self.allocator.forget(str(w.index))
         for demand in self._limiter_demand.values():
             demand.pop(str(w.index), None)
@@ -313,66 +318,63 @@ class Supervisor:
         for key in [k for k in self._logins if k[0] == w.index]:
             self._login_cancel(key)
 
-    async def _handle(self, w: _Worker, msg: Message) -> Message | None:
-        kind = msg.get("type")
-        if kind == "usage":
-            usage = usage_from_wire(msg["usage"])
-            lease = self.allocator.report(str(w.index), usage, trio.current_time())
-            # This report may have moved the others' shares (its hunger took from
-            # them): they get their new leases now, not at their next reports.
-            for name, moved in self.allocator.pending().items():
-                other = self.workers[int(name)]
-                if other is not w and other.channel is not None:
-                    with contextlib.suppress(ChannelClosed):
-                        await other.channel.send({"type": "lease", "lease": lease_to_wire(moved)})
-            return {"lease": lease_to_wire(lease), "rate_shares": self._rate_shares(w, msg)}
-        if kind == "write":
-            return await self._write(msg)
-        if kind == "conn_admit":
-            return await self._admit(w, msg)
-        if kind == "conn_auth":
-            refused = self.table.authenticated(
-                msg["conn"],
-                admin=bool(msg["admin"]),
-                max_connections=int(msg["max"]),
-                reserved_for_admins=int(msg["reserved"]),
-                per_address=None if msg.get("per_address") is None else int(msg["per_address"]),
-            )
-            if refused is not None:
-                self._conns[w.index].discard(msg["conn"])
-            return {"refused": refused}
-        if kind == "conn_closed":
-            self.table.closed(msg["conn"])
-            self._conns[w.index].discard(msg["conn"])
-            return None
-        if kind == "login_begin":
-            return await self._login_begin(w, msg)
-        if kind == "login_end":
-            return self._login_end(w, msg)
-        if kind == "login_cancel":
-            self._login_cancel((w.index, int(msg["login"])))
-            return None
-        if kind == "ready":
-            w.ready.set()
-            return None
-        if kind == "changed":
-            self.allocator.set_props(stored_throttle_props(self.engine, self.allocator.props))
-            # Answered once every other worker has reloaded: the admin command that
-            # made the change returns when the whole node sees it.
-            async with trio.open_nursery() as nursery:
-                for peer in self._serving(but=w):
-                    nursery.start_soon(_call_quietly, peer, {"type": "refresh"})
-            return {}
-        if kind == "node_status":
-            return {"workers": await self._documents(), "node": self._node_parts()}
-        log.warning("worker %d sent an unknown control message %r", w.index, kind)
-        return None
+    # -- what workers send ------------------------------------------------------
+
+    def _dispatch(self, w: _Worker) -> Dispatch:
+        """The handlers of :attr:`HANDLERS`, bound to the supervisor and worker ``w``."""
+        return {cls: partial(fn, self, w) for cls, fn in self.HANDLERS.items()}
+
+    async def _on_usage(self, w: _Worker, msg: m.Usage) -> m.UsageReply:
+        usage = usage_from_wire(msg.usage)
+        lease = self.allocator.report(str(w.index), usage, trio.current_time())
+        # This report may have moved the others' shares (its hunger took from
+        # them): they get their new leases now, not at their next reports.
+        for name, moved in self.allocator.pending().items():
+            other = self.workers[int(name)]
+            if other is not w and other.channel is not None:
+                with contextlib.suppress(ChannelClosed):
+                    await other.channel.send(m.Lease(lease_to_wire(moved)))
+        return m.UsageReply(lease_to_wire(lease), self._rate_shares(w, msg.limiters))
+
+    async def _on_conn_auth(self, w: _Worker, msg: m.ConnAuth) -> m.ConnAuthReply:
+        refused = self.table.authenticated(
+            msg.conn,
+            admin=msg.admin,
+            max_connections=msg.max_connections,
+            reserved_for_admins=msg.reserved_for_admins,
+            per_address=msg.per_address,
+        )
+        if refused is not None:
+            self._conns[w.index].discard(msg.conn)
+        return m.ConnAuthReply(refused)
+
+    async def _on_conn_closed(self, w: _Worker, msg: m.ConnClosed) -> None:
+        self.table.closed(msg.conn)
+        self._conns[w.index].discard(msg.conn)
+
+    async def _on_login_cancel(self, w: _Worker, msg: m.LoginCancel) -> None:
+        self._login_cancel((w.index, msg.login))
+
+    async def _on_ready(self, w: _Worker, msg: m.Ready) -> None:
+        w.ready.set()
+
+    async def _on_changed(self, w: _Worker, msg: m.Changed) -> m.Done:
+        self.allocator.set_props(stored_throttle_props(self.engine, self.allocator.props))
+        # Answered once every other worker has reloaded: the admin command that
+        # made the change returns when the whole node sees it.
+        async with trio.open_nursery() as nursery:
+            for peer in self._serving(but=w):
+                nursery.start_soon(_call_quietly, peer, m.Refresh())
+        return m.Done()
+
+    async def _on_node_status(self, w: _Worker, msg: m.NodeStatus) -> m.NodeStatusReply:
+        return m.NodeStatusReply(await self.node_status())
 
     # -- the node's writer ------------------------------------------------------------
 
-    async def _write(self, msg: Message) -> Message:
+    async def _on_write(self, w: _Worker, msg: m.Write) -> m.WriteReply:
         """Commit a worker's writes with everyone else's; answer once durable."""
-        wires = msg.get("ops")
+        wires = msg.ops
         if not isinstance(wires, list):
             raise ValueError("a write message needs a list of ops")
         decoded: list[WriteOp | errors.TenantKVError] = []
@@ -405,7 +407,7 @@ class Supervisor:
                 if isinstance(error, errors.TenantKVError)
                 else errors.InternalError(f"storage failure: {error}")
             )
-            return {"outcomes": [[None, err.to_wire(), 0, []] for _ in decoded]}
+            return m.WriteReply([[None, err.to_wire(), 0, []] for _ in decoded])
         for handle in batch.created:
             self.engine.buckets[handle.name] = handle
         for item, outcome in zip(decoded, result, strict=True):
@@ -414,7 +416,7 @@ class Supervisor:
                     self.engine.buckets.pop(item.handle.name, None)
                 else:
                     item.handle.dropped = False  # the drop did not commit
-        return {"outcomes": result}
+        return m.WriteReply(result)
 
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
         assert self._token is not None
@@ -436,8 +438,7 @@ class Supervisor:
     def _expiry_written(self, expiry_ms: int) -> None:
         pager = self.workers[0].channel
         if pager is not None and self.workers[0].ready.is_set():
-            msg = {"type": "expiry", "ms": expiry_ms}
-            trio.lowlevel.spawn_system_task(_send_quietly, pager, msg)
+            trio.lowlevel.spawn_system_task(_send_quietly, pager, m.Expiry(expiry_ms))
 
     def _serving(self, but: _Worker | None = None) -> list[Channel]:
         return [
@@ -446,18 +447,18 @@ class Supervisor:
             if o is not but and o.channel is not None and o.ready.is_set()
         ]
 
-    async def _admit(self, w: _Worker, msg: Message) -> Message:
-        conn = int(msg["conn"])
+    async def _on_conn_admit(self, w: _Worker, msg: m.ConnAdmit) -> m.ConnAdmitReply:
+        conn = msg.conn
         admitted = self.table.admit(
             conn,
-            str(msg["addr"]),
+            msg.addr,
             trio.current_time(),
-            max_connections=int(msg["max"]),
-            per_address=int(msg["per_address"]),
-            reserved_per_address=int(msg.get("reserved_per_address") or 0),
+            max_connections=msg.max_connections,
+            per_address=msg.per_address,
+            reserved_per_address=msg.reserved_per_address,
         )
         if not admitted.ok:
-            return {"ok": False, "reason": admitted.reason}
+            return m.ConnAdmitReply(False, reason=admitted.reason)
         self._conns[w.index].add(conn)
         evict = admitted.evict
         if evict is not None:
@@ -467,25 +468,25 @@ class Supervisor:
                 # Another worker holds it: tell that worker to close it.
                 if owner.channel is not None:
                     with contextlib.suppress(ChannelClosed):
-                        await owner.channel.send({"type": "evict", "conn": evict})
+                        await owner.channel.send(m.Evict(evict))
                 evict = None
-        return {"ok": True, "evict": evict}
+        return m.ConnAdmitReply(True, evict)
 
     # -- the node's login limiter ----------------------------------------------------
 
-    async def _login_begin(self, w: _Worker, msg: Message) -> Message:
-        key = (w.index, int(msg["login"]))
-        s = self._login_settings = auth.LoginSettings.from_wire(msg["settings"])
-        user = msg.get("user")
+    async def _on_login_begin(self, w: _Worker, msg: m.LoginBegin) -> m.LoginBeginReply:
+        key = (w.index, msg.login)
+        s = self._login_settings = auth.LoginSettings.from_wire(msg.settings)
+        user = msg.user
         self._logins[key] = 0
         with trio.CancelScope() as scope:
             self._login_waits[key] = scope
             try:
                 start = await self.login_gate.begin(
-                    str(msg["source"]),
+                    msg.source,
                     user if isinstance(user, str) else None,
                     s,
-                    cached=bool(msg.get("cached")),
+                    cached=msg.cached,
                 )
             finally:
                 self._login_waits.pop(key, None)
@@ -494,26 +495,20 @@ class Supervisor:
         else:
             self._logins[key] = start.ticket
         if scope.cancelled_caught:
-            return {"status": "refused", "retry_after": auth.HASH_RETRY_SECS, "reason": "busy"}
-        return {
-            "status": start.status,
-            "retry_after": start.retry_after,
-            "reason": start.reason,
-            "known": start.known,
-        }
+            return m.LoginBeginReply("refused", auth.HASH_RETRY_SECS, "busy")
+        return m.LoginBeginReply(start.status, start.retry_after, start.reason, start.known)
 
-    def _login_end(self, w: _Worker, msg: Message) -> Message:
-        ticket = self._logins.pop((w.index, int(msg["login"])), 0)
-        s = self._login_settings = auth.LoginSettings.from_wire(msg["settings"])
-        user = msg.get("user")
-        name = user if isinstance(user, str) else None
-        source = str(msg["source"])
-        end = self.login_gate.limiter.end(ticket, source, name, bool(msg.get("ok")), s)
+    async def _on_login_end(self, w: _Worker, msg: m.LoginEnd) -> m.LoginEndReply:
+        ticket = self._logins.pop((w.index, msg.login), 0)
+        s = self._login_settings = auth.LoginSettings.from_wire(msg.settings)
+        name = msg.user if isinstance(msg.user, str) else None
+        source = msg.source
+        end = self.login_gate.limiter.end(ticket, source, name, msg.ok, s)
         self.login_gate.wake(end.granted)
         if end.persist and name is not None:
             op = PutSystemOp(known_good_key(name, source), {"at": time.time()}, what="login")
             self.writer.submit(op, lambda result, error: None)
-        return {"hold": end.hold, "limited": end.limited}
+        return m.LoginEndReply(end.hold, end.limited)
 
     def _login_cancel(self, key: tuple[int, int]) -> None:
         scope = self._login_waits.get(key)
@@ -524,10 +519,10 @@ class Supervisor:
         if ticket:
             self.login_gate.cancel(ticket)
 
-    def _rate_shares(self, w: _Worker, msg: Message) -> dict[str, float]:
+    def _rate_shares(self, w: _Worker, limiters: dict[str, float]) -> dict[str, float]:
         """This worker's fraction of each node-wide rate limiter (rate_share)."""
         shares = {}
-        for name, demand in (msg.get("limiters") or {}).items():
+        for name, demand in limiters.items():
             if name not in RATE_LIMITERS:
                 continue
             demands = self._limiter_demand.setdefault(name, {})
@@ -539,38 +534,68 @@ class Supervisor:
         return shares
 
     async def _documents(self) -> list[dict[str, Any]]:
-        """Every serving worker's status document, asked for in parallel."""
-        docs: list[dict[str, Any]] = []
+        """Every serving worker's status document, asked for in parallel; each is
+        kept as that worker's latest (its counts outlive it: node_figures)."""
+        docs: dict[int, tuple[Channel, dict[str, Any]]] = {}
 
         async def one(w: _Worker) -> None:
-            if w.channel is None or not w.ready.is_set():
+            channel = w.channel
+            if channel is None or not w.ready.is_set():
                 return
             with contextlib.suppress(ChannelClosed):
-                answer = await w.channel.call({"type": "status"})
-                if "status" in answer:
-                    docs.append(answer["status"])
+                answer = await channel.call(m.Status())
+                if w.channel is channel:  # not a worker that died meanwhile
+                    docs[w.index] = (channel, answer.status)
+                    self.figures.seen(w.index, answer.status)
 
         async with trio.open_nursery() as nursery:
             for w in self.workers:
                 nursery.start_soon(one, w)
-        return docs
+        # A worker that died since it answered has its counts retired already.
+        return [doc for i, (ch, doc) in sorted(docs.items()) if self.workers[i].channel is ch]
 
     async def node_status(self) -> dict[str, Any]:
-        """The node's status document (``/metrics`` reads it)."""
+        """The node's status document (``/metrics`` and ``server_status`` read it)."""
         docs = await self._documents()
-        return node_document(docs, self._node_parts()) if docs else {}
+        return self.figures.document(docs, self._node_parts()) if docs else {}
+
+    async def _poll_figures(self) -> None:
+        """Read every worker's document now and then: what a worker that dies
+        takes with it is at most this much of its counts."""
+        while True:
+            await trio.sleep(POLL_SECS)
+            await self._documents()
 
     def _node_parts(self) -> dict[str, Any]:
-        """What only the supervisor knows of the node's status (see node_document)."""
+        """The figures only the supervisor knows, in the document's shape (the
+        figures the metric catalog declares ``node``)."""
         return {
-            "connection_table": self.table.statistics().as_dict(),
-            "login": self.login_gate.statistics(self._login_settings).as_dict(),
-            "writer": self.writer.statistics(),
-            "commit_latency": self.latency.commit.status(),
+            "pid": os.getpid(),
+            "uptime_secs": round(time.monotonic() - self._started, 3),
+            "connections": {"table": self.table.statistics().as_dict()},
+            "authentication": self.login_gate.statistics(self._login_settings).as_dict(),
+            "storage": {"writer": self.writer.statistics()},
+            "latency": {"commit": self.latency.commit.status()},
+            "throttle": throttle_figures(self.allocator),
             "metrics_listening": (
                 f"{self.config.metrics_host}:{self.metrics_port}" if self.metrics_port else None
             ),
         }
+
+    #: Every message a worker sends and its handler.
+    HANDLERS: ClassVar[dict[type[m.ControlMessage], Callable[..., Awaitable[m.Reply | None]]]] = {
+        m.Ready: _on_ready,
+        m.Usage: _on_usage,
+        m.Write: _on_write,
+        m.ConnAdmit: _on_conn_admit,
+        m.ConnAuth: _on_conn_auth,
+        m.ConnClosed: _on_conn_closed,
+        m.LoginBegin: _on_login_begin,
+        m.LoginEnd: _on_login_end,
+        m.LoginCancel: _on_login_cancel,
+        m.Changed: _on_changed,
+        m.NodeStatus: _on_node_status,
+    }
 
     # -- signals --------------------------------------------------------------------
 
@@ -606,18 +631,18 @@ class Supervisor:
         log.info("SIGHUP: config reloaded; handing it to %d workers", self.count)
         for w in self.workers:
             if w.channel is not None and w.ready.is_set():
-                msg = {"type": "reload_config", "config": dataclasses.asdict(config)}
+                msg = m.ReloadConfig(dataclasses.asdict(config))
                 trio.lowlevel.spawn_system_task(_send_quietly, w.channel, msg)
 
 
-async def _call_quietly(channel: Channel, msg: Message) -> None:
+async def _call_quietly(channel: Channel, msg: m.Call[Any]) -> None:
     """A call whose failure (a worker dying, or stuck past the call timeout)
     holds nobody up: that worker reloads everything when it starts again."""
     with contextlib.suppress(ChannelClosed):
         await channel.call(msg)
 
 
-async def _send_quietly(channel: Channel, msg: Message) -> None:
+async def _send_quietly(channel: Channel, msg: m.ControlMessage) -> None:
     with contextlib.suppress(ChannelClosed):
         await channel.send(msg)
 

@@ -29,8 +29,9 @@ import itertools
 import logging
 import socket
 import struct
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgpack
 import trio
@@ -40,6 +41,7 @@ from tenantkv.admission.gate import ParameterTable
 from tenantkv.admission.quota_lease import BucketLease, lease_from_wire, usage_to_wire
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.config import Config
+from tenantkv.server import control_messages as m
 from tenantkv.server.auth import (
     HASH_RETRY_SECS,
     LoginEnd,
@@ -47,8 +49,14 @@ from tenantkv.server.auth import (
     LoginSettings,
     LoginStart,
 )
-from tenantkv.server.control import Channel, ChannelClosed, Message
+from tenantkv.server.control import Channel, ChannelClosed, Dispatch
+from tenantkv.server.node import Announcement, Listeners
 from tenantkv.server.remote_writer import RemoteWriter
+from tenantkv.server.role import (
+    admission_limits,
+    bootstrap,
+    hello_limits,
+)
 
 if TYPE_CHECKING:
     from tenantkv.server.node import Node
@@ -73,14 +81,17 @@ RATE_LIMITERS = {
 
 
 class WorkerLink:
-    """A worker's side of the control channel, and what it was told at start."""
+    """A worker's :class:`~tenantkv.server.role.Role`: its side of the control
+    channel, and what it was told at start."""
 
-    def __init__(self, init: Message, sock: socket.socket) -> None:
-        self.index: int = init["index"]
-        self.listen_fds: list[int] = list(init["listen_fds"])
-        self.resp_fds: list[int] = list(init["resp_fds"])
-        self.expiry_pager: bool = bool(init["expiry_pager"])
-        self.workers: int = init["workers"]
+    shared_storage = True
+
+    def __init__(self, init: m.Init, sock: socket.socket) -> None:
+        self.index = init.index
+        self.listen_fds = list(init.listen_fds)
+        self.resp_fds = list(init.resp_fds)
+        self.expiry_pager = init.expiry_pager
+        self.workers = init.workers
         self._sock = sock
         self._channel: Channel | None = None
         self._report_soon = trio.Event()
@@ -89,7 +100,7 @@ class WorkerLink:
         self.lease_failures = 0
         #: one-way messages from synchronous code (a login outcome, a closed
         #: connection), sent in order by one task; bounded, as everything is
-        self._outbox_in, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
+        self._outbox_in, self._outbox = trio.open_memory_channel[m.ControlMessage](OUTBOX_SIZE)
         self.outbox_dropped = 0
         #: this worker's fraction of each node-wide rate limiter (rate_share)
         self.rate_shares: dict[str, float] = dict.fromkeys(RATE_LIMITERS, 1.0 / self.workers)
@@ -110,11 +121,51 @@ class WorkerLink:
         """Worker 0 creates the first admin user and drops dangling roles: once."""
         return self.index == 0
 
-    def listeners(self, fds: Sequence[int]) -> list[trio.SocketListener]:
-        return [
-            trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
-            for fd in fds
-        ]
+    # -- the role -------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        return {"worker": self.index}
+
+    def figures(self) -> dict[str, Any]:
+        return {"leases": {"applied": self.leases_applied, "failed": self.lease_failures}}
+
+    async def listen(self, config: Config) -> Listeners:
+        """The sockets the supervisor opened for this worker, inherited."""
+        return Listeners(_listeners(self.listen_fds), _listeners(self.resp_fds))
+
+    async def load(self, node: Node, nursery: trio.Nursery) -> None:
+        # The link carries this worker's writes: it runs before any.
+        await nursery.start(self.run, node)
+        if self.bootstraps:
+            await bootstrap(node)
+        if self.expiry_pager:
+            nursery.start_soon(node.expiry_pager.run)
+
+    def start_metrics(self, node: Node) -> int | None:
+        """The supervisor serves the node's ``/metrics``."""
+        return None
+
+    async def announce(self, node: Node, where: Announcement, ready_file: str | None) -> None:
+        """The supervisor says "listening on" once every worker serves."""
+        tls = " (TLS)" if where.tls else ""
+        log.info("worker %d serving on %s:%d%s", self.index, where.host, where.port, tls)
+        await self.ready(where.host, where.port, where.resp_port)
+
+    async def status(self, node: Node) -> dict[str, Any]:
+        return await self.node_status()
+
+    async def drain(self, node: Node) -> None:
+        """Writes still waiting for the node's writer get their answers before the
+        link goes (a bound: the supervisor may be gone)."""
+        with trio.move_on_after(node.config.shutdown_grace_secs):
+            await node.drain_writes()
+
+    def writer(self, node: Node) -> RemoteWriter:
+        """The node's one writer, in the supervisor, commits."""
+        return RemoteWriter(node.engine, lambda: self.channel, node._deliver, taken=node._taken)
+
+    def bind_parameters(self, table: ParameterTable) -> None:
+        self.share_rate_parameters(table)
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
         """Serve the channel and keep the throttle's lease fresh, until the
@@ -130,96 +181,62 @@ class WorkerLink:
             nursery.start_soon(self._lease_loop, node)
             nursery.start_soon(self._send_outbox)
             task_status.started()
-            await self.channel.run(lambda msg: self._handle(node, msg))
+            await self.channel.run(self.dispatch(node))
             log.warning("worker %d: the supervisor went away; stopping", self.index)
             nursery.cancel_scope.cancel()
         node.request_stop()
 
     async def ready(self, host: str, port: int, resp_port: int | None) -> None:
-        await self.channel.send(
-            {"type": "ready", "host": host, "port": port, "resp_port": resp_port}
-        )
+        await self.channel.send(m.Ready(host, port, resp_port))
 
     async def changed(self) -> None:
         """Shared state changed here (and is committed): returns once every other
         worker has reloaded it (or could not: see the supervisor), so the change
         is the node's when the command that made it answers."""
         with contextlib.suppress(ChannelClosed):
-            await self.channel.call({"type": "changed", "worker": self.index})
+            await self.channel.call(m.Changed(self.index))
 
-    async def node_documents(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Every worker's status document (this one's included) and what only the
-        supervisor knows (its connection table, the node's writer)."""
-        answer = await self.channel.call({"type": "node_status"})
-        return list(answer.get("workers") or []), dict(answer.get("node") or {})
+    async def node_status(self) -> dict[str, Any]:
+        """The node's status document: the supervisor merges every worker's (this
+        one's included) with what only it knows (status.node_document)."""
+        return (await self.channel.call(m.NodeStatus())).document
 
     # -- the node's connection table, in the supervisor ------------------------------
 
     def node_conn_id(self, conn_id: int) -> int:
         return conn_id * MAX_WORKERS + self.index
 
-    async def admit_connection(
-        self,
-        conn_id: int,
-        addr: str,
-        *,
-        max_connections: int,
-        per_address: int,
-        reserved_per_address: int = 0,
-    ) -> Admission:
+    async def admit_connection(self, node: Node, conn_id: int, addr: str) -> Admission:
+        limits = admission_limits(node.config)
         try:
             answer = await self.channel.call(
-                {
-                    "type": "conn_admit",
-                    "conn": self.node_conn_id(conn_id),
-                    "addr": addr,
-                    "max": max_connections,
-                    "per_address": per_address,
-                    "reserved_per_address": reserved_per_address,
-                }
+                m.ConnAdmit(self.node_conn_id(conn_id), addr, **limits)
             )
         except ChannelClosed:
             return Admission(True)  # the supervisor is gone: this worker stops anyway
-        evict = answer.get("evict")
-        return Admission(
-            bool(answer.get("ok")),
-            None if evict is None else evict // MAX_WORKERS,
-            str(answer.get("reason", "")),
-        )
+        evict = answer.evict
+        return Admission(answer.ok, None if evict is None else evict // MAX_WORKERS, answer.reason)
 
     async def connection_authenticated(
-        self,
-        conn_id: int,
-        *,
-        admin: bool,
-        max_connections: int,
-        reserved_for_admins: int,
-        per_address: int | None = None,
+        self, node: Node, conn_id: int, *, admin: bool
     ) -> str | None:
+        limits = hello_limits(node.config)
         try:
             answer = await self.channel.call(
-                {
-                    "type": "conn_auth",
-                    "conn": self.node_conn_id(conn_id),
-                    "admin": admin,
-                    "max": max_connections,
-                    "reserved": reserved_for_admins,
-                    "per_address": per_address,
-                }
+                m.ConnAuth(self.node_conn_id(conn_id), admin=admin, **limits)
             )
         except ChannelClosed:
             return None
-        refused = answer.get("refused")
-        return None if refused is None else str(refused)
+        return answer.refused
 
-    def connection_closed(self, conn_id: int) -> None:
-        self._post({"type": "conn_closed", "conn": self.node_conn_id(conn_id)})
+    def connection_closed(self, node: Node, conn_id: int) -> None:
+        self._post(m.ConnClosed(self.node_conn_id(conn_id)))
 
-    def post(self, msg: Message) -> None:
+    def post(self, msg: m.ControlMessage) -> None:
         """Send ``msg`` one-way, in order, from synchronous code."""
         self._post(msg)
 
-    def _post(self, msg: Message) -> None:
+    def _post(self, msg: m.ControlMessage) -> None:
         try:
             self._outbox_in.send_nowait(msg)
         except trio.WouldBlock:
@@ -284,14 +301,10 @@ class WorkerLink:
             self._report_soon = trio.Event()
             try:
                 answer = await self.channel.call(
-                    {
-                        "type": "usage",
-                        "usage": usage_to_wire(throttle.usage()),
-                        "limiters": self._limiter_demand(node),
-                    }
+                    m.Usage(usage_to_wire(throttle.usage()), self._limiter_demand(node))
                 )
-                lease = lease_from_wire(answer["lease"])
-                shares = answer.get("rate_shares") or {}
+                lease = lease_from_wire(answer.lease)
+                shares = answer.rate_shares
                 if shares.keys() == RATE_LIMITERS.keys() and shares != self.rate_shares:
                     self.rate_shares = {k: float(v) for k, v in shares.items()}
                     self.apply_rate_shares(node)
@@ -307,30 +320,44 @@ class WorkerLink:
         self.leases_applied += 1
         node.gate.wake()
 
-    async def _handle(self, node: Node, msg: Message) -> Message | None:
+    # -- what the supervisor sends -----------------------------------------------
+
+    def dispatch(self, node: Node) -> Dispatch:
+        """This worker's handlers of :attr:`HANDLERS`, bound to it and its node."""
+        return {cls: partial(fn, self, node) for cls, fn in self.HANDLERS.items()}
+
+    async def _on_refresh(self, node: Node, msg: m.Refresh) -> m.Done:
         from tenantkv.server import shared_state
+
+        shared_state.reload(node)
+        return m.Done()
+
+    async def _on_status(self, node: Node, msg: m.Status) -> m.StatusReply:
         from tenantkv.server.status import status_document
 
-        kind = msg.get("type")
-        if kind == "refresh":
-            shared_state.reload(node)
-            return None
-        if kind == "status":
-            return {"status": status_document(node)}
-        if kind == "lease":  # pushed: another worker's report moved this one's share
-            self._apply_lease(node, lease_from_wire(msg["lease"]))
-            return None
-        if kind == "expiry":  # a commit wrote an earlier expiry: the pager may wake
-            node.expiry_pager.expiry_written(int(msg["ms"]))
-            return None
-        if kind == "evict":
-            node.evict_connection(int(msg["conn"]) // MAX_WORKERS)
-            return None
-        if kind == "reload_config":
-            node.reload_config(Config().with_values(msg["config"], source="the config file"))
-            return None
-        log.warning("worker %d: unknown control message %r", self.index, kind)
-        return None
+        return m.StatusReply(status_document(node))
+
+    async def _on_lease(self, node: Node, msg: m.Lease) -> None:
+        self._apply_lease(node, lease_from_wire(msg.lease))
+
+    async def _on_expiry(self, node: Node, msg: m.Expiry) -> None:
+        node.expiry_pager.expiry_written(msg.ms)
+
+    async def _on_evict(self, node: Node, msg: m.Evict) -> None:
+        node.evict_connection(msg.conn // MAX_WORKERS)
+
+    async def _on_reload_config(self, node: Node, msg: m.ReloadConfig) -> None:
+        node.reload_config(Config().with_values(msg.config, source="the config file"))
+
+    #: Every message the supervisor sends (but init) and its handler.
+    HANDLERS: ClassVar[dict[type[m.ControlMessage], Callable[..., Awaitable[m.Reply | None]]]] = {
+        m.Refresh: _on_refresh,
+        m.Status: _on_status,
+        m.Lease: _on_lease,
+        m.Expiry: _on_expiry,
+        m.Evict: _on_evict,
+        m.ReloadConfig: _on_reload_config,
+    }
 
 
 class RemoteLoginGate:
@@ -348,14 +375,7 @@ class RemoteLoginGate:
         self, source: str, user: str | None, s: LoginSettings, *, cached: bool
     ) -> LoginStart:
         login = next(self._ids)
-        msg = {
-            "type": "login_begin",
-            "login": login,
-            "source": source,
-            "user": user,
-            "cached": cached,
-            "settings": s.to_wire(),
-        }
+        msg = m.LoginBegin(login, source, user, cached, s.to_wire())
         try:
             answer = await self._link.channel.call(msg)
         except ChannelClosed:  # the supervisor is gone (this worker stops) or slow
@@ -364,26 +384,19 @@ class RemoteLoginGate:
         except BaseException:
             self.cancel(login)
             raise
-        status = str(answer.get("status", "refused"))
+        status = answer.status
         return LoginStart(
             status,
             login if status == "run" else 0,
-            float(answer.get("retry_after", HASH_RETRY_SECS)),
-            str(answer.get("reason", "busy")),
-            bool(answer.get("known")),
+            answer.retry_after,
+            answer.reason,
+            answer.known,
         )
 
     async def end(
         self, ticket: int, source: str, user: str | None, ok: bool, s: LoginSettings
     ) -> LoginEnd:
-        msg = {
-            "type": "login_end",
-            "login": ticket,
-            "source": source,
-            "user": user,
-            "ok": ok,
-            "settings": s.to_wire(),
-        }
+        msg = m.LoginEnd(ticket, source, user, ok, s.to_wire())
         try:
             answer = await self._link.channel.call(msg)
         except ChannelClosed:
@@ -392,17 +405,17 @@ class RemoteLoginGate:
         except BaseException:
             self.cancel(ticket)  # its slot must not outlive the login
             raise
-        return LoginEnd(float(answer.get("hold", 0.0)), limited=bool(answer.get("limited")))
+        return LoginEnd(answer.hold, limited=answer.limited)
 
     def cancel(self, ticket: int) -> None:
         if ticket:
-            self._link.post({"type": "login_cancel", "login": ticket})
+            self._link.post(m.LoginCancel(ticket))
 
     def statistics(self, s: LoginSettings) -> LoginLimiterStatistics:
         return self._stats
 
 
-def read_init(sock: socket.socket) -> Message:
+def read_init(sock: socket.socket) -> m.Init:
     """The supervisor's first message (blocking, before Trio runs)."""
 
     def exactly(n: int) -> bytes:
@@ -415,7 +428,13 @@ def read_init(sock: socket.socket) -> Message:
         return buf
 
     (size,) = INIT_HEADER.unpack(exactly(INIT_HEADER.size))
-    init = msgpack.unpackb(exactly(size), strict_map_key=False)
-    if not isinstance(init, dict) or init.get("type") != "init":
+    wire = msgpack.unpackb(exactly(size), strict_map_key=False)
+    if not isinstance(wire, dict) or wire.get("type") != m.Init.TYPE:
         raise SystemExit("tenantkv worker: the first control message must be init")
-    return init
+    return m.Init.from_wire(wire)
+
+
+def _listeners(fds: Sequence[int]) -> list[trio.SocketListener]:
+    return [
+        trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))) for fd in fds
+    ]

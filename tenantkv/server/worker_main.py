@@ -28,15 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sock = socket.socket(fileno=int(args[0]))
     init = read_init(sock)
-    config = Config().with_values(init["config"], source="the supervisor")
-    configure_logging(config.log_level, config.log_format, worker=init["index"])
+    config = Config().with_values(init.config, source="the supervisor")
+    configure_logging(config.log_level, config.log_format, worker=init.index)
     # A terminal hangup reaches the whole process group; the supervisor decides
     # what SIGHUP means (reload the config) and tells the workers.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     process_memory.return_large_allocations()
     link = WorkerLink(init, sock)
     try:
-        server = Server(config, link=link)
+        server = Server(config, role=link)
     except Exception as exc:
         logging.getLogger("tenantkv").error("worker %d cannot start: %s", link.index, exc)
         return 1

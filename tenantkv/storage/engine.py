@@ -168,7 +168,7 @@ class Engine:
         self.cas_ceiling = 0
         #: the on-disk format version found (or written) at open
         self.format_version = FORMAT_VERSION
-        self._lock_fd: int | None = None if shared else _lock_data_dir(self.path)
+        self._lock_fd: int | None = None if shared else lock_data_dir(self.path)
         try:
             _reserve_space(self.path)
         except DataDirError:
@@ -565,7 +565,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(text).split())
 
 
-def _lock_data_dir(path: str) -> int:
+def lock_data_dir(path: str) -> int:
     """Create ``path`` if needed, check it, and take its exclusive lock; returns the fd."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)

@@ -25,12 +25,18 @@ import msgpack
 import pytest
 import trio
 
-from tenantkv import config as config_mod
 from tenantkv import errors, protocol
 from tenantkv.server import executor as executor_mod
 from tenantkv.server.server import Server
 from tenantkv.storage.ops import CreateBucketOp
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb, wait_until
+from tests.conftest import (
+    ADMIN_PASSWORD,
+    Daemon,
+    free_config,
+    read_response,
+    rss_anon_mb,
+    wait_until,
+)
 
 TIMEOUT = 20
 BUCKET, USER, PASSWORD = "ab", "abuser", "abuse-pw"
@@ -60,7 +66,11 @@ def healthy(ab: Daemon) -> Iterator[Any]:
         yield c
 
 
-def still_fine(d: Daemon, healthy: Any, *, within: float = 2.0) -> None:
+def still_fine(d: Daemon, healthy: Any, *, within: float = 5.0) -> None:
+    """The daemon runs and a healthy client's GET and PING come back promptly:
+    a client the abuse starves waits for it to end (its TIMEOUT), while a GET
+    and a PING take milliseconds; ``within`` is far from both, so that a loaded
+    machine does not fail it."""
     assert d.proc is not None and d.proc.poll() is None
     start = time.monotonic()
     assert healthy.get("canary") == b"alive"
@@ -278,7 +288,7 @@ def test_pipelining_without_reading_is_pushed_back(ab: Daemon, healthy: Any, kin
         t.start()
     for ev in flooding:  # every flooder is pushing frames before the check
         assert ev.wait(TIMEOUT)
-    still_fine(ab, healthy, within=3.0)  # other clients go on meanwhile
+    still_fine(ab, healthy)  # other clients go on meanwhile
     for t in threads:
         t.join(TIMEOUT)
     grown = rss_anon_mb(ab.proc.pid) - before
@@ -297,7 +307,7 @@ async def test_queued_write_bytes_per_connection_are_bounded(
     before max_inflight_per_connection (1024) writes."""
     monkeypatch.setenv("TENANTKV_ADMIN_PASSWORD", ADMIN_PASSWORD)
     monkeypatch.setattr(executor_mod, "PENDING_WRITE_HIGH_WATER", 8 * 1024 * 1024)
-    cfg = config_mod.Config().with_values({"data_dir": str(tmp_path / "d"), "port": 0})
+    cfg = free_config(tmp_path / "d")
     server = Server(cfg)
     node = server.node
     with trio.fail_after(TIMEOUT):
@@ -487,5 +497,7 @@ def test_thousands_of_buckets_and_many_users(ab: Daemon, healthy: Any) -> None:
         f"abuse: {MANY_BUCKETS} buckets in {made - start:.1f} s, {MANY_USERS} users in "
         f"{time.monotonic() - made:.1f} s, server_status {status_secs * 1000:.0f} ms"
     )
-    assert status_secs < 2.0
+    # server_status over 2,000 buckets stays an ordinary call; the bound is far
+    # above it, so that a loaded machine does not miss it.
+    assert status_secs < 5.0
     still_fine(ab, healthy)

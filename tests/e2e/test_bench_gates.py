@@ -1,7 +1,7 @@
 """``python -m bench gates`` end to end: a short GET run, its JSON checked.
 
-Runs as a subprocess the way CI runs a benchmark, with a timeout and an
-environment without the caller's ``TENANTKV_*`` variables. Beyond "both modes
+Runs as a subprocess the way CI runs a benchmark, with a timeout
+(tests/conftest.py drops the caller's ``TENANTKV_*`` variables). Beyond "both modes
 served requests without errors", the server's own counters must show that the
 on runs really went through every gate (throttle enabled and charging, the
 request limiter admitting every operation, the connection limiter every
@@ -12,29 +12,18 @@ but the execution tickets).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_bench
+
 RUN_TIMEOUT = 60.0
 CONNS = 16  # the benchmark's default --conns
 
 
 def test_bench_gates_quick_get(tmp_path: Path) -> None:
     out = tmp_path / "gates.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENANTKV_")}
-    cmd = [sys.executable, "-m", "bench", "gates", "--quick", "--seconds", "0.5"]
-    proc = subprocess.run(
-        [*cmd, "--warmup", "0.1", "--ops", "get", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        cwd=REPO,
-        timeout=RUN_TIMEOUT,
-    )
+    args = ["gates", "--quick", "--seconds", "0.5", "--warmup", "0.1", "--ops", "get"]
+    proc = run_bench(*args, "--json", str(out), timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert "on/off" in proc.stdout
     assert "verified: yes" in proc.stdout

@@ -48,7 +48,7 @@ def test_smoke_runs_and_report_renders(tmp_path: Path) -> None:
     assert "0 acknowledged writes lost" in text
     # a smoke figure is labelled as such, never passed off as a published one
     assert "(smoke run)" in text
-    assert "Not run yet: `python -m bench run soak`" in text
+    assert "Not run yet: `python -m bench run soak --publish`" in text
 
 
 def test_list_names_every_scenario() -> None:

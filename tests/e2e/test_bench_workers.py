@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,9 @@ def test_workers_quick_compares_one_and_two_workers(tmp_path: Path) -> None:
     if shutil.which("redis-benchmark") is None:
         pytest.skip("redis-benchmark is not installed (Debian: apt-get install redis-tools)")
     out = tmp_path / "workers.json"
-    t0 = time.monotonic()
+    # bench()'s timeout bounds the quick run (a loaded machine makes it slower)
     r = bench("workers", "--quick", "--seconds", "0.3", "--keys", "500", "--json", str(out))
-    took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert took < 30, f"the quick run took {took:.0f} s"
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "workers"
     assert [(c["door"], c["op"], c["conns"], c["depth"]) for c in doc["cells"]] == [

@@ -3,38 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_bench
+
 RUN_TIMEOUT = 90.0
 
 
 def test_ycsb_quick_run_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "ycsb.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "ycsb",
-            "--quick",
-            "--workloads",
-            "A,E",
-            "--distributions",
-            "zipfian",
-            "--seconds",
-            "0.5",
-            "--warmup",
-            "0.1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
+    proc = run_bench(
+        *("ycsb", "--quick", "--workloads", "A,E", "--distributions", "zipfian"),
+        *("--seconds", "0.5", "--warmup", "0.1", "--json", str(out)),
         timeout=RUN_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,6 @@ real server agree: the failpoint's overload errors are retried transparently,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -126,28 +125,27 @@ async def test_async_retry_writes_off_surfaces_the_error(testing: Daemon) -> Non
 def test_deadline_cuts_a_server_side_throttle_wait_short(testing: Daemon) -> None:
     # hard_limit 1 unit/s: after a 2-WU set (cost 4) the next get must wait ~4 s,
     # within the server's 5 s bound, so without a deadline the server parks it.
-    # With timeout 0.3 s the server knows the wait would pass the deadline and
-    # rejects at once (Throttled), before the client's own timeout could fire.
+    # With timeout 1 s the server knows the wait would pass the deadline and
+    # rejects at once (Throttled), before the client's own timeout could fire
+    # (that would raise a timeout error, not Throttled: no wall clock needed).
     with testing.client() as c:
         c.create_bucket("slow", reserved=0, hard_limit=1)
     with testing.client(bucket="slow") as c:
         c.set("big", b"x" * 5000)
-        start = time.monotonic()
         with pytest.raises(errors.Throttled) as info:
-            c.with_timeout(0.3).get("big")
-        assert time.monotonic() - start < 0.3
-        assert info.value.retry_after_ms is not None and info.value.retry_after_ms > 300
+            c.with_timeout(1.0).get("big")
+        assert info.value.retry_after_ms is not None and info.value.retry_after_ms > 1000
 
 
 def test_deadline_against_a_bucket_with_hard_limit_zero(testing: Daemon) -> None:
     log = tenantkv.CommandEventLog()
     with testing.client() as c:
         c.create_bucket("zero", reserved=0, hard_limit=0)
-    with testing.client(bucket="zero", event_listeners=[log]) as c:
-        start = time.monotonic()
-        with pytest.raises(errors.HardLimitZero):
-            c.with_timeout(0.3).get("k")
-        assert time.monotonic() - start < 1.0
+    with (
+        testing.client(bucket="zero", event_listeners=[log]) as c,
+        pytest.raises(errors.HardLimitZero),
+    ):
+        c.with_timeout(0.3).get("k")
     assert attempts(log, "get") == [(1, "HardLimitZero")]  # not retryable: one attempt
 
 

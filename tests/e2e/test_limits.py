@@ -37,7 +37,7 @@ def test_silent_connection_is_closed_after_the_hello_deadline(strict: Daemon) ->
         resp = read_response(s)
         assert resp is not None and resp[2]["codeName"] == "IdleTimeout"
         assert s.recv(10) == b""
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 5  # the deadline is 0.3 s; no deadline hangs
 
 
 def test_idle_authenticated_connection_is_closed(strict: Daemon) -> None:
@@ -50,7 +50,7 @@ def test_idle_authenticated_connection_is_closed(strict: Daemon) -> None:
         start = time.monotonic()
         resp = read_response(s)  # nothing sent: the server's idle timer fires
         assert resp is not None and resp[1] is None and resp[2]["codeName"] == "IdleTimeout"
-        assert 0.3 < time.monotonic() - start < 5
+        assert 0.3 < time.monotonic() - start < 5  # idle_timeout_secs 0.6; none hangs
 
 
 def test_value_limit_from_config(strict: Daemon) -> None:

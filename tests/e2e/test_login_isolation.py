@@ -18,7 +18,7 @@ import tenantkv
 from tenantkv import errors
 from tenantkv.server import auth
 from tenantkv.storage.engine import Engine
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, wait_until
 
 TIMEOUT = 20
 
@@ -62,6 +62,12 @@ def resp(d: Daemon, *commands: list[str], source: str = "127.0.0.1") -> list[byt
     return buf.split(b"\r\n")[: len(commands)]
 
 
+def failures(d: Daemon) -> int:
+    """The node's failed logins so far (counted before a failure's answer is held)."""
+    with d.client() as admin:
+        return int(admin.server_status()["authentication"]["failures"])
+
+
 def test_a_redis_client_with_a_wrong_password_locks_no_neighbour_out(d: Daemon) -> None:
     """Row 7: redis-py retries a failed AUTH; today that refused every user new at
     the address for 60 s. Now only the guesser waits, and a limited AUTH says how
@@ -78,20 +84,20 @@ def test_a_redis_client_with_a_wrong_password_locks_no_neighbour_out(d: Daemon) 
     guesser = threading.Thread(target=guess, daemon=True)
     guesser.start()
     try:
-        time.sleep(0.1)  # its first AUTH is being held
+        # its first AUTH is being held: failed (counted), its answer not yet sent
+        wait_until(lambda: failures(d) >= 1, what="the guess counted")
         # The same pair meanwhile: refused up front, WRONGPASS with the hint.
         [line] = resp(d, ["AUTH", "alice", "another-guess"])
         assert line.startswith(b"-WRONGPASS retryAfterMs="), line
         ms = int(line.split(b"=")[1].split()[0])
         assert 0 < ms <= 400
-        # bob never logged in from this address: in at once, on both doors.
-        t0 = time.monotonic()
+        # bob never logged in from this address: in, on both doors (not refused:
+        # a successful login is never held, so no clock is asked).
         assert resp(d, ["AUTH", "bob", "pw-bob"], ["PING"]) == [b"+OK", b"+PONG"]
         with d.client(user="bob", password="pw-bob", bucket="b") as c:
             assert c.ping() == "pong"
         # alice herself, from another address: in at once too.
         assert resp(d, ["AUTH", "alice", "pw-alice"], source="127.0.0.7") == [b"+OK"]
-        assert time.monotonic() - t0 < 1.0
     finally:
         guesser.join(TIMEOUT)
     assert outcome and isinstance(outcome[0], redis.AuthenticationError)
@@ -112,13 +118,11 @@ def test_the_admin_gets_in_past_its_address_full_of_idle_users(tmp_path: Path) -
         try:
             with pytest.raises(errors.TooManyConnections, match="per_address"):
                 d.client(user="u", password="pw", bucket="b", max_overload_retries=0)
-            t0 = time.monotonic()
             with d.client() as admin:  # one of the admins' three
                 assert admin.ping() == "pong"
                 with d.client() as second:  # and a reserved one
                     assert second.ping() == "pong"
                     table = admin.server_status()["connections"]["table"]
-            assert time.monotonic() - t0 < 1.0
             assert table["refused_reserved_for_admins_per_address"] == 1
         finally:
             for c in idle:

@@ -4,6 +4,7 @@ the memory goes back to the kernel once they are answered."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb
+from tests.conftest import ADMIN_PASSWORD, Daemon, read_response, rss_anon_mb, wait_until
 
 CAP_MIB = 32
 CONNECTIONS = 16
@@ -93,7 +94,10 @@ def test_pipelined_large_writes_stay_within_the_cap_and_memory_goes_back(
         done.set()
         watcher.join()
     assert answers == [PIPELINED] * CONNECTIONS
-    time.sleep(0.5)  # the deadline sweep lets idle decoders go
+    # The deadline sweep lets idle decoders go: wait for it (the assert below
+    # says what is wrong if it never does).
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: rss_anon_mb(pid) - idle < 32, timeout=10, what="decoders freed")
     after = rss_anon_mb(pid)
     print(f"memory bounds: idle {idle:.0f} MiB, peak {peak[0]:.0f}, after {after:.0f}")
     # The cap, a value's copy in its commit, and a receive per connection.

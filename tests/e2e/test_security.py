@@ -197,6 +197,7 @@ def test_a_frame_of_nested_arrays_is_refused_without_decoding_it(
             s.sendall(frame)  # the server closes long before it has read all this
         responses = closed_by_server(s)
         assert [r[2]["codeName"] for r in responses][-1:] in (["ProtocolError"], ["FrameTooLarge"])
+        # Closed after reading a little of it: reading all 64 MiB takes far longer.
         assert time.monotonic() - start < 5
     assert rss_anon_mb(pid) - before < 64
 
@@ -251,7 +252,8 @@ def test_one_address_cannot_fill_the_node_and_the_admin_gets_in(sec: Daemon) -> 
             start = time.monotonic()
             with sec.client(max_overload_retries=0) as late:
                 assert late.ping() == "pong"
-            assert time.monotonic() - start < 1.0
+            # Not after a flood connection's hello deadline (10 s) had freed a slot.
+            assert time.monotonic() - start < 5
             st = admin.server_status()["connections"]["table"]
             assert st["evicted_unauthenticated"] >= 1
         finally:
@@ -302,7 +304,8 @@ def test_slow_sender_after_hello_hits_the_frame_deadline(sec: Daemon) -> None:
                 responses = closed_by_server(s)
                 assert [r[2]["codeName"] for r in responses] == ["IdleTimeout"]
                 assert "frame_timeout_secs" in responses[0][2]["errmsg"]
-                assert time.monotonic() - start < 3
+                # The drip alone would last 12 s; the deadline is 0.5 s.
+                assert time.monotonic() - start < 6
         finally:
             admin.command("set_parameter", name="frame_timeout_secs", value=None)
 
@@ -320,7 +323,8 @@ def test_a_byte_at_a_time_hello_cannot_extend_the_hello_deadline(sec: Daemon) ->
                 responses = closed_by_server(s)
                 assert [r[2]["codeName"] for r in responses] == ["IdleTimeout"]
                 assert "hello_timeout_secs" in responses[0][2]["errmsg"]
-                assert time.monotonic() - start < 3
+                # The drip alone would last seconds more; the deadline is 0.5 s.
+                assert time.monotonic() - start < 6
         finally:
             admin.command("set_parameter", name="hello_timeout_secs", value=None)
 
@@ -432,7 +436,9 @@ def test_guesses_from_many_addresses_lock_no_one_out_on_the_daemon(tmp_path: Pat
             with connect(d, source) as s:
                 s.sendall(hello())
                 assert read_response(s)[2] is None  # type: ignore[index]
-            assert time.monotonic() - start < 1.0
+            # Not held: a held answer waits login_delay_max_ms (5 s); a login's own
+            # scrypt takes ~0.2 s on a loaded machine.
+            assert time.monotonic() - start < 3
         with d.client() as admin:
             st = admin.server_status()["authentication"]
         assert (st["failures"], st["refused"]) == (20, 0) and st["known_good_pairs"] == 2
@@ -458,7 +464,7 @@ def test_a_write_costlier_than_seconds_of_the_hard_limit_runs_then_is_repaid(
         start = time.monotonic()
         with pytest.raises(errors.Throttled, match="exceeds throttle_max_wait_ms") as exc_info:
             admin.set("small", b"y" * 100)
-        assert time.monotonic() - start < 1.0  # at once
+        assert time.monotonic() - start < 10  # at once, not after the 51 s it owes
         assert 49_000 <= (exc_info.value.retry_after_ms or 0) <= 52_000
         admin.delete_bucket("cheap")
 

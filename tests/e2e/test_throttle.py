@@ -21,6 +21,8 @@ from tenantkv import errors
 from tests.conftest import ADMIN_PASSWORD, Daemon
 
 TIMEOUT = 60
+#: test a's buckets' hard limit, RU/s
+RATE = 128
 
 
 def _throttle(daemon: Daemon, bucket: str) -> dict:
@@ -29,10 +31,12 @@ def _throttle(daemon: Daemon, bucket: str) -> dict:
 
 
 async def test_a_five_capped_buckets_are_held_to_their_rate(daemon: Daemon) -> None:
+    # Limits low enough that one client process outpaces them even on a loaded
+    # machine (at 1024 RU/s a bucket there was never throttled).
     names = [f"cap{i}" for i in range(5)]
     with daemon.client() as c:
         for n in names:
-            c.create_bucket(n, reserved=1024, hard_limit=1024)
+            c.create_bucket(n, reserved=RATE, hard_limit=RATE)
             c.select_bucket(n)
             c.set("k", b"small")  # 1 WU = cost 2
 
@@ -40,7 +44,7 @@ async def test_a_five_capped_buckets_are_held_to_their_rate(daemon: Daemon) -> N
         async with daemon.async_client(bucket=bucket) as c:
 
             async def worker() -> None:
-                for _ in range(4096 // 8):
+                for _ in range(4 * RATE // 8):
                     assert await c.get("k") == b"small"
 
             async with trio.open_nursery() as n:
@@ -53,11 +57,12 @@ async def test_a_five_capped_buckets_are_held_to_their_rate(daemon: Daemon) -> N
             for b in names:
                 n.start_soon(hammer, b)
     elapsed = time.monotonic() - start
-    # 4096 RU at 1024 RU/s: ~4 s less one slice of burst; never under 2 s.
+    # 4 s of RU at the limit: ~4 s less one slice of burst; never under 2 s (a
+    # floor, which load only lengthens).
     assert elapsed > 2.0, elapsed
     for b in names:
         t = _throttle(daemon, b)
-        assert t["ru_total"] == 4096
+        assert t["ru_total"] == 4 * RATE
         assert t["throttle_count_total"] > 0
         assert t["throttle_wait_micros_total"] > 0
 
@@ -83,7 +88,7 @@ def test_c_nonblocking_mode_rejects_at_once_with_a_hint(daemon: Daemon) -> None:
         with pytest.raises(errors.Throttled) as info:
             for _ in range(1000):
                 c.get("k")
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 5  # blocking, 1000 GETs would take ~100 s
         exc = info.value
         assert exc.labels == ("SystemOverloadedError", "RetryableError")
         assert exc.retry_after_ms is not None and 0 < exc.retry_after_ms <= 1000
@@ -99,7 +104,7 @@ def test_blocking_wait_is_bounded_by_the_request_deadline(daemon: Daemon) -> Non
         start = time.monotonic()
         with pytest.raises(errors.Throttled) as info:
             c.command("get", key=b"k", timeout_ms=300)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 5  # not parked for the 3 s wait and more
         assert "exceeds the request's deadline" in info.value.errmsg
         assert (info.value.retry_after_ms or 0) >= 1000  # the real wait, not the deadline
 
@@ -113,7 +118,8 @@ def test_hard_limit_zero_is_not_retry_later(daemon: Daemon) -> None:
         start = time.monotonic()
         with pytest.raises(errors.HardLimitZero, match="hard_limit 0") as info:
             c.get("k")
-        assert time.monotonic() - start < 1.0 and info.value.labels == ()
+        # At once, not after the ~25 s of retries a retryable answer caused.
+        assert time.monotonic() - start < 10 and info.value.labels == ()
 
 
 def test_d_deleting_a_bucket_frees_its_throttled_requests(daemon: Daemon) -> None:
@@ -213,7 +219,7 @@ def test_unthrottled_user_is_charged_but_never_delayed(daemon: Daemon) -> None:
         c.set("k", b"v")
         for _ in range(100):
             assert c.get("k") == b"v"
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 5  # a delay would be endless: hard_limit 0
     t = _throttle(daemon, "vip")
     assert t["ru_total"] == 100 and t["wu_total"] == 1 and t["throttle_count_total"] == 0
 

@@ -230,9 +230,11 @@ def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
         nonblocking_throttle=True,
     )
     assert load.workers == {0, 1}, "the load reached both workers"
-    # One slice of burst per worker plus the provisional share at the start; the
-    # precise figure (±3 %) is the benchmark's (python -m bench throttle --workers 2).
-    assert 800 <= load.rate <= 1250, load.rate
+    # One slice of burst per worker plus the provisional share at the start. Only
+    # the ceiling is asserted: a loaded machine drives fewer requests, never more
+    # (a floor failed at 683/s run after a benchmark); the precise figure (±3 %)
+    # is the benchmark's (python -m bench throttle --workers 2).
+    assert load.rate <= 1250, load.rate
     assert load.refusals, "the limit was reached: some requests were refused"
 
 
@@ -300,7 +302,10 @@ def test_the_ingress_request_rate_is_the_nodes(workers2: Daemon) -> None:
     assert load.workers == {0, 1}, "the load reached both workers"
     # One process would admit 300/s plus a 30-request burst; a worker's idle
     # floor and one slice of lag on the shares allow a little more, never twice.
-    assert 200 <= load.rate <= 400, load.rate
+    # Only the ceiling is asserted: a loaded machine drives fewer requests, never
+    # more; the refusals show the node's limit was reached.
+    assert load.rate <= 400, load.rate
+    assert load.refusals, "the limit was reached: some requests were refused"
 
 
 def test_login_failures_are_counted_for_the_node(tmp_path: Path) -> None:
@@ -464,3 +469,111 @@ def test_metrics_are_the_nodes_totals(tmp_path: Path) -> None:
         assert json.dumps(status)  # one plain document
     finally:
         d.kill()
+
+
+def _sets(status: dict[str, Any], bucket: str) -> int:
+    return int(status["buckets"][bucket]["ops"].get("set", 0))
+
+
+def _status(d: Daemon) -> dict[str, Any]:
+    with d.client() as admin:
+        return dict(admin.command("server_status"))
+
+
+def test_node_counters_keep_a_killed_workers_counts(tmp_path: Path) -> None:
+    """A worker killed and restarted from zero takes nothing off the node's
+    counters: the supervisor keeps its last counts. Each worker dies after its
+    clients' writes were acknowledged and counted (a kill under load loses at
+    most what the worker counted since the supervisor last read it: node_figures),
+    so the node's SET count equals the acknowledged SETs exactly."""
+    d = Daemon(tmp_path / "data", extra_args=["--workers", "2", "--metrics-port", "0"]).start()
+    try:
+        with d.client() as admin:
+            admin.command("create_bucket", name="kept")
+        acked, wu = 0, 0
+        for kill in range(4):
+            clients = _clients_on_every_worker(d, 2, bucket="kept")
+            for w, c in clients.items():
+                for i in range(40):
+                    c.set(f"{kill}-{w}-{i}".encode(), b"v" * 100)
+                    acked += 1
+            for c in clients.values():
+                c.close()
+            before = _status(d)
+            assert _sets(before, "kept") == acked
+            assert before["throttle"]["node"]["wu_total"] >= wu
+            wu = before["throttle"]["node"]["wu_total"]
+            dead = _worker_pids(d)[kill % 2]
+            os.kill(dead, signal.SIGKILL)
+            wait_until(
+                lambda dead=dead: (p := _worker_pids(d)) and len(p) == 2 and dead not in p,
+                timeout=20,
+                what=f"worker {kill % 2} restarted",
+            )
+            after = _status(d)
+            assert _sets(after, "kept") == acked, f"after kill {kill + 1}"
+            assert after["throttle"]["node"]["wu_total"] == wu
+            latency = after["latency"]["buckets"]["kept"]["set"]
+            assert latency["count"] == acked  # the dead workers' histograms kept too
+            assert latency["p50_micros"] <= latency["p99_micros"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics").read()
+        line = 'tenantkv_ops_total{bucket="kept",operation="set"}'
+        scraped = [ln for ln in text.decode().splitlines() if ln.startswith(line)]
+        assert [float(ln.rsplit(" ", 1)[1]) for ln in scraped] == [acked]
+    finally:
+        d.kill()
+
+
+def _throttled_node(d: Daemon) -> dict[str, Any]:
+    with d.client() as admin:
+        admin.set_node_throttle({"capacity": 3000})
+        admin.command("create_bucket", name="capped", reserved=1000, hard_limit=1000)
+        admin.command("create_bucket", name="other", reserved=500)
+    clients = [d.client(bucket="capped") for _ in range(8)]
+    try:
+        for c in clients:
+            for i in range(20):
+                c.set(b"k%d" % i, b"v" * 4000)
+        # One status after the allocation has seen the connections (a slice).
+        wait_until(
+            lambda: _status(d)["throttle"]["buckets"]["capped"]["connections"] == 8,
+            timeout=10,
+            what="the throttle counting the connections",
+        )
+        return _status(d)["throttle"]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_node_throttle_figures_are_the_allocators_as_one_process_shows_them(
+    tmp_path: Path,
+) -> None:
+    one = Daemon(tmp_path / "one").start()
+    two = Daemon(tmp_path / "two", extra_args=["--workers", "2"]).start()
+    try:
+        single, node = _throttled_node(one), _throttled_node(two)
+    finally:
+        one.kill()
+        two.kill()
+    assert node["node"]["capacity"] == single["node"]["capacity"] == 3000
+    assert node["node"]["free_pool_units"] == single["node"]["free_pool_units"]
+    for name in ("capped", "other"):
+        mine, theirs = node["buckets"][name], single["buckets"][name]
+        assert mine["effective_reserved"] == theirs["effective_reserved"], name
+        assert mine["reserved"] == theirs["reserved"]
+    assert node["buckets"]["capped"]["allowance_rate"] <= 1000  # never above its hard limit
+
+
+def test_every_figure_of_the_node_document_declares_how_it_combines(workers2: Daemon) -> None:
+    from tenantkv.server.status import undeclared
+
+    with workers2.client() as admin:
+        admin.command("create_bucket", name="declared", reserved=10, hard_limit=100000)
+    for c in _clients_on_every_worker(workers2, 2, bucket="declared").values():
+        with c:
+            c.set(b"k", b"v")
+            c.get(b"k")
+    doc = _status(workers2)
+    doc.pop("workers")
+    assert undeclared(doc) == []

@@ -25,6 +25,7 @@ from tenantkv.admission.throttle_gate import TenantThrottleGate
 from tenantkv.admission.write_permits import WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server.node import Node
+from tenantkv.server.role import SingleProcess
 from tenantkv.storage.engine import Engine
 
 GATES = [RateLimiter, TicketHolder, TenantThrottleGate, BucketQueueGate, WritePermitGate, Pipeline]
@@ -175,7 +176,7 @@ async def test_an_inline_read_passes_every_gate_holding_nothing_and_counted(
 async def test_every_runtime_parameter_has_one_owner(tmp_path: Path) -> None:
     engine = Engine(str(tmp_path))
     try:
-        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node = Node(Config(data_dir=str(tmp_path)), engine, role=SingleProcess())
         node.start()
         try:
             applied = set(node.parameters.table)
@@ -192,7 +193,7 @@ async def test_every_runtime_parameter_has_one_owner(tmp_path: Path) -> None:
 async def test_a_parameter_reaches_its_live_gate(tmp_path: Path) -> None:
     engine = Engine(str(tmp_path))
     try:
-        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node = Node(Config(data_dir=str(tmp_path)), engine, role=SingleProcess())
         node.start()
         try:
             changes: dict[str, Any] = {
@@ -267,7 +268,7 @@ async def test_multi_key_commands_pay_the_floor_per_key(tmp_path: Path) -> None:
 
     engine = Engine(str(tmp_path))
     try:
-        node = Node(Config(data_dir=str(tmp_path)), engine)
+        node = Node(Config(data_dir=str(tmp_path)), engine, role=SingleProcess())
         node.start()
         try:
             th = node.throttle

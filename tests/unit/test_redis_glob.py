@@ -253,21 +253,18 @@ def test_it_answers_what_redis_answers_for_any_bytes(pattern: bytes, key: bytes)
 
 def test_compiling_is_linear_in_the_pattern_and_cached() -> None:
     """A class of random bytes as long as a pattern may be, fresh each time (16,000
-    of them held the event loop 16-20 ms a pattern): compiling one is well under
-    a millisecond and costs its floors; a second use, in the same bucket, is a
-    dictionary lookup that costs none (in another bucket, the floors again)."""
+    of them held the event loop 16-20 ms a pattern): compiling one costs its
+    floors; a second use, in the same bucket, is a dictionary lookup that costs
+    none (in another bucket, the floors again). What compiling takes is
+    ``python -m bench micro``'s figure, not asserted here (CI machines are loaded)."""
     import random
-    import time
 
     rng = random.Random(7)
-    t0 = time.perf_counter()
     for _ in range(50):
         body = bytes(rng.randrange(32, 127) for _ in range(MAX_PATTERN_BYTES - 2))
         pattern = b"[" + body + b"]"
         matcher, floors = compiled_glob("b1", pattern)
         assert floors == 1 + MAX_PATTERN_BYTES // PATTERN_UNIT_BYTES + pattern.count(b"[")
-    per_pattern = (time.perf_counter() - t0) / 50
-    assert per_pattern < 0.005, f"{per_pattern * 1000:.2f} ms to compile one pattern"
     assert compiled_glob("b1", pattern) == (matcher, 0)
     assert compiled_glob("b2", pattern)[1] == floors
 

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from tenantkv import errors
+from tenantkv.server.control_messages import WriteReply
 from tenantkv.server.remote_writer import RemoteWriter
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.group_commit import Pending
@@ -66,9 +67,9 @@ class _AnsweringChannel:
 
     async def call(self, msg: Any, *, patient: bool = False) -> Any:
         self.sent.append(msg)
-        outcomes: list[Any] = [[{"cas": i}, None, 9, []] for i in range(len(msg["ops"]))]
+        outcomes: list[Any] = [[{"cas": i}, None, 9, []] for i in range(len(msg.ops))]
         outcomes[1] = [None, errors.KeyExists("key already exists").to_wire(), 0, []]
-        return {"outcomes": outcomes}
+        return WriteReply(outcomes)
 
 
 async def test_a_run_goes_as_its_writes_and_is_answered_in_its_order() -> None:
@@ -85,7 +86,7 @@ async def test_a_run_goes_as_its_writes_and_is_answered_in_its_order() -> None:
         with trio.fail_after(1):
             await w.drain()
         nursery.cancel_scope.cancel()
-    assert [len(m["ops"]) for m in channel.sent] == [4]  # one message, the run's writes in it
+    assert [len(m.ops) for m in channel.sent] == [4]  # one message, the run's writes in it
     first, alone = delivered
     assert first.error is None
     assert first.result[0] == {"cas": 0} and first.result[2] == {"cas": 2}

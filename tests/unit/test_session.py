@@ -35,6 +35,7 @@ from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.executor import REFUSAL_PAUSE_MAX_SECS, Executor
 from tenantkv.server.node import Node
+from tenantkv.server.role import SingleProcess
 from tenantkv.server.server import open_engine
 from tenantkv.storage.ops import CreateBucketOp
 
@@ -47,7 +48,7 @@ HELLO = (0, "hello", {"user": "u", "password": "pw", "bucket": "b"})
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     config = Config(data_dir=str(tmp_path / "data"), durability="nosync")
     engine = open_engine(config)
-    n = Node(config, engine)
+    n = Node(config, engine, role=SingleProcess())
     n.start()
     user = await trio.to_thread.run_sync(lambda: auth.new_user("u", "pw", roles={"b": "readwrite"}))
     n.bucket_added(await n.write(CreateBucketOp("b", {})))
