@@ -18,20 +18,40 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
-from tenantkv.server import scan_cursors
-from tenantkv.server.commands import MAX_KEYS_PER_COMMAND, Command, Session, prefix_end
+from tenantkv.server import redis_keyspace, redis_strings, scan_cursors
+from tenantkv.server.commands import Session, prefix_end
+from tenantkv.server.redis_base import (
+    MAX_MULTI_KEYS,
+    PARAM_NAMES,
+    REDIS_COMMANDS,
+    RedisCommand,
+    Reply,
+    _array_of_bulks,
+    _bulk_or_null,
+    _check_value,
+    _headers,
+    _integer,
+    _key,
+    _many_keys,
+    _ok,
+    _one_key,
+    _register,
+    _simple,
+    _stored_value_bytes,
+    arity_error,
+    parse_int,
+    syntax_error,
+)
 from tenantkv.server.scan_cursors import parse_cursor
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.string_ops import (
     CLEAR,
     KEEP,
-    NOT_AN_INTEGER,
     AppendOp,
     ExpireOp,
     Expiry,
@@ -44,122 +64,26 @@ from tenantkv.storage.string_ops import (
     StringSetOp,
 )
 
+#: Re-exported: the table and its entry type live in ``redis_base`` (so that the
+#: command modules need not import this one); callers import them from here.
+__all__ = [
+    "MAX_MULTI_KEYS",
+    "PARAM_NAMES",
+    "REDIS_COMMANDS",
+    "RedisCommand",
+    "Reply",
+    "arity_error",
+    "parse_int",
+    "syntax_error",
+]
+
 #: SCAN's default COUNT, and the most keys one SCAN call may examine.
 SCAN_COUNT = 10
 MAX_SCAN_COUNT = 1000
 #: KEYS examines at most this many keys; past it the caller is told to use SCAN.
 MAX_KEYS = 10_000
-#: The most keys one multi-key command may name: the MessagePack mget's bound.
-MAX_MULTI_KEYS = MAX_KEYS_PER_COMMAND
-
-Reply = Callable[[Encoder, Any], bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class RedisCommand:
-    """One Redis command: its Redis arity (negative: at least), how its arguments
-    become ``(Command, params)``, how the result becomes a reply, and what
-    ``COMMAND INFO`` says of it."""
-
-    name: str
-    arity: int
-    kind: Literal["read", "write", "session"]
-    parse: Callable[[list[bytes]], dict[str, Any]]
-    handler: Callable[..., Any]
-    reply: Reply
-    flags: tuple[str, ...] = ()
-    keys: tuple[int, int, int] = (1, 1, 1)
-    summary: str = ""
-    group: str = "string"
-    command: Command = field(init=False)
-
-    def __post_init__(self) -> None:
-        # The execution path checks parameter names against the Command's: the
-        # parser's output is the contract, so declare every name it may produce.
-        object.__setattr__(
-            self,
-            "command",
-            Command(self.name, self.kind, PARAM_NAMES, self.handler, self.summary),
-        )
-
-
-PARAM_NAMES = frozenset(
-    {"key", "keys", "value", "pairs", "expiry", "only", "get", "delta", "cursor", "match", "count"}
-    | {"args", "start", "end", "offset", "dest", "replace"}
-)
-REDIS_COMMANDS: dict[str, RedisCommand] = {}
-
-
-def _register(c: RedisCommand) -> None:
-    REDIS_COMMANDS[c.name] = c
-
-
-def arity_error(name: str) -> errors.BadValue:
-    return errors.BadValue(f"wrong number of arguments for '{name}' command")
-
-
-def syntax_error() -> errors.BadValue:
-    return errors.BadValue("syntax error")
-
-
-def parse_int(arg: bytes, message: str = NOT_AN_INTEGER) -> int:
-    """An integer argument as Redis reads it (no spaces, no plus sign)."""
-    if not re.fullmatch(rb"-?(0|[1-9][0-9]*)", arg) or not -(2**63) <= int(arg) < 2**63:
-        raise errors.BadValue(message)
-    return int(arg)
-
-
-def _key(arg: bytes) -> bytes:
-    if not 0 < len(arg) <= protocol.MAX_KEY_BYTES:
-        raise errors.KeyTooLong(f"keys must be 1-{protocol.MAX_KEY_BYTES} bytes, got {len(arg)}")
-    return arg
-
-
-def _keys(args: list[bytes]) -> list[bytes]:
-    if len(args) > MAX_MULTI_KEYS:
-        raise errors.BadValue(f"at most {MAX_MULTI_KEYS} keys per command")
-    return [_key(a) for a in args]
-
-
-def _check_value(s: Session, value: bytes) -> bytes:
-    limit = s.node.config.max_value_bytes
-    if len(value) > limit:
-        raise errors.ValueTooLarge(f"value of {len(value)} bytes exceeds max_value_bytes={limit}")
-    return value
-
-
-# -- replies ----------------------------------------------------------------------------
-
-
-def _bulk_or_null(enc: Encoder, v: Any) -> bytes:
-    return enc.null() if v is None else enc.bulk(v)
-
-
-def _integer(enc: Encoder, v: Any) -> bytes:
-    return enc.integer(int(v))
-
-
-def _ok(enc: Encoder, v: Any) -> bytes:
-    return enc.simple("OK")
-
-
-def _array_of_bulks(enc: Encoder, v: Any) -> bytes:
-    return b"*%d\r\n" % len(v) + b"".join(_bulk_or_null(enc, x) for x in v)
-
-
-def _simple(enc: Encoder, v: Any) -> bytes:
-    return enc.simple(str(v))
-
 
 # -- reads ---------------------------------------------------------------------------------
-
-
-def _one_key(args: list[bytes]) -> dict[str, Any]:
-    return {"key": _key(args[1])}
-
-
-def _many_keys(args: list[bytes]) -> dict[str, Any]:
-    return {"keys": _keys(args[1:])}
 
 
 def _get(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -185,14 +109,6 @@ def _mget(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
             s.read_sizes.append(len(key) + rec.stored_bytes)
             out.append(rec.value)
     return out
-
-
-def _headers(s: Session, b: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
-    """The live records' (stored size, expiry) on views of them, no value copied;
-    metered as the records read (what a read of each costs, whatever is copied)."""
-    found = s.node.engine.headers(b, keys)
-    s.read_sizes += [len(k) + h[0] for k, h in zip(keys, found, strict=True) if h is not None]
-    return found
 
 
 def _exists(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
@@ -658,14 +574,6 @@ def _set(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     )
 
 
-def _stored_value_bytes(s: Session, b: BucketHandle, key: bytes) -> int:
-    """The size of ``key``'s value now, read on a view of its record: what a write
-    that answers with the value it finds will hold and read (``WriteOp.reply_hint``).
-    A pipeline of GETEX on a 10 MiB key held 600 MB of answers uncounted."""
-    found = s.node.engine.headers(b, [key])[0]
-    return 0 if found is None else max(0, found[0] - HEADER_BYTES)
-
-
 def _set_reply(enc: Encoder, v: Any) -> bytes:
     written, _old = v  # SET ... GET replies with _set_get_reply (see parse_call)
     return enc.simple("OK") if written else enc.null()
@@ -1068,6 +976,7 @@ OTHER_TYPES: frozenset[str] = frozenset()
 UNSUPPORTED_STRING: frozenset[str] = frozenset()
 REFUSED: frozenset[str] = frozenset()
 
-# The range, bit and float string commands and the keyspace commands register
-# themselves in REDIS_COMMANDS (imported last: they build on the helpers above).
-from tenantkv.server import redis_keyspace, redis_strings  # noqa: E402, F401
+# The range, bit and float string commands and the keyspace commands, from their
+# own modules.
+for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS):
+    _register(_c)

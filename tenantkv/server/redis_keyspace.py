@@ -17,7 +17,7 @@ from typing import Any
 from tenantkv import errors
 from tenantkv.resp import Encoder
 from tenantkv.server.commands import Session
-from tenantkv.server.redis_commands import (
+from tenantkv.server.redis_base import (
     RedisCommand,
     _bulk_or_null,
     _headers,
@@ -25,7 +25,6 @@ from tenantkv.server.redis_commands import (
     _key,
     _many_keys,
     _ok,
-    _register,
     _stored_value_bytes,
     parse_int,
     syntax_error,
@@ -35,8 +34,10 @@ from tenantkv.storage.ops import parse_int64
 from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.value_ops import MoveOp
 
-#: RANDOMKEY tries this many random positions before it settles for the first key.
-RANDOMKEY_TRIES = 8
+#: This module's commands, gathered into REDIS_COMMANDS by ``redis_commands``.
+COMMANDS: list[RedisCommand] = []
+#: RANDOMKEY draws from this many keys after a random point of the index.
+RANDOMKEY_WINDOW = 16
 _rng = random.Random()
 
 
@@ -83,25 +84,26 @@ def _expiretime(unit_ms: int) -> Any:
 
 
 def _random_key(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    """A key at a random position of the ordered index (the first key at or after a
-    random string between the first and last keys): O(log n), not uniform — keys
-    after a gap in the key space come up more often."""
+    """One of the keys at a random point of the ordered index: the first
+    :data:`RANDOMKEY_WINDOW` keys at or after a random string between the first
+    and last keys (wrapping to the first), one of them drawn at random. O(log n)
+    and bounded, but not uniform: keys after a gap in the key space come up more
+    often. Charged a read floor per key examined, as SCAN is."""
     engine = s.node.engine
     first, _ = engine.scan_keys(b, limit=1)
     if not first:
+        s.read_keys = 1
         return None
-    last = engine.last_key(b)
+    last = engine.last_key(b) or first[0]
     lo = int.from_bytes(first[0][:8].ljust(8, b"\0"), "big")
-    hi = int.from_bytes((last or first[0])[:8].ljust(8, b"\xff"), "big")
-    key = first[0]
-    for _ in range(RANDOMKEY_TRIES):
-        probe = _rng.randint(lo, max(lo, hi)).to_bytes(8, "big")
-        found, _ = engine.scan_keys(b, start=probe, limit=1)
-        if found:
-            key = found[0]
-            break
-    s.read_sizes.append(len(key) + HEADER_BYTES)
-    return key
+    hi = int.from_bytes(last[:8].ljust(8, b"\xff"), "big")
+    probe = _rng.randint(lo, max(lo, hi)).to_bytes(8, "big")
+    window, _ = engine.scan_keys(b, start=probe, limit=RANDOMKEY_WINDOW)
+    if len(window) < RANDOMKEY_WINDOW:
+        window += engine.scan_keys(b, limit=RANDOMKEY_WINDOW - len(window))[0]
+    s.read_keys = 1 + len(window)
+    s.read_sizes += [len(k) + HEADER_BYTES for k in window]
+    return _rng.choice(window)
 
 
 def _encoding(value_len: int, value: bytes | None) -> str:
@@ -186,7 +188,7 @@ def _register_all() -> None:
         ("rename", 3, _two_keys, _move(False, True), _ok, "Rename a key."),
         ("renamenx", 3, _two_keys, _move(False, False), _integer, "Rename a key if new."),
     ):
-        _register(
+        COMMANDS.append(
             RedisCommand(
                 name,
                 arity,
@@ -207,7 +209,7 @@ def _register_all() -> None:
         ("randomkey", 1, lambda a: {}, _random_key, _bulk_or_null, (0, 0, 0), "A random key."),
         ("object", -2, _object_parse, _object, _object_reply, (2, 2, 1), "Inspect a key."),
     ):
-        _register(
+        COMMANDS.append(
             RedisCommand(
                 name,
                 arity,

@@ -18,21 +18,29 @@ from typing import Any
 from tenantkv import errors
 from tenantkv.resp import Encoder
 from tenantkv.server.commands import Session
-from tenantkv.server.redis_commands import (
+from tenantkv.server.redis_base import (
     RedisCommand,
     _bulk_or_null,
     _integer,
     _key,
     _keys,
-    _register,
     _stored_value_bytes,
     parse_int,
     syntax_error,
 )
 from tenantkv.storage import bit_ops
 from tenantkv.storage.engine import BucketHandle
-from tenantkv.storage.value_ops import TOO_BIG, BitOpOp, IncrByFloatOp, SetBitOp, SetRangeOp
+from tenantkv.storage.value_ops import (
+    TOO_BIG,
+    BitFieldOp,
+    BitOpOp,
+    IncrByFloatOp,
+    SetBitOp,
+    SetRangeOp,
+)
 
+#: This module's commands, gathered into REDIS_COMMANDS by ``redis_commands``.
+COMMANDS: list[RedisCommand] = []
 BIT_OFFSET_ERROR = "bit offset is not an integer or out of range"
 BIT_ERROR = "bit is not an integer or out of range"
 #: LCS compares every byte of one value with every byte of the other in Python
@@ -177,7 +185,7 @@ def _register_reads() -> None:
         ("bitcount", -2, _key_args, _bitcount, _integer, "Count the set bits of a value."),
         ("bitpos", -3, _key_args, _bitpos, _integer, "Find the first set or clear bit."),
     ):
-        _register(
+        COMMANDS.append(
             RedisCommand(
                 name,
                 arity,
@@ -191,7 +199,7 @@ def _register_reads() -> None:
                 "bitmap" if name.startswith("bit") or name == "getbit" else "string",
             )
         )
-    _register(
+    COMMANDS.append(
         RedisCommand(
             "lcs",
             -3,
@@ -259,6 +267,68 @@ def _incrbyfloat(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     return IncrByFloatOp(b, p["key"], p["value"])
 
 
+def _field_type(arg: bytes) -> tuple[bool, int]:
+    """A BITFIELD type (``i1``-``i64``, ``u1``-``u63``) as (signed, bits)."""
+    if arg[:1] not in (b"i", b"u"):
+        raise errors.BadValue(bit_ops.BITFIELD_TYPE_ERROR)
+    signed = arg[:1] == b"i"
+    bits = parse_int(arg[1:], bit_ops.BITFIELD_TYPE_ERROR) if arg[1:] else 0
+    if not 1 <= bits <= (64 if signed else 63):
+        raise errors.BadValue(bit_ops.BITFIELD_TYPE_ERROR)
+    return signed, bits
+
+
+def _field_offset(s: Session, arg: bytes, bits: int) -> int:
+    """A BITFIELD offset (``#n``: the n-th field of this width), bounded so the
+    field's last byte fits within max_value_bytes."""
+    offset = parse_int(arg[1:] if arg[:1] == b"#" else arg, BIT_OFFSET_ERROR)
+    if arg[:1] == b"#":
+        offset *= bits
+    if offset < 0 or (offset + bits - 1) >> 3 >= s.node.config.max_value_bytes:
+        raise errors.BadValue(BIT_OFFSET_ERROR)
+    return offset
+
+
+def _field_ops(s: Session, args: list[bytes]) -> list[bit_ops.FieldOp]:
+    """BITFIELD's operations, read in Redis's order and with its errors."""
+    fops: list[bit_ops.FieldOp] = []
+    overflow = "wrap"
+    j = 2
+    while j < len(args):
+        sub, left = args[j].lower(), len(args) - j - 1
+        if sub == b"overflow" and left >= 1:
+            overflow = args[j + 1].lower().decode(errors="replace")
+            if overflow not in ("wrap", "sat", "fail"):
+                raise errors.BadValue("Invalid OVERFLOW type specified")
+            j += 2
+            continue
+        if not ((sub == b"get" and left >= 2) or (sub in (b"set", b"incrby") and left >= 3)):
+            raise syntax_error()
+        signed, bits = _field_type(args[j + 1])
+        offset = _field_offset(s, args[j + 2], bits)
+        arg = parse_int(args[j + 3]) if sub != b"get" else 0
+        fops.append((sub.decode(), signed, bits, offset, arg, overflow))
+        j += 3 if sub == b"get" else 4
+    return fops
+
+
+def _bitfield(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    fops = _field_ops(s, p["args"])
+    hint = _stored_value_bytes(s, b, p["key"])
+    return BitFieldOp(b, p["key"], [list(o) for o in fops], reply_hint=hint)
+
+
+def _bitfield_ro(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    fops = _field_ops(s, p["args"])
+    if any(o[0] != "get" for o in fops):
+        raise errors.BadValue("BITFIELD_RO only supports the GET subcommand")
+    return bit_ops.bitfield(_value(s, b, p["key"]) or b"", fops)[1]
+
+
+def _fields_reply(enc: Encoder, v: Any) -> bytes:
+    return b"*%d\r\n" % len(v) + b"".join(enc.null() if n is None else enc.integer(n) for n in v)
+
+
 def _register_writes() -> None:
     flags = ("write", "denyoom")
     for name, arity, parse, handler, reply, group, summary in (
@@ -273,6 +343,15 @@ def _register_writes() -> None:
         ),
         ("setbit", 4, _key_args, _setbit, _integer, "bitmap", "Set or clear a bit of a value."),
         (
+            "bitfield",
+            -2,
+            _key_args,
+            _bitfield,
+            _fields_reply,
+            "bitmap",
+            "Read, set or increment integer fields of a value (GET alone writes nothing).",
+        ),
+        (
             "incrbyfloat",
             3,
             lambda args: {"key": _key(args[1]), "value": args[2]},
@@ -282,12 +361,12 @@ def _register_writes() -> None:
             "Increment the float value of a key.",
         ),
     ):
-        _register(
+        COMMANDS.append(
             RedisCommand(
                 name, arity, "write", parse, handler, reply, flags, (1, 1, 1), summary, group
             )
         )
-    _register(
+    COMMANDS.append(
         RedisCommand(
             "bitop",
             -4,
@@ -305,3 +384,17 @@ def _register_writes() -> None:
 
 _register_reads()
 _register_writes()
+COMMANDS.append(
+    RedisCommand(
+        "bitfield_ro",
+        -2,
+        "read",
+        _key_args,
+        _bitfield_ro,
+        _fields_reply,
+        ("readonly", "fast"),
+        (1, 1, 1),
+        "Read integer fields of a value.",
+        "bitmap",
+    )
+)

@@ -283,3 +283,78 @@ def lcs(
     if getidx:
         return matches, total
     return bytes(out)
+
+
+# -- BITFIELD -----------------------------------------------------------------------------------
+
+BITFIELD_TYPE_ERROR = (
+    "Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."
+)
+
+
+def bitfield_get(value: bytes, offset: int, bits: int, signed: bool) -> int:
+    """The ``bits``-wide integer at bit ``offset`` (big-endian; past the end is zeros)."""
+    first, last = offset >> 3, (offset + bits - 1) >> 3
+    chunk = value[first : last + 1].ljust(last - first + 1, b"\0")
+    n = int.from_bytes(chunk, "big") >> ((last + 1) * 8 - (offset + bits))
+    n &= (1 << bits) - 1
+    if signed and n >> (bits - 1):
+        n -= 1 << bits
+    return n
+
+
+def bitfield_put(value: bytearray, offset: int, bits: int, n: int) -> None:
+    """Write the low ``bits`` of ``n`` at bit ``offset`` of ``value`` (already long enough)."""
+    first, last = offset >> 3, (offset + bits - 1) >> 3
+    width = (last - first + 1) * 8
+    shift = width - (offset - first * 8) - bits
+    mask = ((1 << bits) - 1) << shift
+    chunk = int.from_bytes(value[first : last + 1], "big")
+    chunk = (chunk & ~mask) | ((n & ((1 << bits) - 1)) << shift)
+    value[first : last + 1] = chunk.to_bytes(width // 8, "big")
+
+
+def bitfield_fit(n: int, bits: int, signed: bool, overflow: str) -> int | None:
+    """``n`` as the field holds it under an OVERFLOW policy (None: FAIL refused it)."""
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if lo <= n <= hi:
+        return n
+    if overflow == "fail":
+        return None
+    if overflow == "sat":
+        return hi if n > hi else lo
+    n &= (1 << bits) - 1
+    return n - (1 << bits) if signed and n >> (bits - 1) else n
+
+
+#: One BITFIELD operation: (opcode get/set/incrby, signed, bits, offset, value, overflow).
+FieldOp = tuple[str, bool, int, int, int, str]
+
+
+def bitfield(value: bytes, fops: list[FieldOp]) -> tuple[bytes, list[int | None]]:
+    """Apply BITFIELD's operations in order: the new value (grown, zero-padded, to
+    the farthest bit any SET or INCRBY reaches, as Redis grows it before it
+    runs them) and each operation's answer."""
+    reach = (
+        max(((o[3] + o[2] - 1) >> 3) + 1 for o in fops if o[0] != "get")
+        if any(o[0] != "get" for o in fops)
+        else 0
+    )
+    data = bytearray(value.ljust(reach, b"\0"))
+    out: list[int | None] = []
+    for opcode, signed, bits, offset, arg, overflow in fops:
+        old = bitfield_get(bytes(data), offset, bits, signed)
+        if opcode == "get":
+            out.append(old)
+            continue
+        if opcode == "set":
+            raw = arg if signed else arg % (1 << 64)  # (Redis reads it as a uint64)
+            new = bitfield_fit(raw, bits, signed, overflow)
+        else:
+            new = bitfield_fit(old + arg, bits, signed, overflow)
+        if new is None:
+            out.append(None)
+            continue
+        bitfield_put(data, offset, bits, new)
+        out.append(old if opcode == "set" else new)
+    return bytes(data), out

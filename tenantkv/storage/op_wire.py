@@ -52,6 +52,7 @@ KINDS: dict[str, type[ops.WriteOp]] = {
         value_ops.IncrByFloatOp,
         value_ops.BitOpOp,
         value_ops.MoveOp,
+        value_ops.BitFieldOp,
     )
 }
 #: Each kind's fields (those a caller sets), in order: sent positionally.

@@ -197,3 +197,34 @@ class MoveOp(WriteOp):
             self.record_bytes.append(len(self.source))
         self.nbytes = sum(self.record_bytes)
         return 1 if self.keep_source or not self.replace else True
+
+
+@dataclass(slots=True, eq=False)
+class BitFieldOp(WriteOp):
+    """BITFIELD (GET alone writes nothing): each operation's answer, the value grown to
+    the farthest bit written (even when OVERFLOW FAIL refused the write, as
+    Redis grows it first). ``fops`` are :data:`bit_ops.FieldOp` as lists."""
+
+    bucket: BucketHandle
+    key: bytes
+    fops: list[list[Any]]
+    reply_hint: int = 0
+    nbytes: int = 0
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        reach = max((((o[3] + o[2] - 1) >> 3) + 1 for o in self.fops if o[0] != "get"), default=0)
+        return len(self.key) + records.HEADER_BYTES + max(reach, self.reply_hint) + self.reply_hint
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old, live = _live(w, h, self.key)
+        current = live.value if live is not None else None
+        fops = [
+            (str(o[0]), bool(o[1]), int(o[2]), int(o[3]), int(o[4]), str(o[5])) for o in self.fops
+        ]
+        data, out = bit_ops.bitfield(current or b"", fops)
+        if data != current and any(o[0] != "get" for o in fops):
+            self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
+        return out

@@ -334,3 +334,122 @@ async def test_costs(node: Node, mock_clock: trio.testing.MockClock) -> None:
         )
         assert units_used(node) - before == cfg.min_op_units
         nursery.cancel_scope.cancel()
+
+
+async def test_bitfield(node: Node) -> None:
+    """The cases of Redis's ``tests/unit/bitfield.tcl`` and its documentation."""
+    await check(
+        node,
+        [
+            (("BITFIELD", "bits", "SET", "i8", 0, -100), b"*1\r\n:0\r\n"),
+            (("BITFIELD", "bits", "GET", "i8", 0), b"*1\r\n:-100\r\n"),
+            (("BITFIELD", "bits", "SET", "u8", 0, 255), b"*1\r\n:156\r\n"),
+            (("BITFIELD", "bits", "GET", "u8", 0), b"*1\r\n:255\r\n"),
+            (("DEL", "bits"), b":1\r\n"),
+            (
+                ("BITFIELD", "bits", "SET", "u8", "#0", 65, "SET", "u8", "#1", 66),
+                b"*2\r\n:0\r\n:0\r\n",
+            ),
+            (("GET", "bits"), bulk(b"AB")),
+            (
+                (
+                    "BITFIELD",
+                    "bits",
+                    "INCRBY",
+                    "u2",
+                    100,
+                    1,
+                    "OVERFLOW",
+                    "SAT",
+                    "INCRBY",
+                    "u2",
+                    102,
+                    1,
+                ),
+                b"*2\r\n:1\r\n:1\r\n",
+            ),
+            (
+                (
+                    "BITFIELD",
+                    "bits",
+                    "INCRBY",
+                    "u2",
+                    100,
+                    1,
+                    "OVERFLOW",
+                    "SAT",
+                    "INCRBY",
+                    "u2",
+                    102,
+                    1,
+                ),
+                b"*2\r\n:2\r\n:2\r\n",
+            ),
+            (
+                (
+                    "BITFIELD",
+                    "bits",
+                    "INCRBY",
+                    "u2",
+                    100,
+                    1,
+                    "OVERFLOW",
+                    "SAT",
+                    "INCRBY",
+                    "u2",
+                    102,
+                    1,
+                ),
+                b"*2\r\n:3\r\n:3\r\n",
+            ),
+            (
+                (
+                    "BITFIELD",
+                    "bits",
+                    "INCRBY",
+                    "u2",
+                    100,
+                    1,
+                    "OVERFLOW",
+                    "SAT",
+                    "INCRBY",
+                    "u2",
+                    102,
+                    1,
+                ),
+                b"*2\r\n:0\r\n:3\r\n",
+            ),
+            (("BITFIELD", "bits", "OVERFLOW", "FAIL", "INCRBY", "u2", 102, 1), b"*1\r\n$-1\r\n"),
+            (("BITFIELD", "bits", "SET", "i8", 0, 128), b"*1\r\n:65\r\n"),
+            (("BITFIELD", "bits", "GET", "i8", 0), b"*1\r\n:-128\r\n"),
+            (("BITFIELD", "bits", "OVERFLOW", "SAT", "SET", "i8", 0, 128), b"*1\r\n:-128\r\n"),
+            (("BITFIELD", "bits", "GET", "i8", 0), b"*1\r\n:127\r\n"),
+            (
+                ("BITFIELD", "bits", "SET", "u64", 0, 1),
+                err(
+                    "Invalid bitfield type. Use something like i16 u8. Note that u64 is not "
+                    "supported but i64 is."
+                ),
+            ),
+            (("BITFIELD", "bits", "OVERFLOW", "FOO"), err("Invalid OVERFLOW type specified")),
+            (("BITFIELD", "bits", "GET", "u8"), err("syntax error")),
+            (
+                ("BITFIELD", "bits", "GET", "u8", -1),
+                err("bit offset is not an integer or out of range"),
+            ),
+            (
+                ("BITFIELD", "bits", "SET", "u8", 0, "x"),
+                err("value is not an integer or out of range"),
+            ),
+            (("BITFIELD_RO", "bits", "GET", "u8", 0), b"*1\r\n:127\r\n"),
+            (
+                ("BITFIELD_RO", "bits", "SET", "u8", 0, 1),
+                err("BITFIELD_RO only supports the GET subcommand"),
+            ),
+            (("BITFIELD", "absent", "GET", "u8", 0), b"*1\r\n:0\r\n"),
+            (("EXISTS", "absent"), b":0\r\n"),  # GET alone creates nothing
+            (("BITFIELD", "made", "OVERFLOW", "FAIL", "INCRBY", "u2", 8, 9), b"*1\r\n$-1\r\n"),
+            (("STRLEN", "made"), b":2\r\n"),  # grown before it ran, as Redis does
+            (("BITFIELD", "bits"), b"*0\r\n"),
+        ],
+    )
