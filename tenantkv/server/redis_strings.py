@@ -29,7 +29,7 @@ from tenantkv.server.redis_base import (
     syntax_error,
 )
 from tenantkv.storage import bit_ops
-from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.engine import MAX_RESULT_BYTES, BucketHandle
 from tenantkv.storage.value_ops import (
     TOO_BIG,
     BitFieldOp,
@@ -48,6 +48,9 @@ BIT_ERROR = "bit is not an integer or out of range"
 #: charged a read floor per 4,096 cells on top of the values read.
 MAX_LCS_CELLS = 250_000
 LCS_CELLS_PER_FLOOR = 4096
+#: The most bytes of source values one BITOP may read (the writer holds them all
+#: at once): what one MGET may return.
+MAX_BITOP_BYTES = MAX_RESULT_BYTES
 
 
 def _value(s: Session, b: BucketHandle, key: bytes) -> bytes | None:
@@ -259,6 +262,10 @@ def _bitop_parse(args: list[bytes]) -> dict[str, Any]:
 def _bitop(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     keys = p["keys"]
     hint = sum(_stored_value_bytes(s, b, k) for k in keys)
+    if hint > MAX_BITOP_BYTES:
+        raise errors.BadValue(
+            f"BITOP's source values hold {hint} bytes, more than {MAX_BITOP_BYTES} in one command"
+        )
     limit = s.node.config.max_value_bytes
     return BitOpOp(b, p["only"], p["key"], keys, limit, reply_hint=hint)
 

@@ -151,6 +151,8 @@ def bitop(op: str, values: list[bytes]) -> bytes:
 MAX_FLOAT_CHARS = 5 * 1024
 _MANTISSA_BITS = 64  # x87 extended precision, as Redis's long double on x86-64
 _MAX_EXP = 16384
+#: Decimal exponents a long double reaches (1.19e4932 down to 3.6e-4951 subnormal).
+_MAX_DIGITS, _MIN_DIGITS = 4933, 4951
 _FLOAT_RE = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _INF_RE = re.compile(rb"[+-]?(?:inf|infinity)", re.I)
 NOT_A_FLOAT = "value is not a valid float"
@@ -188,9 +190,12 @@ def parse_long_double(arg: bytes) -> Fraction | None:
     if not arg or len(arg) >= MAX_FLOAT_CHARS or not _FLOAT_RE.fullmatch(arg):
         return None
     try:
-        exact = Fraction(Decimal(arg.decode()))
+        dec = Decimal(arg.decode())
     except (InvalidOperation, ValueError):
         return None
+    if dec and not -_MIN_DIGITS <= dec.adjusted() <= _MAX_DIGITS:
+        return None  # past a long double's range (checked before 10**n is built)
+    exact = Fraction(dec)
     try:
         value = _round_ld(exact)
     except _Inf:

@@ -149,3 +149,10 @@ def test_long_double_formatting() -> None:
     assert bit_ops.incrbyfloat(b"1", b"-1") == b"0"
     assert bit_ops.parse_long_double(b"1e5000") is None  # past a long double's range
     assert bit_ops.parse_long_double(b" 1") is None
+
+
+def test_huge_exponents_are_refused_before_they_are_built() -> None:
+    """``1e999999999`` would be a billion-digit integer as an exact fraction."""
+    assert bit_ops.parse_long_double(b"1e999999999") is None
+    assert bit_ops.parse_long_double(b"1e-999999999") is None
+    assert bit_ops.parse_long_double(b"1e4932") is not None
