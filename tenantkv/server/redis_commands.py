@@ -950,7 +950,7 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
         ),
         (
             "server, replication and cluster administration",
-            "they act beyond one tenant's bucket; tenantkv-admin and status do this",
+            "they act beyond one tenant's bucket; `tenantkv-admin` and `status` do this",
             """
             flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync
             psync monitor move swapdb acl latency memory slowlog failover cluster readonly
@@ -959,7 +959,7 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
         ),
         (
             "transactions",
-            "not yet: MULTI/EXEC come with the connection-layer rework",
+            "not yet: they come with the connection-layer rework",
             "multi exec discard watch unwatch",
         ),
         (

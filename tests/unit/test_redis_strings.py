@@ -453,3 +453,18 @@ async def test_bitfield(node: Node) -> None:
             (("BITFIELD", "bits"), b"*0\r\n"),
         ],
     )
+
+
+def test_docs_name_every_command_and_every_family() -> None:
+    """docs/redis.md lists each supported command, and each family not supported
+    with its reason; no name is both."""
+    from pathlib import Path
+
+    from tenantkv.server.redis_commands import NOT_SUPPORTED, REDIS_COMMANDS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "redis.md").read_text()
+    for name in REDIS_COMMANDS:
+        assert f"`{name.upper()}" in text, name
+    for family, (why, names) in NOT_SUPPORTED.items():
+        assert why in text, family
+        assert not names & set(REDIS_COMMANDS), family
