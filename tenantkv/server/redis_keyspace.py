@@ -139,15 +139,18 @@ NO_LFU = (
 
 
 def _object_parse(args: list[bytes]) -> dict[str, Any]:
+    """OBJECT's subcommand, with Redis 7.0's errors for an unknown one or a wrong
+    argument count (it checks both before the command runs)."""
     sub = args[1].lower()
-    if sub == b"help" and len(args) == 2:
+    arity = {b"help": 2, b"encoding": 3, b"freq": 3, b"idletime": 3, b"refcount": 3}.get(sub)
+    if arity is None:
+        shown = args[1].decode(errors="replace")[:128]
+        raise errors.BadValue(f"unknown subcommand '{shown}'. Try OBJECT HELP.")
+    if len(args) != arity:
+        raise errors.BadValue(f"wrong number of arguments for 'object|{sub.decode()}' command")
+    if sub == b"help":
         return {"only": "help"}
-    if sub in (b"encoding", b"freq", b"idletime", b"refcount") and len(args) == 3:
-        return {"only": sub.decode(), "key": _key(args[2])}
-    shown = args[1].decode(errors="replace")
-    raise errors.BadValue(
-        f"unknown subcommand or wrong number of arguments for '{shown}'. Try OBJECT HELP."
-    )
+    return {"only": sub.decode(), "key": _key(args[2])}
 
 
 def _object(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:

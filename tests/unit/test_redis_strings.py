@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from tenantkv.server.node import Node
+from tenantkv.server.redis_keyspace import OBJECT_HELP
 from tests.unit.test_redis_session import RespPeer, resp_session
 from tests.unit.test_session import node, units_used
 
@@ -282,9 +283,14 @@ async def test_keyspace_commands(node: Node) -> None:
             (("OBJECT", "ENCODING", "r"), bulk(b"raw")),
             (("OBJECT", "ENCODING", "none"), b"$-1\r\n"),
             (("OBJECT", "REFCOUNT", "r"), b":1\r\n"),
+            (("OBJECT", "NOPE", "r"), err("unknown subcommand 'NOPE'. Try OBJECT HELP.")),
             (
-                ("OBJECT", "NOPE", "r"),
-                err("unknown subcommand or wrong number of arguments for 'NOPE'. Try OBJECT HELP."),
+                ("OBJECT", "ENCODING"),
+                err("wrong number of arguments for 'object|encoding' command"),
+            ),
+            (
+                ("OBJECT", "HELP"),
+                b"*15\r\n" + b"".join(b"+%b\r\n" % line.encode() for line in OBJECT_HELP),
             ),
         ],
     )
