@@ -440,12 +440,13 @@ def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
         cursor = p["cursor"]
         if p.get("only", b"string") != b"string" or cursor >= scan_cursors.END:
             return [b"0", []]  # every key is a string; past the end of any scan
-        after = scan_cursors.CURSORS.resume(b.name, cursor) if cursor else None
+        table = scan_cursors.cursors(str(s.node.engine.path))
+        after = table.resume(b.name, cursor) if cursor else None
         keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=p["count"])
         _examined(s, keys)
     finally:
         s.read_keys = max(1, s.read_keys)
-    following = scan_cursors.CURSORS.issue(b.name, keys[-1]) if more and keys else 0
+    following = table.issue(b.name, keys[-1]) if more and keys else 0
     return [b"%d" % following, keys if matches is None else [k for k in keys if matches(k)]]
 
 

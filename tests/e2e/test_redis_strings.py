@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tenantkv.server.worker import MAX_WORKERS
 from tests.conftest import Daemon
 
 PW = "Secret-Pa55"
@@ -101,3 +102,30 @@ def test_scan_iter_with_count_1_reaches_every_key(r: redis.Redis) -> None:
     }
     assert r.scan(2**64 - 1) == (0, [])
     assert r.keys("user:00000[1-") == [b"user:000001"]
+
+
+def test_a_scan_continues_on_any_connection_whichever_worker_serves_it(
+    d: Daemon, r: redis.Redis
+) -> None:
+    """With --workers 2 the kernel spreads connections over the workers: a scan
+    whose pages go round connections of both workers returns every key once."""
+    keys = {b"k:%05d" % i for i in range(300)}
+    r.mset({k: b"v" for k in keys})
+    conns: list[redis.Redis] = []
+    workers: set[int] = set()
+    try:
+        while len(workers) < 2 or len(conns) < 4:  # (ids carry the worker's index)
+            conns.append(redis.Redis(host=d.host, port=d.resp_port, username="alice", password=PW))
+            workers.add(int(conns[-1].client_id()) % MAX_WORKERS)
+            assert len(conns) < 64, "every connection went to one worker"
+        got: list[bytes] = []
+        cursor = 0
+        for i in range(10_000):
+            cursor, page = conns[i % len(conns)].scan(cursor, count=7)
+            got += page
+            if cursor == 0:
+                break
+        assert sorted(got) == sorted(keys)
+    finally:
+        for c in conns:
+            c.close()

@@ -8,7 +8,10 @@ them (``SCAN -1`` is past the end)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+from pathlib import Path
 
 import pytest
 import trio
@@ -47,28 +50,62 @@ def test_malformed_cursors_are_invalid(arg: bytes) -> None:
 
 
 def test_the_table_is_bounded_and_a_flood_evicts_its_own_first() -> None:
-    t = ScanCursors(random.Random(1))
+    t = ScanCursors(rng=random.Random(1))
     quiet = t.issue("quiet", b"k")
     for i in range(scan_cursors.MAX_PER_BUCKET * 3):
         t.issue("loud", b"%d" % i)
     assert t.resume("quiet", quiet) == b"k"
-    stats = t.statistics()
-    assert stats.entries == scan_cursors.MAX_PER_BUCKET + 1
-    many = [t.issue(f"b{i}", b"x") for i in range(scan_cursors.MAX_CURSORS)]
-    assert t.statistics().entries == scan_cursors.MAX_CURSORS
-    assert t.resume(f"b{len(many) - 1}", many[-1]) == b"x"
+    assert t.statistics().entries == scan_cursors.MAX_PER_BUCKET + 1
+    many = [t.issue(f"b{i}", b"x" * 250) for i in range(scan_cursors.SLOTS)]
+    assert t.statistics().entries == scan_cursors.SLOTS
+    assert t.resume(f"b{len(many) - 1}", many[-1]) == b"x" * 250
     with pytest.raises(errors.BadValue, match="invalid cursor"):
         t.resume("quiet", quiet)  # the oldest went first
 
 
 def test_a_cursor_names_its_bucket_and_stays_below_the_end() -> None:
     t = ScanCursors()
-    n = t.issue("a", b"k")
+    n = t.issue("a" * 100, b"k" * 250)
     assert 0 < n < END
+    assert t.resume("a" * 100, n) == b"k" * 250
     with pytest.raises(errors.BadValue):
         t.resume("b", n)
     with pytest.raises(errors.BadValue):
-        t.resume("a", n + 1)
+        t.resume("a" * 100, n + 1)
+    with pytest.raises(errors.BadValue):
+        t.resume("a" * 100, 12345)
+
+
+def test_another_process_reads_a_cursor_and_a_gone_one_is_swept(tmp_path: Path) -> None:
+    """Each process writes its own file of slots and reads the others': a cursor
+    issued by one worker resumes on another. A process's file goes with it."""
+    directory = str(tmp_path / "scan-cursors")
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        mine = ScanCursors(directory)
+        theirs = ScanCursors(directory, pid=child.pid)
+        n = theirs.issue("b", b"user:7")
+        assert mine.resume("b", n) == b"user:7"
+        m = mine.issue("b", b"user:9")
+        assert theirs.resume("b", m) == b"user:9"
+        theirs.issue("b", b"again")  # (a later slot: n still names its own)
+        assert mine.resume("b", n) == b"user:7"
+    finally:
+        child.kill()
+        child.wait()
+    ScanCursors(directory, pid=os.getpid() + 1 if os.getpid() + 1 != child.pid else 1)
+    assert not (tmp_path / "scan-cursors" / str(child.pid)).exists()
+    with pytest.raises(errors.BadValue):
+        ScanCursors(str(tmp_path / "other")).resume("b", n)
+
+
+def test_a_reused_slot_forgets_its_cursor() -> None:
+    t = ScanCursors()
+    first = t.issue("b", b"k")
+    for i in range(scan_cursors.MAX_PER_BUCKET):
+        t.issue("b", b"%d" % i)
+    with pytest.raises(errors.BadValue):
+        t.resume("b", first)
 
 
 async def scan_all(peer: RespPeer, count: int, between: object = None) -> list[bytes]:
@@ -135,7 +172,7 @@ async def test_a_cursor_works_on_another_connection_and_minus_one_is_the_end(
         await a.send((b"SCAN", b"-1"), (b"SCAN", b"12345"), (b"SCAN", b"x"))
         got = await a.replies(3)
         assert got[0] == b"*2\r\n$1\r\n0\r\n*0\r\n"
-        assert got[1].startswith(b"-ERR invalid cursor (unknown or expired here")
+        assert got[1].startswith(b"-ERR invalid cursor (unknown or expired")
         assert got[2] == b"-ERR invalid cursor\r\n"
         await a.send((b"KEYS", b"k0[1-"))
         assert (await a.replies(1))[0] == b"*1\r\n$3\r\nk01\r\n"
