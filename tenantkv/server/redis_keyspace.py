@@ -55,6 +55,8 @@ def _move(keep: bool, replace: bool) -> Any:
 
 
 def _copy_parse(args: list[bytes]) -> dict[str, Any]:
+    """COPY's options in Redis's order: REPLACE, DB (only the bucket's own, 0), then
+    the same-key check."""
     p = _two_keys(args)
     j = 3
     while j < len(args):
@@ -154,6 +156,7 @@ def _object_parse(args: list[bytes]) -> dict[str, Any]:
 
 
 def _object(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """OBJECT's subcommands; a missing key is nil, as in Redis, before any error."""
     sub = p["only"]
     if sub == "help":
         return ("help", OBJECT_HELP)
@@ -186,6 +189,7 @@ def _object_reply(enc: Encoder, v: Any) -> bytes:
 
 
 def _register_all() -> None:
+    """The table entries: COPY and RENAME(NX) are writes, the others reads."""
     for name, arity, parse, handler, reply, summary in (
         ("copy", -3, _copy_parse, _move(True, False), _integer, "Copy a key's value."),
         ("rename", 3, _two_keys, _move(False, True), _ok, "Rename a key."),

@@ -111,6 +111,7 @@ def _bitcount(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 def _bitpos(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """BITPOS: the bit is checked before the key is looked up, the range after."""
     args = p["args"]
     bit = parse_int(args[2])
     if bit not in (0, 1):
@@ -180,6 +181,7 @@ def _lcs_reply(enc: Encoder, v: Any) -> bytes:
 
 
 def _register_reads() -> None:
+    """The read commands' table entries, as GET's are declared."""
     one = (1, 1, 1)
     for name, arity, parse, handler, reply, summary in (
         ("getrange", 4, _getrange_parse, _getrange, _bulk_or_null, "Get part of a value."),
@@ -199,7 +201,7 @@ def _register_reads() -> None:
                 ("readonly",),
                 one,
                 summary,
-                "bitmap" if name.startswith("bit") or name == "getbit" else "string",
+                "string" if name in ("getrange", "substr") else "bitmap",
             )
         )
     COMMANDS.append(
@@ -337,6 +339,7 @@ def _fields_reply(enc: Encoder, v: Any) -> bytes:
 
 
 def _register_writes() -> None:
+    """The write commands' table entries, as SET's are declared."""
     flags = ("write", "denyoom")
     for name, arity, parse, handler, reply, group, summary in (
         (

@@ -58,18 +58,12 @@ def test_setbit_and_getbit(value: bytes, offset: int, bit: int) -> None:
 @given(values, ints, ints, st.booleans())
 def test_bitcount(value: bytes, start: int, end: int, unit_bits: bool) -> None:
     bits = bits_of(value)
-    if start < 0 and end < 0 and start > end:
+    r = clamp(start, end, len(bits) if unit_bits else len(value))
+    if r is None:
         want = 0
     else:
-        n = len(bits) if unit_bits else len(value)
-        r = clamp(start, end, n) if n else None
-        if r is None and n and not (start < 0 and end < 0 and start > end):
-            r = None
-        if r is None:
-            want = 0
-        else:
-            lo, hi = (r[0], r[1]) if unit_bits else (r[0] * 8, r[1] * 8 + 7)
-            want = sum(bits[lo : hi + 1])
+        lo, hi = r if unit_bits else (r[0] * 8, r[1] * 8 + 7)
+        want = sum(bits[lo : hi + 1])
     assert bit_ops.bitcount(value, (start, end, unit_bits)) == want
     assert bit_ops.bitcount(value) == sum(bits)
 
