@@ -36,6 +36,7 @@ after copying the entry (a seqlock), so it never takes a half-written entry.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import random
@@ -58,6 +59,7 @@ END = 2**63
 #: Other processes' files kept mapped at once (each mapping is a file descriptor).
 MAX_PEERS = 64
 DIRECTORY = "scan-cursors"
+log = logging.getLogger("tenantkv.session")
 _STRTOUL = re.compile(rb"[+-]?[0-9]*")
 UNKNOWN = "invalid cursor (unknown or expired: start the SCAN again from 0)"
 
@@ -236,5 +238,10 @@ def cursors(data_dir: str) -> ScanCursors:
     key = (data_dir, os.getpid())
     table = _TABLES.get(key)
     if table is None:
-        table = _TABLES[key] = ScanCursors(os.path.join(data_dir, DIRECTORY))
+        try:
+            table = ScanCursors(os.path.join(data_dir, DIRECTORY))
+        except OSError as exc:  # (a full disk, a read-only directory: this process's own)
+            log.warning("SCAN cursors kept in this process only: %s", exc)
+            table = ScanCursors()
+        _TABLES[key] = table
     return table

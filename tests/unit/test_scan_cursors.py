@@ -177,3 +177,12 @@ async def test_a_cursor_works_on_another_connection_and_minus_one_is_the_end(
         await a.send((b"KEYS", b"k0[1-"))
         assert (await a.replies(1))[0] == b"*1\r\n$3\r\nk01\r\n"
         nursery.cancel_scope.cancel()
+
+
+def test_a_directory_it_cannot_write_leaves_the_cursors_in_the_process(tmp_path: Path) -> None:
+    blocked = tmp_path / "data"
+    blocked.mkdir()
+    (blocked / scan_cursors.DIRECTORY).write_text("a file where the directory goes")
+    table = scan_cursors.cursors(str(blocked))
+    n = table.issue("b", b"k")
+    assert scan_cursors.cursors(str(blocked)).resume("b", n) == b"k"
