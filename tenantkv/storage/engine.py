@@ -396,6 +396,11 @@ class Engine:
                 keys.append(key)
         return keys, False
 
+    def last_key(self, h: BucketHandle) -> bytes | None:
+        """The bucket's greatest key, live or not (Redis RANDOMKEY's upper bound)."""
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn, txn.cursor() as cur:
+            return bytes(cur.key()) if cur.last() else None
+
     def next_expiry_ms(self) -> int | None:
         """When the earliest record with an expiry expires (wall-clock ms), from the
         head of the sorted expiry index; None when no record has one."""

@@ -10,7 +10,7 @@ from tenantkv.server.redis_docs import SYNTAX, arguments
 from tenantkv.server.redis_session import LOCAL
 
 #: commands that take no argument at all
-NO_ARGUMENTS = {"dbsize", "quit", "reset", "time"}
+NO_ARGUMENTS = {"dbsize", "quit", "reset", "time", "randomkey"}
 
 
 def test_every_command_has_its_arguments_documented() -> None:
