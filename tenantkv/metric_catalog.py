@@ -25,7 +25,7 @@ worker's document has a declaration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -187,6 +187,58 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ),
     ("Authentication", "The login limiter: delays and the hash pool (`status`: `authentication`)."),
 )
+
+_INGRESS = "Ingress: rate limiters and admission tickets"
+
+#: The figures of a token-bucket rate limiter (``RateLimiterStatistics``), the
+#: same for each one: (name after ``tenantkv_ingress_<gate>_``, kind, key in the
+#: gate's status, help after the limiter's title, origin — ``{mongo}`` is the
+#: limiter's MongoDB parameter prefix —, further fields).
+# fmt: off
+_RATE_LIMITER_FIGURES: tuple[tuple[str, Kind, str, str, str, dict[str, Any]], ...] = (
+    ("enabled", "gauge", "enabled", "1 when the limiter is on.", "{mongo}Enabled", {"across": "same"}),
+    ("tokens_per_second", "gauge", "rate_per_sec", "tokens (requests or connections) per second.", "{mongo}RatePerSec", {}),
+    ("burst_capacity_seconds", "gauge", "burst_capacity_secs", "burst, in seconds of the rate.", "{mongo}BurstCapacitySecs", {"unit": "seconds", "across": "same"}),
+    ("burst_size", "gauge", "burst_size", "burst in tokens (rate × burst seconds).", "", {}),
+    ("max_queue_depth", "gauge", "max_queue_depth", "most callers that may wait for a token (0 for requests: they are rejected at once).", "{mongo}MaxQueueDepth", {}),
+    ("queued", "gauge", "queued", "callers waiting for a token now.", "queued", {}),
+    ("attempted", "counter", "attempted", "admissions attempted (successful + rejected + interrupted + queued now); exempt ones not included.", "attemptedAdmissions", {}),
+    ("successful", "counter", "successful", "admissions granted.", "successfulAdmissions", {}),
+    ("rejected", "counter", "rejected", "admissions refused (462 `IngressRequestRateLimitExceeded` for requests, `TooManyConnections` for connections).", "rejectedAdmissions", {}),
+    ("exempted", "counter", "exempted", "exempt callers passed without a token (admin commands, CIDR exemptions / bypass).", "exemptedAdmissions", {}),
+    ("interrupted_in_queue", "counter", "interrupted_in_queue", "waiters that left the queue (cancelled, deadline, client gone).", "interruptedInQueue", {}),
+    ("added_to_queue", "counter", "added_to_queue", "callers that had to wait.", "addedToQueue", {}),
+    ("removed_from_queue", "counter", "removed_from_queue", "callers that left the queue (admitted or interrupted).", "removedFromQueue", {}),
+    ("average_time_queued_seconds", "gauge", "average_time_queued_micros", "moving average (α = 0.2) of the wait of callers admitted after waiting, in seconds.", "averageTimeQueuedMicros", {"unit": "seconds", "scale": 1e-06, "across": "max"}),
+    ("total_available_tokens", "gauge", "total_available_tokens", "tokens available now (balance floored at 0).", "totalAvailableTokens", {}),
+    ("token_balance", "gauge", "token_balance", "raw token balance (negative while waiters have borrowed ahead).", "", {}),
+)
+# fmt: on
+
+
+def _rate_limiter_metrics(
+    gate: str, title: str, mongo: str, after: dict[str, Metric]
+) -> tuple[Metric, ...]:
+    """The metrics of the rate limiter at ``ingress.<gate>`` in the status document
+    (:data:`_RATE_LIMITER_FIGURES`), each figure followed by ``after``'s metric for it,
+    if any: a limiter's figures of its own."""
+    out: list[Metric] = []
+    for suffix, kind, key, help_text, origin, fields in _RATE_LIMITER_FIGURES:
+        out.append(
+            Metric(
+                f"tenantkv_ingress_{gate}_{suffix}",
+                kind,
+                f"ingress.{gate}.{key}",
+                f"{title}: {help_text}",
+                origin=f"MongoDB `{origin.format(mongo=mongo)}`" if origin else "",
+                section=_INGRESS,
+                **fields,
+            )
+        )
+        if suffix in after:
+            out.append(after[suffix])
+    return tuple(out)
+
 
 METRICS: tuple[Metric, ...] = (
     Metric(
@@ -677,284 +729,34 @@ METRICS: tuple[Metric, ...] = (
         histogram="throttle",
         section="Tenant throttle",
     ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_enabled",
-        "gauge",
-        "ingress.request_rate_limiter.enabled",
-        "Ingress request rate limiter: 1 when the limiter is on.",
-        origin="MongoDB `ingressRequestAdmissionEnabled`",
-        section="Ingress: rate limiters and admission tickets",
-        across="same",
+    *_rate_limiter_metrics(
+        "request_rate_limiter",
+        "Ingress request rate limiter",
+        "ingressRequestAdmission",
+        after={
+            "exempted": Metric(
+                "tenantkv_ingress_request_rate_limiter_refusal_pauses",
+                "counter",
+                "ingress.request_rate_limiter.refusal_pauses",
+                "Refusals (by the ingress request rate limiter, or the tenant throttle's Throttled) after which the connection was not read again until the refused request could pass (at most 10 ms, when at least 1 ms away): what its client sent meanwhile is answered together.",
+                section=_INGRESS,
+            )
+        },
     ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_tokens_per_second",
-        "gauge",
-        "ingress.request_rate_limiter.rate_per_sec",
-        "Ingress request rate limiter: tokens (requests or connections) per second.",
-        origin="MongoDB `ingressRequestAdmissionRatePerSec`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_burst_capacity_seconds",
-        "gauge",
-        "ingress.request_rate_limiter.burst_capacity_secs",
-        "Ingress request rate limiter: burst, in seconds of the rate.",
-        unit="seconds",
-        origin="MongoDB `ingressRequestAdmissionBurstCapacitySecs`",
-        section="Ingress: rate limiters and admission tickets",
-        across="same",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_burst_size",
-        "gauge",
-        "ingress.request_rate_limiter.burst_size",
-        "Ingress request rate limiter: burst in tokens (rate × burst seconds).",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_max_queue_depth",
-        "gauge",
-        "ingress.request_rate_limiter.max_queue_depth",
-        "Ingress request rate limiter: most callers that may wait for a token (0 for requests: they are rejected at once).",
-        origin="MongoDB `ingressRequestAdmissionMaxQueueDepth`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_queued",
-        "gauge",
-        "ingress.request_rate_limiter.queued",
-        "Ingress request rate limiter: callers waiting for a token now.",
-        origin="MongoDB `queued`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_attempted",
-        "counter",
-        "ingress.request_rate_limiter.attempted",
-        "Ingress request rate limiter: admissions attempted (successful + rejected + interrupted + queued now); exempt ones not included.",
-        origin="MongoDB `attemptedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_successful",
-        "counter",
-        "ingress.request_rate_limiter.successful",
-        "Ingress request rate limiter: admissions granted.",
-        origin="MongoDB `successfulAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_rejected",
-        "counter",
-        "ingress.request_rate_limiter.rejected",
-        "Ingress request rate limiter: admissions refused (462 `IngressRequestRateLimitExceeded` for requests, `TooManyConnections` for connections).",
-        origin="MongoDB `rejectedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_exempted",
-        "counter",
-        "ingress.request_rate_limiter.exempted",
-        "Ingress request rate limiter: exempt callers passed without a token (admin commands, CIDR exemptions / bypass).",
-        origin="MongoDB `exemptedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_refusal_pauses",
-        "counter",
-        "ingress.request_rate_limiter.refusal_pauses",
-        "Refusals (by the ingress request rate limiter, or the tenant throttle's Throttled) after which the connection was not read again until the refused request could pass (at most 10 ms, when at least 1 ms away): what its client sent meanwhile is answered together.",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_interrupted_in_queue",
-        "counter",
-        "ingress.request_rate_limiter.interrupted_in_queue",
-        "Ingress request rate limiter: waiters that left the queue (cancelled, deadline, client gone).",
-        origin="MongoDB `interruptedInQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_added_to_queue",
-        "counter",
-        "ingress.request_rate_limiter.added_to_queue",
-        "Ingress request rate limiter: callers that had to wait.",
-        origin="MongoDB `addedToQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_removed_from_queue",
-        "counter",
-        "ingress.request_rate_limiter.removed_from_queue",
-        "Ingress request rate limiter: callers that left the queue (admitted or interrupted).",
-        origin="MongoDB `removedFromQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_average_time_queued_seconds",
-        "gauge",
-        "ingress.request_rate_limiter.average_time_queued_micros",
-        "Ingress request rate limiter: moving average (α = 0.2) of the wait of callers admitted after waiting, in seconds.",
-        unit="seconds",
-        scale=1e-06,
-        origin="MongoDB `averageTimeQueuedMicros`",
-        section="Ingress: rate limiters and admission tickets",
-        across="max",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_total_available_tokens",
-        "gauge",
-        "ingress.request_rate_limiter.total_available_tokens",
-        "Ingress request rate limiter: tokens available now (balance floored at 0).",
-        origin="MongoDB `totalAvailableTokens`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_request_rate_limiter_token_balance",
-        "gauge",
-        "ingress.request_rate_limiter.token_balance",
-        "Ingress request rate limiter: raw token balance (negative while waiters have borrowed ahead).",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_enabled",
-        "gauge",
-        "ingress.connection_establishment.enabled",
-        "Connection-establishment rate limiter: 1 when the limiter is on.",
-        origin="MongoDB `ingressConnectionEstablishmentEnabled`",
-        section="Ingress: rate limiters and admission tickets",
-        across="same",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_tokens_per_second",
-        "gauge",
-        "ingress.connection_establishment.rate_per_sec",
-        "Connection-establishment rate limiter: tokens (requests or connections) per second.",
-        origin="MongoDB `ingressConnectionEstablishmentRatePerSec`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_burst_capacity_seconds",
-        "gauge",
-        "ingress.connection_establishment.burst_capacity_secs",
-        "Connection-establishment rate limiter: burst, in seconds of the rate.",
-        unit="seconds",
-        origin="MongoDB `ingressConnectionEstablishmentBurstCapacitySecs`",
-        section="Ingress: rate limiters and admission tickets",
-        across="same",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_burst_size",
-        "gauge",
-        "ingress.connection_establishment.burst_size",
-        "Connection-establishment rate limiter: burst in tokens (rate × burst seconds).",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_max_queue_depth",
-        "gauge",
-        "ingress.connection_establishment.max_queue_depth",
-        "Connection-establishment rate limiter: most callers that may wait for a token (0 for requests: they are rejected at once).",
-        origin="MongoDB `ingressConnectionEstablishmentMaxQueueDepth`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_queued",
-        "gauge",
-        "ingress.connection_establishment.queued",
-        "Connection-establishment rate limiter: callers waiting for a token now.",
-        origin="MongoDB `queued`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_attempted",
-        "counter",
-        "ingress.connection_establishment.attempted",
-        "Connection-establishment rate limiter: admissions attempted (successful + rejected + interrupted + queued now); exempt ones not included.",
-        origin="MongoDB `attemptedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_successful",
-        "counter",
-        "ingress.connection_establishment.successful",
-        "Connection-establishment rate limiter: admissions granted.",
-        origin="MongoDB `successfulAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_rejected",
-        "counter",
-        "ingress.connection_establishment.rejected",
-        "Connection-establishment rate limiter: admissions refused (462 `IngressRequestRateLimitExceeded` for requests, `TooManyConnections` for connections).",
-        origin="MongoDB `rejectedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_exempted",
-        "counter",
-        "ingress.connection_establishment.exempted",
-        "Connection-establishment rate limiter: exempt callers passed without a token (admin commands, CIDR exemptions / bypass).",
-        origin="MongoDB `exemptedAdmissions`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_interrupted_in_queue",
-        "counter",
-        "ingress.connection_establishment.interrupted_in_queue",
-        "Connection-establishment rate limiter: waiters that left the queue (cancelled, deadline, client gone).",
-        origin="MongoDB `interruptedInQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_interrupted_due_to_client_disconnect",
-        "counter",
-        "ingress.connection_establishment.interrupted_due_to_client_disconnect",
-        "Connection-establishment rate limiter: clients that closed their connection while queued; their place and token went back.",
-        origin="MongoDB `interruptedDueToClientDisconnect`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_added_to_queue",
-        "counter",
-        "ingress.connection_establishment.added_to_queue",
-        "Connection-establishment rate limiter: callers that had to wait.",
-        origin="MongoDB `addedToQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_removed_from_queue",
-        "counter",
-        "ingress.connection_establishment.removed_from_queue",
-        "Connection-establishment rate limiter: callers that left the queue (admitted or interrupted).",
-        origin="MongoDB `removedFromQueue`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_average_time_queued_seconds",
-        "gauge",
-        "ingress.connection_establishment.average_time_queued_micros",
-        "Connection-establishment rate limiter: moving average (α = 0.2) of the wait of callers admitted after waiting, in seconds.",
-        unit="seconds",
-        scale=1e-06,
-        origin="MongoDB `averageTimeQueuedMicros`",
-        section="Ingress: rate limiters and admission tickets",
-        across="max",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_total_available_tokens",
-        "gauge",
-        "ingress.connection_establishment.total_available_tokens",
-        "Connection-establishment rate limiter: tokens available now (balance floored at 0).",
-        origin="MongoDB `totalAvailableTokens`",
-        section="Ingress: rate limiters and admission tickets",
-    ),
-    Metric(
-        "tenantkv_ingress_connection_establishment_token_balance",
-        "gauge",
-        "ingress.connection_establishment.token_balance",
-        "Connection-establishment rate limiter: raw token balance (negative while waiters have borrowed ahead).",
-        section="Ingress: rate limiters and admission tickets",
+    *_rate_limiter_metrics(
+        "connection_establishment",
+        "Connection-establishment rate limiter",
+        "ingressConnectionEstablishment",
+        after={
+            "interrupted_in_queue": Metric(
+                "tenantkv_ingress_connection_establishment_interrupted_due_to_client_disconnect",
+                "counter",
+                "ingress.connection_establishment.interrupted_due_to_client_disconnect",
+                "Connection-establishment rate limiter: clients that closed their connection while queued; their place and token went back.",
+                origin="MongoDB `interruptedDueToClientDisconnect`",
+                section=_INGRESS,
+            )
+        },
     ),
     Metric(
         "tenantkv_ingress_admission_enabled",

@@ -88,7 +88,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -158,6 +158,21 @@ def _check_class(cls: object) -> str:
 # --------------------------------------------------------------------------- records
 
 
+def _fields_dict(
+    record: Any,
+    *,
+    renamed: Mapping[str, str] = MappingProxyType({}),
+    left_out: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A record's fields in declaration order, by name (``renamed`` gives the name a
+    field has in the dict where it differs), but those ``left_out``."""
+    return {
+        renamed.get(f.name, f.name): getattr(record, f.name)
+        for f in fields(record)
+        if f.name not in left_out
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class QueueEvent:
     """One ``request_throttled`` / ``request_handled`` event."""
@@ -175,17 +190,7 @@ class QueueEvent:
     outcome: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "event": self.kind,
-            "time": self.time,
-            "bucket": self.bucket,
-            "class": self.cls,
-            "operation": self.operation,
-            "key_len": self.key_len,
-            "running": self.running,
-            "queued": self.queued,
-            "outcome": self.outcome,
-        }
+        return _fields_dict(self, renamed={"kind": "event", "cls": "class"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,20 +217,10 @@ class BucketQueueStatistics:
     release_rate: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "queue_tolerance": self.queue_tolerance,
-            "concurrency_overridden": self.concurrency_overridden,
-            "queue_tolerance_overridden": self.queue_tolerance_overridden,
-            "running": self.running,
-            "queued": self.queued,
-            "admitted": self.admitted,
-            "queued_total": self.queued_total,
-            "rejected_overflow": self.rejected_overflow,
-            "rejected_timeout": self.rejected_timeout,
-            "interrupted": self.interrupted,
-            "release_rate": round(self.release_rate, 1),
-        }
+        """Every figure but the bucket and class (the keys it is filed under)."""
+        out = _fields_dict(self, left_out=("bucket", "cls"))
+        out["release_rate"] = round(self.release_rate, 1)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,15 +105,13 @@ class Holds:
         self.untaken = 1
         self.unanswered = 1
 
-    def release_queue_bounds(self, n: int = 1) -> None:
-        """``n`` writes were taken by the group-commit writer: once the run's last
-        is, give back what bounds the writer's queue (execution tickets, bucket
-        slots, write permits) before the commit is durable, so the next batch can
-        gather meanwhile. The ingress tickets stay until the writes are answered
-        (they bound work in the server)."""
-        self.untaken -= n
-        if self.untaken > 0:
-            return
+    def _release_held(
+        self, operation: str | None = None, key_len: int = 0, outcome: str = "ok"
+    ) -> None:
+        """Give back what the held operations hold, innermost gate first: the
+        execution ticket, the write permits, the bucket slots. A lone operation
+        with its ``operation`` named gives its slot back by name (the queue's
+        trace says which); otherwise the slots go back at once."""
         p, n = self._pipeline, self.held
         self.held = 0
         if self.ticket is not None:
@@ -123,8 +121,22 @@ class Holds:
             p.permits.release(self.permit, n)
             self.permit = None
         if self.queue is not None:
-            p.queues.release_many(self.queue, n, outcome="ok")
+            if n == 1 and operation is not None:
+                p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
+            else:
+                p.queues.release_many(self.queue, n, outcome=outcome)
             self.queue = None
+
+    def release_queue_bounds(self, n: int = 1) -> None:
+        """``n`` writes were taken by the group-commit writer: once the run's last
+        is, give back what bounds the writer's queue (execution tickets, bucket
+        slots, write permits) before the commit is durable, so the next batch can
+        gather meanwhile. The ingress tickets stay until the writes are answered
+        (they bound work in the server)."""
+        self.untaken -= n
+        if self.untaken > 0:
+            return
+        self._release_held()
 
     def release(
         self, operation: str = "", key_len: int = 0, outcome: str = "ok", n: int = 1
@@ -134,20 +146,8 @@ class Holds:
         self.unanswered -= n
         if self.unanswered > 0:
             return
-        p, n = self._pipeline, self.held
-        self.held = self.untaken = 0
-        if self.ticket is not None:
-            self.ticket.release()
-            self.ticket = None
-        if self.permit is not None:
-            p.permits.release(self.permit, n)
-            self.permit = None
-        if self.queue is not None:
-            if n == 1:
-                p.queues.release(self.queue, operation=operation, key_len=key_len, outcome=outcome)
-            else:
-                p.queues.release_many(self.queue, n, outcome=outcome)
-            self.queue = None
+        self.untaken = 0
+        self._release_held(operation, key_len, outcome)
         if self.ingress is not None:
             self.ingress.release()
             self.ingress = None

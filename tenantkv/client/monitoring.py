@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,23 +169,24 @@ class EventPublisher:
         #: False when nobody listens: no event objects are built at all
         self.enabled = bool(self.listeners)
 
-    def started(self, command: str, operation_id: int, attempt: int, address: Address) -> None:
-        event = CommandStartedEvent(command, operation_id, attempt, address)
+    def _publish(self, event: object, notify: Callable[[CommandListener], None]) -> None:
+        """Hand ``event`` to each listener (``notify(listener)``): one that raises is
+        logged, and the others still hear of it."""
         for listener in self.listeners:
             try:
-                listener.started(event)
+                notify(listener)
             except Exception:
                 log.exception("command listener %r failed on %r", listener, event)
+
+    def started(self, command: str, operation_id: int, attempt: int, address: Address) -> None:
+        event = CommandStartedEvent(command, operation_id, attempt, address)
+        self._publish(event, lambda listener: listener.started(event))
 
     def succeeded(
         self, command: str, operation_id: int, attempt: int, address: Address, duration: float
     ) -> None:
         event = CommandSucceededEvent(command, operation_id, attempt, address, duration)
-        for listener in self.listeners:
-            try:
-                listener.succeeded(event)
-            except Exception:
-                log.exception("command listener %r failed on %r", listener, event)
+        self._publish(event, lambda listener: listener.succeeded(event))
 
     def failed(
         self,
@@ -215,8 +216,4 @@ class EventPublisher:
             retry_after,
             will_retry,
         )
-        for listener in self.listeners:
-            try:
-                listener.failed(event)
-            except Exception:
-                log.exception("command listener %r failed on %r", listener, event)
+        self._publish(event, lambda listener: listener.failed(event))

@@ -63,6 +63,30 @@ SYNTAX: dict[str, str] = {
     "scan": "cursor:integer [MATCH pattern:pattern] [COUNT count:integer] [TYPE type:string]",
     "keys": "pattern:pattern",
     "flushdb": "[ASYNC|SYNC]",
+    "getrange": "key:key start:integer end:integer",
+    "substr": "key:key start:integer end:integer",
+    "setrange": "key:key offset:integer value:string",
+    "incrbyfloat": "key:key increment:double",
+    "lcs": "key1:key key2:key [LEN] [IDX] [MINMATCHLEN min-match-len:integer] [WITHMATCHLEN]",
+    "getbit": "key:key offset:integer",
+    "setbit": "key:key offset:integer value:integer",
+    "bitcount": "key:key [start:integer end:integer [BYTE|BIT]]",
+    "bitpos": "key:key bit:integer [start:integer [end:integer [BYTE|BIT]]]",
+    "bitop": "operation:string destkey:key key:key ...",
+    "bitfield": (
+        "key:key [GET encoding:string offset:integer"
+        "|SET encoding:string offset:integer value:integer"
+        "|INCRBY encoding:string offset:integer increment:integer"
+        "|OVERFLOW WRAP|OVERFLOW SAT|OVERFLOW FAIL ...]"
+    ),
+    "bitfield_ro": "key:key [GET encoding:string offset:integer ...]",
+    "copy": "source:key destination:key [DB destination-db:integer] [REPLACE]",
+    "rename": "key:key newkey:key",
+    "renamenx": "key:key newkey:key",
+    "touch": "key:key ...",
+    "expiretime": "key:key",
+    "pexpiretime": "key:key",
+    "object": "subcommand:string [key:key]",
     "auth": "[username:string] password:string",
     "hello": (
         "[protover:integer [AUTH username:string password:string] [SETNAME clientname:string]]"

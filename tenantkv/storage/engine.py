@@ -357,10 +357,8 @@ class Engine:
         items: list[tuple[bytes, Record]] = []
         total = 0
         with self.txn_lock, self.env.begin(db=h.db) as txn:
-            for key, raw in _in_range(txn, start, end, after):
+            for key, raw in _live_in_range(txn, start, end, after, now):
                 rec = records.decode(raw)
-                if not rec.live(now):
-                    continue
                 if len(items) == limit:
                     return items, True
                 total += len(key) + len(rec.value) + RESULT_ENTRY_OVERHEAD
@@ -387,14 +385,16 @@ class Engine:
         now = self.now_ms()
         keys: list[bytes] = []
         with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
-            for key, raw in _in_range(txn, start, end, after):
-                expiry_ms = records.unpack_header(raw)[1]
-                if expiry_ms and expiry_ms <= now:
-                    continue
+            for key, _raw in _live_in_range(txn, start, end, after, now):
                 if len(keys) == limit:
                     return keys, True
                 keys.append(key)
         return keys, False
+
+    def last_key(self, h: BucketHandle) -> bytes | None:
+        """The bucket's greatest key, live or not (Redis RANDOMKEY's upper bound)."""
+        with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn, txn.cursor() as cur:
+            return bytes(cur.key()) if cur.last() else None
 
     def next_expiry_ms(self) -> int | None:
         """When the earliest record with an expiry expires (wall-clock ms), from the
@@ -675,12 +675,13 @@ def _check_format(raw: bytes | None) -> int:
     return version
 
 
-def _in_range(
-    txn: lmdb.Transaction, start: bytes, end: bytes | None, after: bytes | None
+def _live_in_range(
+    txn: lmdb.Transaction, start: bytes, end: bytes | None, after: bytes | None, now: int
 ) -> Iterator[tuple[bytes, Any]]:
     """``(key, stored record)`` with start <= key < end and key > after, in key
-    order, from ``txn``'s database (records as the transaction gives them: views
-    in a ``buffers=True`` one; keys always copied)."""
+    order, from ``txn``'s database, passing over the records expired at ``now``
+    (wall-clock ms; read from the header alone). Records as the transaction gives
+    them: views in a ``buffers=True`` one; keys always copied."""
     cur = txn.cursor()
     seek = start
     if after is not None and after >= seek:
@@ -693,4 +694,7 @@ def _in_range(
             continue
         if end is not None and key >= end:
             return
+        expiry_ms = records.unpack_header(raw)[1]
+        if expiry_ms and expiry_ms <= now:
+            continue
         yield key, raw

@@ -255,15 +255,9 @@ class GroupCommitWriter:
                 try:
                     eng.force_grow(extra)
                     self.map_grows += 1
-                except errors.StorageFull as exc:
-                    self._fail(batch, exc)
-                    break
                 except Exception as exc:
                     self._fail(batch, self._storage_error(exc))
                     break
-            except errors.StorageFull as exc:
-                self._fail(batch, exc)
-                break
             except Exception as exc:
                 self._fail(batch, self._storage_error(exc))
                 break
@@ -315,7 +309,10 @@ class GroupCommitWriter:
     def _storage_error(exc: BaseException) -> errors.TenantKVError:
         """A full disk (ENOSPC, a quota, or LMDB's EIO for a short write with no
         space left) is StorageFull; any other I/O error says so, and is not
-        reported as a full disk."""
+        reported as a full disk. A StorageFull raised by the engine (the map
+        limit) is passed on as it is."""
+        if isinstance(exc, errors.StorageFull):
+            return exc
         if is_disk_full(exc):
             return errors.StorageFull(f"disk full: {exc}")
         text = str(exc)

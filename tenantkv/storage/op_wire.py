@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tenantkv import errors
-from tenantkv.storage import ops, string_ops
+from tenantkv.storage import ops, string_ops, value_ops
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.string_ops import Expiry
 
@@ -47,6 +47,12 @@ KINDS: dict[str, type[ops.WriteOp]] = {
         string_ops.IncrByOp,
         string_ops.AppendOp,
         string_ops.FlushOp,
+        value_ops.SetRangeOp,
+        value_ops.SetBitOp,
+        value_ops.IncrByFloatOp,
+        value_ops.BitOpOp,
+        value_ops.MoveOp,
+        value_ops.BitFieldOp,
     )
 }
 #: Each kind's fields (those a caller sets), in order: sent positionally.

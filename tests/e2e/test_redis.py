@@ -228,11 +228,12 @@ def test_connection_and_server_commands(d: Daemon, r: redis.Redis) -> None:
     assert len(replies) % 3 == 0 and replies[: len(replies) // 3] * 3 == replies
     twice = raw(d, b"AUTH alice " + PW.encode() + b"\r\nCOMMAND DOCS get get GET\r\nQUIT\r\n")
     assert twice.count(b"Get the value of a key.") == 1
-    with pytest.raises(redis.ResponseError, match="tenantkv stores strings"):
+    # One rule for every command tenantkv does not run: Redis's unknown command.
+    with pytest.raises(redis.ResponseError, match="unknown command 'lpush'"):
         r.lpush("l", "a")
     with pytest.raises(redis.ResponseError, match="unknown command 'nosuch'"):
         r.execute_command("NOSUCH", "x")
-    with pytest.raises(redis.ResponseError, match="not available"):
+    with pytest.raises(redis.ResponseError, match="unknown command 'flushall'"):
         r.execute_command("FLUSHALL")
 
 

@@ -388,4 +388,6 @@ def test_eio_with_space_left_is_not_reported_as_disk_full(
     assert isinstance(err, errors.InternalError) and "not a full disk" in err.errmsg
     full = GroupCommitWriter._storage_error(OSError(errno.ENOSPC, "No space left on device"))
     assert isinstance(full, errors.StorageFull)
+    map_limit = errors.StorageFull("the map limit is reached")
+    assert GroupCommitWriter._storage_error(map_limit) is map_limit
     eng.close()

@@ -11,7 +11,7 @@ import pytest
 
 from tenantkv import errors
 from tenantkv.admission import rate_share
-from tenantkv.storage import ops, string_ops
+from tenantkv.storage import ops, string_ops, value_ops
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.op_wire import (
     KINDS,
@@ -47,6 +47,12 @@ def _samples() -> list[ops.WriteOp]:
         string_ops.IncrByOp(H, b"n", -3),
         string_ops.AppendOp(H, b"k", b"more", max_value_bytes=100),
         string_ops.FlushOp(H),
+        value_ops.SetRangeOp(H, b"k", 3, b"abc", max_value_bytes=100, reply_hint=5),
+        value_ops.SetBitOp(H, b"k", 9, 1),
+        value_ops.IncrByFloatOp(H, b"f", b"1.5"),
+        value_ops.BitOpOp(H, "xor", b"d", [b"a", b"b"], max_value_bytes=100),
+        value_ops.MoveOp(H, b"a", b"b", keep_source=True, replace=False),
+        value_ops.BitFieldOp(H, b"k", [["incrby", True, 8, 0, 5, "sat"]]),
     ]
 
 

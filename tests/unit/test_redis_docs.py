@@ -10,7 +10,7 @@ from tenantkv.server.redis_commands import REDIS_COMMANDS
 from tenantkv.server.redis_docs import SYNTAX, arguments
 
 #: commands that take no argument at all
-NO_ARGUMENTS = {"dbsize", "quit", "reset", "time"}
+NO_ARGUMENTS = {"dbsize", "quit", "reset", "time", "randomkey"}
 
 
 def test_every_command_has_its_arguments_documented() -> None:

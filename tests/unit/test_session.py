@@ -901,7 +901,9 @@ async def test_requests_that_are_no_data_operation_cost_the_floor(
         await peer.stream.aclose()
 
 
-async def test_an_mget_refused_for_its_size_costs_a_floor_per_key(node: Node) -> None:
+async def test_an_mget_refused_for_its_size_costs_a_floor_per_key(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
     """An mget whose values exceed what one response carries is refused, having
     looked every key up: it costs the floor for each key, as one that succeeds
     does (it cost a single floor, so a flood of them copied ~40 MB a unit)."""

@@ -135,6 +135,7 @@ def test_ttl_hides_at_once_and_pager_reclaims(store: Store) -> None:
     assert store.get(b"short") is None
     assert store.get(b"long") is not None
     assert [k for k, _ in store.scan()[0]] == [b"forever", b"long"]
+    assert store.engine.scan_keys(store.engine.bucket("b")) == ([b"forever", b"long"], False)
     assert store.engine.bucket_entries("b") == 3  # still on disk
     assert store.ok(ExpireDueOp())["removed"] == 1
     assert store.engine.bucket_entries("b") == 2
