@@ -169,6 +169,14 @@ def _stored(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
     return None if raw is None else records.decode(raw)
 
 
+def _stored_and_live(
+    w: WriteContext, h: BucketHandle, key: bytes
+) -> tuple[Record | None, Record | None]:
+    """(stored, live): the record as stored (maybe expired) and as a reader sees it."""
+    old = _stored(w, h, key)
+    return old, (old if old is not None and old.live(w.now_ms) else None)
+
+
 def _put(
     w: WriteContext,
     h: BucketHandle,
@@ -312,8 +320,7 @@ class DeleteOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old = _stored(w, h, self.key)
-        live = old if old is not None and old.live(w.now_ms) else None
+        old, live = _stored_and_live(w, h, self.key)
         if self.cas:
             if live is None:
                 raise errors.KeyNotFound("key does not exist")
@@ -357,8 +364,7 @@ class CounterOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old = _stored(w, h, self.key)
-        live = old if old is not None and old.live(w.now_ms) else None
+        old, live = _stored_and_live(w, h, self.key)
         if live is None:
             if self.initial is None:
                 raise errors.KeyNotFound("key does not exist and no initial value was given")

@@ -27,6 +27,7 @@ from tenantkv.storage.ops import (
     _delete,
     _put,
     _stored,
+    _stored_and_live,
     parse_int64,
     upsert,
 )
@@ -57,12 +58,6 @@ class Expiry:
 
 CLEAR = Expiry()
 KEEP = Expiry("keep")
-
-
-def _live(w: WriteContext, h: BucketHandle, key: bytes) -> tuple[Record | None, Record | None]:
-    """(stored, live): the record as stored (maybe expired) and as a reader sees it."""
-    old = _stored(w, h, key)
-    return old, (old if old is not None and old.live(w.now_ms) else None)
 
 
 def _write(
@@ -121,7 +116,7 @@ class StringSetOp(WriteOp):
                 old_expiry = records.HEADER.unpack_from(old_raw)[1]
                 live = not old_expiry or old_expiry > w.now_ms
                 return True, bytes(old_raw[records.HEADER_BYTES :]) if live else None
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         previous = live.value if live is not None and self.get else None
         if (self.only == "nx" and live is not None) or (self.only == "xx" and live is None):
             return False, previous
@@ -152,7 +147,7 @@ class MultiSetOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        olds = [_live(w, h, k) for k, _ in self.pairs]
+        olds = [_stored_and_live(w, h, k) for k, _ in self.pairs]
         if self.only_new and any(live is not None for _, live in olds):
             return False
         written: dict[bytes, int] = {}
@@ -183,7 +178,7 @@ class MultiDeleteOp(WriteOp):
         _check_bucket(h)
         deleted = 0
         for key in self.keys:
-            old, live = _live(w, h, key)
+            old, live = _stored_and_live(w, h, key)
             if old is not None:
                 _delete(w, h, key, old)
             if live is not None:
@@ -209,7 +204,7 @@ class GetDelOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         if old is not None:
             _delete(w, h, self.key, old)
         if live is None:
@@ -235,7 +230,7 @@ class GetExOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         if live is None:
             return None
         self.nbytes = _write(w, h, self.key, old, live.value, self.expiry.at(w.now_ms, live))
@@ -257,7 +252,7 @@ class ExpireOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         if live is None:
             return 0
         new = self.expiry.at(w.now_ms, live)
@@ -290,7 +285,7 @@ class IncrByOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         current = 0
         if live is not None:
             parsed = parse_int64(live.value)
@@ -322,7 +317,7 @@ class AppendOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         data = (live.value if live is not None else b"") + self.value
         if len(data) > self.max_value_bytes:
             raise errors.ValueTooLarge("string exceeds maximum allowed size")

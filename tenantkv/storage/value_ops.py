@@ -21,8 +21,15 @@ from typing import Any
 from tenantkv import errors
 from tenantkv.storage import bit_ops, records
 from tenantkv.storage.engine import BucketHandle
-from tenantkv.storage.ops import WriteContext, WriteOp, _check_bucket, _delete, _put
-from tenantkv.storage.string_ops import KEEP, _live, _write
+from tenantkv.storage.ops import (
+    WriteContext,
+    WriteOp,
+    _check_bucket,
+    _delete,
+    _put,
+    _stored_and_live,
+)
+from tenantkv.storage.string_ops import KEEP, _write
 
 #: Redis's answer when a result would pass the largest value (its proto-max-bulk-len;
 #: ours is max_value_bytes).
@@ -55,7 +62,7 @@ class SetRangeOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         current = live.value if live is not None else None
         if not self.value:  # nothing to write: the length as it is
             return 0 if current is None else len(current)
@@ -85,7 +92,7 @@ class SetBitOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         data, previous = bit_ops.setbit(live.value if live else b"", self.offset, self.bit)
         self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
         return previous
@@ -103,7 +110,7 @@ class IncrByFloatOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         data = bit_ops.incrbyfloat(live.value if live else None, self.incr)
         self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
         return data
@@ -136,10 +143,10 @@ class BitOpOp(WriteOp):
         _check_bucket(h)
         values = []
         for key in self.keys:
-            _, live = _live(w, h, key)
+            _, live = _stored_and_live(w, h, key)
             values.append(live.value if live is not None else b"")
         data = _bounded(bit_ops.bitop(self.op, values), self.max_value_bytes)
-        old, _ = _live(w, h, self.dest)
+        old, _ = _stored_and_live(w, h, self.dest)
         if data:
             self.record_bytes = [_write(w, h, self.dest, old, data, 0, keep_flags=False)]
         elif old is not None:
@@ -178,14 +185,14 @@ class MoveOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        src_old, src = _live(w, h, self.source)
+        src_old, src = _stored_and_live(w, h, self.source)
         if src is None:
             if self.keep_source:
                 return 0
             raise errors.KeyNotFound("no such key")
         if self.source == self.dest:  # (COPY refuses this before it is built)
             return True if self.replace else 0
-        dst_old, dst = _live(w, h, self.dest)
+        dst_old, dst = _stored_and_live(w, h, self.dest)
         if dst is not None and not self.replace:
             return 0
         # The value, its expiry and its client flags, as one record.
@@ -219,7 +226,7 @@ class BitFieldOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _live(w, h, self.key)
+        old, live = _stored_and_live(w, h, self.key)
         current = live.value if live is not None else None
         fops = [
             (str(o[0]), bool(o[1]), int(o[2]), int(o[3]), int(o[4]), str(o[5])) for o in self.fops
