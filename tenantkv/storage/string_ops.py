@@ -82,6 +82,30 @@ def _write(
     return len(key) + records.HEADER_BYTES + len(value)
 
 
+class ValueRewriteOp(WriteOp):
+    """Base of the ops that rewrite one key's value, its expiry and flags kept
+    (INCR, APPEND, SETRANGE, SETBIT, INCRBYFLOAT, BITFIELD): ``apply`` reads the
+    live value (None: no key), asks :meth:`rewrite` for the new value and the
+    answer, and writes the new value unless it is None."""
+
+    __slots__ = ()
+    bucket: BucketHandle
+    key: bytes
+
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
+        """(the new value or None to write nothing, the answer); raises to refuse."""
+        raise NotImplementedError
+
+    def apply(self, w: WriteContext) -> Any:
+        h = self.bucket
+        _check_bucket(h)
+        old, live = _stored_and_live(w, h, self.key)
+        data, answer = self.rewrite(None if live is None else live.value)
+        if data is not None:
+            self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
+        return answer
+
+
 @dataclass(slots=True, eq=False)
 class StringSetOp(WriteOp):
     """SET with NX / XX, an expiry and GET; SETNX, SETEX, PSETEX and GETSET are its
@@ -274,7 +298,7 @@ class ExpireOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class IncrByOp(WriteOp):
+class IncrByOp(ValueRewriteOp):
     """INCR, INCRBY, DECR, DECRBY: a missing key counts as 0; the expiry is kept."""
 
     bucket: BucketHandle
@@ -282,26 +306,21 @@ class IncrByOp(WriteOp):
     delta: int
     nbytes: int = 0
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        current = 0
-        if live is not None:
-            parsed = parse_int64(live.value)
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
+        number = 0
+        if current is not None:
+            parsed = parse_int64(current)
             if parsed is None:
                 raise errors.NotANumber(NOT_AN_INTEGER)
-            current = parsed
-        value = current + self.delta
+            number = parsed
+        value = number + self.delta
         if not INT64_MIN <= value <= INT64_MAX:
             raise errors.BadValue("increment or decrement would overflow")
-        data = str(value).encode()
-        self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return value
+        return str(value).encode(), value
 
 
 @dataclass(slots=True, eq=False)
-class AppendOp(WriteOp):
+class AppendOp(ValueRewriteOp):
     """APPEND: the length of the value after appending (a missing key starts empty)."""
 
     bucket: BucketHandle
@@ -314,15 +333,11 @@ class AppendOp(WriteOp):
     def size_hint(self) -> int:  # type: ignore[override]
         return len(self.key) + len(self.value) + records.HEADER_BYTES
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        data = (live.value if live is not None else b"") + self.value
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
+        data = (current or b"") + self.value
         if len(data) > self.max_value_bytes:
             raise errors.ValueTooLarge("string exceeds maximum allowed size")
-        self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return len(data)
+        return data, len(data)
 
 
 @dataclass(slots=True, eq=False)

@@ -29,7 +29,7 @@ from tenantkv.storage.ops import (
     _put,
     _stored_and_live,
 )
-from tenantkv.storage.string_ops import KEEP, _write
+from tenantkv.storage.string_ops import ValueRewriteOp, _write
 
 #: Redis's answer when a result would pass the largest value (its proto-max-bulk-len;
 #: ours is max_value_bytes).
@@ -43,7 +43,7 @@ def _bounded(data: bytes, limit: int) -> bytes:
 
 
 @dataclass(slots=True, eq=False)
-class SetRangeOp(WriteOp):
+class SetRangeOp(ValueRewriteOp):
     """SETRANGE: the value's length after writing ``value`` at ``offset``."""
 
     bucket: BucketHandle
@@ -59,22 +59,17 @@ class SetRangeOp(WriteOp):
         end = max(self.reply_hint, self.offset + len(self.value))
         return len(self.key) + records.HEADER_BYTES + end + self.reply_hint
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        current = live.value if live is not None else None
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
         if not self.value:  # nothing to write: the length as it is
-            return 0 if current is None else len(current)
+            return None, 0 if current is None else len(current)
         if self.offset + len(self.value) > self.max_value_bytes:
             raise errors.ValueTooLarge(TOO_BIG)
         data = bit_ops.setrange(current or b"", self.offset, self.value)
-        self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return len(data)
+        return data, len(data)
 
 
 @dataclass(slots=True, eq=False)
-class SetBitOp(WriteOp):
+class SetBitOp(ValueRewriteOp):
     """SETBIT: the bit's previous value (the value grows, zero-padded)."""
 
     bucket: BucketHandle
@@ -89,17 +84,12 @@ class SetBitOp(WriteOp):
         end = max(self.reply_hint, (self.offset >> 3) + 1)
         return len(self.key) + records.HEADER_BYTES + end + self.reply_hint
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        data, previous = bit_ops.setbit(live.value if live else b"", self.offset, self.bit)
-        self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return previous
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
+        return bit_ops.setbit(current or b"", self.offset, self.bit)
 
 
 @dataclass(slots=True, eq=False)
-class IncrByFloatOp(WriteOp):
+class IncrByFloatOp(ValueRewriteOp):
     """INCRBYFLOAT: the new value as Redis formats it; the expiry is kept."""
 
     bucket: BucketHandle
@@ -107,13 +97,9 @@ class IncrByFloatOp(WriteOp):
     incr: bytes
     nbytes: int = 0
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        data = bit_ops.incrbyfloat(live.value if live else None, self.incr)
-        self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return data
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
+        data = bit_ops.incrbyfloat(current, self.incr)
+        return data, data
 
 
 @dataclass(slots=True, eq=False)
@@ -207,7 +193,7 @@ class MoveOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class BitFieldOp(WriteOp):
+class BitFieldOp(ValueRewriteOp):
     """BITFIELD (GET alone writes nothing): each operation's answer, the value grown to
     the farthest bit written (even when OVERFLOW FAIL refused the write, as
     Redis grows it first). ``fops`` are :data:`bit_ops.FieldOp` as lists."""
@@ -223,15 +209,10 @@ class BitFieldOp(WriteOp):
         reach = max((((o[3] + o[2] - 1) >> 3) + 1 for o in self.fops if o[0] != "get"), default=0)
         return len(self.key) + records.HEADER_BYTES + max(reach, self.reply_hint) + self.reply_hint
 
-    def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        current = live.value if live is not None else None
+    def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
         fops = [
             (str(o[0]), bool(o[1]), int(o[2]), int(o[3]), int(o[4]), str(o[5])) for o in self.fops
         ]
         data, out = bit_ops.bitfield(current or b"", fops)
-        if data != current and any(o[0] != "get" for o in fops):
-            self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
-        return out
+        written = data != current and any(o[0] != "get" for o in fops)
+        return data if written else None, out
