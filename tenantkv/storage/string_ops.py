@@ -60,6 +60,14 @@ CLEAR = Expiry()
 KEEP = Expiry("keep")
 
 
+def _remove(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
+    """Delete the key's record (an expired one too); returns it if it was live."""
+    old, live = _stored_and_live(w, h, key)
+    if old is not None:
+        _delete(w, h, key, old)
+    return live
+
+
 def _write(
     w: WriteContext,
     h: BucketHandle,
@@ -202,10 +210,7 @@ class MultiDeleteOp(WriteOp):
         _check_bucket(h)
         deleted = 0
         for key in self.keys:
-            old, live = _stored_and_live(w, h, key)
-            if old is not None:
-                _delete(w, h, key, old)
-            if live is not None:
+            if _remove(w, h, key) is not None:
                 deleted += 1
                 self.record_bytes.append(len(key))  # 1 WU per key deleted, as DELETE
         self.nbytes = sum(self.record_bytes)
@@ -228,9 +233,7 @@ class GetDelOp(WriteOp):
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
-        if old is not None:
-            _delete(w, h, self.key, old)
+        live = _remove(w, h, self.key)
         if live is None:
             return None
         self.nbytes = len(self.key)
