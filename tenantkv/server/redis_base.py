@@ -55,6 +55,23 @@ class RedisCommand:
         )
 
 
+def read_command(
+    name: str,
+    arity: int,
+    parse: Callable[[list[bytes]], dict[str, Any]],
+    handler: Callable[..., Any],
+    reply: Reply,
+    keys: tuple[int, int, int],
+    summary: str,
+    group: str,
+) -> RedisCommand:
+    """A read command's entry (kind ``read``, flag ``readonly``), for the tables of
+    read commands."""
+    return RedisCommand(
+        name, arity, "read", parse, handler, reply, ("readonly",), keys, summary, group
+    )
+
+
 PARAM_NAMES = frozenset(
     {"key", "keys", "value", "pairs", "expiry", "only", "get", "delta", "cursor", "match", "count"}
     | {"args", "start", "end", "offset", "dest", "replace"}

@@ -27,6 +27,7 @@ from tenantkv.server.redis_base import (
     _ok,
     _stored_value_bytes,
     parse_int,
+    read_command,
     syntax_error,
 )
 from tenantkv.storage.engine import BucketHandle
@@ -216,20 +217,7 @@ def _register_all() -> None:
         ("randomkey", 1, lambda a: {}, _random_key, _bulk_or_null, (0, 0, 0), "A random key."),
         ("object", -2, _object_parse, _object, _object_reply, (2, 2, 1), "Inspect a key."),
     ):
-        COMMANDS.append(
-            RedisCommand(
-                name,
-                arity,
-                "read",
-                parse,
-                handler,
-                reply,
-                ("readonly",),
-                keys,
-                summary,
-                "generic",
-            )
-        )
+        COMMANDS.append(read_command(name, arity, parse, handler, reply, keys, summary, "generic"))
 
 
 def _one(args: list[bytes]) -> dict[str, Any]:

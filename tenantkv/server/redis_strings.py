@@ -26,6 +26,7 @@ from tenantkv.server.redis_base import (
     _keys,
     _stored_value_bytes,
     parse_int,
+    read_command,
     syntax_error,
 )
 from tenantkv.storage import bit_ops
@@ -190,20 +191,8 @@ def _register_reads() -> None:
         ("bitcount", -2, _key_args, _bitcount, _integer, "Count the set bits of a value."),
         ("bitpos", -3, _key_args, _bitpos, _integer, "Find the first set or clear bit."),
     ):
-        COMMANDS.append(
-            RedisCommand(
-                name,
-                arity,
-                "read",
-                parse,
-                handler,
-                reply,
-                ("readonly",),
-                one,
-                summary,
-                "string" if name in ("getrange", "substr") else "bitmap",
-            )
-        )
+        group = "string" if name in ("getrange", "substr") else "bitmap"
+        COMMANDS.append(read_command(name, arity, parse, handler, reply, one, summary, group))
     COMMANDS.append(
         RedisCommand(
             "lcs",
