@@ -293,32 +293,25 @@ def split_inline(line: bytes) -> list[bytes]:
         quote = 0
         while i < n:
             c = line[i]
-            if quote == 0x22:  # "
+            if quote:
                 if c == 0x5C and i + 1 < n:  # backslash
                     nxt = line[i + 1]
-                    if nxt == 0x78 and i + 3 < n:  # \xHH
-                        try:
-                            cur.append(int(line[i + 2 : i + 4], 16))
-                            i += 4
-                            continue
-                        except ValueError:
-                            pass
-                    cur.append({0x6E: 10, 0x72: 13, 0x74: 9, 0x62: 8, 0x61: 7}.get(nxt, nxt))
-                    i += 2
-                    continue
-                if c == 0x22:
-                    quote = 0
-                    i += 1
-                    if i < n and line[i] not in b" \t":
-                        raise errors.ProtocolError("unbalanced quotes in request")
-                    break
-                cur.append(c)
-            elif quote == 0x27:  # '
-                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
-                    cur.append(0x27)
-                    i += 2
-                    continue
-                if c == 0x27:
+                    if quote == 0x22:  # "
+                        if nxt == 0x78 and i + 3 < n:  # \xHH
+                            try:
+                                cur.append(int(line[i + 2 : i + 4], 16))
+                                i += 4
+                                continue
+                            except ValueError:
+                                pass
+                        cur.append({0x6E: 10, 0x72: 13, 0x74: 9, 0x62: 8, 0x61: 7}.get(nxt, nxt))
+                        i += 2
+                        continue
+                    if nxt == 0x27:  # \' in single quotes (any other backslash is itself)
+                        cur.append(0x27)
+                        i += 2
+                        continue
+                if c == quote:  # the closing quote, which must end the argument
                     quote = 0
                     i += 1
                     if i < n and line[i] not in b" \t":
