@@ -9,8 +9,9 @@ case-insensitive, a wrong argument count or an unknown option is Redis's own
 error text, a number that does not parse is ``value is not an integer or out
 of range``.
 
-Data model: strings with expiry, in the connection's bucket. Commands of other
-types get an error naming the command and saying so (:data:`OTHER_TYPES`).
+Data model: strings with expiry, in the connection's bucket. Commands tenantkv
+does not run (other types, scripting, ...) get Redis's own unknown-command
+answer (:data:`NOT_SUPPORTED` says why, for docs/redis.md).
 """
 
 from __future__ import annotations
@@ -976,11 +977,6 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
         ),
     )
 }
-#: (Kept empty: the session's older per-family wordings are retired; every name
-#: above gets Redis's unknown-command answer.)
-OTHER_TYPES: frozenset[str] = frozenset()
-UNSUPPORTED_STRING: frozenset[str] = frozenset()
-REFUSED: frozenset[str] = frozenset()
 
 # The range, bit and float string commands and the keyspace commands, from their
 # own modules.

@@ -85,7 +85,7 @@ def test_keyspace_commands(r: redis.Redis) -> None:
     assert r.touch("moved", "dst", "none") == 2
     assert r.object("encoding", "moved") == b"embstr"
     assert r.randomkey() in (b"moved", b"dst")
-    with pytest.raises(redis.ResponseError, match="unknown command 'hset'"):
+    with pytest.raises(redis.ResponseError, match="unknown command 'HSET'"):
         r.hset("h", "f", "v")
 
 

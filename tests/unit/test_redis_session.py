@@ -183,7 +183,7 @@ async def test_refused_commands_wait_for_the_buckets_allowance(
             while len(got) < 2:
                 await trio.testing.wait_all_tasks_blocked()
                 mock_clock.jump(1)
-        assert got[0].startswith(b"-ERR unknown command 'nosuch'"), got
+        assert got[0].startswith(b"-ERR unknown command 'NOSUCH'"), got
         assert got[1] == b"-ERR wrong number of arguments for 'get' command\r\n"
         nursery.cancel_scope.cancel()
 
@@ -218,6 +218,25 @@ async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(
         await peer.send((b"KEYS", b"?" * (redis_commands.MAX_PATTERN_BYTES + 1)))
         (got,) = await peer.replies(1)
         assert got == b"-ERR pattern longer than %d bytes\r\n" % redis_commands.MAX_PATTERN_BYTES
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unknown_command_is_answered_in_redis_words(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """Redis 7.0's text (server.c, processCommand): the name as sent, each argument
+    quoted and followed by a space while fewer than 128 bytes are shown."""
+    async with trio.open_nursery() as nursery:
+        peer = await resp_session(node, nursery)
+        await peer.send((b"LPush", b"l", b"a"), (b"XADD",), (b"hset", b"k" * 100, b"f" * 100))
+        got = await peer.replies(3)
+        assert got == [
+            b"-ERR unknown command 'LPush', with args beginning with: 'l' 'a' \r\n",
+            b"-ERR unknown command 'XADD', with args beginning with: \r\n",
+            # 103 bytes shown after the first argument: the next is cut to 128 - 103.
+            b"-ERR unknown command 'hset', with args beginning with: '%s' '%s' \r\n"
+            % (b"k" * 100, b"f" * 25),
+        ]
         nursery.cancel_scope.cancel()
 
 

@@ -42,10 +42,7 @@ from tenantkv.server.executor import (
 )
 from tenantkv.server.node import Node
 from tenantkv.server.redis_commands import (
-    OTHER_TYPES,
     REDIS_COMMANDS,
-    REFUSED,
-    UNSUPPORTED_STRING,
     Reply,
     compiled_glob,
     parse_call,
@@ -204,7 +201,7 @@ class RespDoor:
             elif name in LOCAL:
                 yield msgid, name, args  # (its arguments: the door's)
             else:
-                yield msgid, REFUSED_REQUEST, (name, _unknown(name, args), 1)
+                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1)
 
     # -- replies -------------------------------------------------------------------
 
@@ -453,22 +450,17 @@ def keys_named(spec: tuple[int, int, int], argc: int) -> int:
     return max(1, len(range(first, stop, step)))
 
 
-def _unknown(name: str, args: list[bytes]) -> errors.TenantKVError:
-    if name in OTHER_TYPES:
-        return errors.UnknownCommand(
-            f"'{name}' is not supported: tenantkv stores strings only "
-            "(GET, SET and the other string and key commands)"
-        )
-    if name in UNSUPPORTED_STRING:
-        return errors.UnknownCommand(
-            f"'{name}' is not supported by tenantkv's RESP front door (see docs/redis.md)"
-        )
-    if name in REFUSED:
-        return errors.UnknownCommand(f"'{name}' is not available on tenantkv's RESP front door")
-    shown = " ".join(f"'{a.decode(errors='replace')[:64]}'" for a in args[1:4])
-    return errors.UnknownCommand(
-        f"unknown command '{name[:64]}', with args beginning with: {shown}"
-    )
+def _unknown(args: list[bytes]) -> errors.TenantKVError:
+    """Redis 7.0's answer to a command it does not have (``processCommand``): the
+    name as sent, then each argument quoted and followed by a space while fewer
+    than 128 bytes of them are shown."""
+    shown = ""
+    for arg in args[1:]:
+        if len(shown) >= 128:
+            break
+        shown += f"'{arg.decode(errors='replace')[: 128 - len(shown)]}' "
+    name = args[0].decode(errors="replace")[:128]
+    return errors.UnknownCommand(f"unknown command '{name}', with args beginning with: {shown}")
 
 
 def _arity(name: str) -> errors.BadValue:
