@@ -314,7 +314,7 @@ async def test_other_families_answer_unknown_command(node: Node) -> None:
         peer = await resp_session(node, nursery)
         for name in ("lpush", "hset", "eval", "dump", "restore", "module", "flushall", "xadd"):
             got = await call(peer, name.upper(), "a", "b")
-            assert got.startswith(b"-ERR unknown command '%b'" % name.encode()), got
+            assert got.startswith(b"-ERR unknown command '%b'" % name.upper().encode()), got
         nursery.cancel_scope.cancel()
 
 
