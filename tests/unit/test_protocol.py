@@ -29,10 +29,12 @@ params_st = st.dictionaries(
 )
 
 
+# Six requests put chunk boundaries at every place of several frames (chunks of 1
+# to 50 bytes); twenty only made the nested params cost 4x the drawing time.
 @given(
     st.lists(
         st.tuples(st.integers(0, 2**32 - 1), st.text(min_size=1, max_size=30), params_st),
-        max_size=20,
+        max_size=6,
     ),
     st.integers(1, 50),
 )
