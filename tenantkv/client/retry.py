@@ -12,16 +12,15 @@ driver's loop is only this::
     attempt = op.first_attempt()
     while True:
         sleep(attempt.delay)                        # time.sleep / trio.sleep
-        op.started(attempt, clock())
         try:
-            result = send(attempt.server, op.params(clock()), op.deadline)
+            result = send(attempt.server, op.sending(attempt, clock()), op.deadline)
         except BaseException as exc:
-            attempt = op.failed(exc, clock())
-            if attempt is None:
-                raise
+            attempt = op.after_failure(exc, clock())  # or raises exc
             continue
         op.succeeded(clock())
         return result
+
+(``after_unavailable`` likewise when no connection to ``attempt.server`` opens.)
 
 Rules
     * An error is retried only if it carries both ``SystemOverloadedError`` and
@@ -292,6 +291,27 @@ class RetryState:
             return self.call.params
         left_ms = round((self.deadline - now) * 1000)
         return {**self.call.params, "timeout_ms": left_ms if left_ms > 0 else 0}
+
+    def sending(self, attempt: Attempt, now: float) -> dict[str, Any]:
+        """The driver sends ``attempt`` now: :meth:`started`, and its parameters."""
+        self.started(attempt, now)
+        return self.params(now)
+
+    def after_failure(self, exc: BaseException, now: float) -> Attempt:
+        """:meth:`failed`, for a driver's ``except`` block: the next attempt, or ``exc``
+        raised again when there is none."""
+        attempt = self.failed(exc, now)
+        if attempt is None:
+            raise exc
+        return attempt
+
+    def after_unavailable(self, attempt: Attempt, exc: BaseException, now: float) -> Attempt:
+        """:meth:`server_unavailable`, for a driver's ``except`` block: the next
+        attempt, or ``exc`` raised again when there is none."""
+        nxt = self.server_unavailable(attempt, exc, now)
+        if nxt is None:
+            raise exc
+        return nxt
 
     def started(self, attempt: Attempt, now: float) -> None:
         """The driver is sending ``attempt`` now."""

@@ -194,20 +194,12 @@ class Client(BaseClient):
             try:
                 conn = self._connection(attempt.server)
             except errors.TenantKVError as exc:
-                next_attempt = op.server_unavailable(attempt, exc, clock())
-                if next_attempt is None:
-                    raise
-                attempt = next_attempt
+                attempt = op.after_unavailable(attempt, exc, clock())
                 continue
-            now = clock()
-            op.started(attempt, now)
             try:
-                result = conn.roundtrip(call, op.params(now), op.deadline)
+                result = conn.roundtrip(call, op.sending(attempt, clock()), op.deadline)
             except BaseException as exc:
-                next_attempt = op.failed(exc, clock())
-                if next_attempt is None:
-                    raise
-                attempt = next_attempt
+                attempt = op.after_failure(exc, clock())
                 continue
             op.succeeded(clock())
             if self._selected_bucket(call):
