@@ -88,7 +88,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -104,6 +104,7 @@ from tenantkv.errors import (
     BucketNotFound,
     DeadlineExceeded,
 )
+from tenantkv.records import fields_dict
 
 READ: Final = "read"
 WRITE: Final = "write"
@@ -158,21 +159,6 @@ def _check_class(cls: object) -> str:
 # --------------------------------------------------------------------------- records
 
 
-def _fields_dict(
-    record: Any,
-    *,
-    renamed: Mapping[str, str] = MappingProxyType({}),
-    left_out: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """A record's fields in declaration order, by name (``renamed`` gives the name a
-    field has in the dict where it differs), but those ``left_out``."""
-    return {
-        renamed.get(f.name, f.name): getattr(record, f.name)
-        for f in fields(record)
-        if f.name not in left_out
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class QueueEvent:
     """One ``request_throttled`` / ``request_handled`` event."""
@@ -190,7 +176,7 @@ class QueueEvent:
     outcome: str
 
     def as_dict(self) -> dict[str, Any]:
-        return _fields_dict(self, renamed={"kind": "event", "cls": "class"})
+        return fields_dict(self, renamed={"kind": "event", "cls": "class"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +204,7 @@ class BucketQueueStatistics:
 
     def as_dict(self) -> dict[str, Any]:
         """Every figure but the bucket and class (the keys it is filed under)."""
-        out = _fields_dict(self, left_out=("bucket", "cls"))
+        out = fields_dict(self, left_out=("bucket", "cls"))
         out["release_rate"] = round(self.release_rate, 1)
         return out
 

@@ -99,6 +99,7 @@ import trio
 
 from tenantkv.admission.gate import ParameterTable
 from tenantkv.errors import AdmissionQueueOverflow, DeadlineExceeded
+from tenantkv.records import fields_dict
 
 
 class Priority(Enum):
@@ -208,12 +209,7 @@ class ExemptStatistics:
     total_time_processing_micros: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "started_processing": self.started_processing,
-            "processing": self.processing,
-            "finished_processing": self.finished_processing,
-            "total_time_processing_micros": self.total_time_processing_micros,
-        }
+        return fields_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,22 +233,7 @@ class TicketHolderStatistics:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (one pool in the ``execution_tickets`` status section)."""
-        return {
-            "out": self.out,
-            "available": self.available,
-            "total_tickets": self.total_tickets,
-            "added_to_queue": self.added_to_queue,
-            "removed_from_queue": self.removed_from_queue,
-            "queue_length": self.queue_length,
-            "started_processing": self.started_processing,
-            "processing": self.processing,
-            "finished_processing": self.finished_processing,
-            "total_time_processing_micros": self.total_time_processing_micros,
-            "total_time_queued_micros": self.total_time_queued_micros,
-            "canceled": self.canceled,
-            "new_admissions": self.new_admissions,
-            "exempt": self.exempt.as_dict(),
-        }
+        return {**fields_dict(self, left_out=("exempt",)), "exempt": self.exempt.as_dict()}
 
 
 # --------------------------------------------------------------------------- the holder

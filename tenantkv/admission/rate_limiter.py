@@ -82,6 +82,7 @@ import trio
 
 from tenantkv.admission.gate import ADMITTED, Admitted, ParameterTable, trio_clock
 from tenantkv.errors import BadValue, IngressRequestRateLimitExceeded, ServerError
+from tenantkv.records import fields_dict
 
 DEFAULT_BURST_CAPACITY_SECS: Final = 1.0
 DEFAULT_MAX_QUEUE_DEPTH: Final = 0
@@ -156,18 +157,7 @@ class RateLimiterStatistics:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the limiter's section of ``server_status``)."""
         return {
-            "rate_per_sec": self.rate_per_sec,
-            "burst_capacity_secs": self.burst_capacity_secs,
-            "burst_size": self.burst_size,
-            "max_queue_depth": self.max_queue_depth,
-            "queued": self.queued,
-            "attempted": self.attempted,
-            "successful": self.successful,
-            "rejected": self.rejected,
-            "exempted": self.exempted,
-            "interrupted_in_queue": self.interrupted_in_queue,
-            "added_to_queue": self.added_to_queue,
-            "removed_from_queue": self.removed_from_queue,
+            **fields_dict(self, left_out=("name",)),
             "average_time_queued_micros": round(self.average_time_queued_micros, 1),
             "total_available_tokens": round(self.total_available_tokens, 3),
             "token_balance": round(self.token_balance, 3),

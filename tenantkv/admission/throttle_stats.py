@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from tenantkv.admission.throttle_props import Limit, limit_to_wire, rate_to_wire
+from tenantkv.records import fields_dict, histogram_to_wire
 
 #: Upper bounds (µs) of the wait-time histogram bins; a last bin counts the rest.
 WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
@@ -58,25 +58,16 @@ class BucketThrottleStatistics:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            # (the histogram's key keeps its place; its value is replaced below)
+            **fields_dict(
+                self, renamed={"wait_histogram": "wait_histogram_us"}, left_out=("name",)
+            ),
             "reserved": limit_to_wire(self.reserved),
             "hard_limit": limit_to_wire(self.hard_limit),
-            "weight": self.weight,
-            "connections": self.connections,
             "effective_reserved": rate_to_wire(self.effective_reserved),
             "allowance_rate": rate_to_wire(self.allowance_rate),
             "allowance": rate_to_wire(self.allowance),
-            "hungry": self.hungry,
-            "ru_total": self.ru_total,
-            "wu_total": self.wu_total,
-            "units_used_window": self.units_used_window,
-            "units_used_previous_window": self.units_used_previous_window,
-            "throttle_count_total": self.throttle_count_total,
-            "throttle_wait_micros_total": self.throttle_wait_micros_total,
-            "reject_count_total": self.reject_count_total,
-            "wait_histogram_us": [
-                ["+Inf" if math.isinf(le) else int(le), n] for le, n in self.wait_histogram
-            ],
-            "waiting": self.waiting,
+            "wait_histogram_us": histogram_to_wire(self.wait_histogram),
         }
 
 

@@ -124,6 +124,7 @@ import trio
 
 from tenantkv.admission.gate import ParameterTable
 from tenantkv.errors import BadValue
+from tenantkv.records import fields_dict
 
 log = logging.getLogger("tenantkv.admission")
 
@@ -351,20 +352,12 @@ class ProbingStatistics:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``throughput_probing`` section of ``server_status``)."""
         return {
+            **fields_dict(self),
             "state": self.state.value,
-            "read_concurrency": self.read_concurrency,
-            "write_concurrency": self.write_concurrency,
             "stable_concurrency": round(self.stable_concurrency, 3),
             "stable_throughput": round(self.stable_throughput, 3),
-            "times_probed_stable": self.times_probed_stable,
-            "times_probed_up": self.times_probed_up,
-            "times_probed_down": self.times_probed_down,
-            "times_increased": self.times_increased,
-            "times_decreased": self.times_decreased,
             "total_amount_increased": round(self.total_amount_increased, 3),
             "total_amount_decreased": round(self.total_amount_decreased, 3),
-            "streak": self.streak,
-            "streak_direction": self.streak_direction,
             "last_step_multiple": round(self.last_step_multiple, 4),
         }
 

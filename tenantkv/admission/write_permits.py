@@ -84,6 +84,7 @@ import trio
 from tenantkv.admission.gate import ParameterTable, trio_clock
 from tenantkv.admission.waiters import Waiter, observe_wait, park, unqueue, wake
 from tenantkv.errors import BadValue, BucketExists, BucketNotFound, DeadlineExceeded
+from tenantkv.records import fields_dict, histogram_to_wire
 
 log = logging.getLogger("tenantkv.admission")
 
@@ -188,18 +189,9 @@ class BucketPermitStatistics:
     wait_histogram: tuple[tuple[float, int], ...]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "capacity": self.capacity,
-            "in_use": self.in_use,
-            "waiting": self.waiting,
-            "granted": self.granted,
-            "waited": self.waited,
-            "wait_micros_total": self.wait_micros_total,
-            "interrupted": self.interrupted,
-            "wait_histogram_us": [
-                ["+Inf" if math.isinf(le) else int(le), n] for le, n in self.wait_histogram
-            ],
-        }
+        d = fields_dict(self, left_out=("bucket", "wait_histogram"))
+        d["wait_histogram_us"] = histogram_to_wire(self.wait_histogram)
+        return d
 
 
 @dataclass(frozen=True, slots=True)

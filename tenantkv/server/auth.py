@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenantkv import errors
+from tenantkv.records import fields_dict
 
 #: Matched with fullmatch: ``$`` alone would also accept a trailing newline. No
 #: ``@``: RESP's ``AUTH user@bucket`` splits there (users made before the rule
@@ -290,18 +291,7 @@ class LoginLimiterStatistics:
     queued: int
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "tracked_sources": self.tracked_sources,
-            "tracked_pairs": self.tracked_pairs,
-            "delayed_pairs": self.delayed_pairs,
-            "known_good_pairs": self.known_good_pairs,
-            "failures": self.failures,
-            "refused": self.refused,
-            "refused_busy": self.refused_busy,
-            "hashes": self.hashes,
-            "hashing": self.hashing,
-            "queued": self.queued,
-        }
+        return fields_dict(self)
 
 
 class LoginLimiter:
