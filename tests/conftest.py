@@ -110,6 +110,36 @@ class FakeClock:
         return self.t
 
 
+#: Every daemon this test process started, in order: a failing test's report
+#: shows the logs of those it could have talked to (see pytest_runtest_makereport).
+_STARTED: list[Daemon] = []
+#: How many had started when the current test's setup began.
+_started_before_test = 0
+LOG_TAIL_CHARS = 6000
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _started_before_test
+    _started_before_test = len(_STARTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test's report ends with the log of each daemon it may have used (a
+    module's daemon still running, or one the test started): a failure on a loaded
+    machine is then read from what the server said, not guessed."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed or call.when == "teardown":
+        return
+    for i, d in enumerate(_STARTED):
+        running = d.proc is not None and d.proc.poll() is None
+        if running or i >= _started_before_test:
+            tail = d.log()[-LOG_TAIL_CHARS:]
+            report.sections.append((f"daemon log {d.data_dir} (tail)", tail or "(empty)"))
+
+
 @dataclass
 class Daemon:
     """A real ``tenantkv serve`` process on a loopback port."""
@@ -157,6 +187,8 @@ class Daemon:
                 self.kill()
                 raise RuntimeError(f"daemon did not start: {self.log()}")
             time.sleep(0.02)
+        if not any(d is self for d in _STARTED):  # (a restart is the same daemon)
+            _STARTED.append(self)
         info = json.loads(ready.read_text())
         self.host, self.port, self.metrics_port = info["host"], info["port"], info["metrics_port"]
         self.resp_port = info["resp_port"] or 0
