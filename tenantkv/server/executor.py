@@ -42,7 +42,7 @@ import trio
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
-from tenantkv.server import auth
+from tenantkv.server import auth, transaction
 from tenantkv.server.commands import Command, check_params
 from tenantkv.server.log_setup import SparseLog
 from tenantkv.server.node import Node
@@ -293,6 +293,10 @@ class Executor:
         #: at once), see _pause_reads
         self.reads_paused_until = 0.0
         self._prepared: Prepared | None = None
+        #: MULTI ... EXEC and WATCH (server/transaction.py; None: never used), and
+        #: whether MULTI is on: then each request goes to transaction.queue_command
+        self.txn: transaction.Transaction | None = None
+        self.in_multi = False
         #: when this connection last logged an unexpected failure (trio time), and
         #: how many it did not log since (_log_internal_error)
         self._error_logged_at = -math.inf
@@ -339,6 +343,12 @@ class Executor:
                                 if nxt is not None:  # an admin command: it passes
                                     req = nxt
                                     continue
+                            if self.in_multi:
+                                transaction.state(self).flag()  # (it was not queued)
+                            break
+                        if self.in_multi and transaction.queue_command(
+                            self, cmd, req, request_bytes(req[2])
+                        ):
                             break
                         inline = self._run_inline(cmd, req, numbered, handled)
                         if inline is None:
@@ -1262,6 +1272,7 @@ class Executor:
         if self._watch_rx is not None:
             self.node.queues.unsubscribe(self._watch_rx)
         self.select(None)
+        self.txn = None
         self.flow = CLOSED
         self._prepared = None
 
