@@ -77,6 +77,8 @@ class Queued:
     cost: int
     #: the reply of a call that differs from its command's (RESP SET ... GET)
     reply: Callable[[Any, Any], bytes] | None = None
+    #: the result of a command that is no data command (UNWATCH, PING, ECHO)
+    result: Any = True
 
 
 class ExecAborted:
@@ -139,11 +141,9 @@ def queue_command(ex: Any, cmd: Command | None, req: tuple[int, str, Any], size:
     if cmd is None or (cmd.kind == "door" and method.startswith("\0")):
         txn.flag()  # unknown or malformed: answered as it would be outside MULTI
         return False
-    if cmd.name == "unwatch" and cmd.kind == "session":
-        return _queue(ex, txn, Queued(cmd, {}, None, None, 0), msgid, 0)
     try:
         if cmd.kind not in ("read", "write"):
-            raise errors.BadValue(NOT_IN_TRANSACTION)
+            return _queue(ex, txn, _constant(cmd, params), msgid, 0)
         prep = ex._prepare(cmd, params)
     except errors.TenantKVError as exc:
         txn.flag()
@@ -153,11 +153,35 @@ def queue_command(ex: Any, cmd: Command | None, req: tuple[int, str, Any], size:
     return _queue(ex, txn, queued, msgid, size)
 
 
+def _constant(cmd: Command, params: Any) -> Queued:
+    """A command that is no data command, queued: UNWATCH, and RESP's PING and
+    ECHO, whose answers are known now; any other is refused (BadValue)."""
+    if cmd.name == "unwatch" and cmd.kind == "session":
+        return Queued(cmd, {}, None, None, 0)
+    if cmd.kind == "door" and cmd.name in ("ping", "echo") and isinstance(params, list):
+        n = len(params)
+        if (cmd.name == "ping" and n <= 2) or (cmd.name == "echo" and n == 2):
+            if n == 1:
+                return Queued(cmd, {}, None, None, 0, _pong, None)
+            return Queued(cmd, {}, None, None, 0, _bulk, bytes(params[1]))
+        raise errors.BadValue(f"wrong number of arguments for '{cmd.name}' command")
+    raise errors.BadValue(NOT_IN_TRANSACTION)
+
+
+def _pong(enc: Any, v: Any) -> bytes:
+    return b"+PONG\r\n"
+
+
+def _bulk(enc: Any, v: Any) -> bytes:
+    return enc.bulk(v)
+
+
 def _queue(ex: Any, txn: Transaction, queued: Queued, msgid: int, size: int) -> bool:
     """Keep a checked command (within the bounds) and answer it QUEUED."""
     take_special = getattr(ex.door, "take_special", None)
-    if take_special is not None:
-        queued.reply = take_special(msgid)
+    special = None if take_special is None else take_special(msgid)
+    if special is not None:
+        queued.reply = special
     if txn.dirty:
         ex.charge_floor()  # checked, kept nowhere: not charged by any EXEC
     elif len(txn.queue) >= MAX_TRANSACTION_COMMANDS or txn.nbytes + size > MAX_TRANSACTION_BYTES:
@@ -254,12 +278,12 @@ async def execute(ex: Any) -> ExecResult:
     if not runs:
         if watches and not _watches_hold(ex, watches):
             return None
-        return [(q, True, None) for q in queue]
+        return [(q, q.result, None) for q in queue]
     outcomes = await _commit(ex, runs, watches)
     if outcomes is None:
         return None
     found = iter(outcomes)
-    return [next(found) if q.cmd.kind in ("read", "write") else (q, True, None) for q in queue]
+    return [next(found) if q.cmd.kind in ("read", "write") else (q, q.result, None) for q in queue]
 
 
 async def _commit(
