@@ -22,7 +22,12 @@ async def _multi(s: Session, p: dict[str, Any]) -> Any:
 
 
 async def _exec(s: Session, p: dict[str, Any]) -> Any:
-    return await transaction.execute(s)
+    done = await transaction.execute(s)
+    if isinstance(done, list):
+        # Each error in the door's words now (the reply encoder has no door).
+        refusal = s.door.refusal  # type: ignore[attr-defined]
+        return [(q, r, None if e is None else refusal(e)) for q, r, e in done]
+    return done
 
 
 async def _discard(s: Session, p: dict[str, Any]) -> Any:
@@ -42,16 +47,14 @@ async def _unwatch(s: Session, p: dict[str, Any]) -> Any:
 
 def _exec_reply(enc: Encoder, done: Any) -> bytes:
     """EXEC's reply: each queued command's, in order (see the module docstring)."""
-    from tenantkv.server.doors.resp import error_text  # (the door imports this table)
-
     if isinstance(done, transaction.ExecAborted):
         return enc.error(transaction.EXECABORT)
     if done is None:
         return enc.null_array()
     parts = [b"*%d\r\n" % len(done)]
-    for q, result, exc in done:
-        if exc is not None:
-            parts.append(enc.error(error_text(exc)))
+    for q, result, error in done:
+        if error is not None:
+            parts.append(error)
             continue
         reply = q.reply or q.cmd.reply
         parts.append(enc.value(result) if reply is None else reply(enc, result))

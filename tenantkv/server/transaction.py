@@ -39,7 +39,7 @@ from tenantkv.server.commands import Command, command
 from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
-from tenantkv.storage.transaction_ops import READ_HANDLERS, ReadStep, TransactionOp
+from tenantkv.storage.transaction_ops import ReadStep, TransactionOp
 
 #: The most commands one transaction may queue.
 MAX_TRANSACTION_COMMANDS = 10_000
@@ -427,16 +427,3 @@ async def _msgpack_unwatch(s: Any, p: dict[str, Any]) -> Any:
     """true. Forgets the watched keys."""
     unwatch(s)
     return True
-
-
-def register_reads() -> None:
-    """Register the read handlers a transaction may queue, by door (see
-    :func:`tenantkv.storage.transaction_ops.read_handler`, which calls this)."""
-    from tenantkv.server.redis_commands import REDIS_COMMANDS
-
-    for name, cmd in commands.COMMANDS.items():
-        if cmd.kind == "read":
-            READ_HANDLERS[f"msgpack:{name}"] = cmd.handler
-    for name, rc in REDIS_COMMANDS.items():
-        if rc.kind == "read":
-            READ_HANDLERS[f"resp:{name}"] = rc.handler

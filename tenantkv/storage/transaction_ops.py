@@ -39,18 +39,19 @@ from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.ops import WriteContext, WriteOp
 
 #: Read handlers a transaction may queue, by their step name (``door:command``):
-#: registered by the server's command tables (``server/transaction.py``).
+#: registered by the server's command tables (``server/transaction_reads.py``).
 READ_HANDLERS: dict[str, Callable[[Any, BucketHandle, dict[str, Any]], Any]] = {}
-#: The module whose ``register_reads`` registers them, on first use (after every
-#: command table is complete; also in the node's writer process, with workers).
-_REGISTRAR = "tenantkv.server.transaction"
+#: The module whose ``register`` registers them, imported on first use (by name:
+#: storage imports nothing of the server; the command tables are complete by
+#: then, and the node's writer process, with workers, loads them so).
+_REGISTRAR = "tenantkv.server.transaction_reads"
 
 
 def read_handler(name: str) -> Callable[[Any, BucketHandle, dict[str, Any]], Any]:
     """The read handler of step ``name``; ValueError when there is none."""
     handler = READ_HANDLERS.get(name)
     if handler is None:
-        importlib.import_module(_REGISTRAR).register_reads()
+        importlib.import_module(_REGISTRAR).register()
         handler = READ_HANDLERS.get(name)
         if handler is None:
             raise ValueError(f"no read {name!r} may be queued in a transaction")
@@ -193,6 +194,8 @@ class TransactionOp(WriteOp):
     watches: list[list[Any]] = field(default_factory=list)
     #: the node's max_value_bytes (read handlers check offsets against it)
     max_value_bytes: int = 0
+    #: (what the writer fills in, sent back to a worker: a transaction meters per step)
+    nbytes: int = 0
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
