@@ -427,3 +427,44 @@ async def _msgpack_unwatch(s: Any, p: dict[str, Any]) -> Any:
     """true. Forgets the watched keys."""
     unwatch(s)
     return True
+
+
+@command("transaction", "session", "ops", "watch")
+async def _msgpack_transaction(s: Any, p: dict[str, Any]) -> Any:
+    """One request, atomic: ops [[method, params], ...] (data commands), each checked
+    first — one that fails its check fails the request, nothing ran — then run as
+    exec runs a queue: a list of {result} or {error}, one per op. watch [[key, cas],
+    ...]: nil, nothing ran, unless each key's CAS is the one given (0: no key)."""
+    ops, watch_list = p.get("ops"), p.get("watch") or []
+    if not isinstance(ops, list) or not 0 < len(ops) <= MAX_TRANSACTION_COMMANDS:
+        raise errors.BadValue(f"'ops' must be a list of 1-{MAX_TRANSACTION_COMMANDS} operations")
+    if not isinstance(watch_list, list) or len(watch_list) > MAX_WATCHED_KEYS:
+        raise errors.BadValue(f"'watch' must be a list of at most {MAX_WATCHED_KEYS} [key, cas]")
+    runs = [_checked(s, i, item) for i, item in enumerate(ops)]
+    b = s._data_bucket(write=False)
+    watches: dict[tuple[str, bytes], int] = {}
+    for item in watch_list:
+        if not isinstance(item, list) or len(item) != 2:
+            raise errors.BadValue("each 'watch' entry must be [key, cas]")
+        cas = commands.int_param({"cas": item[1]}, "cas", 0, 0, 2**64 - 1)
+        watches[(b.name, commands.key_param({"key": item[0]}))] = cas
+    outcomes = await _commit(s, runs, watches)
+    if outcomes is None:
+        return None
+    return [{"result": r} if e is None else {"error": e.to_wire()} for _, r, e in outcomes]
+
+
+def _checked(s: Any, i: int, item: Any) -> Queued:
+    """The ``i``-th operation of a ``transaction`` request, checked as exec's queue is."""
+    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict)):
+        raise errors.BadValue(f"ops[{i}] must be [method, params]")
+    method, params = item
+    cmd = commands.COMMANDS.get(method) if isinstance(method, str) else None
+    if cmd is None or cmd.kind not in ("read", "write"):
+        raise errors.BadValue(f"ops[{i}]: {errors.shown(method)} is no data command")
+    try:
+        prep = s._prepare(cmd, params)
+    except errors.TenantKVError as exc:
+        exc.errmsg = f"ops[{i}] ({method}): {exc.errmsg}"
+        raise
+    return Queued(prep.cmd, prep.params, prep.bucket, prep.op, prep.cost)
