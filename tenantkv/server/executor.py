@@ -337,14 +337,14 @@ class Executor:
                         elif pipeline.request_rate_enabled and self._refused_by_rate(
                             req[0], req[1], admin=exempt
                         ):
+                            if self.in_multi:
+                                transaction.refused(self, req[1])  # (it was not queued)
                             if loan.refusal is not None:
                                 # The limiter refused the chunk: the rest of it likewise.
                                 handled, nxt = self._refuse_rest(numbered, handled)
-                                if nxt is not None:  # an admin command: it passes
+                                if nxt is not None:  # an admin command, or one ending MULTI
                                     req = nxt
                                     continue
-                            if self.in_multi:
-                                transaction.state(self).flag()  # (it was not queued)
                             break
                         if self.in_multi and transaction.queue_command(
                             self, cmd, req, request_bytes(req[2])
@@ -515,6 +515,8 @@ class Executor:
         first = handled
         stop: Request | None = None
         exempt = self.door.admin_methods if self.user.admin else frozenset()
+        if self.in_multi:
+            exempt |= transaction.ENDS  # (refused one by one: it ends the transaction)
         for handled, req in numbered:
             if req[1] in exempt:
                 stop = req

@@ -50,6 +50,8 @@ MAX_WATCHED_KEYS = 1000
 #: The commands that act on the transaction itself: run, never queued (UNWATCH
 #: inside MULTI is queued, as in Redis).
 CONTROL = frozenset({"multi", "exec", "discard", "watch"})
+#: The commands that end MULTI.
+ENDS = frozenset({"exec", "discard"})
 #: Door commands that run inside MULTI as outside (Redis: QUIT and RESET).
 PASS_THROUGH = frozenset({"quit", "reset"})
 #: EXEC's answer after a queue-time error (Redis's words).
@@ -145,12 +147,25 @@ def queue_command(ex: Any, cmd: Command | None, req: tuple[int, str, Any], size:
         if cmd.kind not in ("read", "write"):
             return _queue(ex, txn, _constant(cmd, params), msgid, 0)
         prep = ex._prepare(cmd, params)
-    except errors.TenantKVError as exc:
+    except Exception as exc:
         txn.flag()
-        ex.fail(msgid, method, exc)
+        ex._inline_failed(msgid, method, exc)  # (its error, as outside MULTI)
         return True
     queued = Queued(prep.cmd, prep.params, prep.bucket, prep.op, prep.cost)
     return _queue(ex, txn, queued, msgid, size)
+
+
+def refused(ex: Any, method: str) -> None:
+    """The request rate limiter refused a request inside MULTI: it was not queued,
+    so the transaction fails; a refused EXEC or DISCARD ends it (Redis discards
+    a transaction whose EXEC it rejects), so that the client's next commands
+    are not queued unseen."""
+    txn = state(ex)
+    if method in ENDS:
+        txn.reset()
+        ex.in_multi = False
+    else:
+        txn.flag()
 
 
 def _constant(cmd: Command, params: Any) -> Queued:

@@ -218,3 +218,33 @@ async def test_exec_is_charged_what_its_commands_cost_alone(
         assert (counters.ru_total - ru0, counters.wu_total - wu0) == alone
         assert alone[0] >= 3 and alone[1] >= 3  # (10 KB: 3 read units, 3 write units)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_command_the_rate_limiter_refuses_fails_the_transaction(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    """Refused by the request rate limiter inside MULTI, a command is not queued: the
+    transaction must not run without it; a refused EXEC ends the transaction, so
+    the client's next commands are not queued unseen."""
+    from tests.unit.test_session import limit_requests_to_five_tokens
+
+    await limit_requests_to_five_tokens(node, mock_clock)
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        got = await a(
+            cmd("MULTI"),
+            *(cmd("SET", f"r{i}", "v") for i in range(5)),  # the 5th and later: refused
+            cmd("EXEC"),
+        )
+        assert got[:5] == ["OK"] + ["QUEUED"] * 4
+        assert all(g[0] == "error" for g in got[5:])
+        mock_clock.jump(10)  # 5 tokens again
+        got = await a(cmd("SET", "after", "1"), cmd("GET", "r0"), cmd("GET", "after"))
+        assert got == ["OK", None, b"1"]  # out of MULTI; nothing of it ran
+        got = await a(cmd("MULTI"), cmd("SET", "r1", "v"), cmd("EXEC"))  # 2 tokens left
+        assert got[:2] == ["OK", "QUEUED"] and got[2][0] == "error"
+        mock_clock.jump(10)
+        assert (await a(cmd("EXEC")))[0] == ("error", "EXEC without MULTI")
+        assert await a(cmd("GET", "r1")) == [None]
+        nursery.cancel_scope.cancel()
