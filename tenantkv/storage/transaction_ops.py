@@ -38,6 +38,11 @@ from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.ops import WriteContext, WriteOp
 
+#: The most bytes a transaction's reads may return together: past it, each
+#: further read fails (its reply would be held with the others until EXEC is
+#: answered — a queue of GETs of 20 MiB values would be gigabytes).
+MAX_READ_BYTES = 64 * 1024 * 1024
+
 #: Read handlers a transaction may queue, by their step name (``door:command``):
 #: registered by the server's command tables (``server/transaction_reads.py``).
 READ_HANDLERS: dict[str, Callable[[Any, BucketHandle, dict[str, Any]], Any]] = {}
@@ -209,9 +214,12 @@ class TransactionOp(WriteOp):
         if not self.watches_hold(w):
             return None
         out: list[list[Any]] = []
+        read = 0  # bytes the reads returned so far
         for step in self.steps:
             if isinstance(step, ReadStep):
-                out.append(self._read(w, step))
+                outcome = self._read(w, step, read)
+                read += sum(outcome[4])
+                out.append(outcome)
                 continue
             try:
                 result = step.apply(w)
@@ -236,8 +244,9 @@ class TransactionOp(WriteOp):
                 return False
         return True
 
-    def _read(self, w: WriteContext, step: ReadStep) -> list[Any]:
-        """Run a queued read on the writer's transaction; its outcome."""
+    def _read(self, w: WriteContext, step: ReadStep, before: int) -> list[Any]:
+        """Run a queued read on the writer's transaction; its outcome (``before``:
+        the bytes the transaction's reads returned before it)."""
         txn = _TxnReads(w.txn)
         node = _Node(EngineReads(w.engine, w.txn), _Config(self.max_value_bytes))
         s = ReadSession(node, txn)
@@ -245,6 +254,10 @@ class TransactionOp(WriteOp):
             if self.bucket.dropped:
                 raise errors.BucketNotFound(f"bucket {self.bucket.name!r} was deleted")
             result = read_handler(step.name)(s, self.bucket, step.params)
+            if before + sum(s.read_sizes) > MAX_READ_BYTES:
+                raise errors.BadValue(
+                    f"the transaction's reads return more than {MAX_READ_BYTES} bytes"
+                )
         except errors.TenantKVError as exc:
             return _outcome(None, exc, None, s)
         except Exception as exc:  # a handler's bug fails its command, not the commit

@@ -111,3 +111,19 @@ def test_an_unexpected_failure_of_a_read_fails_its_step_only(eng: Engine) -> Non
     h = BucketHandle("b", eng.bucket("b").db)
     out = apply(eng, TransactionOp(h, [ReadStep("resp:get", {"key": 5})], []))
     assert errors.from_wire(out[0][1]).code_name in ("InternalError", "BadValue")
+
+
+def test_reads_past_the_reply_bound_fail_and_the_writes_still_apply(
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenantkv.storage import transaction_ops
+
+    monkeypatch.setattr(transaction_ops, "MAX_READ_BYTES", 25_000)
+    h = eng.bucket("b")
+    steps: list[Any] = [ops.SetOp(h, b"big", b"x" * 10_000)]
+    steps += [ReadStep("resp:get", {"key": b"big"}) for _ in range(3)]
+    steps.append(ops.SetOp(h, b"after", b"1"))
+    out = apply(eng, TransactionOp(h, steps, []))
+    assert [o[1] is None for o in out] == [True, True, True, False, True]
+    assert "more than 25000 bytes" in errors.from_wire(out[3][1]).errmsg
+    assert eng.get(h, b"after") is not None
