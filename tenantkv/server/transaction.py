@@ -34,8 +34,6 @@ import trio
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
-from tenantkv.server import commands
-from tenantkv.server.commands import Command, command
 from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
@@ -64,14 +62,22 @@ def _queued_reply(enc: Any, v: Any) -> bytes:
 
 
 #: How a queued command is answered (RESP: +QUEUED; MessagePack: "QUEUED").
-QUEUED = Command("queued", "session", frozenset(), lambda *a: None, "", _queued_reply)
+class _QueuedCommand:
+    """The command a QUEUED answer is sent as (the doors read its reply)."""
+
+    name = "queued"
+    reply = staticmethod(_queued_reply)
+
+
+QUEUED: Any = _QueuedCommand()
 
 
 @dataclass(slots=True, eq=False)
 class Queued:
     """A command checked and queued: what EXEC runs and how it answers it."""
 
-    cmd: Command
+    #: its command (server/commands.py ``Command``: this module precedes that table)
+    cmd: Any
     params: dict[str, Any]
     bucket: BucketHandle | None
     #: its write (None: a read), and the write's cost known before it runs
@@ -129,7 +135,7 @@ def state(ex: Any) -> Transaction:
     return txn
 
 
-def queue_command(ex: Any, cmd: Command | None, req: tuple[int, str, Any], size: int) -> bool:
+def queue_command(ex: Any, cmd: Any, req: tuple[int, str, Any], size: int) -> bool:
     """A request received inside MULTI (``size``: its arguments' bytes): True
     when it was answered here (queued, or refused), False when it runs as usual
     (the transaction's own commands, QUIT, RESET, and a request the door or
@@ -139,6 +145,7 @@ def queue_command(ex: Any, cmd: Command | None, req: tuple[int, str, Any], size:
     if cmd is not None and (cmd.name in CONTROL or cmd.name in PASS_THROUGH):
         if cmd.name == "reset":
             txn.reset()
+            ex.in_multi = False
         return False
     if cmd is None or (cmd.kind == "door" and method.startswith("\0")):
         txn.flag()  # unknown or malformed: answered as it would be outside MULTI
@@ -168,7 +175,7 @@ def refused(ex: Any, method: str) -> None:
         txn.flag()
 
 
-def _constant(cmd: Command, params: Any) -> Queued:
+def _constant(cmd: Any, params: Any) -> Queued:
     """A command that is no data command, queued: UNWATCH, and RESP's PING and
     ECHO, whose answers are known now; any other is refused (BadValue)."""
     if cmd.name == "unwatch" and cmd.kind == "session":
@@ -398,88 +405,43 @@ def _settle(
     return out
 
 
-# -- the MessagePack door's commands ---------------------------------------------------
+# -- the MessagePack door's forms (its commands: server/commands.py) -------------------
 
 
-@command("multi", "session")
-async def _msgpack_multi(s: Any, p: dict[str, Any]) -> Any:
-    """true. Later data commands are checked and answered "QUEUED" until exec or discard."""
-    multi(s)
-    return True
-
-
-@command("exec", "session")
-async def _msgpack_exec(s: Any, p: dict[str, Any]) -> Any:
-    """The queued commands' outcomes, one per command: {result} or {error}; nil when
-    a watched key changed (nothing ran). BadValue EXECABORT after a queue-time error."""
-    done = await execute(s)
+def exec_result(done: ExecResult) -> Any:
+    """EXEC's outcome as the MessagePack ``exec`` answers it."""
     if isinstance(done, ExecAborted):
         raise errors.BadValue(EXECABORT)
-    if done is None:
-        return None
+    return None if done is None else _wire(done)
+
+
+def _wire(done: list[tuple[Queued, Any, errors.TenantKVError | None]]) -> list[Any]:
     return [{"result": r} if e is None else {"error": e.to_wire()} for _, r, e in done]
 
 
-@command("discard", "session")
-async def _msgpack_discard(s: Any, p: dict[str, Any]) -> Any:
-    """true. Forgets the queued commands and the watched keys."""
-    discard(s)
-    return True
+async def run_ops(ex: Any, ops: list[tuple[Any, dict[str, Any]]], watch: list[Any]) -> Any:
+    """The MessagePack ``transaction`` request: ``ops`` (each a data command and
+    its parameters) checked as EXEC's queue is — the first that fails its check
+    fails the request, nothing ran — then run as EXEC runs a queue, if each of
+    ``watch`` (``(key, cas)``, in the connection's bucket) still holds."""
+    if len(ops) > MAX_TRANSACTION_COMMANDS or len(watch) > MAX_WATCHED_KEYS:
+        raise errors.BadValue(
+            f"a transaction takes at most {MAX_TRANSACTION_COMMANDS} ops "
+            f"and {MAX_WATCHED_KEYS} watched keys"
+        )
+    runs = [_checked(ex, i, cmd, params) for i, (cmd, params) in enumerate(ops)]
+    b = ex._data_bucket(write=False)
+    outcomes = await _commit(ex, runs, {(b.name, key): cas for key, cas in watch})
+    return None if outcomes is None else _wire(outcomes)
 
 
-@command("watch", "session", "keys")
-async def _msgpack_watch(s: Any, p: dict[str, Any]) -> Any:
-    """true. exec applies nothing (answers nil) if one of keys changes before it."""
-    keys = p.get("keys")
-    if not isinstance(keys, list) or not 0 < len(keys) <= commands.MAX_KEYS_PER_COMMAND:
-        raise errors.BadValue(f"'keys' must be a list of 1-{commands.MAX_KEYS_PER_COMMAND} keys")
-    watch(s, [commands.key_param({"key": k}) for k in keys])
-    return True
-
-
-@command("unwatch", "session")
-async def _msgpack_unwatch(s: Any, p: dict[str, Any]) -> Any:
-    """true. Forgets the watched keys."""
-    unwatch(s)
-    return True
-
-
-@command("transaction", "session", "ops", "watch")
-async def _msgpack_transaction(s: Any, p: dict[str, Any]) -> Any:
-    """One request, atomic: ops [[method, params], ...] (data commands), each checked
-    first — one that fails its check fails the request, nothing ran — then run as
-    exec runs a queue: a list of {result} or {error}, one per op. watch [[key, cas],
-    ...]: nil, nothing ran, unless each key's CAS is the one given (0: no key)."""
-    ops, watch_list = p.get("ops"), p.get("watch") or []
-    if not isinstance(ops, list) or not 0 < len(ops) <= MAX_TRANSACTION_COMMANDS:
-        raise errors.BadValue(f"'ops' must be a list of 1-{MAX_TRANSACTION_COMMANDS} operations")
-    if not isinstance(watch_list, list) or len(watch_list) > MAX_WATCHED_KEYS:
-        raise errors.BadValue(f"'watch' must be a list of at most {MAX_WATCHED_KEYS} [key, cas]")
-    runs = [_checked(s, i, item) for i, item in enumerate(ops)]
-    b = s._data_bucket(write=False)
-    watches: dict[tuple[str, bytes], int] = {}
-    for item in watch_list:
-        if not isinstance(item, list) or len(item) != 2:
-            raise errors.BadValue("each 'watch' entry must be [key, cas]")
-        cas = commands.int_param({"cas": item[1]}, "cas", 0, 0, 2**64 - 1)
-        watches[(b.name, commands.key_param({"key": item[0]}))] = cas
-    outcomes = await _commit(s, runs, watches)
-    if outcomes is None:
-        return None
-    return [{"result": r} if e is None else {"error": e.to_wire()} for _, r, e in outcomes]
-
-
-def _checked(s: Any, i: int, item: Any) -> Queued:
-    """The ``i``-th operation of a ``transaction`` request, checked as exec's queue is."""
-    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict)):
-        raise errors.BadValue(f"ops[{i}] must be [method, params]")
-    method, params = item
-    cmd = commands.COMMANDS.get(method) if isinstance(method, str) else None
+def _checked(ex: Any, i: int, cmd: Any, params: dict[str, Any]) -> Queued:
+    """The ``i``-th op of a ``transaction`` request, checked as EXEC's queue is."""
     if cmd is None or cmd.kind not in ("read", "write"):
-        raise errors.BadValue(f"ops[{i}]: {errors.shown(method)} is no data command")
+        raise errors.BadValue(f"ops[{i}] is no data command")
     try:
-        prep = s._prepare(cmd, params)
+        prep = ex._prepare(cmd, params)
     except errors.TenantKVError as exc:
-        exc.errmsg = f"ops[{i}] ({method}): {exc.errmsg}"
+        exc.errmsg = f"ops[{i}] ({cmd.name}): {exc.errmsg}"
         raise
     return Queued(prep.cmd, prep.params, prep.bucket, prep.op, prep.cost)

@@ -240,3 +240,12 @@ def test_asyncio_pipeline_and_transaction(d: Daemon) -> None:
             await c.aclose()
 
     asyncio.run(main())
+
+
+def test_reset_inside_multi_discards_it(r: redis.Redis, conn: Any) -> None:
+    assert call(conn, "MULTI") == b"OK"
+    assert call(conn, "SET", "gone", "1") == b"QUEUED"
+    assert call(conn, "RESET") == b"RESET"
+    assert call(conn, "SET", "k", "v") == b"OK"  # runs: no longer in MULTI
+    assert str(call(conn, "EXEC")) == "EXEC without MULTI"
+    assert r.get("gone") is None and r.get("k") == b"v"
