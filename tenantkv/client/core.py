@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import count
 from typing import Any, Generic, TypeVar
@@ -93,6 +93,15 @@ def _value_of(r: Any) -> bytes | None:
 
 def _cas(r: Any) -> int:
     return int(r["cas"])
+
+
+def _transaction_results(r: Any) -> list[Any] | None:
+    if r is None:
+        return None
+    return [
+        x.get("result") if "error" not in x else errors.from_wire(x["error"], command="transaction")
+        for x in r
+    ]
 
 
 def _scan(r: Any) -> ScanPage:
@@ -373,6 +382,30 @@ class Commands:
 
         A ``timeout_ms`` among them also bounds the operation on the client side."""
         return self._execute(Call(method, args, _ident, generic=True))
+
+    def transaction(
+        self,
+        ops: Iterable[tuple[str, Mapping[str, Any]]],
+        *,
+        watch: Mapping[Key, int] | None = None,
+    ) -> Any:
+        """Run ``ops`` — ``(method, params)`` pairs of data commands, e.g.
+        ``("set", {"key": "a", "value": "1"})``, ``("incr", {"key": "n"})``,
+        ``("get", {"key": "a"})`` — atomically, in one request: applied in one
+        commit, acknowledged once durable; a read sees the earlier ops' writes.
+
+        Returns each op's raw result in order, or the :class:`ServerError` it
+        failed with (a runtime error fails that op only, as in Redis); None when
+        ``watch`` ({key: CAS} from :meth:`get_record`, 0 for "no such key")
+        does not hold any more: then nothing ran. An op that fails its check
+        (parameters, role) fails the whole request before anything runs.
+
+        Retried as a write is: only when the server proves it did not run (an
+        overload error before admission), never after a lost connection."""
+        params: dict[str, Any] = {"ops": [[method, dict(p)] for method, p in ops]}
+        if watch:
+            params["watch"] = [[_key(k), int(cas)] for k, cas in watch.items()]
+        return self._execute(Call("transaction", params, _transaction_results))
 
 
 class _TimeoutView(Commands):

@@ -23,7 +23,7 @@ import trio
 
 from tenantkv import errors, protocol
 from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props, parse_node_props
-from tenantkv.server import auth
+from tenantkv.server import auth, transaction
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
 from tenantkv.storage import backup as backup_mod
 from tenantkv.storage.engine import BucketHandle, validate_bucket_name
@@ -690,6 +690,72 @@ async def configure_fail_point(s: Session, p: dict[str, Any]) -> Any:
     result = s.node.failpoints.configure(p)
     log.info("audit: %s configure_fail_point %s", s.who(), result)
     return result
+
+
+# -- transactions (server/transaction.py: the state, the queue, EXEC) ---------------
+
+
+@command("multi", "session")
+async def multi(s: Session, p: dict[str, Any]) -> Any:
+    """true. Later data commands are checked and answered "QUEUED" until exec or discard."""
+    transaction.multi(s)
+    return True
+
+
+@command("exec", "session")
+async def exec_(s: Session, p: dict[str, Any]) -> Any:
+    """The queued commands' outcomes, one per command: {result} or {error}; nil when
+    a watched key changed (nothing ran). BadValue EXECABORT after a queue-time error."""
+    return transaction.exec_result(await transaction.execute(s))
+
+
+@command("discard", "session")
+async def discard(s: Session, p: dict[str, Any]) -> Any:
+    """true. Forgets the queued commands and the watched keys."""
+    transaction.discard(s)
+    return True
+
+
+@command("watch", "session", "keys")
+async def watch(s: Session, p: dict[str, Any]) -> Any:
+    """true. exec applies nothing (answers nil) if one of keys changes before it."""
+    keys = p.get("keys")
+    if not isinstance(keys, list) or not 0 < len(keys) <= MAX_KEYS_PER_COMMAND:
+        raise errors.BadValue(f"'keys' must be a list of 1-{MAX_KEYS_PER_COMMAND} keys")
+    transaction.watch(s, [key_param({"key": k}) for k in keys])
+    return True
+
+
+@command("unwatch", "session")
+async def unwatch(s: Session, p: dict[str, Any]) -> Any:
+    """true. Forgets the watched keys."""
+    transaction.unwatch(s)
+    return True
+
+
+@command("transaction", "session", "ops", "watch")
+async def transaction_(s: Session, p: dict[str, Any]) -> Any:
+    """One request, atomic: ops [[method, params], ...] (data commands), each checked
+    first — one that fails its check fails the request, nothing ran — then run as
+    exec runs a queue: a list of {result} or {error}, one per op. watch [[key, cas],
+    ...]: nil, nothing ran, unless each key's CAS is the one given (0: no key)."""
+    ops, watched = p.get("ops"), p.get("watch") or []
+    if not isinstance(ops, list) or not ops:
+        raise errors.BadValue("'ops' must be a non-empty list of [method, params]")
+    if not isinstance(watched, list):
+        raise errors.BadValue("'watch' must be a list of [key, cas]")
+    calls = []
+    for i, item in enumerate(ops):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict)):
+            raise errors.BadValue(f"ops[{i}] must be [method, params]")
+        calls.append((COMMANDS.get(item[0]) if isinstance(item[0], str) else None, item[1]))
+    watch_cas = []
+    for item in watched:
+        if not isinstance(item, list) or len(item) != 2:
+            raise errors.BadValue("each 'watch' entry must be [key, cas]")
+        cas = int_param({"cas": item[1]}, "cas", 0, 0, 2**64 - 1)
+        watch_cas.append((key_param({"key": item[0]}), cas))
+    return await transaction.run_ops(s, calls, watch_cas)
 
 
 AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]

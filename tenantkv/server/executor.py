@@ -42,7 +42,7 @@ import trio
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
-from tenantkv.server import auth
+from tenantkv.server import auth, transaction
 from tenantkv.server.commands import Command, check_params
 from tenantkv.server.log_setup import SparseLog
 from tenantkv.server.node import Node
@@ -293,6 +293,10 @@ class Executor:
         #: at once), see _pause_reads
         self.reads_paused_until = 0.0
         self._prepared: Prepared | None = None
+        #: MULTI ... EXEC and WATCH (server/transaction.py; None: never used), and
+        #: whether MULTI is on: then each request goes to transaction.queue_command
+        self.txn: transaction.Transaction | None = None
+        self.in_multi = False
         #: when this connection last logged an unexpected failure (trio time), and
         #: how many it did not log since (_log_internal_error)
         self._error_logged_at = -math.inf
@@ -333,12 +337,18 @@ class Executor:
                         elif pipeline.request_rate_enabled and self._refused_by_rate(
                             req[0], req[1], admin=exempt
                         ):
+                            if self.in_multi:
+                                transaction.refused(self, req[1])  # (it was not queued)
                             if loan.refusal is not None:
                                 # The limiter refused the chunk: the rest of it likewise.
                                 handled, nxt = self._refuse_rest(numbered, handled)
-                                if nxt is not None:  # an admin command: it passes
+                                if nxt is not None:  # an admin command, or one ending MULTI
                                     req = nxt
                                     continue
+                            break
+                        if self.in_multi and transaction.queue_command(
+                            self, cmd, req, request_bytes(req[2])
+                        ):
                             break
                         inline = self._run_inline(cmd, req, numbered, handled)
                         if inline is None:
@@ -505,6 +515,8 @@ class Executor:
         first = handled
         stop: Request | None = None
         exempt = self.door.admin_methods if self.user.admin else frozenset()
+        if self.in_multi:
+            exempt |= transaction.ENDS  # (refused one by one: it ends the transaction)
         for handled, req in numbered:
             if req[1] in exempt:
                 stop = req
@@ -1262,6 +1274,7 @@ class Executor:
         if self._watch_rx is not None:
             self.node.queues.unsubscribe(self._watch_rx)
         self.select(None)
+        self.txn = None
         self.flow = CLOSED
         self._prepared = None
 

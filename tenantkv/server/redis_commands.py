@@ -23,7 +23,13 @@ from typing import Any
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
-from tenantkv.server import commands, redis_keyspace, redis_strings, scan_cursors
+from tenantkv.server import (
+    commands,
+    redis_keyspace,
+    redis_strings,
+    redis_transactions,
+    scan_cursors,
+)
 from tenantkv.server.commands import Session, prefix_end
 from tenantkv.server.redis_base import (
     MAX_MULTI_KEYS,
@@ -965,11 +971,6 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
             """,
         ),
         (
-            "transactions",
-            "not yet: they come with the connection-layer rework",
-            "multi exec discard watch unwatch",
-        ),
-        (
             "pub/sub",
             "no channels: tenantkv is a store, not a broker",
             "subscribe psubscribe ssubscribe unsubscribe punsubscribe sunsubscribe publish "
@@ -980,5 +981,5 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
 
 # The range, bit and float string commands and the keyspace commands, from their
 # own modules.
-for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS):
+for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS, *redis_transactions.COMMANDS):
     _register(_c)

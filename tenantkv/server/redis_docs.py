@@ -98,6 +98,7 @@ SYNTAX: dict[str, str] = {
     "info": "[section:string ...]",
     "config": "subcommand:string [parameter:pattern ...]",
     "command": "[subcommand:string [command-name:string ...]]",
+    "watch": "key:key ...",
 }
 
 _TOKENS = re.compile(r"[][()|]|\.\.\.|[^\s\[\]()|]+")

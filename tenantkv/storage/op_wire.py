@@ -25,6 +25,7 @@ from tenantkv import errors
 from tenantkv.storage import ops, string_ops, value_ops
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.string_ops import Expiry
+from tenantkv.storage.transaction_ops import ReadStep, TransactionOp, read_handler
 
 #: Every operation a worker may send, by its wire kind (the class name).
 KINDS: dict[str, type[ops.WriteOp]] = {
@@ -172,3 +173,40 @@ def apply_outcome(op: ops.WriteOp, data: Any) -> tuple[Any, BaseException | None
     if isinstance(op, ops.ExpireDueOp) and isinstance(result, Mapping):
         op.removed = int(result.get("removed", 0))
     return result, None if err is None else errors.from_wire(err)
+
+
+# -- transactions (storage/transaction_ops.py): their steps are operations too -------
+
+
+def _steps_to_wire(steps: list[Any]) -> list[Any]:
+    return [
+        ["ReadStep", [s.name, s.params]] if isinstance(s, ReadStep) else op_to_wire(s)
+        for s in steps
+    ]
+
+
+def _steps_from_wire(data: Any, bucket: Callable[[str], BucketHandle]) -> list[Any]:
+    """A transaction's steps: each a write a worker may send, or a read whose
+    handler this process knows (a transaction inside one is malformed)."""
+    if not isinstance(data, list):
+        raise ValueError("a transaction's steps must be a list")
+    steps: list[Any] = []
+    for item in data:
+        if isinstance(item, list) and len(item) == 2 and item[0] == "ReadStep":
+            name, params = item[1]
+            read_handler(name)  # (raises ValueError for an unknown one)
+            steps.append(ReadStep(name, params))
+        elif isinstance(item, list) and item and item[0] == TransactionOp.__name__:
+            raise ValueError("a transaction cannot hold a transaction")
+        else:
+            steps.append(op_from_wire(item, bucket))
+    return steps
+
+
+KINDS[TransactionOp.__name__] = TransactionOp
+_FIELDS[TransactionOp] = tuple(f for f in dataclasses.fields(TransactionOp) if f.init)
+_CODECS[TransactionOp] = [
+    (i, *c)
+    for i, f in enumerate(_FIELDS[TransactionOp])
+    if (c := _codec(f) or ((_steps_to_wire, _steps_from_wire) if f.name == "steps" else None))
+]

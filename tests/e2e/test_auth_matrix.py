@@ -171,6 +171,12 @@ class Args:
             "decr": lambda: {"key": b"mx-ctr", "initial": 0},
             "ping": dict,
             "whoami": dict,
+            "multi": dict,
+            "exec": dict,
+            "discard": dict,
+            "watch": lambda: {"keys": [b"mx"]},
+            "unwatch": dict,
+            "transaction": lambda: {"ops": [["get", {"key": b"mx"}]]},
             "select_bucket": lambda: {"bucket": bucket},
             "create_bucket": lambda: {"name": f"mx-new-{next(self.n)}"},
             "delete_bucket": lambda: {"name": self._throwaway_bucket()},
@@ -216,6 +222,15 @@ def raw_call(d: Daemon, persona: dict[str, Any], command: str, args: dict[str, A
                 return responses[-1][3]
 
 
+#: the transaction commands that need MULTI before them, or leave it open, run as
+#: a pair on the connection so that none leaves it in MULTI for the next cell
+MULTI_PAIRS = {
+    "multi": ("multi", "discard"),
+    "exec": ("multi", "exec"),
+    "discard": ("multi", "discard"),
+}
+
+
 def run_cell(
     d: Daemon, c: Any, persona: dict[str, Any], command: str, args: dict[str, Any], selected: bool
 ) -> str:
@@ -225,6 +240,9 @@ def run_cell(
     try:
         if "timeout_ms" in args:
             raw_call(d, persona, command, args)
+        elif command in MULTI_PAIRS:  # (each needs or opens MULTI: closed again here)
+            for name in MULTI_PAIRS[command]:
+                c.command(name)
         else:
             c.command(command, **args)
     except errors.Unauthorized:

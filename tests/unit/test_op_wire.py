@@ -22,6 +22,7 @@ from tenantkv.storage.op_wire import (
 )
 from tenantkv.storage.ops import WriteContext
 from tenantkv.storage.string_ops import Expiry
+from tenantkv.storage.transaction_ops import TransactionOp
 
 H = BucketHandle("b", db=None)
 
@@ -53,6 +54,9 @@ def _samples() -> list[ops.WriteOp]:
         value_ops.BitOpOp(H, "xor", b"d", [b"a", b"b"], max_value_bytes=100),
         value_ops.MoveOp(H, b"a", b"b", keep_source=True, replace=False),
         value_ops.BitFieldOp(H, b"k", [["incrby", True, 8, 0, 5, "sat"]]),
+        TransactionOp(
+            H, [], [["b", b"k", 7]], max_value_bytes=100
+        ),  # (steps: test_transaction_ops)
     ]
 
 

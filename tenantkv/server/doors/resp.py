@@ -228,6 +228,11 @@ class RespDoor:
         self.out += b"".join([convert(enc, result) for result in results])
         self._next_out = first + len(msgids)
 
+    def take_special(self, msgid: int) -> Reply | None:
+        """The reply of a call that differs from its command's (SET ... GET), taken:
+        a transaction answers the call QUEUED now, and with this at EXEC."""
+        return self._special.pop(msgid, None) if self._special else None
+
     def reply_error(self, msgid: int | None, exc: errors.TenantKVError) -> None:
         data = self.enc.error(error_text(exc))
         if msgid is None:  # the connection's own end (protocol error, idle): no slot

@@ -1,0 +1,250 @@
+"""Transactions on the one connection path (server/transaction.py hooked into the
+chunk executor), on both doors, through memory streams: the same queue, the
+same errors, the same bounds and the same charges whichever door a client
+uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tenantkv import protocol
+from tenantkv.server import transaction
+from tenantkv.server.node import Node
+from tests.e2e.test_fuzz_resp import replies
+from tests.unit.test_session import DOORS, TIMEOUT, hello_session, node
+
+__all__ = ["node"]
+
+#: a command in both forms: (RESP argv, MessagePack method and params)
+Cmd = tuple[tuple[bytes, ...], str, dict[str, Any]]
+
+
+def cmd(*argv: bytes | str) -> Cmd:
+    """The command ``argv`` (Redis form) and its MessagePack form."""
+    args = tuple(a.encode() if isinstance(a, str) else a for a in argv)
+    name = args[0].decode().lower()
+    rest = list(args[1:])
+    params: dict[str, Any] = {}
+    if name == "set" and len(rest) == 2:
+        params = {"key": rest[0], "value": rest[1]}
+    elif name in ("set", "get", "incr", "exists"):
+        params = {"key": rest[0]} if rest else {}
+    elif name == "watch":
+        params = {"keys": rest}
+    elif name == "nosuch":
+        params = {}
+    return args, name, params
+
+
+class Talk:
+    """One client of either door: sends commands, reads each reply as a plain value
+    (an error as ("error", text))."""
+
+    def __init__(self, peer: Any, door: str) -> None:
+        self.peer, self.door = peer, door
+        self.buf = b""
+        self.msgid = 100
+
+    async def __call__(self, *cmds: Cmd) -> list[Any]:
+        if self.door == "msgpack":
+            reqs = []
+            for _, method, params in cmds:
+                self.msgid += 1
+                reqs.append((self.msgid, method, params))
+            await self.peer.send(*reqs)
+            return [self._msgpack(r) for r in await self.peer.responses(len(cmds))]
+        data = b"".join(
+            b"*%d\r\n" % len(a) + b"".join(b"$%d\r\n%b\r\n" % (len(x), x) for x in a)
+            for a, _, _ in cmds
+        )
+        await self.peer.stream.send_all(data)
+        with trio.fail_after(TIMEOUT):
+            while True:
+                try:
+                    got = replies(self.buf)
+                except (ValueError, IndexError, AssertionError):
+                    got = []
+                if len(got) >= len(cmds):
+                    self.buf = b"".join(got[len(cmds) :])
+                    return [_resp_value(r) for r in got[: len(cmds)]]
+                self.buf += await self.peer.stream.receive_some(1 << 20)
+
+    @staticmethod
+    def _msgpack(r: protocol.Response) -> Any:
+        if r.error is not None:
+            return ("error", r.error["errmsg"])
+        res = r.result
+        if isinstance(res, list):  # exec: each {result} or {error}
+            return [
+                ("error", x["error"]["errmsg"]) if "error" in x else _plain(x["result"])
+                for x in res
+            ]
+        return _plain(res)
+
+
+def _plain(v: Any) -> Any:
+    """A MessagePack result as the RESP door's plain value."""
+    if v is True or v == "QUEUED":
+        return "OK" if v is True else "QUEUED"
+    if isinstance(v, dict) and "value" in v:
+        return v["value"]
+    if isinstance(v, dict) and "cas" in v:
+        return "OK"
+    return v
+
+
+def _resp_value(r: bytes) -> Any:
+    kind, body = r[:1], r[1:-2]
+    if kind == b"+":
+        return body.decode()
+    if kind == b"-":
+        return ("error", body.decode().split(" ", 1)[1] if b" " in body else body.decode())
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        return None if body == b"-1" else r[r.index(b"\r\n") + 2 : -2]
+    if r in (b"*-1\r\n", b"_\r\n"):
+        return None
+    if kind == b"*":
+        inner = replies(r[r.index(b"\r\n") + 2 :])
+        return [_resp_value(x) for x in inner]
+    raise AssertionError(r)
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_exec_runs_the_queue_in_order_reads_seeing_its_writes(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        b = Talk(await hello_session(node, nursery, door), door)
+        got = await a(cmd("MULTI"), cmd("SET", "k", "1"), cmd("INCR", "k"), cmd("GET", "k"))
+        assert got == ["OK", "QUEUED", "QUEUED", "QUEUED"]
+        assert await b(cmd("GET", "k")) == [None]  # queued, not run
+        done = (await a(cmd("EXEC")))[0]
+        assert done == ["OK", 2, b"2"]
+        assert await b(cmd("GET", "k")) == [b"2"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_queue_time_error_aborts_and_a_runtime_error_does_not(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        got = await a(cmd("MULTI"), cmd("SET", "x", "1"), cmd("SET", "x"), cmd("EXEC"))
+        assert got[:2] == ["OK", "QUEUED"] and got[2][0] == "error"
+        assert got[3] == ("error", transaction.EXECABORT.split(" ", 1)[1]) or (
+            got[3][0] == "error" and "Transaction discarded" in got[3][1]
+        )
+        assert await a(cmd("GET", "x")) == [None]
+        got = await a(
+            cmd("SET", "t", "abc"),
+            cmd("MULTI"),
+            cmd("INCR", "t"),
+            cmd("SET", "y", "2"),
+            cmd("EXEC"),
+        )
+        runtime_error, ok = got[4]
+        assert runtime_error[0] == "error" and "integer" in runtime_error[1]
+        assert ok == "OK" and await a(cmd("GET", "y")) == [b"2"]
+        assert (await a(cmd("EXEC")))[0] == ("error", "EXEC without MULTI")
+        assert (await a(cmd("DISCARD")))[0] == ("error", "DISCARD without MULTI")
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_watch_broken_by_another_connection_runs_nothing(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        b = Talk(await hello_session(node, nursery, door), door)
+        await a(cmd("SET", "w", "1"), cmd("WATCH", "w"))
+        await b(cmd("SET", "w", "2"))  # the other connection (the other door's alike)
+        got = await a(cmd("MULTI"), cmd("SET", "z", "1"), cmd("EXEC"))
+        assert got[2] is None and await a(cmd("GET", "z")) == [None]
+        got = await a(cmd("WATCH", "w"), cmd("MULTI"), cmd("SET", "z", "1"), cmd("EXEC"))
+        assert got[3] == ["OK"]  # unchanged: it runs (and EXEC unwatched)
+        assert (await a(cmd("MULTI"), cmd("WATCH", "w")))[1][0] == "error"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_bounds_abort_and_nothing_more_is_kept(
+    node: Node, mock_clock: trio.testing.MockClock, door: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transaction, "MAX_TRANSACTION_COMMANDS", 3)
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery, door)
+        a = Talk(peer, door)
+        sets = [cmd("SET", f"k{i}", "v") for i in range(6)]
+        got = await a(cmd("MULTI"), *sets)
+        assert got[1:4] == ["QUEUED"] * 3 and got[4][0] == "error"
+        assert got[5] == "QUEUED"  # checked and answered, kept nowhere
+        (ex,) = [c for c in _executors(node) if c.in_multi]
+        assert ex.txn.queue == [] and ex.txn.nbytes == 0
+        assert (await a(cmd("EXEC")))[0][0] == "error"
+        assert await a(cmd("GET", "k0")) == [None]
+        nursery.cancel_scope.cancel()
+
+
+def _executors(node: Node) -> list[Any]:
+    import gc
+
+    from tenantkv.server.executor import Executor
+
+    return [o for o in gc.get_objects() if isinstance(o, Executor) and o.node is node]
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_exec_is_charged_what_its_commands_cost_alone(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    counters = node.throttle._buckets["b"]
+    big = "v" * 10_000
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        ru0, wu0 = counters.ru_total, counters.wu_total
+        await a(cmd("SET", "p", big), cmd("INCR", "n"), cmd("GET", "p"))
+        alone = counters.ru_total - ru0, counters.wu_total - wu0
+        ru0, wu0 = counters.ru_total, counters.wu_total
+        await a(cmd("MULTI"), cmd("SET", "q", big), cmd("INCR", "m"), cmd("GET", "q"), cmd("EXEC"))
+        assert (counters.ru_total - ru0, counters.wu_total - wu0) == alone
+        assert alone[0] >= 3 and alone[1] >= 3  # (10 KB: 3 read units, 3 write units)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_command_the_rate_limiter_refuses_fails_the_transaction(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    """Refused by the request rate limiter inside MULTI, a command is not queued: the
+    transaction must not run without it; a refused EXEC ends the transaction, so
+    the client's next commands are not queued unseen."""
+    from tests.unit.test_session import limit_requests_to_five_tokens
+
+    await limit_requests_to_five_tokens(node, mock_clock)
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        got = await a(
+            cmd("MULTI"),
+            *(cmd("SET", f"r{i}", "v") for i in range(5)),  # the 5th and later: refused
+            cmd("EXEC"),
+        )
+        assert got[:5] == ["OK"] + ["QUEUED"] * 4
+        assert all(g[0] == "error" for g in got[5:])
+        mock_clock.jump(10)  # 5 tokens again
+        got = await a(cmd("SET", "after", "1"), cmd("GET", "r0"), cmd("GET", "after"))
+        assert got == ["OK", None, b"1"]  # out of MULTI; nothing of it ran
+        got = await a(cmd("MULTI"), cmd("SET", "r1", "v"), cmd("EXEC"))  # 2 tokens left
+        assert got[:2] == ["OK", "QUEUED"] and got[2][0] == "error"
+        mock_clock.jump(10)
+        assert (await a(cmd("EXEC")))[0] == ("error", "EXEC without MULTI")
+        assert await a(cmd("GET", "r1")) == [None]
+        nursery.cancel_scope.cancel()
