@@ -15,10 +15,12 @@ reply waits in a slot until every earlier one is out (a write answered when
 durable, an error found at once, a read answered inline all come out in the
 order the commands were sent).
 
-Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT`` run, and
-a command may be :data:`tenantkv.protocol.MAX_HELLO_FRAME_BYTES` at most. The
-bucket: ``AUTH user@bucket password`` names it; a user with a role on one
-bucket only lands in it; ``SELECT bucket`` switches.
+Before authentication only ``AUTH``, ``HELLO``, ``QUIT`` and ``RESET`` run
+(Redis 7.0's ``no-auth`` commands; every other known command, ``PING`` and
+``ECHO`` included, is answered ``-NOAUTH``), and a command may be
+:data:`tenantkv.protocol.MAX_HELLO_FRAME_BYTES` at most. The bucket:
+``AUTH user@bucket password`` names it; a user with a role on one bucket only
+lands in it; ``SELECT bucket`` switches.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from tenantkv.server.redis_commands import (
 
 log = logging.getLogger("tenantkv.session")
 
-PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: Redis 7.0's ``no-auth`` commands: the only ones that run before AUTH.
+PRE_AUTH = frozenset({"auth", "hello", "quit", "reset"})
 #: Connection commands that set the connection up or end it: charged a read's
 #: floor like every request after AUTH, but never held to the bucket's allowance.
 HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
@@ -266,8 +269,12 @@ class RespDoor:
     # -- connection commands -----------------------------------------------------------
 
     async def before_auth(self, ex: Executor, req: Request) -> bool:
-        """Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT``
-        run, and at most :data:`MAX_PRE_AUTH_COMMANDS` commands in all."""
+        """Before authentication only :data:`PRE_AUTH` commands run, and at most
+        :data:`MAX_PRE_AUTH_COMMANDS` commands in all; the rest are answered as
+        Redis 7.0's ``processCommand`` answers them: an unknown command or a wrong
+        argument count by its own error (checked before authentication there
+        too), anything else ``-NOAUTH``. Each is one counted error, never a log
+        line: the one line is the close."""
         msgid, name, _ = req
         self._pre_auth_commands += 1
         if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
@@ -282,6 +289,9 @@ class RespDoor:
             )
             ex.fail(msgid, name, exc)
             return False
+        if name == REFUSED_REQUEST and _answered_before_auth(req[2][1]):
+            ex.fail(msgid, req[2][0], req[2][1])
+            return True
         if name not in PRE_AUTH:
             ex.fail(msgid, name, errors.HelloRequired("authentication required"))
             return True
@@ -461,6 +471,14 @@ def _unknown(args: list[bytes]) -> errors.TenantKVError:
         shown += f"'{arg.decode(errors='replace')[: 128 - len(shown)]}' "
     name = args[0].decode(errors="replace")[:128]
     return errors.UnknownCommand(f"unknown command '{name}', with args beginning with: {shown}")
+
+
+def _answered_before_auth(exc: errors.TenantKVError) -> bool:
+    """A refusal Redis gives before it checks authentication: an unknown command
+    or a wrong argument count (``commandCheckExistence``, ``commandCheckArity``)."""
+    return isinstance(exc, errors.UnknownCommand) or exc.errmsg.startswith(
+        "wrong number of arguments for "
+    )
 
 
 def _arity(name: str) -> errors.BadValue:
