@@ -26,14 +26,13 @@ lands in it; ``SELECT bucket`` switches.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from tenantkv import errors, protocol, resp
 from tenantkv._version import __version__
-from tenantkv.server import redis_docs
+from tenantkv.server import redis_docs, redis_info
 from tenantkv.server.commands import Command
 from tenantkv.server.executor import (
     WAITING_COUNTED_BYTES,
@@ -396,44 +395,6 @@ class RespDoor:
             "connection %d from %s (resp): user %r bucket %r", ex.conn_id, ex.peer, name, ex.bucket
         )
 
-    def info(self, ex: Executor, sections: list[str]) -> str:
-        """INFO's text: ``server``, ``clients``, ``keyspace`` and ``tenantkv`` (the
-        bucket's units, limits and throttling)."""
-        node = ex.node
-        want = {s.lower() for s in sections} or {"default"}
-        every = bool(want & {"all", "everything", "default"})
-        out: list[str] = []
-        if every or "server" in want:
-            out += [
-                "# Server",
-                "redis_version:7.2.0",
-                f"tenantkv_version:{__version__}",
-                "redis_mode:standalone",
-                f"process_id:{os.getpid()}",
-                f"tcp_port:{node.resp_port}",
-                f"uptime_in_seconds:{int(time.monotonic() - node.started_monotonic)}",
-                "",
-            ]
-        if every or "clients" in want:
-            out += ["# Clients", f"connected_clients:{len(node.sessions)}", ""]
-        if every or "keyspace" in want:
-            out.append("# Keyspace")
-            if ex.bucket is not None and ex.bucket in node.engine.buckets:
-                keys = node.engine.bucket_entries(ex.bucket)
-                out.append(f"db0:keys={keys},expires=0,avg_ttl=0")
-            out.append("")
-        if every or "tenantkv" in want:
-            out += ["# Tenantkv", f"bucket:{ex.bucket or ''}"]
-            if ex.bucket is not None:
-                b = node.gate.statistics().buckets.get(ex.bucket)
-                if b is not None:
-                    for key, value in b.as_dict().items():
-                        if not isinstance(value, (list, dict)):
-                            out.append(f"{key}:{value}")
-            out.append(f"nonblocking_throttle:{int(ex.nonblocking_throttle)}")
-            out.append("")
-        return "\r\n".join(out)
-
 
 def _value(enc: resp.Encoder, v: Any) -> bytes:
     return enc.value(v)
@@ -661,7 +622,7 @@ async def _client(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> b
 
 @local("info")
 async def _info(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    text = d.info(ex, [a.decode(errors="replace") for a in args[1:]])
+    text = redis_info.info_text(ex, args[1:])
     d.fill(msgid, d.enc.verbatim(text) if d.enc.version >= 3 else d.enc.bulk(text))
     return True
 

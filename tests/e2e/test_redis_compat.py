@@ -1,0 +1,136 @@
+"""Redis compatibility a Redis user relies on, against the real daemon with redis-py
+(and redis-cli where it is installed): INFO as the tools read it, oversized
+requests, SCAN across a bucket's re-creation."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import Daemon
+
+PW = "Secret-Pa55"
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    base = tmp_path_factory.mktemp("compat")
+    daemon = Daemon(base / "data").start()
+    with daemon.client() as c:
+        for b in ("red", "blue"):
+            c.create_bucket(b)
+        c.create_user("alice", PW, roles={"red": "readwrite"})
+        c.create_user("bob", PW, roles={"blue": "readwrite"})
+    yield daemon
+    daemon.kill()
+
+
+def connect(d: Daemon, user: str = "alice", **kw: Any) -> redis.Redis:
+    return redis.Redis(
+        host=d.host, port=d.resp_port, username=user, password=PW, socket_timeout=20, **kw
+    )
+
+
+@pytest.fixture
+def r(d: Daemon) -> Iterator[redis.Redis]:
+    c = connect(d)
+    c.flushdb()
+    yield c
+    c.close()
+
+
+def raw(d: Daemon, data: bytes, *, timeout: float = 10) -> bytes:
+    """Send raw bytes; everything received until the server closes or goes quiet."""
+    with socket.create_connection((d.host, d.resp_port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+        return out
+
+
+def auth(user: str = "alice") -> bytes:
+    return b"AUTH " + user.encode() + b" " + PW.encode() + b"\r\n"
+
+
+# -- INFO --------------------------------------------------------------------------------
+
+
+def test_info_has_the_fields_redis_py_and_redis_cli_read(d: Daemon, r: redis.Redis) -> None:
+    info = r.info()
+    # redis-py's test harness
+    assert info["arch_bits"] == 64 and info["redis_version"] and info["cluster_enabled"] == 0
+    # redis-cli --stat
+    for field in ("connected_clients", "blocked_clients", "used_memory"):
+        assert isinstance(info[field], int), field
+    assert info["connected_clients"] >= 1 and info["used_memory"] > 1_000_000
+    assert info["total_connections_received"] >= 1
+    assert info["role"] == "master" and info["maxmemory_policy"] == "noeviction"
+    assert float(info["used_cpu_user"]) > 0
+    assert "db0" not in info  # an empty bucket lists no database, as in Redis
+    before = r.info("stats")["total_commands_processed"]
+    for i in range(25):
+        r.set(f"k{i}", "v")
+    stats = r.info("stats")
+    assert stats["total_commands_processed"] >= before + 25  # the bucket's own work
+    assert r.info("keyspace")["db0"] == {"keys": 25, "expires": 0, "avg_ttl": 0}
+    # another tenant's work and keys are not this one's figures
+    other = connect(d, user="bob")
+    try:
+        other.flushdb()
+        assert "db0" not in other.info("keyspace")
+        assert other.info("stats")["total_commands_processed"] < stats["total_commands_processed"]
+    finally:
+        other.close()
+    assert r.info("tenantkv")["bucket"] == "red"
+
+
+def test_info_sections_as_redis_7(d: Daemon, r: redis.Redis) -> None:
+    out = raw(d, auth() + b"INFO cluster\r\nINFO nosuch\r\nINFO CLUSTER server nosuch\r\nQUIT\r\n")
+    # Redis's layout: `# Name`, fields each ended by CRLF, sections apart by an
+    # empty line; an unknown section adds nothing; Redis's section order.
+    assert out.startswith(b"+OK\r\n$30\r\n# Cluster\r\ncluster_enabled:0\r\n\r\n$0\r\n\r\n$")
+    both = out.split(b"$0\r\n\r\n", 1)[1].split(b"\r\n", 1)[1]
+    assert both.startswith(b"# Server\r\nredis_version:")
+    assert both.endswith(b"\r\n\r\n# Cluster\r\ncluster_enabled:0\r\n\r\n+OK\r\n")
+    want = ["Server", "Clients", "Memory", "Persistence", "Stats", "Replication", "CPU"]
+    want += ["Cluster", "Keyspace", "Tenantkv"]
+    for every in (b"", b" all", b" everything", b" default"):
+        text = raw(d, auth() + b"INFO" + every + b"\r\nQUIT\r\n").decode()
+        assert [line for line in text.split("\r\n") if line.startswith("# ")] == [
+            f"# {h}" for h in want
+        ]
+    resp3 = connect(d, protocol=3)
+    try:
+        assert resp3.info("server")["arch_bits"] == 64  # (a verbatim string on RESP3)
+    finally:
+        resp3.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_redis_cli_stat_reads_real_figures(d: Daemon, r: redis.Redis) -> None:
+    for i in range(10):
+        r.set(f"s{i}", "v")
+    cmd = ["redis-cli", "-h", d.host, "-p", str(d.resp_port), "--user", "alice"]
+    cmd += ["--pass", PW, "--no-auth-warning", "--stat", "-i", "0.1"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            proc.stdout.readline()  # "------- data ------ ..."
+            header, first = proc.stdout.readline(), proc.stdout.readline()
+        finally:
+            proc.kill()
+    assert "keys" in header and "mem" in header and "clients" in header
+    fields = first.split()
+    assert fields[0] == "10" and not fields[1].startswith("-")  # keys, memory
+    assert int(fields[2]) >= 1 and int(fields[3]) == 0  # clients, blocked
+    assert int(fields[4]) >= 10  # requests: the bucket's commands
