@@ -87,6 +87,7 @@ SYNTAX: dict[str, str] = {
     "expiretime": "key:key",
     "pexpiretime": "key:key",
     "object": "subcommand:string [key:key]",
+    "memory": "USAGE key:key [SAMPLES count:integer]",
     "auth": "[username:string] password:string",
     "hello": (
         "[protover:integer [AUTH username:string password:string] [SETNAME clientname:string]]"

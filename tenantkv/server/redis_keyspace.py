@@ -189,6 +189,32 @@ def _object_reply(enc: Encoder, v: Any) -> bytes:
     return enc.bulk(what)
 
 
+def _memory_parse(args: list[bytes]) -> dict[str, Any]:
+    """``MEMORY USAGE key [SAMPLES n]`` (what ``redis-cli --memkeys`` sends); the
+    other subcommands are about the server's allocator, not a tenant's keys."""
+    sub = args[1].lower()
+    if sub != b"usage":
+        shown = args[1].decode(errors="replace")[:128]
+        raise errors.BadValue(f"unknown subcommand '{shown}'. Try MEMORY HELP.")
+    if len(args) < 3:
+        raise errors.BadValue("wrong number of arguments for 'memory|usage' command")
+    if len(args) == 5 and args[3].lower() == b"samples":
+        parse_int(args[4])  # (a string has no elements to sample)
+    elif len(args) != 3:
+        raise errors.BadValue("syntax error")
+    return {"key": _key(args[2])}
+
+
+def _memory(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """A key's bytes as stored: the key and its record (header and value)."""
+    (h,) = _headers(s, b, [p["key"]])
+    return None if h is None else len(p["key"]) + h[0]
+
+
+def _integer_or_null(enc: Encoder, v: Any) -> bytes:
+    return enc.null() if v is None else enc.integer(v)
+
+
 def _register_all() -> None:
     """The table entries: COPY and RENAME(NX) are writes, the others reads."""
     for name, arity, parse, handler, reply, summary in (
@@ -216,6 +242,7 @@ def _register_all() -> None:
         ("pexpiretime", 2, _one, _expiretime(1), _integer, (1, 1, 1), "Expiry in unix ms."),
         ("randomkey", 1, lambda a: {}, _random_key, _bulk_or_null, (0, 0, 0), "A random key."),
         ("object", -2, _object_parse, _object, _object_reply, (2, 2, 1), "Inspect a key."),
+        ("memory", -2, _memory_parse, _memory, _integer_or_null, (2, 2, 1), "A key's bytes."),
     ):
         COMMANDS.append(read_command(name, arity, parse, handler, reply, keys, summary, "generic"))
 

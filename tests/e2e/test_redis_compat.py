@@ -134,3 +134,27 @@ def test_redis_cli_stat_reads_real_figures(d: Daemon, r: redis.Redis) -> None:
     assert fields[0] == "10" and not fields[1].startswith("-")  # keys, memory
     assert int(fields[2]) >= 1 and int(fields[3]) == 0  # clients, blocked
     assert int(fields[4]) >= 10  # requests: the bucket's commands
+
+
+def test_memory_usage(r: redis.Redis) -> None:
+    r.set("m", "x" * 1000)
+    used = r.memory_usage("m")
+    assert isinstance(used, int) and 1001 <= used < 1200  # key, record header, value
+    assert r.memory_usage("m", samples=5) == used
+    assert r.memory_usage("missing") is None
+    with pytest.raises(redis.ResponseError, match=r"subcommand 'DOCTOR'\. Try MEMORY HELP\."):
+        r.execute_command("MEMORY", "DOCTOR")
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+@pytest.mark.parametrize("mode", ["--bigkeys", "--memkeys"])
+def test_redis_cli_bigkeys_and_memkeys_complete(d: Daemon, r: redis.Redis, mode: str) -> None:
+    for i in range(300):
+        r.set(f"b{i}", "v" * i)
+    cmd = ["redis-cli", "-h", d.host, "-p", str(d.resp_port), "--user", "alice"]
+    out = subprocess.run(
+        [*cmd, "--pass", PW, "--no-auth-warning", mode], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Sampled 300 keys" in out.stdout and "failed" not in out.stdout
+    assert "Biggest string found '\"b299\"'" in out.stdout
