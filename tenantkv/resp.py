@@ -44,6 +44,12 @@ MAX_CONTROL_BYTES = 4096
 CONTROL_COMMANDS = frozenset(
     {b"AUTH", b"HELLO", b"CLIENT", b"SELECT", b"COMMAND", b"INFO", b"CONFIG", b"QUIT", b"RESET"}
 )
+#: The largest bulk string an authenticated client may declare and have
+#: refused in-band (Redis's default ``proto-max-bulk-len``, 512 MB): one above
+#: ``max_bulk_bytes`` is answered with an error and its bytes dropped as they
+#: arrive (:attr:`RequestDecoder.refused`); one above this is a protocol error
+#: and the connection closes, as in Redis.
+MAX_DISCARD_BYTES = 512 * 1024 * 1024
 #: Longest inline command line (Redis's PROTO_INLINE_MAX_SIZE).
 MAX_INLINE_BYTES = 64 * 1024
 #: Longest line of a multibulk header (``*N`` or ``$N``).
@@ -104,6 +110,15 @@ class RequestDecoder:
         self._compiles = SHAPES_PER_DECODER
         #: commands decoded so far
         self.frames = 0
+        #: the error of the command just returned, refused for its size: the
+        #: caller answers it; the rest of that command is dropped as it arrives
+        self.refused: tuple[errors.TenantKVError, int] | None = None
+        #: an oversized command being dropped: bytes still to drop, then how
+        #: many more arguments (each header read, its body dropped), and the
+        #: bytes dropped so far (what the client sent in vain)
+        self._skip = 0
+        self._drop_args = 0
+        self.dropped = 0
 
     @property
     def buffered(self) -> int:
@@ -143,6 +158,11 @@ class RequestDecoder:
         itself: a generator less per command)."""
         pos = self._pos
         while pos < len(self._buf):
+            if self._skip or self._drop_args:
+                pos = self._drop(pos)
+                if self._skip or self._drop_args:
+                    break  # (more of the oversized command is still to come)
+                continue
             shape = self._shape
             if shape is not None and self._cursor <= pos:
                 m = shape.match(self._buf, pos)
@@ -156,11 +176,11 @@ class RequestDecoder:
                     raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
                 return None
             args, end = got
-            if end - pos > self.frame_limit:
+            if end - pos > self.frame_limit and self.refused is None:
                 raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
             self._pos = self._cursor = pos = end
             self.frames += 1
-            if args:  # an empty inline line is skipped, as Redis does
+            if args or self.refused is not None:  # an empty inline line is skipped
                 return args
         self._buf = b""  # idle: hold no buffer
         self._pos = self._cursor = 0
@@ -207,11 +227,9 @@ class RequestDecoder:
                 if got is None:
                     break
                 size, start = got
-            if size < 0 or size > max_bulk:
-                raise errors.ProtocolError("invalid bulk length")
+            if size < 0 or size > max_bulk or cost + size + ARG_OVERHEAD > limit:
+                return self._oversized(args, left, size, cost, start)
             cost += size + ARG_OVERHEAD
-            if cost > limit:
-                raise errors.FrameTooLarge(f"command larger than {limit} bytes")
             if cost > MAX_CONTROL_BYTES and (not args or args[0].upper() in CONTROL_COMMANDS):
                 raise errors.ProtocolError(_control_error(args))
             end = start + size
@@ -231,6 +249,66 @@ class RequestDecoder:
         # Incomplete: keep what was decoded, resume at ``cur`` with the next chunk.
         self._args, self._left, self._cost, self._cursor = args, left, cost, cur
         return None
+
+    def _oversized(
+        self, args: list[bytes], left: int, size: int, cost: int, start: int
+    ) -> tuple[list[bytes], int]:
+        """An argument that breaks a bound, its ``$size`` header read (it ends at
+        ``start``). Before authentication, or past :data:`MAX_DISCARD_BYTES`, a
+        protocol error (the connection closes, as Redis closes it). Otherwise the
+        command is returned as decoded so far with :attr:`refused` set, and the
+        rest of it — this argument's body and the ``left - 1`` after it — is
+        dropped as it arrives, counted, never buffered: the client (redis-py
+        sends a command whole, then reads) gets one error it does not retry, and
+        the connection goes on."""
+        if size < 0 or size > MAX_DISCARD_BYTES or self.frame_limit < self.max_frame_bytes:
+            if size > self.max_bulk_bytes or size < 0:
+                raise errors.ProtocolError("invalid bulk length")
+            raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+        declared = cost + size + ARG_OVERHEAD
+        if size > self.max_bulk_bytes:
+            exc: errors.TenantKVError = errors.ValueTooLarge(
+                f"argument of {size} bytes exceeds max_value_bytes={self.max_bulk_bytes}: "
+                "the command was not run"
+            )
+        else:
+            exc = errors.ValueTooLarge(
+                f"command of more than {self.frame_limit} bytes: the command was not run"
+            )
+        self.refused = (exc, declared)
+        self._skip, self._drop_args = size + 2, left - 1
+        self._args, self._left, self._cost = [], 0, 0
+        return args, start
+
+    def _drop(self, pos: int) -> int:
+        """Drop what has arrived of an oversized command (see :meth:`_oversized`):
+        where the bytes left to decode start now."""
+        buf = self._buf
+        while True:
+            if self._skip:
+                n = min(self._skip, len(buf) - pos)
+                pos += n
+                self._skip -= n
+                self.dropped += n
+                if self._skip:
+                    break
+            if not self._drop_args or pos >= len(buf):
+                break
+            if buf[pos] != 0x24:  # '$'
+                raise errors.ProtocolError(f"expected '$', got {chr(buf[pos])!r}")
+            got = self._header(pos, "$")
+            if got is None:
+                break
+            size, start = got
+            if size < 0 or size > MAX_DISCARD_BYTES:
+                raise errors.ProtocolError("invalid bulk length")
+            self.dropped += start - pos
+            self._skip, self._drop_args, pos = size + 2, self._drop_args - 1, start
+        if pos >= len(buf):
+            self._buf = b""  # all dropped: hold nothing
+            pos = 0
+        self._pos = self._cursor = pos
+        return pos
 
     def _shape_of(self, args: list[bytes]) -> re.Pattern[bytes] | None:
         """The pattern of commands shaped as ``args`` (well-formed, within every

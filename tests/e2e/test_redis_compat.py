@@ -4,16 +4,19 @@ requests, SCAN across a bucket's re-creation."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from tests.conftest import Daemon
+from tenantkv import protocol
+from tests.conftest import Daemon, rss_anon_mb
 
 PW = "Secret-Pa55"
 
@@ -158,3 +161,81 @@ def test_redis_cli_bigkeys_and_memkeys_complete(d: Daemon, r: redis.Redis, mode:
     assert out.returncode == 0, out.stderr
     assert "Sampled 300 keys" in out.stdout and "failed" not in out.stdout
     assert "Biggest string found '\"b299\"'" in out.stdout
+
+
+# -- oversized requests ----------------------------------------------------------------
+
+
+class CountingProxy:
+    """A loopback TCP proxy that counts the bytes a client sends the server: what
+    the client sent, as the server received it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.sent = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                if upstream:
+                    self.sent += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_an_oversized_set_is_one_error_that_redis_py_does_not_retry(d: Daemon) -> None:
+    """A 21 MiB SET (over max_value_bytes, 20 MiB) is answered with one error, sent
+    once (counted between redis-py and the server), never buffered whole, and the
+    same connection's next command works."""
+    proxy = CountingProxy((d.host, d.resp_port))
+    c = redis.Redis(host="127.0.0.1", port=proxy.port, username="alice", password=PW)
+    try:
+        me = c.client_id()
+        assert d.proc is not None
+        pid = d.proc.pid
+        rss_before = rss_anon_mb(pid)
+        value = b"v" * (21 * 1024 * 1024)
+        with pytest.raises(redis.ResponseError, match="max_value_bytes") as caught:
+            c.set("big", value)
+        assert "was not run" in str(caught.value)
+        grown = rss_anon_mb(pid) - rss_before
+        assert grown < 10, f"the server grew {grown:.1f} MiB: the value was buffered"
+        assert c.client_id() == me  # the same connection goes on
+        assert c.get("big") is None and c.set("small", "ok") and c.get("small") == b"ok"
+        assert len(value) < proxy.sent < 2 * len(value)  # sent once, not retried
+        # A pipeline carries on past it, in order.
+        pipe = c.pipeline(transaction=False)
+        pipe.set("a", "1").set("b", value).get("a")
+        out = pipe.execute(raise_on_error=False)
+        assert out[0] is True and isinstance(out[1], redis.ResponseError) and out[2] == b"1"
+        assert c.client_id() == me and proxy.sent < 3 * len(value)
+    finally:
+        c.close()
+        proxy.close()
+    assert len(value) > protocol.MAX_VALUE_BYTES
+
+
+def test_an_oversized_value_before_auth_closes(d: Daemon) -> None:
+    out = raw(d, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % (21 * 1024 * 1024))
+    assert out == b"-ERR Protocol error: invalid bulk length\r\n"

@@ -133,8 +133,9 @@ def local(*names: str) -> Callable[[LocalHandler], LocalHandler]:
     return register
 
 
-#: The request a command refused before it runs becomes (malformed, unknown):
-#: ``(seq, REFUSED_REQUEST, (name, error, keys named))``, answered by the door.
+#: The request a command refused before it runs becomes (malformed, unknown,
+#: oversized): ``(seq, REFUSED_REQUEST, (name, error, keys named, bytes
+#: declared))``, answered by the door.
 REFUSED_REQUEST = "\0refused"
 
 
@@ -188,6 +189,9 @@ class RespDoor:
         next_command = decoder.next_command
         while (args := next_command()) is not None:
             self._last_id = msgid = self._last_id + 1
+            if decoder.refused is not None:
+                yield msgid, REFUSED_REQUEST, self._oversized(decoder, args)
+                continue
             raw = args[0]
             name = names.get(raw) or raw.decode("latin-1").lower()
             rc = table.get(name)
@@ -195,7 +199,7 @@ class RespDoor:
                 try:
                     params, reply = parse_call(rc, args)
                 except errors.TenantKVError as exc:
-                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)))
+                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)), 0)
                     continue
                 if reply is not rc.reply:
                     special[msgid] = reply
@@ -203,7 +207,18 @@ class RespDoor:
             elif name in LOCAL:
                 yield msgid, name, args  # (its arguments: the door's)
             else:
-                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1)
+                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1, 0)
+
+    @staticmethod
+    def _oversized(decoder: resp.RequestDecoder, args: list[bytes]) -> Any:
+        """A command refused for its size (:attr:`resp.RequestDecoder.refused`):
+        answered in-band, its rest dropped as it arrives. It costs a read's floor
+        per read unit it declared besides (:meth:`run_local`), as reading that
+        many bytes would: the node takes them, so the tenant pays for them."""
+        exc, declared = decoder.refused or (None, 0)
+        decoder.refused = None
+        name = args[0].decode("latin-1").lower()[:128] if args else ""
+        return (name, exc, 1, declared)
 
     # -- replies -------------------------------------------------------------------
 
@@ -300,7 +315,8 @@ class RespDoor:
         """A connection command, or a command refused for what it asked."""
         msgid, name, args = req
         if name == REFUSED_REQUEST:
-            asked, exc, keys = args
+            asked, exc, keys, nbytes = args
+            keys += nbytes // ex.node.config.read_unit_size
             return await self._refuse(ex, msgid, asked, exc, keys)
         assert isinstance(args, list)
         if name in HANDSHAKE and (size := sum(map(len, args))) > HANDSHAKE_ARG_BYTES:
