@@ -239,3 +239,68 @@ def test_an_oversized_set_is_one_error_that_redis_py_does_not_retry(d: Daemon) -
 def test_an_oversized_value_before_auth_closes(d: Daemon) -> None:
     out = raw(d, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % (21 * 1024 * 1024))
     assert out == b"-ERR Protocol error: invalid bulk length\r\n"
+
+
+# -- the string and keyspace commands on the MessagePack door -------------------------------
+
+
+def test_string_commands_answer_alike_on_both_doors(d: Daemon, r: redis.Redis) -> None:
+    """The same calls through the bundled client (MessagePack) and redis-py (RESP)
+    on twin keys: the same results, from the one implementation per command."""
+    from tenantkv import errors
+
+    with d.client(user="alice", password=PW, bucket="red") as c:
+        for k in ("m:", "r:"):
+            r.set(k + "a", "Hello World")
+            r.set(k + "b", "Help Wanted")
+        got = {
+            "getrange": (c.getrange("m:a", 0, 4), r.getrange("r:a", 0, 4)),
+            "getrange-": (c.getrange("m:a", -5, -1), r.getrange("r:a", -5, -1)),
+            "setrange": (c.setrange("m:a", 6, "Redis"), r.setrange("r:a", 6, "Redis")),
+            "append": (c.append("m:a", "!"), r.append("r:a", "!")),
+            "strlen": (c.strlen("m:a"), r.strlen("r:a")),
+            "setbit": (c.setbit("m:bits", 7, 1), r.setbit("r:bits", 7, 1)),
+            "getbit": (c.getbit("m:bits", 7), r.getbit("r:bits", 7)),
+            "bitcount": (c.bitcount("m:a"), r.bitcount("r:a")),
+            "bitcount range": (c.bitcount("m:a", 1, 3, "bit"), r.bitcount("r:a", 1, 3, "BIT")),
+            "bitpos": (c.bitpos("m:bits", 1), r.bitpos("r:bits", 1)),
+            "bitop": (c.bitop("or", "m:or", ["m:a", "m:b"]), r.bitop("OR", "r:or", "r:a", "r:b")),
+            "incrbyfloat": (c.incrbyfloat("m:f", 10.5), r.incrbyfloat("r:f", 10.5)),
+            "lcs": (c.lcs("m:a", "m:b"), r.lcs("r:a", "r:b")),
+            "lcs len": (c.lcs("m:a", "m:b", length=True), r.lcs("r:a", "r:b", len=True)),
+            "copy": (c.copy("m:a", "m:c"), r.copy("r:a", "r:c")),
+            "copy again": (c.copy("m:a", "m:c"), r.copy("r:a", "r:c")),
+            "renamenx": (c.renamenx("m:c", "m:b"), r.renamenx("r:c", "r:b")),
+            "getdel": (c.getdel("m:b"), r.getdel("r:b")),
+        }
+        for name, (mp, rs) in got.items():
+            if isinstance(rs, float):
+                mp = float(mp)  # (redis-py parses INCRBYFLOAT's decimal reply)
+            assert mp == rs, name
+        assert c.getrange("m:a", 0, -1) == r.getrange("r:a", 0, -1) == b"Hello Redis!"
+        assert c.rename("m:a", "m:z") is True and c.get("m:z") == b"Hello Redis!"
+        assert c.randomkey() is not None
+        # Both doors see one store: what one writes the other reads.
+        c.setrange("shared", 0, "abc")
+        assert r.getrange("shared", 0, -1) == b"abc"
+        # The same errors, from the same parser and handler.
+        with pytest.raises(redis.ResponseError) as resp_err:
+            r.execute_command("SETBIT", "r:bits", 7, 2)  # (redis-py's setbit sends 0 or 1)
+        with pytest.raises(errors.TenantKVError) as mp_err:
+            c.setbit("m:bits", 7, 2)
+        assert mp_err.value.errmsg == str(resp_err.value)
+        with pytest.raises(errors.TenantKVError, match="'start' must be an integer"):
+            c.command("getrange", key=b"k", start="0", end=1)
+        with pytest.raises(errors.TenantKVError, match="unknown parameter"):
+            c.command("strlen", key=b"k", typo=1)
+
+
+def test_string_commands_are_held_to_roles_on_the_messagepack_door(d: Daemon) -> None:
+    from tenantkv import errors
+
+    with d.client() as admin:
+        admin.create_user("viewer", PW, roles={"red": "read"})
+    with d.client(user="viewer", password=PW, bucket="red") as c:
+        assert c.strlen("nothing") == 0
+        with pytest.raises(errors.TenantKVError, match="readwrite"):
+            c.setrange("k", 0, "x")
