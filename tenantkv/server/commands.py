@@ -696,11 +696,3 @@ AdminHandler = Callable[["Session", dict[str, Any]], Awaitable[Any]]
 
 #: The admin commands' names: those the request rate limiter lets pass.
 ADMIN_METHODS = frozenset(name for name, cmd in COMMANDS.items() if cmd.kind == "admin")
-
-
-# Redis's string and keyspace commands on this door too (``getrange``, ``setrange``,
-# ``bitcount``, ``copy``, ...): each runs the RESP door's parser, handler and op
-# (``msgpack_strings``). Imported last: that module builds on this one.
-from tenantkv.server import msgpack_strings  # noqa: E402
-
-COMMANDS.update(msgpack_strings.door_commands())

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tenantkv import errors
+from tenantkv.server import commands
+from tenantkv.server.commands import COMMON_PARAMS, Command, Session, key_param
+from tenantkv.server.redis_commands import REDIS_COMMANDS, RedisCommand, parse_call
 
 if TYPE_CHECKING:
-    from tenantkv.server.commands import Command, Kind, Session
     from tenantkv.storage.engine import BucketHandle
 
 
@@ -50,8 +52,7 @@ def _opt(name: str, kind: str, word: bytes = b"") -> Param:
 KEY, VALUE = _p("key", "key"), _p("value", "bytes")
 RANGE = (_opt("start", "int"), _opt("end", "int"), _opt("unit", "word"))
 #: Each MessagePack method: the Redis command it runs, and its parameters in the
-#: Redis command's order. Its class (read or write) is the Redis command's
-#: (:data:`KINDS`; a test checks them against the Redis table).
+#: Redis command's order.
 METHODS: dict[str, tuple[str, tuple[Param, ...]]] = {
     "getrange": ("getrange", (KEY, _p("start", "int"), _p("end", "int"))),
     "setrange": ("setrange", (KEY, _p("offset", "int"), VALUE)),
@@ -97,8 +98,6 @@ def _arg(p: dict[str, Any], param: Param) -> list[bytes]:
             raise errors.BadValue(f"missing parameter {name!r}")
         return []
     v = p[name]
-    from tenantkv.server.commands import key_param  # (see door_commands)
-
     if kind == "key":
         return [key_param(p, name)]
     if kind == "int":
@@ -133,27 +132,9 @@ def redis_args(method: str, p: dict[str, Any]) -> list[bytes]:
     return args
 
 
-#: The write methods (the rest are reads), as in the Redis command table.
-WRITES = frozenset(
-    {"setrange", "append", "getdel", "incrbyfloat", "setbit", "bitop", "copy", "rename"}
-    | {"renamenx"}
-)
-
-
-def _handler(method: str) -> Callable[..., Any]:
-    """Run ``method`` as its Redis command: the Redis table is looked up at the
-    first call, not at import (``commands`` imports this module, and the Redis
-    command modules import ``commands``)."""
-    name = METHODS[method][0]
-    found: list[Any] = []
-
+def _handler(method: str, rc: RedisCommand) -> Callable[..., Any]:
     def run(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-        if not found:
-            from tenantkv.server.redis_commands import REDIS_COMMANDS, parse_call
-
-            found[:] = [REDIS_COMMANDS[name], parse_call]
-        rc, parse = found
-        params, _ = parse(rc, redis_args(method, p))
+        params, _ = parse_call(rc, redis_args(method, p))
         return rc.handler(s, b, params)
 
     run.__name__ = method
@@ -161,13 +142,17 @@ def _handler(method: str) -> Callable[..., Any]:
 
 
 def door_commands() -> dict[str, Command]:
-    """The MessagePack door's entries for :data:`METHODS` (called by ``commands``
-    as its module ends: its names are imported here, not at this one's import)."""
-    from tenantkv.server.commands import COMMON_PARAMS, Command
-
+    """The MessagePack door's entries for :data:`METHODS`, classed (read, write)
+    as their Redis commands."""
     out: dict[str, Command] = {}
-    for method, (_, params) in METHODS.items():
-        kind: Kind = "write" if method in WRITES else "read"
+    for method, (name, params) in METHODS.items():
+        rc = REDIS_COMMANDS[name]
         names = frozenset(p.name for p in params) | COMMON_PARAMS
-        out[method] = Command(method, kind, names, _handler(method), f"Redis's {method.upper()}")
+        out[method] = Command(method, rc.kind, names, _handler(method, rc), rc.summary)
     return out
+
+
+def register() -> None:
+    """Add :func:`door_commands` to the MessagePack door's table (the door calls
+    it as it is imported)."""
+    commands.COMMANDS.update(door_commands())

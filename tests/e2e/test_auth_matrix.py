@@ -30,13 +30,15 @@ import trio
 from tenantkv import config as config_mod
 from tenantkv import errors
 from tenantkv.server import auth
-from tenantkv.server.commands import COMMANDS
+from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.node import Node
 from tenantkv.server.role import SingleProcess
 from tenantkv.storage.engine import Engine
 from tests.conftest import ADMIN_PASSWORD, Daemon
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+#: The MessagePack door's commands (Redis's string commands included).
+COMMANDS = MsgpackDoor.commands
 TIMEOUT = 20
 
 # -- the rule table (mirrors docs/security.md) ---------------------------------------

@@ -7,13 +7,13 @@ import pytest
 
 from tenantkv import errors
 from tenantkv.server import msgpack_strings
-from tenantkv.server.commands import COMMANDS
+from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.redis_commands import REDIS_COMMANDS
 
 
 def test_every_method_is_in_the_messagepack_table_with_its_redis_class() -> None:
     for method, (name, _) in msgpack_strings.METHODS.items():
-        assert COMMANDS[method].kind == REDIS_COMMANDS[name].kind, method
+        assert MsgpackDoor.commands[method].kind == REDIS_COMMANDS[name].kind, method
 
 
 LCS = {"key": b"a", "key2": b"b", "len": True, "minmatchlen": 2}
