@@ -304,3 +304,46 @@ def test_string_commands_are_held_to_roles_on_the_messagepack_door(d: Daemon) ->
         assert c.strlen("nothing") == 0
         with pytest.raises(errors.TenantKVError, match="readwrite"):
             c.setrange("k", 0, "x")
+
+
+# -- SCAN across a bucket's deletion and re-creation ---------------------------------------
+
+
+def test_a_scan_cursor_across_bucket_delete_and_recreate(d: Daemon) -> None:
+    """A cursor issued before its bucket was deleted and made again under the same
+    name never yields the old bucket's keys and never fails but as Redis's
+    errors: the old connection is left without a bucket, a new one resumes in
+    the new bucket (or is told the cursor is unknown)."""
+    with d.client() as admin:
+        admin.create_bucket("cyc")
+        admin.create_user("carol", PW, roles={"cyc": "readwrite"})
+    old = connect(d, user="carol")
+    try:
+        old.mset({f"old:{i:03}": "v" for i in range(30)})
+        cursor, page = old.scan(0, count=10)
+        assert cursor != 0 and len(page) == 10
+        with d.client() as admin:
+            admin.delete_bucket("cyc")
+            admin.create_bucket("cyc")
+            admin.command("update_user", name="carol", roles={"cyc": "readwrite"})
+        with pytest.raises(redis.ResponseError, match="no bucket selected"):
+            old.scan(cursor, count=10)  # its bucket is gone: no bucket, no crash
+        new = connect(d, user="carol")
+        try:
+            new.mset({f"new:{i:03}": "v" for i in range(30)})
+            seen: list[bytes] = []
+            try:
+                while True:
+                    cursor, page = new.scan(cursor, count=10)
+                    seen += page
+                    if cursor == 0:
+                        break
+            except redis.ResponseError as exc:
+                assert "invalid cursor" in str(exc)
+            assert all(k.startswith(b"new:") for k in seen), seen
+            # and a scan from 0 sees exactly the new bucket
+            assert sorted(new.scan_iter(count=7)) == [f"new:{i:03}".encode() for i in range(30)]
+        finally:
+            new.close()
+    finally:
+        old.close()
