@@ -25,7 +25,7 @@ CLIENT_NAME = "tenantkv-python"
 #: A reply that opens so is a Redis protocol (RESP) error or status line; a
 #: MessagePack-RPC response opens with an array (0x94), never with these.
 _RESP_LINE_HEADS = (b"-", b"+")
-#: How the server's RESP door names its MessagePack port (``tenantkv.resp``).
+#: How the server's RESP door names its MessagePack port (``tenantkv.server.doors.resp``).
 _MSGPACK_PORT = re.compile(r"MessagePack port (\d+)")
 
 Key = bytes | str

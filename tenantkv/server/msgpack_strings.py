@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tenantkv import errors
-from tenantkv.server import commands
+from tenantkv.server import commands, redis_keyspace, redis_strings
 from tenantkv.server.commands import COMMON_PARAMS, Command, Session, key_param
 from tenantkv.server.redis_commands import REDIS_COMMANDS, RedisCommand, parse_call
 
@@ -139,6 +139,11 @@ def _handler(method: str, rc: RedisCommand) -> Callable[..., Any]:
 
     run.__name__ = method
     return run
+
+
+#: The command modules whose Redis commands these run (imported so that they
+#: have joined REDIS_COMMANDS).
+TABLE_MODULES = (redis_keyspace, redis_strings)
 
 
 def door_commands() -> dict[str, Command]:

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenantkv import errors, resp
+from tenantkv import errors
+from tenantkv.server.doors import resp
+from tenantkv.server.redis_commands import Encoder
 
 MAX = 1024 * 1024
 
@@ -165,7 +167,7 @@ def test_a_big_command_in_many_chunks_is_parsed_once() -> None:
 
 
 def test_encoder_resp2_and_resp3() -> None:
-    r2, r3 = resp.Encoder(2), resp.Encoder(3)
+    r2, r3 = Encoder(2), Encoder(3)
     assert r2.value(None) == b"$-1\r\n" and r3.value(None) == b"_\r\n"
     assert r2.value(True) == b":1\r\n" and r3.value(True) == b"#t\r\n"
     assert r2.map({"a": 1}) == b"*2\r\n$1\r\na\r\n:1\r\n"
