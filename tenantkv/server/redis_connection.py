@@ -55,6 +55,14 @@ MAX_CONFIG_PATTERNS = 16
 CONFIG_PATTERNS = "\0config"
 
 
+#: Client-side caching's subcommands: refused, and said so (docs/redis.md).
+NO_TRACKING = frozenset({b"tracking", b"trackinginfo", b"caching", b"getredir"})
+TRACKING_REFUSED = (
+    "CLIENT TRACKING is not supported: tenantkv sends no invalidation messages, so a "
+    "client must not cache values (client-side caching is off)"
+)
+
+
 LocalHandler = Callable[[DoorState, Executor, int, list[bytes]], Awaitable[bool]]
 LOCAL: dict[str, LocalHandler] = {}
 
@@ -248,6 +256,8 @@ async def _client(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> 
             "\n"
         )
         reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
+    elif sub in NO_TRACKING:
+        raise errors.BadValue(TRACKING_REFUSED)
     else:
         raise errors.BadValue(
             f"unknown subcommand or wrong number of arguments for "

@@ -347,3 +347,26 @@ def test_a_scan_cursor_across_bucket_delete_and_recreate(d: Daemon) -> None:
             new.close()
     finally:
         old.close()
+
+
+def test_client_side_caching_is_refused_in_so_many_words(d: Daemon) -> None:
+    """No invalidation messages are sent, so CLIENT TRACKING fails loudly instead
+    of letting a client cache values it would never hear are stale."""
+    c = connect(d, protocol=3)
+    try:
+        for args in (["TRACKING", "ON"], ["TRACKINGINFO"], ["CACHING", "YES"]):
+            with pytest.raises(redis.ResponseError, match="CLIENT TRACKING is not supported"):
+                c.execute_command("CLIENT", *args)
+        assert c.ping() is True  # the connection goes on
+    finally:
+        c.close()
+    try:
+        from redis.cache import CacheConfig
+    except ImportError:  # (redis-py without client-side caching)
+        return
+    cached = connect(d, protocol=3, cache_config=CacheConfig())
+    try:
+        with pytest.raises(redis.ResponseError, match="CLIENT TRACKING is not supported"):
+            cached.get("k")
+    finally:
+        cached.close()
