@@ -17,7 +17,7 @@ from tenantkv.admission.rate_limiter import TokenBucket
 from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.admission.write_permits import WritePermits
 from tenantkv.metrics import OpLatency
-from tenantkv.server.redis_commands import MAX_PATTERN_BYTES, compiled_glob
+from tenantkv.server.redis_scan import MAX_PATTERN_BYTES, compiled_glob
 
 
 def per_op_us(step: Callable[[], None], n: int) -> float:

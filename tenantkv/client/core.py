@@ -25,7 +25,7 @@ CLIENT_NAME = "tenantkv-python"
 #: A reply that opens so is a Redis protocol (RESP) error or status line; a
 #: MessagePack-RPC response opens with an array (0x94), never with these.
 _RESP_LINE_HEADS = (b"-", b"+")
-#: How the server's RESP door names its MessagePack port (``tenantkv.resp``).
+#: How the server's RESP door names its MessagePack port (``tenantkv.server.doors.resp``).
 _MSGPACK_PORT = re.compile(r"MessagePack port (\d+)")
 
 Key = bytes | str
@@ -406,6 +406,99 @@ class Commands:
         if watch:
             params["watch"] = [[_key(k), int(cas)] for k, cas in watch.items()]
         return self._execute(Call("transaction", params, _transaction_results))
+
+    # -- Redis's string and keyspace commands (the RESP door's, same rules) -----
+
+    def _string(self, method: str, params: dict[str, Any], is_read: bool) -> Any:
+        given = {k: v for k, v in params.items() if v is not None and v is not False}
+        return self._execute(Call(method, given, _ident, is_read))
+
+    def getrange(self, key: Key, start: int, end: int) -> Any:
+        """The bytes of the value from ``start`` to ``end`` inclusive (negative:
+        from the end), as Redis's GETRANGE; b"" for a missing key."""
+        return self._string("getrange", {"key": _key(key), "start": start, "end": end}, True)
+
+    def setrange(self, key: Key, offset: int, value: bytes | str) -> Any:
+        """Overwrite the value from ``offset`` (zero-padded); the new length."""
+        return self._string(
+            "setrange", {"key": _key(key), "offset": offset, "value": _value(value)}, False
+        )
+
+    def append(self, key: Key, value: bytes | str) -> Any:
+        """Append to the value (created if missing); the new length."""
+        return self._string("append", {"key": _key(key), "value": _value(value)}, False)
+
+    def strlen(self, key: Key) -> Any:
+        return self._string("strlen", {"key": _key(key)}, True)
+
+    def getdel(self, key: Key) -> Any:
+        """The value, deleting the key; None if there was none."""
+        return self._string("getdel", {"key": _key(key)}, False)
+
+    def incrbyfloat(self, key: Key, delta: float) -> Any:
+        """Add ``delta`` as Redis's INCRBYFLOAT does; the new value as decimal bytes."""
+        return self._string("incrbyfloat", {"key": _key(key), "delta": delta}, False)
+
+    def getbit(self, key: Key, offset: int) -> Any:
+        return self._string("getbit", {"key": _key(key), "offset": offset}, True)
+
+    def setbit(self, key: Key, offset: int, bit: int) -> Any:
+        """Set or clear one bit; the bit's old value."""
+        return self._string("setbit", {"key": _key(key), "offset": offset, "bit": bit}, False)
+
+    def bitcount(
+        self, key: Key, start: int | None = None, end: int | None = None, unit: str | None = None
+    ) -> Any:
+        """Set bits, in the whole value or a range of bytes (``unit="bit"``: bits)."""
+        params = {"key": _key(key), "start": start, "end": end, "unit": unit}
+        return self._string("bitcount", params, True)
+
+    def bitpos(
+        self,
+        key: Key,
+        bit: int,
+        start: int | None = None,
+        end: int | None = None,
+        unit: str | None = None,
+    ) -> Any:
+        params = {"key": _key(key), "bit": bit, "start": start, "end": end, "unit": unit}
+        return self._string("bitpos", params, True)
+
+    def bitop(self, op: str, dest: Key, keys: Iterable[Key]) -> Any:
+        """AND, OR, XOR or NOT of ``keys`` into ``dest``; the result's length."""
+        params = {"op": op, "dest": _key(dest), "keys": [_key(k) for k in keys]}
+        return self._string("bitop", params, False)
+
+    def lcs(
+        self,
+        key: Key,
+        key2: Key,
+        *,
+        length: bool = False,
+        idx: bool = False,
+        minmatchlen: int | None = None,
+        withmatchlen: bool = False,
+    ) -> Any:
+        """The longest common subsequence of two values, as Redis's LCS
+        (``length``: its length only, Redis's ``LEN``)."""
+        params = {"key": _key(key), "key2": _key(key2), "len": length, "idx": idx}
+        params |= {"minmatchlen": minmatchlen, "withmatchlen": withmatchlen}
+        return self._string("lcs", params, True)
+
+    def copy(self, key: Key, dest: Key, *, replace: bool = False) -> Any:
+        """Copy value, expiry and flags to ``dest``; 1, or 0 if ``dest`` exists."""
+        params = {"key": _key(key), "dest": _key(dest), "replace": replace}
+        return self._string("copy", params, False)
+
+    def rename(self, key: Key, dest: Key) -> Any:
+        return self._string("rename", {"key": _key(key), "dest": _key(dest)}, False)
+
+    def renamenx(self, key: Key, dest: Key) -> Any:
+        """Rename unless ``dest`` exists; 1, or 0."""
+        return self._string("renamenx", {"key": _key(key), "dest": _key(dest)}, False)
+
+    def randomkey(self) -> Any:
+        return self._string("randomkey", {}, True)
 
 
 class _TimeoutView(Commands):

@@ -11,57 +11,32 @@ of range``.
 
 Data model: strings with expiry, in the connection's bucket. Commands tenantkv
 does not run (other types, scripting, ...) get Redis's own unknown-command
-answer (:data:`NOT_SUPPORTED` says why, for docs/redis.md).
+answer (``redis_docs.NOT_SUPPORTED`` says why, for docs/redis.md).
+
+This module is the table: the entry type (:class:`RedisCommand`), the registry
+(:data:`REDIS_COMMANDS`, which ``redis_strings``, ``redis_keyspace`` and
+``redis_scan`` add their commands to), the argument parsers and replies the
+command modules share, the RESP reply encoder (:class:`Encoder`), and the
+string commands at the heart of it (GET, SET, MGET, MSET, DEL, INCR, ...).
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from tenantkv import errors, protocol
-from tenantkv.resp import Encoder
-from tenantkv.server import (
-    commands,
-    redis_keyspace,
-    redis_strings,
-    redis_transactions,
-    scan_cursors,
-)
-from tenantkv.server.commands import Session, prefix_end
-from tenantkv.server.redis_base import (
-    MAX_MULTI_KEYS,
-    OK,
-    PARAM_NAMES,
-    REDIS_COMMANDS,
-    RedisCommand,
-    Reply,
-    _array_of_bulks,
-    _bulk_or_null,
-    _check_value,
-    _headers,
-    _integer,
-    _key,
-    _many_keys,
-    _ok,
-    _one_key,
-    _register,
-    _simple,
-    _stored_value_bytes,
-    arity_error,
-    parse_int,
-    syntax_error,
-)
-from tenantkv.server.scan_cursors import parse_cursor
+from tenantkv.server import commands
+from tenantkv.server.commands import MAX_KEYS_PER_COMMAND, Command, Session
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.string_ops import (
     CLEAR,
     KEEP,
+    NOT_AN_INTEGER,
     AppendOp,
-    ExpireOp,
     Expiry,
     FlushOp,
     GetDelOp,
@@ -72,24 +47,253 @@ from tenantkv.storage.string_ops import (
     StringSetOp,
 )
 
-#: Re-exported: the table and its entry type live in ``redis_base`` (so that the
-#: command modules need not import this one); callers import them from here.
-__all__ = [
-    "MAX_MULTI_KEYS",
-    "PARAM_NAMES",
-    "REDIS_COMMANDS",
-    "RedisCommand",
-    "Reply",
-    "arity_error",
-    "parse_int",
-    "syntax_error",
-]
+_CRLF = b"\r\n"
 
-#: SCAN's default COUNT, and the most keys one SCAN call may examine.
-SCAN_COUNT = 10
-MAX_SCAN_COUNT = 1000
-#: KEYS examines at most this many keys; past it the caller is told to use SCAN.
-MAX_KEYS = 10_000
+
+# -- replies ------------------------------------------------------------------------------
+
+
+class Verbatim(str):
+    """A RESP3 verbatim string (``=``; INFO's reply), a bulk string on RESP2."""
+
+
+class Status(str):
+    """A simple string (``+``) inside a nested reply: ``COMMAND DOCS`` flags, which
+    redis-cli requires to be status replies."""
+
+
+class Encoder:
+    """Replies for one connection; ``version`` 2 or 3 (``HELLO`` may switch it).
+    RESP3 types (null, map, double, boolean, set, verbatim) fall back to their
+    RESP2 forms on a version-2 connection, exactly as Redis does."""
+
+    def __init__(self, version: int = 2) -> None:
+        self.version = version
+
+    def simple(self, text: str) -> bytes:
+        return b"+" + text.encode() + _CRLF
+
+    def error(self, text: str) -> bytes:
+        """``-PREFIX message``; CR and LF in the message become spaces."""
+        return b"-" + text.replace("\r", " ").replace("\n", " ").encode() + _CRLF
+
+    def integer(self, n: int) -> bytes:
+        return b":%d\r\n" % n
+
+    def bulk(self, data: bytes | str) -> bytes:
+        if isinstance(data, str):
+            data = data.encode()
+        return b"$%d\r\n%b\r\n" % (len(data), data)
+
+    def null(self) -> bytes:
+        return b"_\r\n" if self.version >= 3 else b"$-1\r\n"
+
+    def null_array(self) -> bytes:
+        return b"_\r\n" if self.version >= 3 else b"*-1\r\n"
+
+    def boolean(self, b: bool) -> bytes:
+        if self.version >= 3:
+            return b"#t\r\n" if b else b"#f\r\n"
+        return b":1\r\n" if b else b":0\r\n"
+
+    def double(self, x: float) -> bytes:
+        text = repr(x).encode()
+        return b",%b\r\n" % text if self.version >= 3 else self.bulk(text)
+
+    def array(self, items: Sequence[Any]) -> bytes:
+        return b"*%d\r\n" % len(items) + b"".join(self.value(i) for i in items)
+
+    def set(self, items: Sequence[Any]) -> bytes:
+        """A RESP3 set (``~``), an array on RESP2."""
+        head = b"~%d\r\n" if self.version >= 3 else b"*%d\r\n"
+        return head % len(items) + b"".join(self.value(i) for i in items)
+
+    def map(self, items: Mapping[Any, Any]) -> bytes:
+        """A RESP3 map (``%``), a flat key-value array on RESP2."""
+        n = len(items)
+        head = b"%%%d\r\n" % n if self.version >= 3 else b"*%d\r\n" % (2 * n)
+        return head + b"".join(self.value(k) + self.value(v) for k, v in items.items())
+
+    def verbatim(self, text: str) -> bytes:
+        if self.version >= 3:
+            data = b"txt:" + text.encode()
+            return b"=%d\r\n%b\r\n" % (len(data), data)
+        return self.bulk(text)
+
+    def value(self, v: Any) -> bytes:
+        """Any Python value as the natural RESP type."""
+        if v is None:
+            return self.null()
+        if isinstance(v, bool):
+            return self.boolean(v)
+        if isinstance(v, int):
+            return self.integer(v)
+        if isinstance(v, float):
+            return self.double(v)
+        if isinstance(v, Verbatim):
+            return self.verbatim(v)
+        if isinstance(v, Status):
+            return self.simple(v)
+        if isinstance(v, (bytes, str)):
+            return self.bulk(v)
+        if isinstance(v, Mapping):
+            return self.map(v)
+        if isinstance(v, (list, tuple)):
+            return self.array(v)
+        raise TypeError(f"no RESP form for {type(v).__name__}")
+
+
+# -- the table ----------------------------------------------------------------------
+
+
+#: The most keys one multi-key command may name: the MessagePack mget's bound.
+MAX_MULTI_KEYS = MAX_KEYS_PER_COMMAND
+
+Reply = Callable[[Encoder, Any], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisCommand:
+    """One Redis command: its Redis arity (negative: at least), how its arguments
+    become ``(Command, params)``, how the result becomes a reply, and what
+    ``COMMAND INFO`` says of it."""
+
+    name: str
+    arity: int
+    kind: Literal["read", "write", "session"]
+    parse: Callable[[list[bytes]], dict[str, Any]]
+    handler: Callable[..., Any]
+    reply: Reply
+    flags: tuple[str, ...] = ()
+    keys: tuple[int, int, int] = (1, 1, 1)
+    summary: str = ""
+    group: str = "string"
+    command: Command = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The execution path checks parameter names against the Command's: the
+        # parser's output is the contract, so declare every name it may produce.
+        object.__setattr__(
+            self,
+            "command",
+            Command(self.name, self.kind, PARAM_NAMES, self.handler, self.summary, self.reply),
+        )
+
+
+def read_command(
+    name: str,
+    arity: int,
+    parse: Callable[[list[bytes]], dict[str, Any]],
+    handler: Callable[..., Any],
+    reply: Reply,
+    keys: tuple[int, int, int],
+    summary: str,
+    group: str,
+) -> RedisCommand:
+    """A read command's entry (kind ``read``, flag ``readonly``), for the tables of
+    read commands."""
+    return RedisCommand(
+        name, arity, "read", parse, handler, reply, ("readonly",), keys, summary, group
+    )
+
+
+PARAM_NAMES = frozenset(
+    {"key", "keys", "value", "pairs", "expiry", "only", "get", "delta", "cursor", "match", "count"}
+    | {"args", "start", "end", "offset", "dest", "replace"}
+)
+REDIS_COMMANDS: dict[str, RedisCommand] = {}
+
+
+def _register(c: RedisCommand) -> None:
+    REDIS_COMMANDS[c.name] = c
+
+
+def arity_error(name: str) -> errors.BadValue:
+    return errors.BadValue(f"wrong number of arguments for '{name}' command")
+
+
+def syntax_error() -> errors.BadValue:
+    return errors.BadValue("syntax error")
+
+
+def parse_int(arg: bytes, message: str = NOT_AN_INTEGER) -> int:
+    """An integer argument as Redis reads it (no spaces, no plus sign)."""
+    if not re.fullmatch(rb"-?(0|[1-9][0-9]*)", arg) or not -(2**63) <= int(arg) < 2**63:
+        raise errors.BadValue(message)
+    return int(arg)
+
+
+def _key(arg: bytes) -> bytes:
+    if not 0 < len(arg) <= protocol.MAX_KEY_BYTES:
+        raise errors.KeyTooLong(f"keys must be 1-{protocol.MAX_KEY_BYTES} bytes, got {len(arg)}")
+    return arg
+
+
+def _keys(args: list[bytes]) -> list[bytes]:
+    if len(args) > MAX_MULTI_KEYS:
+        raise errors.BadValue(f"at most {MAX_MULTI_KEYS} keys per command")
+    return [_key(a) for a in args]
+
+
+def _check_value(s: Session, value: bytes) -> bytes:
+    limit = s.node.config.max_value_bytes
+    if len(value) > limit:
+        raise errors.ValueTooLarge(f"value of {len(value)} bytes exceeds max_value_bytes={limit}")
+    return value
+
+
+# -- replies ----------------------------------------------------------------------------
+
+
+#: The reply a write answers most (a pipelined SET: one per request).
+OK = b"+OK\r\n"
+
+
+def _bulk_or_null(enc: Encoder, v: Any) -> bytes:
+    if type(v) is bytes:  # (a hit: Encoder.bulk without its calls)
+        return b"$%d\r\n%b\r\n" % (len(v), v)
+    return enc.null() if v is None else enc.bulk(v)
+
+
+def _integer(enc: Encoder, v: Any) -> bytes:
+    return enc.integer(int(v))
+
+
+def _ok(enc: Encoder, v: Any) -> bytes:
+    return OK
+
+
+def _array_of_bulks(enc: Encoder, v: Any) -> bytes:
+    return b"*%d\r\n" % len(v) + b"".join(_bulk_or_null(enc, x) for x in v)
+
+
+def _simple(enc: Encoder, v: Any) -> bytes:
+    return enc.simple(str(v))
+
+
+def _one_key(args: list[bytes]) -> dict[str, Any]:
+    return {"key": _key(args[1])}
+
+
+def _many_keys(args: list[bytes]) -> dict[str, Any]:
+    return {"keys": _keys(args[1:])}
+
+
+def _headers(s: Session, b: BucketHandle, keys: list[bytes]) -> list[tuple[int, int] | None]:
+    """The live records' (stored size, expiry) on views of them, no value copied;
+    metered as the records read (what a read of each costs, whatever is copied)."""
+    found = s.node.engine.headers(b, keys)
+    s.read_sizes += [len(k) + h[0] for k, h in zip(keys, found, strict=True) if h is not None]
+    return found
+
+
+def _stored_value_bytes(s: Session, b: BucketHandle, key: bytes) -> int:
+    """The size of ``key``'s value now, read on a view of its record: what a write
+    that answers with the value it finds will hold and read (``WriteOp.reply_hint``).
+    A pipeline of GETEX on a 10 MiB key held 600 MB of answers uncounted."""
+    found = s.node.engine.headers(b, [key])[0]
+    return 0 if found is None else max(0, found[0] - HEADER_BYTES)
+
 
 # -- reads ---------------------------------------------------------------------------------
 
@@ -196,325 +400,6 @@ _register(
         (0, 0, 0),
         "Return the number of keys in the bucket.",
         "server",
-    )
-)
-
-
-# -- SCAN and KEYS: the ordered index, a prefix where the pattern has one -----------------
-
-_GLOB_SPECIAL = frozenset(b"*?[\\")
-
-
-def glob_prefix(pattern: bytes) -> bytes:
-    """The literal bytes a Redis glob pattern starts with (what every match starts with)."""
-    out = bytearray()
-    for c in pattern:
-        if c in _GLOB_SPECIAL:
-            break
-        out.append(c)
-    return bytes(out)
-
-
-#: Longest MATCH / KEYS / CONFIG GET pattern accepted. A pattern is read in one
-#: pass (time linear in its length) and compiled once per distinct pattern and
-#: bucket (:func:`compiled_glob`). No key is longer than protocol.MAX_KEY_BYTES
-#: (250), so 512 bytes holds a pattern for any key with room for escapes and
-#: classes, and bounds a fresh pattern's compiling to ~2 ms of the event loop
-#: (a class costs Python's ``re`` 10-35 us to compile: see :func:`compile_floors`).
-MAX_PATTERN_BYTES = 512
-#: Compiling a pattern costs one read floor (``min_op_units``) per class in it,
-#: and one per this many of its bytes, plus one (:func:`compile_floors`).
-PATTERN_UNIT_BYTES = 64
-#: Compiled patterns kept, per (bucket, pattern), least recently used dropped
-#: first: at most MAX_PATTERN_BYTES each plus its compiled form, ~1 MiB in all.
-PATTERN_CACHE_SIZE = 256
-
-Matcher = Callable[[bytes], bool]
-#: A pattern position: the bytes it takes (a star is None).
-_Position = frozenset[int] | None
-_ANY = frozenset(range(256))
-
-
-def _signed(c: int) -> int:
-    """A byte as Redis's ``char`` compares it in a range (signed on x86-64 and
-    most builds): ``[a-\xff]`` is the bytes from -1 to 97."""
-    return c - 256 if c >= 128 else c
-
-
-def glob_positions(pattern: bytes) -> list[_Position]:
-    """What each position of a Redis glob takes, read as Redis's
-    ``stringmatchlen`` (``util.c``) reads it — case-sensitive, as KEYS and SCAN
-    use it — in one pass:
-
-    - ``*`` any run of bytes, ``?`` any one byte, ``\\x`` the byte ``x`` (a
-      trailing ``\\`` is itself);
-    - ``[...]`` one byte of a class: ``^`` first negates it, ``\\x`` is ``x``,
-      ``a-z`` a range whose ends are swapped when reversed (``[z-a]`` is
-      ``[a-z]``), compared as signed chars; the first ``]`` closes it, so ``[]``
-      takes nothing and ``[^]`` anything; an unclosed class runs to the end of
-      the pattern (``x[`` matches no key, ``k[1-`` is ``k`` then ``1`` or ``-``).
-    """
-    out: list[_Position] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == 0x2A:  # *
-            out.append(None)
-        elif c == 0x3F:  # ?
-            out.append(_ANY)
-        elif c == 0x5B:  # [
-            i += 1
-            negate = i < n and pattern[i] == 0x5E  # ^
-            if negate:
-                i += 1
-            members: set[int] = set()
-            while i < n:
-                c = pattern[i]
-                if c == 0x5C and i + 1 < n:  # \x
-                    i += 1
-                    members.add(pattern[i])
-                elif c == 0x5D:  # ]
-                    break
-                elif i + 2 < n and pattern[i + 1] == 0x2D:  # a-z
-                    lo, hi = sorted((_signed(c), _signed(pattern[i + 2])))
-                    members.update(b & 0xFF for b in range(lo, hi + 1))
-                    i += 2
-                else:
-                    members.add(c)
-                i += 1
-            out.append(_ANY - members if negate else frozenset(members))
-        else:
-            if c == 0x5C and i + 1 < n:  # \x
-                i += 1
-            out.append(frozenset((pattern[i],)))
-        i += 1
-    return out
-
-
-def _byte(b: int) -> bytes:
-    """One byte in a regex: itself when it is a letter or digit (the cheapest to
-    parse), else escaped."""
-    return bytes((b,)) if 48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122 else b"\\x%02x" % b
-
-
-def _atom(taken: frozenset[int]) -> bytes:
-    """One position as a regex atom: a byte, any byte, or a class of runs."""
-    if len(taken) == 256:
-        return b"."
-    if not taken:
-        return b"(?!)"
-    if len(taken) == 1:
-        return _byte(next(iter(taken)))
-    parts = []
-    ordered = sorted(taken)
-    first = prev = ordered[0]
-    for b in (*ordered[1:], -2):
-        if b != prev + 1:
-            parts.append(_byte(first) if first == prev else _byte(first) + b"-" + _byte(prev))
-            first = b
-        prev = b
-    return b"[" + b"".join(parts) + b"]"
-
-
-def glob_matcher(pattern: bytes) -> Matcher:
-    """Redis's glob (:func:`glob_positions`) as a test of a whole key, compiled
-    in time linear in the pattern's length, matching in time linear in the
-    key's length times the pattern's.
-
-    Not one regex: ``.*a.*a.*b``-like translations backtrack exponentially in
-    Python's ``re`` (a 60-byte key held the event loop for seconds). The
-    pattern is cut at its stars into fixed-length segments: the first must
-    match the key's start, the last its end, and each one between goes at its
-    earliest match after the one before — where a match exists at all, the
-    earliest leaves the most room for the rest, since a star takes anything.
-    (Redis's own backtracking answers the same for every key: a star never
-    needs to take the empty end of a key, since what follows it takes a byte.)
-    """
-    if len(pattern) > MAX_PATTERN_BYTES:
-        raise errors.BadValue(f"pattern longer than {MAX_PATTERN_BYTES} bytes")
-    segments: list[list[frozenset[int]]] = [[]]  # positions, cut at the stars
-    for pos in glob_positions(pattern):
-        if pos is None:
-            if segments[-1] or len(segments) == 1:  # (consecutive stars are one)
-                segments.append([])
-        else:
-            segments[-1].append(pos)
-    if sum(len(seg) for seg in segments) > protocol.MAX_KEY_BYTES:
-        return _never  # more bytes than any key holds
-    if any(not pos for seg in segments for pos in seg):
-        return _never  # a class that takes no byte ([], x[)
-    rx = [re.compile(b"".join(_atom(p) for p in seg), re.S) for seg in segments]
-    if len(rx) == 1:
-        whole = rx[0]
-        return lambda key: whole.fullmatch(key) is not None
-    head, mids, tail = rx[0], rx[1:-1], rx[-1]
-    head_len, tail_len = len(segments[0]), len(segments[-1])
-
-    def match(key: bytes) -> bool:
-        end = len(key) - tail_len
-        if end < head_len or head.match(key) is None or tail.fullmatch(key, end) is None:
-            return False
-        pos = head_len
-        for mid in mids:
-            m = mid.search(key, pos, end)
-            if m is None:
-                return False
-            pos = m.end()
-        return True
-
-    return match
-
-
-_compiled: OrderedDict[tuple[str, bytes], Matcher] = OrderedDict()
-
-
-def compiled_glob(bucket: str, pattern: bytes) -> tuple[Matcher, int]:
-    """:func:`glob_matcher` of ``pattern``, compiled once while it stays among the
-    :data:`PATTERN_CACHE_SIZE` last used, and the read floors compiling it cost
-    (:func:`compile_floors`; 0 when it was cached). Kept per bucket: what one
-    tenant's request costs never depends on what another one asked."""
-    key = (bucket, pattern)
-    matcher = _compiled.get(key)
-    if matcher is not None:
-        _compiled.move_to_end(key)
-        return matcher, 0
-    matcher = glob_matcher(pattern)  # (refuses one too long, before it is kept)
-    _compiled[key] = matcher
-    if len(_compiled) > PATTERN_CACHE_SIZE:
-        _compiled.popitem(last=False)
-    return matcher, compile_floors(pattern)
-
-
-def compile_floors(pattern: bytes) -> int:
-    """The read floors compiling ``pattern`` costs: one, one per
-    :data:`PATTERN_UNIT_BYTES` of it, and one per ``[`` — each class is ~10-35 us
-    of Python's ``re`` compiler, a GET's order; literals, ``?`` and stars are a
-    few us each. A pattern refused for its length costs the same."""
-    return 1 + len(pattern) // PATTERN_UNIT_BYTES + pattern.count(b"[")
-
-
-def _never(key: bytes) -> bool:
-    return False
-
-
-def _scan_parse(args: list[bytes]) -> dict[str, Any]:
-    p: dict[str, Any] = {"cursor": parse_cursor(args[1]), "match": None, "count": SCAN_COUNT}
-    i = 2
-    while i < len(args):
-        opt = args[i].lower()
-        if i + 1 >= len(args):
-            raise syntax_error()
-        if opt == b"match":
-            p["match"] = args[i + 1]
-        elif opt == b"count":
-            count = parse_int(args[i + 1])
-            if count < 1:
-                raise syntax_error()
-            p["count"] = min(count, MAX_SCAN_COUNT)
-        elif opt == b"type":
-            p["only"] = args[i + 1].lower()
-        else:
-            raise syntax_error()
-        i += 2
-    return p
-
-
-def _range(s: Session, match: bytes | None) -> tuple[bytes, bytes | None, Matcher | None]:
-    """(start, end, filter) of the keys a pattern can match: a prefix pattern
-    (``user:*``) is a key range and needs no filter. A pattern compiled now
-    costs its floors (:func:`compiled_glob`), counted in ``s.read_keys``."""
-    if match is None or match == b"*":
-        return b"", None, None
-    prefix = glob_prefix(match)
-    end = prefix_end(prefix) if prefix else None
-    if match == prefix + b"*" and prefix:
-        return prefix, end, None
-    try:
-        matches, floors = compiled_glob(s.bucket or "", match)
-    except errors.BadValue:
-        s.read_keys += compile_floors(match)  # (refused unread: it was received)
-        raise
-    s.read_keys += floors
-    return prefix, end, matches
-
-
-def _examined(s: Session, keys: list[bytes]) -> None:
-    """Meter the keys a scan examined — each key and its record's header, what was
-    read of it — at a read floor each (``read_keys``), matched or not."""
-    s.read_sizes += [len(key) + HEADER_BYTES for key in keys]
-    s.read_keys += len(keys)
-
-
-def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    s.read_keys = 0
-    try:
-        start, end, matches = _range(s, p["match"])
-        cursor = p["cursor"]
-        if p.get("only", b"string") != b"string" or cursor >= scan_cursors.END:
-            return [b"0", []]  # every key is a string; past the end of any scan
-        table = scan_cursors.cursors(str(s.node.engine.path))
-        after = table.resume(b.name, cursor) if cursor else None
-        keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=p["count"])
-        _examined(s, keys)
-    finally:
-        s.read_keys = max(1, s.read_keys)
-    following = table.issue(b.name, keys[-1]) if more and keys else 0
-    return [b"%d" % following, keys if matches is None else [k for k in keys if matches(k)]]
-
-
-def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    s.read_keys = 0
-    start, end, matches = _range(s, p["match"])
-    out: list[bytes] = []
-    after = None
-    examined = 0
-    try:
-        while True:
-            keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=1000)
-            _examined(s, keys)
-            out += keys if matches is None else (k for k in keys if matches(k))
-            examined += len(keys)
-            if not more or not keys:
-                return out
-            if examined >= MAX_KEYS:
-                raise errors.BadValue(
-                    f"KEYS would examine more than {MAX_KEYS} keys in this bucket; use SCAN"
-                )
-            after = keys[-1]
-    finally:
-        s.read_keys = max(1, s.read_keys)
-
-
-def _scan_reply(enc: Encoder, v: Any) -> bytes:
-    return b"*2\r\n" + enc.bulk(v[0]) + b"*%d\r\n" % len(v[1]) + b"".join(enc.bulk(k) for k in v[1])
-
-
-_register(
-    RedisCommand(
-        "scan",
-        -2,
-        "read",
-        _scan_parse,
-        _scan,
-        _scan_reply,
-        ("readonly",),
-        (0, 0, 0),
-        "Iterate the keys of the bucket, in key order.",
-        "generic",
-    )
-)
-_register(
-    RedisCommand(
-        "keys",
-        2,
-        "read",
-        lambda args: {"match": args[1]},
-        _keys_cmd,
-        lambda enc, v: b"*%d\r\n" % len(v) + b"".join(enc.bulk(k) for k in v),
-        ("readonly",),
-        (0, 0, 0),
-        f"Find the keys matching a pattern (at most {MAX_KEYS} examined).",
-        "generic",
     )
 )
 
@@ -772,71 +657,6 @@ _register(
 )
 
 
-def _expire_parse(unit_ms: int, absolute: bool) -> Callable[[list[bytes]], dict[str, Any]]:
-    def parse(args: list[bytes]) -> dict[str, Any]:
-        n = parse_int(args[2])
-        only: set[str] = set()
-        for opt in args[3:]:
-            o = opt.lower().decode(errors="replace")
-            if o not in ("nx", "xx", "gt", "lt"):
-                raise errors.BadValue(f"Unsupported option {opt.decode(errors='replace')}")
-            only.add(o)
-        if "nx" in only and len(only) > 1:
-            raise errors.BadValue("NX and XX, GT or LT options at the same time are not compatible")
-        if {"gt", "lt"} <= only:
-            raise errors.BadValue("GT and LT options at the same time are not compatible")
-        ms = n * unit_ms
-        if abs(ms) > 2**62:
-            raise errors.BadValue(f"invalid expire time in '{args[0].decode().lower()}' command")
-        # A time in the past deletes the key (the op writes an expiry already due);
-        # 0 means "no expiry" in a record, so the earliest is 1 ms after the epoch.
-        expiry = Expiry("absolute", max(ms, 1)) if absolute else Expiry("relative", ms)
-        return {"key": _key(args[1]), "expiry": expiry, "only": frozenset(only)}
-
-    return parse
-
-
-def _expire_op(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
-    expiry: Expiry = p["expiry"]
-    if expiry.mode == "relative" and expiry.ms <= 0:
-        expiry = Expiry("absolute", 1)  # already due: the key goes
-    return ExpireOp(b, p["key"], expiry, p["only"])
-
-
-for _name, _unit, _abs in (
-    ("expire", 1000, False),
-    ("pexpire", 1, False),
-    ("expireat", 1000, True),
-    ("pexpireat", 1, True),
-):
-    _register(
-        RedisCommand(
-            _name,
-            -3,
-            "write",
-            _expire_parse(_unit, _abs),
-            _expire_op,
-            _integer,
-            ("write", "fast"),
-            summary="Set a key's time to live.",
-            group="generic",
-        )
-    )
-_register(
-    RedisCommand(
-        "persist",
-        2,
-        "write",
-        _one_key,
-        lambda s, b, p: ExpireOp(b, p["key"], CLEAR, frozenset()),
-        _integer,
-        ("write", "fast"),
-        summary="Remove the expiration from a key.",
-        group="generic",
-    )
-)
-
-
 def _incr_parse(sign: int, by: bool) -> Callable[[list[bytes]], dict[str, Any]]:
     def parse(args: list[bytes]) -> dict[str, Any]:
         delta = parse_int(args[2]) if by else 1
@@ -909,77 +729,3 @@ def parse_call(rc: RedisCommand, args: list[bytes]) -> tuple[dict[str, Any], Rep
     if p.get("get", False):  # (kept: the op then carries the old value)
         return p, _set_get_reply
     return p, rc.reply
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-#: Redis's command families tenantkv does not run, each with why (docs/redis.md,
-#: "Not supported", lists the same). One rule answers them all: Redis's own
-#: ``ERR unknown command '<name>', with args beginning with: ...`` — what a Redis
-#: server without that command (renamed away, its module not loaded) answers,
-#: so clients and tools treat them as they already treat a missing command.
-NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
-    family: (why, _words(names))
-    for family, why, names in (
-        (
-            "lists, hashes, sets, sorted sets, streams, HyperLogLog, geo",
-            "tenantkv stores strings only",
-            """
-            lpush rpush lpushx rpushx lpop rpop llen lrange lindex lset lrem ltrim linsert
-            lpos lmove blpop brpop brpoplpush blmove rpoplpush lmpop blmpop
-            hset hget hmset hmget hgetall hdel hlen hexists hkeys hvals hincrby
-            hincrbyfloat hsetnx hstrlen hscan hrandfield
-            sadd srem smembers sismember smismember scard spop srandmember smove sinter
-            sunion sdiff sinterstore sunionstore sdiffstore sscan sintercard
-            zadd zrem zrange zrangebyscore zrevrange zrevrangebyscore zscore zincrby zcard
-            zcount zrank zrevrank zpopmin zpopmax bzpopmin bzpopmax zscan zrangestore
-            zunionstore zinterstore zunion zinter zdiff zdiffstore zintercard zmscore
-            zlexcount zrangebylex zrevrangebylex zremrangebyrank zremrangebyscore
-            zremrangebylex zrandmember zmpop bzmpop
-            xadd xrange xrevrange xlen xread xreadgroup xgroup xack xdel xtrim xinfo
-            xclaim xautoclaim xpending xsetid
-            pfadd pfcount pfmerge pfdebug pfselftest
-            geoadd geodist geohash geopos georadius georadius_ro georadiusbymember
-            georadiusbymember_ro geosearch geosearchstore
-            sort sort_ro
-            """,
-        ),
-        (
-            "scripting and functions",
-            "a script would run tenant code on the event loop, outside the admission path",
-            "eval evalsha eval_ro evalsha_ro script function fcall fcall_ro",
-        ),
-        (
-            "modules",
-            "no modules are loaded",
-            "module",
-        ),
-        (
-            "DUMP and RESTORE",
-            "Redis's serialization format is not tenantkv's record",
-            "dump restore restore-asking migrate",
-        ),
-        (
-            "server, replication and cluster administration",
-            "they act beyond one tenant's bucket; `tenantkv-admin` and `status` do this",
-            """
-            flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync
-            psync monitor move swapdb acl latency memory slowlog failover cluster readonly
-            readwrite wait waitaof
-            """,
-        ),
-        (
-            "pub/sub",
-            "no channels: tenantkv is a store, not a broker",
-            "subscribe psubscribe ssubscribe unsubscribe punsubscribe sunsubscribe publish "
-            "spublish pubsub",
-        ),
-    )
-}
-
-# The range, bit and float string commands and the keyspace commands, from their
-# own modules.
-for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS, *redis_transactions.COMMANDS):
-    _register(_c)

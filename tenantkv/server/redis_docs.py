@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tenantkv.resp import Status
+from tenantkv.server.redis_commands import Status
 
 #: Each command's arguments (commands without an entry take none).
 SYNTAX: dict[str, str] = {
@@ -87,6 +87,7 @@ SYNTAX: dict[str, str] = {
     "expiretime": "key:key",
     "pexpiretime": "key:key",
     "object": "subcommand:string [key:key]",
+    "memory": "USAGE key:key [SAMPLES count:integer]",
     "auth": "[username:string] password:string",
     "hello": (
         "[protover:integer [AUTH username:string password:string] [SETNAME clientname:string]]"
@@ -175,3 +176,72 @@ def _typed(tok: str) -> dict[str, Any]:
     if kind == "key":
         arg["key_spec_index"] = 0
     return arg
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+#: Redis's command families tenantkv does not run, each with why (docs/redis.md,
+#: "Not supported", lists the same). One rule answers them all: Redis's own
+#: ``ERR unknown command '<name>', with args beginning with: ...`` — what a Redis
+#: server without that command (renamed away, its module not loaded) answers,
+#: so clients and tools treat them as they already treat a missing command.
+NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
+    family: (why, _words(names))
+    for family, why, names in (
+        (
+            "lists, hashes, sets, sorted sets, streams, HyperLogLog, geo",
+            "tenantkv stores strings only",
+            """
+            lpush rpush lpushx rpushx lpop rpop llen lrange lindex lset lrem ltrim linsert
+            lpos lmove blpop brpop brpoplpush blmove rpoplpush lmpop blmpop
+            hset hget hmset hmget hgetall hdel hlen hexists hkeys hvals hincrby
+            hincrbyfloat hsetnx hstrlen hscan hrandfield
+            sadd srem smembers sismember smismember scard spop srandmember smove sinter
+            sunion sdiff sinterstore sunionstore sdiffstore sscan sintercard
+            zadd zrem zrange zrangebyscore zrevrange zrevrangebyscore zscore zincrby zcard
+            zcount zrank zrevrank zpopmin zpopmax bzpopmin bzpopmax zscan zrangestore
+            zunionstore zinterstore zunion zinter zdiff zdiffstore zintercard zmscore
+            zlexcount zrangebylex zrevrangebylex zremrangebyrank zremrangebyscore
+            zremrangebylex zrandmember zmpop bzmpop
+            xadd xrange xrevrange xlen xread xreadgroup xgroup xack xdel xtrim xinfo
+            xclaim xautoclaim xpending xsetid
+            pfadd pfcount pfmerge pfdebug pfselftest
+            geoadd geodist geohash geopos georadius georadius_ro georadiusbymember
+            georadiusbymember_ro geosearch geosearchstore
+            sort sort_ro
+            """,
+        ),
+        (
+            "scripting and functions",
+            "a script would run tenant code on the event loop, outside the admission path",
+            "eval evalsha eval_ro evalsha_ro script function fcall fcall_ro",
+        ),
+        (
+            "modules",
+            "no modules are loaded",
+            "module",
+        ),
+        (
+            "DUMP and RESTORE",
+            "Redis's serialization format is not tenantkv's record",
+            "dump restore restore-asking migrate",
+        ),
+        (
+            "server, replication and cluster administration",
+            "they act beyond one tenant's bucket; `tenantkv-admin` and `status` do this",
+            """
+            flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync
+            psync monitor move swapdb acl latency slowlog failover cluster readonly
+            readwrite wait waitaof
+            """,
+        ),
+        (
+            "pub/sub",
+            "no channels: tenantkv is a store, not a broker",
+            "subscribe psubscribe ssubscribe unsubscribe punsubscribe sunsubscribe publish "
+            "spublish pubsub",
+        ),
+    )
+}

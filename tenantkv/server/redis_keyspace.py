@@ -1,5 +1,6 @@
-"""Redis's keyspace commands on strings: COPY, RENAME, RENAMENX, TOUCH,
-EXPIRETIME, PEXPIRETIME, RANDOMKEY and OBJECT.
+"""Redis's keyspace commands on strings: EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT,
+PERSIST, COPY, RENAME, RENAMENX, TOUCH, EXPIRETIME, PEXPIRETIME, RANDOMKEY,
+OBJECT and MEMORY USAGE.
 
 Registered beside their neighbours in
 :data:`~tenantkv.server.redis_commands.REDIS_COMMANDS`: reads are charged the
@@ -12,12 +13,13 @@ is out of range.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from tenantkv import errors
-from tenantkv.resp import Encoder
 from tenantkv.server.commands import Session
-from tenantkv.server.redis_base import (
+from tenantkv.server.redis_commands import (
+    Encoder,
     RedisCommand,
     _bulk_or_null,
     _headers,
@@ -25,6 +27,8 @@ from tenantkv.server.redis_base import (
     _key,
     _many_keys,
     _ok,
+    _one_key,
+    _register,
     _stored_value_bytes,
     parse_int,
     read_command,
@@ -33,9 +37,10 @@ from tenantkv.server.redis_base import (
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import parse_int64
 from tenantkv.storage.records import HEADER_BYTES
+from tenantkv.storage.string_ops import CLEAR, ExpireOp, Expiry
 from tenantkv.storage.value_ops import MoveOp
 
-#: This module's commands, gathered into REDIS_COMMANDS by ``redis_commands``.
+#: This module's commands (registered in REDIS_COMMANDS as the module ends).
 COMMANDS: list[RedisCommand] = []
 #: RANDOMKEY draws from this many keys after a random point of the index.
 RANDOMKEY_WINDOW = 16
@@ -189,6 +194,32 @@ def _object_reply(enc: Encoder, v: Any) -> bytes:
     return enc.bulk(what)
 
 
+def _memory_parse(args: list[bytes]) -> dict[str, Any]:
+    """``MEMORY USAGE key [SAMPLES n]`` (what ``redis-cli --memkeys`` sends); the
+    other subcommands are about the server's allocator, not a tenant's keys."""
+    sub = args[1].lower()
+    if sub != b"usage":
+        shown = args[1].decode(errors="replace")[:128]
+        raise errors.BadValue(f"unknown subcommand '{shown}'. Try MEMORY HELP.")
+    if len(args) < 3:
+        raise errors.BadValue("wrong number of arguments for 'memory|usage' command")
+    if len(args) == 5 and args[3].lower() == b"samples":
+        parse_int(args[4])  # (a string has no elements to sample)
+    elif len(args) != 3:
+        raise errors.BadValue("syntax error")
+    return {"key": _key(args[2])}
+
+
+def _memory(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    """A key's bytes as stored: the key and its record (header and value)."""
+    (h,) = _headers(s, b, [p["key"]])
+    return None if h is None else len(p["key"]) + h[0]
+
+
+def _integer_or_null(enc: Encoder, v: Any) -> bytes:
+    return enc.null() if v is None else enc.integer(v)
+
+
 def _register_all() -> None:
     """The table entries: COPY and RENAME(NX) are writes, the others reads."""
     for name, arity, parse, handler, reply, summary in (
@@ -216,6 +247,7 @@ def _register_all() -> None:
         ("pexpiretime", 2, _one, _expiretime(1), _integer, (1, 1, 1), "Expiry in unix ms."),
         ("randomkey", 1, lambda a: {}, _random_key, _bulk_or_null, (0, 0, 0), "A random key."),
         ("object", -2, _object_parse, _object, _object_reply, (2, 2, 1), "Inspect a key."),
+        ("memory", -2, _memory_parse, _memory, _integer_or_null, (2, 2, 1), "A key's bytes."),
     ):
         COMMANDS.append(read_command(name, arity, parse, handler, reply, keys, summary, "generic"))
 
@@ -230,3 +262,74 @@ def _touch(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
 
 
 _register_all()
+
+
+# -- EXPIRE and PERSIST ------------------------------------------------------------------
+
+
+def _expire_parse(unit_ms: int, absolute: bool) -> Callable[[list[bytes]], dict[str, Any]]:
+    def parse(args: list[bytes]) -> dict[str, Any]:
+        n = parse_int(args[2])
+        only: set[str] = set()
+        for opt in args[3:]:
+            o = opt.lower().decode(errors="replace")
+            if o not in ("nx", "xx", "gt", "lt"):
+                raise errors.BadValue(f"Unsupported option {opt.decode(errors='replace')}")
+            only.add(o)
+        if "nx" in only and len(only) > 1:
+            raise errors.BadValue("NX and XX, GT or LT options at the same time are not compatible")
+        if {"gt", "lt"} <= only:
+            raise errors.BadValue("GT and LT options at the same time are not compatible")
+        ms = n * unit_ms
+        if abs(ms) > 2**62:
+            raise errors.BadValue(f"invalid expire time in '{args[0].decode().lower()}' command")
+        # A time in the past deletes the key (the op writes an expiry already due);
+        # 0 means "no expiry" in a record, so the earliest is 1 ms after the epoch.
+        expiry = Expiry("absolute", max(ms, 1)) if absolute else Expiry("relative", ms)
+        return {"key": _key(args[1]), "expiry": expiry, "only": frozenset(only)}
+
+    return parse
+
+
+def _expire_op(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
+    expiry: Expiry = p["expiry"]
+    if expiry.mode == "relative" and expiry.ms <= 0:
+        expiry = Expiry("absolute", 1)  # already due: the key goes
+    return ExpireOp(b, p["key"], expiry, p["only"])
+
+
+for _name, _unit, _abs in (
+    ("expire", 1000, False),
+    ("pexpire", 1, False),
+    ("expireat", 1000, True),
+    ("pexpireat", 1, True),
+):
+    _register(
+        RedisCommand(
+            _name,
+            -3,
+            "write",
+            _expire_parse(_unit, _abs),
+            _expire_op,
+            _integer,
+            ("write", "fast"),
+            summary="Set a key's time to live.",
+            group="generic",
+        )
+    )
+_register(
+    RedisCommand(
+        "persist",
+        2,
+        "write",
+        _one_key,
+        lambda s, b, p: ExpireOp(b, p["key"], CLEAR, frozenset()),
+        _integer,
+        ("write", "fast"),
+        summary="Remove the expiration from a key.",
+        group="generic",
+    )
+)
+
+for _c in COMMANDS:
+    _register(_c)

@@ -16,14 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from tenantkv import errors
-from tenantkv.resp import Encoder
 from tenantkv.server.commands import Session
-from tenantkv.server.redis_base import (
+from tenantkv.server.redis_commands import (
+    Encoder,
     RedisCommand,
     _bulk_or_null,
     _integer,
     _key,
     _keys,
+    _register,
     _stored_value_bytes,
     parse_int,
     read_command,
@@ -40,7 +41,7 @@ from tenantkv.storage.value_ops import (
     SetRangeOp,
 )
 
-#: This module's commands, gathered into REDIS_COMMANDS by ``redis_commands``.
+#: This module's commands (registered in REDIS_COMMANDS as the module ends).
 COMMANDS: list[RedisCommand] = []
 BIT_OFFSET_ERROR = "bit offset is not an integer or out of range"
 BIT_ERROR = "bit is not an integer or out of range"
@@ -397,3 +398,6 @@ COMMANDS.append(
         "bitmap",
     )
 )
+
+for _c in COMMANDS:
+    _register(_c)

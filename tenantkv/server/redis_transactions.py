@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tenantkv.resp import Encoder
 from tenantkv.server import transaction
 from tenantkv.server.commands import Session
-from tenantkv.server.redis_base import RedisCommand, _keys, _ok
+from tenantkv.server.redis_commands import Encoder, RedisCommand, _keys, _ok, _register
 
 
 async def _multi(s: Session, p: dict[str, Any]) -> Any:
@@ -84,3 +83,6 @@ COMMANDS = (
     _entry("watch", -2, _watch_keys, _watch, _ok, "Watch keys to make EXEC conditional."),
     _entry("unwatch", 1, _no_args, _unwatch, _ok, "Forget about all watched keys."),
 )
+
+for _c in COMMANDS:
+    _register(_c)

@@ -30,13 +30,15 @@ import trio
 from tenantkv import config as config_mod
 from tenantkv import errors
 from tenantkv.server import auth
-from tenantkv.server.commands import COMMANDS
+from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.node import Node
 from tenantkv.server.role import SingleProcess
 from tenantkv.storage.engine import Engine
 from tests.conftest import ADMIN_PASSWORD, Daemon
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+#: The MessagePack door's commands (Redis's string commands included).
+COMMANDS = MsgpackDoor.commands
 TIMEOUT = 20
 
 # -- the rule table (mirrors docs/security.md) ---------------------------------------
@@ -169,6 +171,23 @@ class Args:
             "touch": lambda: {"key": b"mx", "ttl": 0},
             "incr": lambda: {"key": b"mx-ctr", "initial": 0},
             "decr": lambda: {"key": b"mx-ctr", "initial": 0},
+            "getrange": lambda: {"key": b"mx", "start": 0, "end": 1},
+            "strlen": lambda: {"key": b"mx"},
+            "getbit": lambda: {"key": b"mx", "offset": 0},
+            "bitcount": lambda: {"key": b"mx"},
+            "bitpos": lambda: {"key": b"mx", "bit": 1},
+            "lcs": lambda: {"key": b"mx", "key2": b"mx"},
+            "randomkey": dict,
+            "setrange": lambda: {"key": b"mx-str", "offset": 0, "value": b"x"},
+            "append": lambda: {"key": b"mx-str", "value": b"x"},
+            "getdel": lambda: {"key": b"mx-gone"},
+            "incrbyfloat": lambda: {"key": b"mx-float", "delta": 1.5},
+            "setbit": lambda: {"key": b"mx-bits", "offset": 0, "bit": 1},
+            "bitop": lambda: {"op": "or", "dest": b"mx-or", "keys": [b"mx"]},
+            "copy": lambda: {"key": b"mx", "dest": b"mx-copy", "replace": True},
+            # (sorted: copy makes mx-copy, rename moves it, renamenx moves that once)
+            "rename": lambda: {"key": b"mx-copy", "dest": b"mx-renamed"},
+            "renamenx": lambda: {"key": b"mx-renamed", "dest": b"mx-renamed2"},
             "ping": dict,
             "whoami": dict,
             "multi": dict,

@@ -279,7 +279,22 @@ def test_asyncio_client(d: Daemon) -> None:
 
 def test_auth_errors_and_nothing_before_auth(d: Daemon) -> None:
     assert raw(d, b"GET k\r\n", timeout=1).startswith(b"-NOAUTH")
-    assert raw(d, b"PING\r\nQUIT\r\n") == b"+PONG\r\n+OK\r\n"
+    # Redis 7.0: only AUTH, HELLO, QUIT and RESET run before AUTH; PING and ECHO
+    # are NOAUTH (a health check with a wrong password fails); an unknown command
+    # and a wrong argument count are checked first, as Redis does.
+    noauth = b"-NOAUTH Authentication required.\r\n"
+    assert raw(d, b"PING\r\nQUIT\r\n") == noauth + b"+OK\r\n"
+    assert raw(d, b"ECHO hi\r\nINFO\r\nCLIENT ID\r\nRESET\r\nQUIT\r\n") == (
+        noauth * 3 + b"+RESET\r\n+OK\r\n"
+    )
+    assert raw(d, b"LPUSH l a\r\nGET\r\nGET k\r\nQUIT\r\n") == (
+        b"-ERR unknown command 'LPUSH', with args beginning with: 'l' 'a' \r\n"
+        b"-ERR wrong number of arguments for 'get' command\r\n" + noauth + b"+OK\r\n"
+    )
+    health = redis.Redis(host=d.host, port=d.resp_port, socket_timeout=10)  # no password
+    with pytest.raises(redis.AuthenticationError):  # (NOAUTH, to its HELLO or its PING)
+        health.ping()
+    health.close()
     wrong = redis.Redis(host=d.host, port=d.resp_port, username="alice", password="wrong")
     with pytest.raises(redis.AuthenticationError):
         wrong.ping()
@@ -296,10 +311,13 @@ def test_a_connection_that_does_not_authenticate_is_closed_after_a_few_commands(
     server without end."""
     from tenantkv.server.doors.resp import MAX_PRE_AUTH_COMMANDS
 
+    noauth = b"-NOAUTH Authentication required.\r\n"
     flood = b"PING\r\n" * (MAX_PRE_AUTH_COMMANDS + 500)
     out = raw(d, flood)  # (returns when the server closes)
     # (Redis's words, which clients know; the server's log says why it closed)
-    assert out == b"+PONG\r\n" * MAX_PRE_AUTH_COMMANDS + b"-NOAUTH Authentication required.\r\n"
+    assert out == noauth * (MAX_PRE_AUTH_COMMANDS + 1)
+    resets = raw(d, b"RESET\r\n" * (MAX_PRE_AUTH_COMMANDS + 500))  # runs, yet is counted
+    assert resets == b"+RESET\r\n" * MAX_PRE_AUTH_COMMANDS + noauth
     mixed = b"GET k\r\nPING\r\n" * MAX_PRE_AUTH_COMMANDS
     out = raw(d, mixed)
     assert out.count(b"\r\n") == MAX_PRE_AUTH_COMMANDS + 1
@@ -307,7 +325,7 @@ def test_a_connection_that_does_not_authenticate_is_closed_after_a_few_commands(
     # Within the allowance a client still authenticates and carries on.
     handshake = b"PING\r\n" * (MAX_PRE_AUTH_COMMANDS - 1) + b"AUTH alice " + PW.encode()
     out = raw(d, handshake + b"\r\n" + b"PING\r\n" * 100 + b"QUIT\r\n")
-    assert out == b"+PONG\r\n" * (MAX_PRE_AUTH_COMMANDS - 1) + b"+OK\r\n" + b"+PONG\r\n" * 100 + (
+    assert out == noauth * (MAX_PRE_AUTH_COMMANDS - 1) + b"+OK\r\n" + b"+PONG\r\n" * 100 + (
         b"+OK\r\n"
     )
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tenantkv.resp import Encoder, Status
 from tenantkv.server.doors.resp import LOCAL
-from tenantkv.server.redis_commands import REDIS_COMMANDS
+from tenantkv.server.redis_commands import REDIS_COMMANDS, Encoder, Status
 from tenantkv.server.redis_docs import SYNTAX, arguments
 
 #: commands that take no argument at all

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tenantkv import errors, protocol
-from tenantkv.server.redis_commands import (
+from tenantkv.server.redis_scan import (
     MAX_PATTERN_BYTES,
     PATTERN_UNIT_BYTES,
     compiled_glob,

@@ -23,13 +23,13 @@ import pytest
 import trio
 import trio.testing
 
-from tenantkv import resp
-from tenantkv.server import redis_commands
+from tenantkv.server import redis_commands, redis_scan
 from tenantkv.server.commands import MAX_KEYS_PER_COMMAND
 from tenantkv.server.connection import Connection
 from tenantkv.server.doors import resp as resp_door
-from tenantkv.server.doors.resp import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS, RespDoor
+from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.node import Node
+from tenantkv.server.redis_connection import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS
 from tests.e2e.test_fuzz_resp import replies
 from tests.unit.test_session import hello_session, node, units_used
 
@@ -86,7 +86,7 @@ async def resp_session(node: Node, nursery: trio.Nursery) -> RespPeer:
 def test_one_bound_on_keys_per_command_fits_the_decoder() -> None:
     """An MSET of the most keys a command may name decodes (2 arguments a key);
     the decoder refuses far longer commands before decoding an argument."""
-    assert resp.MAX_ARGS >= 2 * MAX_KEYS_PER_COMMAND + 1
+    assert resp_door.MAX_ARGS >= 2 * MAX_KEYS_PER_COMMAND + 1
     assert redis_commands.MAX_MULTI_KEYS == MAX_KEYS_PER_COMMAND
 
 
@@ -139,7 +139,7 @@ async def test_too_many_keys_cost_a_floor_per_key_named_on_both_doors(
             (got,) = await peer.replies(1)
             assert got == b"-ERR at most %d keys per command\r\n" % MAX_KEYS_PER_COMMAND
             assert units_used(node) - before == named * floor, command
-        await peer.send((b"DEL", *[b"k"] * resp.MAX_ARGS))
+        await peer.send((b"DEL", *[b"k"] * resp_door.MAX_ARGS))
         (got,) = await peer.replies(1)
         assert got.startswith(b"-ERR Protocol error: invalid multibulk length")
         msgpack = await hello_session(node, nursery)
@@ -204,7 +204,7 @@ async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(
         await peer.send((b"KEYS", pattern))
         (got,) = await peer.replies(1)
         assert got == b"*3\r\n$1\r\na\r\n$1\r\nm\r\n$1\r\nz\r\n"
-        compiled = redis_commands.compile_floors(pattern)
+        compiled = redis_scan.compile_floors(pattern)
         assert units_used(node) - before == (compiled + 5) * floor
         before = units_used(node)
         await peer.send((b"SCAN", b"0", b"MATCH", pattern, b"COUNT", b"3"))
@@ -215,9 +215,9 @@ async def test_keys_with_odd_ranges_answer_as_redis_and_cost_their_work(
             await peer.send((b"KEYS", odd), (b"SCAN", b"0", b"MATCH", odd))
             for reply in await peer.replies(2):
                 assert reply.startswith(b"*"), (odd, reply)
-        await peer.send((b"KEYS", b"?" * (redis_commands.MAX_PATTERN_BYTES + 1)))
+        await peer.send((b"KEYS", b"?" * (redis_scan.MAX_PATTERN_BYTES + 1)))
         (got,) = await peer.replies(1)
-        assert got == b"-ERR pattern longer than %d bytes\r\n" % redis_commands.MAX_PATTERN_BYTES
+        assert got == b"-ERR pattern longer than %d bytes\r\n" % redis_scan.MAX_PATTERN_BYTES
         nursery.cancel_scope.cancel()
 
 

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenantkv import errors, resp
+from tenantkv import errors
+from tenantkv.server.doors import resp
+from tenantkv.server.redis_commands import Encoder
 
 MAX = 1024 * 1024
 
@@ -52,7 +54,7 @@ def test_unbalanced_quotes_are_a_protocol_error(line: bytes) -> None:
 @pytest.mark.parametrize(
     "wire, message",
     [
-        (b"*1\r\n$" + str(MAX + 1).encode() + b"\r\n", "invalid bulk length"),
+        (b"*1\r\n$" + str(resp.MAX_DISCARD_BYTES + 1).encode() + b"\r\n", "invalid bulk length"),
         (b"*1\r\n$-5\r\n", "invalid bulk length"),
         (b"*1\r\n$abc\r\n", "invalid bulk length"),
         (b"*200001\r\n", "invalid multibulk length"),
@@ -113,7 +115,42 @@ def test_inline_line_is_bounded() -> None:
 def test_frame_limit_counts_each_argument() -> None:
     dec = decoder(frame=4096)
     dec.feed(b"*1000\r\n" + b"$0\r\n\r\n" * 1000)  # 6 KiB of empty arguments
-    with pytest.raises(errors.FrameTooLarge):
+    got = dec.next_command()
+    assert got is not None and len(got) < 1000
+    assert dec.refused is not None and "command of more than 4096 bytes" in dec.refused[0].errmsg
+    dec.refused = None
+    dec.feed(encode(b"GET", b"k"))
+    assert list(dec) == [[b"GET", b"k"]]  # the rest was dropped
+
+
+def test_an_oversized_value_is_refused_in_band_and_dropped_as_it_arrives() -> None:
+    """Authenticated: ``SET k <MAX + 1 bytes> EX 10`` is returned as far as it was
+    decoded with ``refused`` set, the moment its header arrives; its body and
+    the arguments after it are dropped as they come (never buffered), and the
+    next command decodes."""
+    dec = decoder()
+    head = b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % (MAX + 1)
+    dec.feed(head)
+    assert dec.next_command() == [b"SET", b"k"]
+    assert dec.refused is not None
+    exc, declared = dec.refused
+    assert isinstance(exc, errors.ValueTooLarge) and f"max_value_bytes={MAX}" in exc.errmsg
+    assert declared >= MAX + 1
+    dec.refused = None
+    body = b"v" * (MAX + 1) + b"\r\n$2\r\nEX\r\n$2\r\n10\r\n"
+    for i in range(0, len(body), 7000):
+        dec.feed(body[i : i + 7000])
+        assert dec.next_command() is None and dec.buffered < 7000  # held: at most a chunk
+    dec.feed(encode(b"GET", b"k"))
+    assert list(dec) == [[b"GET", b"k"]] and dec.refused is None
+    assert dec.dropped == len(body)
+
+
+def test_before_authentication_an_oversized_value_closes() -> None:
+    dec = decoder()
+    dec.frame_limit = 4096  # (as before AUTH)
+    dec.feed(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % (MAX + 1))
+    with pytest.raises(errors.ProtocolError, match="invalid bulk length"):
         list(dec)
 
 
@@ -130,7 +167,7 @@ def test_a_big_command_in_many_chunks_is_parsed_once() -> None:
 
 
 def test_encoder_resp2_and_resp3() -> None:
-    r2, r3 = resp.Encoder(2), resp.Encoder(3)
+    r2, r3 = Encoder(2), Encoder(3)
     assert r2.value(None) == b"$-1\r\n" and r3.value(None) == b"_\r\n"
     assert r2.value(True) == b":1\r\n" and r3.value(True) == b"#t\r\n"
     assert r2.map({"a": 1}) == b"*2\r\n$1\r\na\r\n:1\r\n"
@@ -178,6 +215,7 @@ def test_commands_of_one_shape_decode_as_argument_by_argument(
     assert decoded(len(stream)) == commands
     monkeypatch.undo()
     d = resp.RequestDecoder(1 << 20, 200)
-    d.feed(cmd(b"SET", b"k", b"v") * 2 + cmd(b"SET", b"k", b"v" * 300))
-    with pytest.raises(errors.FrameTooLarge):
-        list(d)
+    d.feed(cmd(b"SET", b"k", b"v") * 2 + cmd(b"SET", b"k", b"v" * 300) + cmd(b"GET", b"k"))
+    got = list(d)  # (the third refused: too big for the frame, dropped)
+    assert got == [[b"SET", b"k", b"v"]] * 2 + [[b"SET", b"k"], [b"GET", b"k"]]
+    assert d.refused is not None

@@ -6,8 +6,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from tenantkv import errors, protocol, resp
+from tenantkv import errors, protocol
 from tenantkv.client.core import ClientCore
+from tenantkv.server.doors import resp
 
 HELLO = protocol.encode_request(1, "hello", {"user": "admin", "password": "pw"})
 

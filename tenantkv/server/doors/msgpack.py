@@ -19,6 +19,7 @@ from tenantkv import errors, protocol
 from tenantkv._version import __version__
 from tenantkv.server.commands import ADMIN_METHODS, COMMANDS, Command
 from tenantkv.server.executor import Executor, Request, authenticate, closing_log
+from tenantkv.server.msgpack_strings import register  # Redis's string commands join COMMANDS
 from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
@@ -143,3 +144,6 @@ class MsgpackDoor:
 
     async def run_local(self, ex: Executor, cmd: Command, req: Request) -> bool:
         raise AssertionError("the MessagePack door has no commands of its own")
+
+
+register()  # (idempotent: Redis's string and keyspace commands, msgpack_strings)

@@ -4,34 +4,44 @@ A thin codec, as the MessagePack door is: the same connection
 (``server/connection.py``: lifecycle, deadlines, receive-buffer cap,
 shutdown) and the same chunk executor (``server/executor.py``: the same
 gates, the same units, runs of reads and writes, acknowledged only when
-durable). This decodes each command into a request of the executor —
-``(sequence number, name, params)``, its parameters parsed by the command
-table (:mod:`tenantkv.server.redis_commands`) — and encodes replies with
-:mod:`tenantkv.resp`. Connection commands (AUTH, HELLO, PING, INFO, ...) are
-the door's own (kind ``"door"``), answered through the same reply slots.
+durable). Its decoder (:class:`RequestDecoder`: RESP2/RESP3 commands and
+inline lines, every bound checked as the bytes arrive) yields commands; the
+door turns each into a request of the executor — ``(sequence number, name,
+params)``, its parameters parsed by the command table
+(:mod:`tenantkv.server.redis_commands`, which also holds the reply
+:class:`~tenantkv.server.redis_commands.Encoder`) — and puts the replies in
+order. Connection commands (AUTH, HELLO, PING, INFO, ...:
+:mod:`tenantkv.server.redis_connection`) are the door's own (kind
+``"door"``), answered through the same reply slots.
+
+A GET from bytes to reply: ``connection.py`` (receive) → this module (decode,
+request) → ``redis_commands.py`` (parse, the GET entry) → ``executor.py`` and
+``read_run.py`` (admit, run, charge) → ``commands.py`` (the get both doors
+run) → ``redis_commands.py`` (the reply) → this module (in order) →
+``connection.py`` (send).
 
 Order: Redis replies carry no id, so each command gets a sequence number and its
 reply waits in a slot until every earlier one is out (a write answered when
 durable, an error found at once, a read answered inline all come out in the
 order the commands were sent).
 
-Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT`` run, and
-a command may be :data:`tenantkv.protocol.MAX_HELLO_FRAME_BYTES` at most. The
-bucket: ``AUTH user@bucket password`` names it; a user with a role on one
-bucket only lands in it; ``SELECT bucket`` switches.
+Before authentication only ``AUTH``, ``HELLO``, ``QUIT`` and ``RESET`` run
+(Redis 7.0's ``no-auth`` commands; every other known command, ``PING`` and
+``ECHO`` included, is answered ``-NOAUTH``), and a command may be
+:data:`tenantkv.protocol.MAX_HELLO_FRAME_BYTES` at most. The bucket:
+``AUTH user@bucket password`` names it; a user with a role on one bucket only
+lands in it; ``SELECT bucket`` switches.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tenantkv import errors, protocol, resp
-from tenantkv._version import __version__
-from tenantkv.server import redis_docs
+from tenantkv import errors, protocol
+from tenantkv.server import redis_keyspace, redis_scan, redis_strings, redis_transactions
 from tenantkv.server.commands import Command
 from tenantkv.server.executor import (
     WAITING_COUNTED_BYTES,
@@ -41,17 +51,410 @@ from tenantkv.server.executor import (
     closing_log,
 )
 from tenantkv.server.node import Node
-from tenantkv.server.redis_commands import (
-    REDIS_COMMANDS,
-    Reply,
-    compiled_glob,
-    parse_call,
-    syntax_error,
+from tenantkv.server.redis_commands import REDIS_COMMANDS, Encoder, Reply, parse_call
+from tenantkv.server.redis_connection import LOCAL, LocalHandler
+
+# -- the codec: bytes in, commands out -----------------------------------------------
+
+#: Most arguments in one command: an MSET of the most keys a command may name
+#: (``server.commands.MAX_KEYS_PER_COMMAND``, 1,000: 2,001 arguments) and room
+#: to spare. Past it the command is a protocol error before any argument is
+#: decoded (Redis allows 1024 * 1024: at 100,000, one DEL took ~150 ms of the
+#: event loop to decode, and was refused only then).
+MAX_ARGS = 4096
+#: Most bytes (counted as for the frame bound) of a command that stores nothing
+#: (``AUTH``, ``HELLO``, ``CLIENT SETNAME`` ...), and of any command's name. Past
+#: it the command is a protocol error on the ``$N`` header that crosses it,
+#: before that argument's body is buffered: such a command cannot use the bytes
+#: (a password is at most 1 KiB, a name 128 bytes), and receiving 20 MiB of a
+#: client name only to refuse it cost the node work and memory its sender did
+#: not pay for.
+MAX_CONTROL_BYTES = 4096
+#: Commands whose arguments are names, passwords and options, never values.
+CONTROL_COMMANDS = frozenset(
+    {b"AUTH", b"HELLO", b"CLIENT", b"SELECT", b"COMMAND", b"INFO", b"CONFIG", b"QUIT", b"RESET"}
 )
+#: The largest bulk string an authenticated client may declare and have
+#: refused in-band (Redis's default ``proto-max-bulk-len``, 512 MB): one above
+#: ``max_bulk_bytes`` is answered with an error and its bytes dropped as they
+#: arrive (:attr:`RequestDecoder.refused`); one above this is a protocol error
+#: and the connection closes, as in Redis.
+MAX_DISCARD_BYTES = 512 * 1024 * 1024
+#: Longest inline command line (Redis's PROTO_INLINE_MAX_SIZE).
+MAX_INLINE_BYTES = 64 * 1024
+#: Longest line of a multibulk header (``*N`` or ``$N``).
+_MAX_HEADER = 32
+#: Each argument counts this many bytes against the frame bound on top of its own
+#: (a Python bytes object costs ~33 bytes: a frame of empty arguments cannot grow
+#: many times its size in memory).
+ARG_OVERHEAD = 16
+_CRLF = b"\r\n"
+#: A well-formed ``*N`` / ``$N`` header's number and CRLF (the fast path of _parse).
+_number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
+#: First bytes of a MessagePack-RPC frame (an array: fixarray, array 16, array 32).
+#: No Redis client starts a command so, and a MessagePack client sent here would
+#: otherwise wait, unanswered, for an inline command's newline until the hello
+#: timeout.
+_MSGPACK_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
+#: A command of at most this many arguments and MAX_CONTROL_BYTES (counted as
+#: for the frame bound) gives its shape — its argument count and lengths — to
+#: the next command: one regular expression of exactly that shape decodes a
+#: pipeline of like commands (GET of one key length, SET of one value length)
+#: in one match each, in C (:meth:`RequestDecoder._shape_of`), where a header at a time took
+#: three matches, a loop and a copy per argument in Python.
+SHAPE_ARGS = 8
+#: Shapes compiled, node-wide (no more are made once it is full: the decoder
+#: then parses as before), and the most a decoder may compile (~50 us each): a
+#: client cycling through shapes cannot make each command cost a compile.
+MAX_SHAPES = 1024
+SHAPES_PER_DECODER = 8
+_shapes: dict[tuple[int, ...], re.Pattern[bytes]] = {}
+
+
+class RequestDecoder:
+    """Server side: feed received bytes, iterate complete commands (lists of bytes).
+
+    ``frame_limit`` bounds one command's bytes (lowered until the client
+    authenticates, as the MessagePack door does before ``hello``).
+    """
+
+    def __init__(
+        self, max_bulk_bytes: int, max_frame_bytes: int, msgpack_port: int | None = None
+    ) -> None:
+        self.max_bulk_bytes = max_bulk_bytes
+        #: the server's MessagePack port, named when a MessagePack client knocks here
+        self.msgpack_port = msgpack_port
+        self.max_frame_bytes = max_frame_bytes
+        self.frame_limit = max_frame_bytes
+        self._buf: bytes | bytearray = b""
+        self._pos = 0  # where the command being decoded starts in _buf
+        # A multibulk command being decoded, resumed where the last chunk ended (so
+        # a 20 MiB MSET arriving in many chunks is parsed once, not once per chunk):
+        self._args: list[bytes] = []
+        self._left = 0  # arguments still to come
+        self._cursor = 0  # where the next argument's header starts in _buf
+        self._cost = 0  # bytes counted against frame_limit so far
+        #: the shape of the last command decoded argument by argument, tried
+        #: first on the next (see SHAPE_ARGS), and how many more it may compile
+        self._shape: re.Pattern[bytes] | None = None
+        self._compiles = SHAPES_PER_DECODER
+        #: commands decoded so far
+        self.frames = 0
+        #: the error of the command just returned, refused for its size: the
+        #: caller answers it; the rest of that command is dropped as it arrives
+        self.refused: tuple[errors.TenantKVError, int] | None = None
+        #: an oversized command being dropped: bytes still to drop, then how
+        #: many more arguments (each header read, its body dropped), and the
+        #: bytes dropped so far (what the client sent in vain)
+        self._skip = 0
+        self._drop_args = 0
+        self.dropped = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded into commands."""
+        return len(self._buf) - self._pos
+
+    @property
+    def in_frame(self) -> bool:
+        return len(self._buf) > self._pos
+
+    def release_if_idle(self) -> None:
+        """Nothing to release: between commands it holds only undecoded bytes."""
+
+    def feed(self, data: bytes | bytearray) -> None:
+        if not self._buf:
+            # Nothing pending (the usual case): keep the chunk as received, so each
+            # argument is sliced straight out of it (one copy, not two).
+            self._buf = bytes(data)
+            return
+        buf = self._buf
+        if not isinstance(buf, bytearray):  # a command continues: grow a bytearray
+            buf = bytearray(buf[self._pos :])
+        elif self._pos:
+            del buf[: self._pos]
+        self._cursor -= self._pos
+        self._pos = 0
+        buf += data
+        self._buf = buf
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        while (args := self.next_command()) is not None:
+            yield args
+
+    def next_command(self) -> list[bytes] | None:
+        """The next complete command, or None until more is fed (iterating the
+        decoder calls it; a caller that turns commands into requests calls it
+        itself: a generator less per command)."""
+        pos = self._pos
+        while pos < len(self._buf):
+            if self._skip or self._drop_args:
+                pos = self._drop(pos)
+                if self._skip or self._drop_args:
+                    break  # (more of the oversized command is still to come)
+                continue
+            shape = self._shape
+            if shape is not None and self._cursor <= pos:
+                m = shape.match(self._buf, pos)
+                if m is not None:  # (a command of the last one's shape: see _shape_of)
+                    self._pos = self._cursor = m.end()
+                    self.frames += 1
+                    return list(m.groups())
+            got = self._parse(pos)
+            if got is None:
+                if len(self._buf) - pos > self.frame_limit + _MAX_HEADER:
+                    raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+                return None
+            args, end = got
+            if end - pos > self.frame_limit and self.refused is None:
+                raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+            self._pos = self._cursor = pos = end
+            self.frames += 1
+            if args or self.refused is not None:  # an empty inline line is skipped
+                return args
+        self._buf = b""  # idle: hold no buffer
+        self._pos = self._cursor = 0
+        return None
+
+    def _parse(self, pos: int) -> tuple[list[bytes], int] | None:
+        """One command from ``pos``: (arguments, end) or None if incomplete.
+
+        Hot: the state lives in locals and goes back to ``self`` only when the
+        command is incomplete; a well-formed header is read by one regex match,
+        and anything else by :meth:`_header`, which says what is wrong."""
+        buf = self._buf
+        blen = len(buf)
+        if self._cursor <= pos:  # a new command
+            if buf[pos] != 0x2A:  # '*'
+                if self.frames == 0 and buf[pos] in _MSGPACK_HEADS:
+                    raise errors.ProtocolError(self._wrong_door())
+                return self._inline(pos)
+            m = _number(buf, pos + 1)
+            if m is not None:
+                n, cur = int(m[1]), m.end()
+            else:
+                got = self._header(pos, "*")
+                if got is None:
+                    return None
+                n, cur = got
+            if n > MAX_ARGS:
+                raise errors.ProtocolError(f"invalid multibulk length (more than {MAX_ARGS})")
+            args: list[bytes] = []
+            left, cost = max(n, 0), 0
+        else:  # resumed where the last chunk ended
+            args, left, cost, cur = self._args, self._left, self._cost, self._cursor
+        max_bulk, limit = self.max_bulk_bytes, self.frame_limit
+        while left:
+            if cur >= blen:
+                break
+            if buf[cur] != 0x24:  # '$'
+                raise errors.ProtocolError(f"expected '$', got {chr(buf[cur])!r}")
+            m = _number(buf, cur + 1)
+            if m is not None:
+                size, start = int(m[1]), m.end()
+            else:
+                got = self._header(cur, "$")
+                if got is None:
+                    break
+                size, start = got
+            if size < 0 or size > max_bulk or cost + size + ARG_OVERHEAD > limit:
+                return self._oversized(args, left, size, cost, start)
+            cost += size + ARG_OVERHEAD
+            if cost > MAX_CONTROL_BYTES and (not args or args[0].upper() in CONTROL_COMMANDS):
+                raise errors.ProtocolError(_control_error(args))
+            end = start + size
+            if end + 2 > blen:
+                cost -= size + ARG_OVERHEAD  # the header is read again next time: cheap
+                break
+            if buf[end] != 13 or buf[end + 1] != 10:
+                raise errors.ProtocolError("a bulk string must end with CRLF")
+            args.append(bytes(buf[start:end]))
+            left -= 1
+            cur = end + 2
+        else:
+            self._args, self._cursor = [], cur
+            if len(args) <= SHAPE_ARGS and cost <= MAX_CONTROL_BYTES:
+                self._shape = self._shape_of(args)
+            return args, cur
+        # Incomplete: keep what was decoded, resume at ``cur`` with the next chunk.
+        self._args, self._left, self._cost, self._cursor = args, left, cost, cur
+        return None
+
+    def _oversized(
+        self, args: list[bytes], left: int, size: int, cost: int, start: int
+    ) -> tuple[list[bytes], int]:
+        """An argument that breaks a bound, its ``$size`` header read (it ends at
+        ``start``). Before authentication, or past :data:`MAX_DISCARD_BYTES`, a
+        protocol error (the connection closes, as Redis closes it). Otherwise the
+        command is returned as decoded so far with :attr:`refused` set, and the
+        rest of it — this argument's body and the ``left - 1`` after it — is
+        dropped as it arrives, counted, never buffered: the client (redis-py
+        sends a command whole, then reads) gets one error it does not retry, and
+        the connection goes on."""
+        if size < 0 or size > MAX_DISCARD_BYTES or self.frame_limit < self.max_frame_bytes:
+            if size > self.max_bulk_bytes or size < 0:
+                raise errors.ProtocolError("invalid bulk length")
+            raise errors.FrameTooLarge(f"command larger than {self.frame_limit} bytes")
+        declared = cost + size + ARG_OVERHEAD
+        if size > self.max_bulk_bytes:
+            exc: errors.TenantKVError = errors.ValueTooLarge(
+                f"argument of {size} bytes exceeds max_value_bytes={self.max_bulk_bytes}: "
+                "the command was not run"
+            )
+        else:
+            exc = errors.ValueTooLarge(
+                f"command of more than {self.frame_limit} bytes: the command was not run"
+            )
+        self.refused = (exc, declared)
+        self._skip, self._drop_args = size + 2, left - 1
+        self._args, self._left, self._cost = [], 0, 0
+        return args, start
+
+    def _drop(self, pos: int) -> int:
+        """Drop what has arrived of an oversized command (see :meth:`_oversized`):
+        where the bytes left to decode start now."""
+        buf = self._buf
+        while True:
+            if self._skip:
+                n = min(self._skip, len(buf) - pos)
+                pos += n
+                self._skip -= n
+                self.dropped += n
+                if self._skip:
+                    break
+            if not self._drop_args or pos >= len(buf):
+                break
+            if buf[pos] != 0x24:  # '$'
+                raise errors.ProtocolError(f"expected '$', got {chr(buf[pos])!r}")
+            got = self._header(pos, "$")
+            if got is None:
+                break
+            size, start = got
+            if size < 0 or size > MAX_DISCARD_BYTES:
+                raise errors.ProtocolError("invalid bulk length")
+            self.dropped += start - pos
+            self._skip, self._drop_args, pos = size + 2, self._drop_args - 1, start
+        if pos >= len(buf):
+            self._buf = b""  # all dropped: hold nothing
+            pos = 0
+        self._pos = self._cursor = pos
+        return pos
+
+    def _shape_of(self, args: list[bytes]) -> re.Pattern[bytes] | None:
+        """The pattern of commands shaped as ``args`` (well-formed, within every
+        bound: this one was decoded and checked), compiled if need be and
+        allowed."""
+        key = tuple(map(len, args))
+        pattern = _shapes.get(key)
+        if pattern is None and self._compiles and len(_shapes) < MAX_SHAPES:
+            self._compiles -= 1
+            body = b"".join(rb"\$%d\r\n(.{%d})\r\n" % (n, n) for n in key)
+            pattern = _shapes[key] = re.compile(rb"\*%d\r\n" % len(key) + body, re.DOTALL)
+        return pattern
+
+    def _header(self, pos: int, kind: str) -> tuple[int, int] | None:
+        """``*N\\r\\n`` / ``$N\\r\\n`` at ``pos``: (N, position after it) or None."""
+        buf = self._buf
+        what = "multibulk" if kind == "*" else "bulk"
+        eol = buf.find(_CRLF, pos + 1, pos + _MAX_HEADER)
+        if eol < 0:
+            if len(buf) - pos >= _MAX_HEADER:
+                raise errors.ProtocolError(
+                    f"invalid {'multibulk' if kind == '*' else 'bulk'} length"
+                )
+            return None
+        text = bytes(buf[pos + 1 : eol])
+        if not text or not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):
+            raise errors.ProtocolError(f"invalid {what} length")
+        return int(text), eol + 2
+
+    def _wrong_door(self) -> str:
+        port = f" {self.msgpack_port}" if self.msgpack_port else ""
+        return (
+            "this is the RESP (Redis protocol) port; tenantkv-admin and tenantkv.Client "
+            f"talk to the MessagePack port{port}"
+        )
+
+    def _inline(self, pos: int) -> tuple[list[bytes], int] | None:
+        buf = self._buf
+        eol = buf.find(b"\n", pos, pos + MAX_INLINE_BYTES + 2)
+        if eol < 0:
+            if len(buf) - pos > MAX_INLINE_BYTES:
+                raise errors.ProtocolError("too big inline request")
+            return None
+        line = bytes(buf[pos:eol]).rstrip(b"\r")
+        return split_inline(line), eol + 1
+
+
+def split_inline(line: bytes) -> list[bytes]:
+    """Split an inline command line like redis-cli: spaces separate arguments, double
+    quotes group them (with ``\\n``, ``\\r``, ``\\t``, ``\\\\``, ``\\"`` and ``\\xHH``
+    escapes), single quotes group them literally."""
+    args: list[bytes] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in b" \t":
+            i += 1
+        if i >= n:
+            return args
+        cur = bytearray()
+        quote = 0
+        while i < n:
+            c = line[i]
+            if quote:
+                if c == 0x5C and i + 1 < n:  # backslash
+                    nxt = line[i + 1]
+                    if quote == 0x22:  # "
+                        if nxt == 0x78 and i + 3 < n:  # \xHH
+                            try:
+                                cur.append(int(line[i + 2 : i + 4], 16))
+                                i += 4
+                                continue
+                            except ValueError:
+                                pass
+                        cur.append({0x6E: 10, 0x72: 13, 0x74: 9, 0x62: 8, 0x61: 7}.get(nxt, nxt))
+                        i += 2
+                        continue
+                    if nxt == 0x27:  # \' in single quotes (any other backslash is itself)
+                        cur.append(0x27)
+                        i += 2
+                        continue
+                if c == quote:  # the closing quote, which must end the argument
+                    quote = 0
+                    i += 1
+                    if i < n and line[i] not in b" \t":
+                        raise errors.ProtocolError("unbalanced quotes in request")
+                    break
+                cur.append(c)
+            elif c in b" \t":
+                break
+            elif c in (0x22, 0x27) and not cur:
+                quote = c
+            else:
+                cur.append(c)
+            i += 1
+        if quote:
+            raise errors.ProtocolError("unbalanced quotes in request")
+        args.append(bytes(cur))
+
+
+def _control_error(args: list[bytes]) -> str:
+    if not args:
+        return f"a command name longer than {MAX_CONTROL_BYTES} bytes"
+    name = args[0].upper().decode(errors="replace")
+    return f"{name} takes at most {MAX_CONTROL_BYTES} bytes of arguments"
+
+
+# -- the door ------------------------------------------------------------------------
 
 log = logging.getLogger("tenantkv.session")
 
-PRE_AUTH = frozenset({"auth", "hello", "ping", "quit"})
+#: The command modules that add theirs to REDIS_COMMANDS as they are imported
+#: (beside ``redis_commands``' own): imported here, so the door's table is whole.
+TABLE_MODULES = (redis_keyspace, redis_scan, redis_strings, redis_transactions)
+
+#: Redis 7.0's ``no-auth`` commands: the only ones that run before AUTH.
+PRE_AUTH = frozenset({"auth", "hello", "quit", "reset"})
 #: Connection commands that set the connection up or end it: charged a read's
 #: floor like every request after AUTH, but never held to the bucket's allowance.
 HANDSHAKE = frozenset({"auth", "hello", "client", "select", "quit", "reset"})
@@ -65,27 +468,9 @@ HANDSHAKE_ARG_BYTES = protocol.MAX_HELLO_FRAME_BYTES
 #: leaving room for a client's handshake and a few tries at the password
 #: (which the login limiter bounds as well).
 MAX_PRE_AUTH_COMMANDS = 16
-#: The longest CLIENT SETNAME / HELLO SETNAME a connection may keep; CLIENT
-#: SETINFO's values are cut to as many (Redis bounds neither, but for its
-#: 512 MB argument limit).
-MAX_CLIENT_NAME_BYTES = 128
 #: Command names as clients send them (upper or lower case) -> the lower-case name:
 #: a dict lookup per command instead of a decode and a lower().
 _NAMES: dict[bytes, str] = {}
-#: What ``CONFIG GET`` answers (read-only): enough for tools that ask about persistence.
-CONFIG_VALUES = {
-    "save": "",
-    "appendonly": "yes",
-    "appendfsync": "always",
-    "databases": "1",
-    "maxmemory": "0",
-    "maxmemory-policy": "noeviction",
-}
-#: Patterns one ``CONFIG GET`` may give (each up to MAX_PATTERN_BYTES, compiled
-#: on the event loop), and the pattern cache's name for them (no bucket's name
-#: starts so; the bucket's follows, as for its other patterns).
-MAX_CONFIG_PATTERNS = 16
-CONFIG_PATTERNS = "\0config"
 
 
 def error_text(exc: errors.TenantKVError) -> str:
@@ -118,21 +503,9 @@ def error_text(exc: errors.TenantKVError) -> str:
 AT_NAME_MESSAGE = "user names containing '@' cannot log in over RESP"
 
 
-LocalHandler = Callable[["RespDoor", Executor, int, list[bytes]], Awaitable[bool]]
-LOCAL: dict[str, LocalHandler] = {}
-
-
-def local(*names: str) -> Callable[[LocalHandler], LocalHandler]:
-    def register(fn: LocalHandler) -> LocalHandler:
-        for n in names:
-            LOCAL[n] = fn
-        return fn
-
-    return register
-
-
-#: The request a command refused before it runs becomes (malformed, unknown):
-#: ``(seq, REFUSED_REQUEST, (name, error, keys named))``, answered by the door.
+#: The request a command refused before it runs becomes (malformed, unknown,
+#: oversized): ``(seq, REFUSED_REQUEST, (name, error, keys named, bytes
+#: declared))``, answered by the door.
 REFUSED_REQUEST = "\0refused"
 
 
@@ -152,7 +525,7 @@ class RespDoor:
         #: replies not yet sent (the connection sends and replaces it)
         self.out = bytearray()
         self.commands = COMMANDS
-        self.enc = resp.Encoder(2)
+        self.enc = Encoder(2)
         #: the name CLIENT SETNAME / HELLO SETNAME gave the connection
         self.name: bytes | None = None
         self._last_id = 0
@@ -167,12 +540,12 @@ class RespDoor:
     @staticmethod
     def refusal(exc: errors.TenantKVError) -> bytes:
         """A connection-level refusal (before any request)."""
-        return resp.Encoder(2).error(error_text(exc))
+        return Encoder(2).error(error_text(exc))
 
     @staticmethod
-    def new_decoder(node: Node, chunk_bytes: int) -> resp.RequestDecoder:
+    def new_decoder(node: Node, chunk_bytes: int) -> RequestDecoder:
         cfg = node.config
-        return resp.RequestDecoder(
+        return RequestDecoder(
             max_bulk_bytes=cfg.max_value_bytes,
             max_frame_bytes=min(protocol.MAX_FRAME_BYTES, cfg.max_value_bytes + 64 * 1024),
             msgpack_port=node.port,
@@ -186,6 +559,9 @@ class RespDoor:
         next_command = decoder.next_command
         while (args := next_command()) is not None:
             self._last_id = msgid = self._last_id + 1
+            if decoder.refused is not None:
+                yield msgid, REFUSED_REQUEST, self._oversized(decoder, args)
+                continue
             raw = args[0]
             name = names.get(raw) or raw.decode("latin-1").lower()
             rc = table.get(name)
@@ -193,7 +569,7 @@ class RespDoor:
                 try:
                     params, reply = parse_call(rc, args)
                 except errors.TenantKVError as exc:
-                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)))
+                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)), 0)
                     continue
                 if reply is not rc.reply:
                     special[msgid] = reply
@@ -201,7 +577,18 @@ class RespDoor:
             elif name in LOCAL:
                 yield msgid, name, args  # (its arguments: the door's)
             else:
-                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1)
+                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1, 0)
+
+    @staticmethod
+    def _oversized(decoder: RequestDecoder, args: list[bytes]) -> Any:
+        """A command refused for its size (:attr:`RequestDecoder.refused`):
+        answered in-band, its rest dropped as it arrives. It costs a read's floor
+        per read unit it declared besides (:meth:`run_local`), as reading that
+        many bytes would: the node takes them, so the tenant pays for them."""
+        exc, declared = decoder.refused or (None, 0)
+        decoder.refused = None
+        name = args[0].decode("latin-1").lower()[:128] if args else ""
+        return (name, exc, 1, declared)
 
     # -- replies -------------------------------------------------------------------
 
@@ -271,8 +658,12 @@ class RespDoor:
     # -- connection commands -----------------------------------------------------------
 
     async def before_auth(self, ex: Executor, req: Request) -> bool:
-        """Before authentication only ``AUTH``, ``HELLO``, ``PING`` and ``QUIT``
-        run, and at most :data:`MAX_PRE_AUTH_COMMANDS` commands in all."""
+        """Before authentication only :data:`PRE_AUTH` commands run, and at most
+        :data:`MAX_PRE_AUTH_COMMANDS` commands in all; the rest are answered as
+        Redis 7.0's ``processCommand`` answers them: an unknown command or a wrong
+        argument count by its own error (checked before authentication there
+        too), anything else ``-NOAUTH``. Each is one counted error, never a log
+        line: the one line is the close."""
         msgid, name, _ = req
         self._pre_auth_commands += 1
         if self._pre_auth_commands > MAX_PRE_AUTH_COMMANDS:
@@ -287,6 +678,9 @@ class RespDoor:
             )
             ex.fail(msgid, name, exc)
             return False
+        if name == REFUSED_REQUEST and _answered_before_auth(req[2][1]):
+            ex.fail(msgid, req[2][0], req[2][1])
+            return True
         if name not in PRE_AUTH:
             ex.fail(msgid, name, errors.HelloRequired("authentication required"))
             return True
@@ -296,7 +690,8 @@ class RespDoor:
         """A connection command, or a command refused for what it asked."""
         msgid, name, args = req
         if name == REFUSED_REQUEST:
-            asked, exc, keys = args
+            asked, exc, keys, nbytes = args
+            keys += nbytes // ex.node.config.read_unit_size
             return await self._refuse(ex, msgid, asked, exc, keys)
         assert isinstance(args, list)
         if name in HANDSHAKE and (size := sum(map(len, args))) > HANDSHAKE_ARG_BYTES:
@@ -391,58 +786,9 @@ class RespDoor:
             "connection %d from %s (resp): user %r bucket %r", ex.conn_id, ex.peer, name, ex.bucket
         )
 
-    def info(self, ex: Executor, sections: list[str]) -> str:
-        """INFO's text: ``server``, ``clients``, ``keyspace`` and ``tenantkv`` (the
-        bucket's units, limits and throttling)."""
-        node = ex.node
-        want = {s.lower() for s in sections} or {"default"}
-        every = bool(want & {"all", "everything", "default"})
-        out: list[str] = []
-        if every or "server" in want:
-            out += [
-                "# Server",
-                "redis_version:7.2.0",
-                f"tenantkv_version:{__version__}",
-                "redis_mode:standalone",
-                f"process_id:{os.getpid()}",
-                f"tcp_port:{node.resp_port}",
-                f"uptime_in_seconds:{int(time.monotonic() - node.started_monotonic)}",
-                "",
-            ]
-        if every or "clients" in want:
-            out += ["# Clients", f"connected_clients:{len(node.sessions)}", ""]
-        if every or "keyspace" in want:
-            out.append("# Keyspace")
-            if ex.bucket is not None and ex.bucket in node.engine.buckets:
-                keys = node.engine.bucket_entries(ex.bucket)
-                out.append(f"db0:keys={keys},expires=0,avg_ttl=0")
-            out.append("")
-        if every or "tenantkv" in want:
-            out += ["# Tenantkv", f"bucket:{ex.bucket or ''}"]
-            if ex.bucket is not None:
-                b = node.gate.statistics().buckets.get(ex.bucket)
-                if b is not None:
-                    for key, value in b.as_dict().items():
-                        if not isinstance(value, (list, dict)):
-                            out.append(f"{key}:{value}")
-            out.append(f"nonblocking_throttle:{int(ex.nonblocking_throttle)}")
-            out.append("")
-        return "\r\n".join(out)
 
-
-def _value(enc: resp.Encoder, v: Any) -> bytes:
+def _value(enc: Encoder, v: Any) -> bytes:
     return enc.value(v)
-
-
-def client_name(name: bytes) -> bytes | None:
-    """A name for CLIENT SETNAME / HELLO SETNAME (empty: none), as Redis checks it —
-    printable ASCII only, no spaces — and at most :data:`MAX_CLIENT_NAME_BYTES`
-    (Redis sets no length limit; a connection keeps its name until it closes)."""
-    if len(name) > MAX_CLIENT_NAME_BYTES:
-        raise errors.BadValue(f"Client names are limited to {MAX_CLIENT_NAME_BYTES} bytes")
-    if any(c < 0x21 or c > 0x7E for c in name):
-        raise errors.BadValue("Client names cannot contain spaces, newlines or special characters.")
-    return name or None
 
 
 def keys_named(spec: tuple[int, int, int], argc: int) -> int:
@@ -468,284 +814,12 @@ def _unknown(args: list[bytes]) -> errors.TenantKVError:
     return errors.UnknownCommand(f"unknown command '{name}', with args beginning with: {shown}")
 
 
-def _arity(name: str) -> errors.BadValue:
-    return errors.BadValue(f"wrong number of arguments for '{name}' command")
-
-
-# -- connection commands (answered by the session, through the same reply slots) ----
-
-
-@local("auth")
-async def _auth(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) == 2:
-        await d.authenticate(ex, b"default", args[1])
-    elif len(args) == 3:
-        await d.authenticate(ex, args[1], args[2])
-    else:
-        raise _arity("auth")
-    d.fill(msgid, d.enc.simple("OK"))
-    return True
-
-
-@local("hello")
-async def _hello(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    version = d.enc.version
-    i = 1
-    if len(args) > 1:
-        try:
-            version = int(args[1])
-        except ValueError:
-            raise errors.BadValue("Protocol version is not an integer or out of range") from None
-        if version not in (2, 3):
-            d.fill(msgid, d.enc.error("NOPROTO unsupported protocol version"))
-            return True
-        i = 2
-    name = None
-    authed = False
-    while i < len(args):
-        opt = args[i].lower()
-        if opt == b"auth" and i + 2 < len(args):
-            await d.authenticate(ex, args[i + 1], args[i + 2])
-            authed = True
-            i += 3
-        elif opt == b"setname" and i + 1 < len(args):
-            name = client_name(args[i + 1])
-            i += 2
-        else:
-            raise syntax_error()
-    if ex.user is None and not authed:
-        d.fill(
-            msgid,
-            d.enc.error(
-                "NOAUTH HELLO must be called with the client already authenticated, otherwise "
-                "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
-                "client and select the RESP protocol version at the same time"
-            ),
-        )
-        return True
-    if name is not None:
-        d.name = name or None
-    d.enc.version = version
-    d.fill(
-        msgid,
-        d.enc.map(
-            {
-                "server": "tenantkv",
-                "version": __version__,
-                "proto": version,
-                "id": ex.conn_id,
-                "mode": "standalone",
-                "role": "master",
-                "modules": [],
-            }
-        ),
+def _answered_before_auth(exc: errors.TenantKVError) -> bool:
+    """A refusal Redis gives before it checks authentication: an unknown command
+    or a wrong argument count (``commandCheckExistence``, ``commandCheckArity``)."""
+    return isinstance(exc, errors.UnknownCommand) or exc.errmsg.startswith(
+        "wrong number of arguments for "
     )
-    return True
-
-
-@local("ping")
-async def _ping(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) > 2:
-        raise _arity("ping")
-    d.fill(msgid, d.enc.bulk(args[1]) if len(args) == 2 else d.enc.simple("PONG"))
-    return True
-
-
-@local("echo")
-async def _echo(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) != 2:
-        raise _arity("echo")
-    d.fill(msgid, d.enc.bulk(args[1]))
-    return True
-
-
-@local("quit")
-async def _quit(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    d.fill(msgid, d.enc.simple("OK"))
-    await ex.wait_writes()
-    return False
-
-
-@local("reset")
-async def _reset(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    """Back to a fresh connection's state — RESP2, no name, blocking throttling —
-    except that it stays authenticated and in its bucket (tenantkv has no
-    ``default`` user to fall back to)."""
-    d.name = None
-    ex.nonblocking_throttle = False
-    d.enc.version = 2
-    d.fill(msgid, d.enc.simple("RESET"))
-    return True
-
-
-@local("time")
-async def _time(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    now = time.time()
-    secs = int(now)
-    d.fill(msgid, d.enc.array([str(secs), str(int((now - secs) * 1e6))]))
-    return True
-
-
-@local("select")
-async def _select(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) != 2:
-        raise _arity("select")
-    name = args[1].decode(errors="replace")
-    if name not in ex.node.engine.buckets and name == "0":
-        d.fill(msgid, d.enc.simple("OK"))  # clients select db 0 by habit: no change
-        return True
-    await ex.wait_writes()
-    ex.node.bucket(name)
-    user = ex.current_user()
-    if not user.can_read(name):
-        raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {name!r}")
-    ex.select(name)
-    d.fill(msgid, d.enc.simple("OK"))
-    return True
-
-
-@local("client")
-async def _client(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) < 2:
-        raise _arity("client")
-    sub = args[1].lower()
-    enc = d.enc
-    if sub == b"setname" and len(args) == 3:
-        d.name = client_name(args[2])
-        reply = enc.simple("OK")
-    elif sub == b"getname" and len(args) == 2:
-        reply = enc.null() if d.name is None else enc.bulk(d.name)
-    elif sub == b"id" and len(args) == 2:
-        reply = enc.integer(ex.conn_id)
-    elif sub == b"setinfo" and len(args) == 4:
-        attr = args[2].lower()
-        if attr not in (b"lib-name", b"lib-ver"):
-            raise errors.BadValue(f"Unrecognized option '{args[2].decode(errors='replace')}'")
-        ex.client_info["name" if attr == b"lib-name" else "version"] = args[3][
-            :MAX_CLIENT_NAME_BYTES
-        ].decode(errors="replace")
-        reply = enc.simple("OK")
-    elif sub == b"nonblocking" and len(args) == 3 and args[2].lower() in (b"on", b"off"):
-        ex.nonblocking_throttle = args[2].lower() == b"on"
-        reply = enc.simple("OK")
-    elif sub == b"info" and len(args) == 2:
-        user = ex.user.name if ex.user else ""
-        text = (
-            f"id={ex.conn_id} addr={ex.peer} name={(d.name or b'').decode(errors='replace')} "
-            f"db=0 bucket={ex.bucket or ''} user={user} resp={enc.version} "
-            f"lib-name={ex.client_info.get('name', '')} lib-ver={ex.client_info.get('version', '')}"
-            "\n"
-        )
-        reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
-    else:
-        raise errors.BadValue(
-            f"unknown subcommand or wrong number of arguments for "
-            f"'{args[1].decode(errors='replace')}'. Try CLIENT HELP."
-        )
-    d.fill(msgid, reply)
-    return True
-
-
-@local("info")
-async def _info(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    text = d.info(ex, [a.decode(errors="replace") for a in args[1:]])
-    d.fill(msgid, d.enc.verbatim(text) if d.enc.version >= 3 else d.enc.bulk(text))
-    return True
-
-
-@local("config")
-async def _config(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    if len(args) < 2:
-        raise _arity("config")
-    if args[1].lower() != b"get":
-        raise errors.BadValue(
-            f"CONFIG {args[1].decode(errors='replace').upper()} is not supported: tenantkv's "
-            "settings are changed with tenantkv-admin param-set"
-        )
-    if len(args) < 3:
-        raise _arity("config|get")
-    if len(args) - 2 > MAX_CONFIG_PATTERNS:
-        raise errors.BadValue(f"CONFIG GET takes at most {MAX_CONFIG_PATTERNS} patterns")
-    found: dict[str, str] = {}
-    floors = 0
-    for pattern in dict.fromkeys(a.lower() for a in args[2:]):
-        # Redis's glob, case-insensitive as Redis's CONFIG GET: on lower case.
-        matches, compiled = compiled_glob(CONFIG_PATTERNS + (ex.bucket or ""), pattern)
-        floors += compiled
-        found.update((k, v) for k, v in CONFIG_VALUES.items() if matches(k.encode()))
-    if floors:
-        ex.charge_floor(floors)  # (its compiling, beyond the request's own floor)
-    d.fill(msgid, d.enc.map(found))
-    return True
-
-
-def _command_info(enc: resp.Encoder, name: str) -> bytes:
-    rc = REDIS_COMMANDS.get(name)
-    if rc is not None:
-        arity, flags, keys = rc.arity, list(rc.flags), rc.keys
-    elif name in LOCAL:
-        arity, flags, keys = -1, ["fast"], (0, 0, 0)
-    else:
-        return enc.null_array()
-    return enc.array(
-        [name, arity, [enc_flag for enc_flag in flags], keys[0], keys[1], keys[2], [], [], [], []]
-    )
-
-
-def _command_docs(name: str) -> dict[str, Any]:
-    """What ``COMMAND DOCS`` says of ``name``; redis-cli's hints come from ``arguments``."""
-    rc = REDIS_COMMANDS.get(name)
-    if rc is not None:
-        doc: dict[str, Any] = {"summary": rc.summary, "since": "1.0.0", "group": rc.group}
-    else:
-        doc = {"summary": f"{name.upper()} (connection)", "since": "1.0.0", "group": "connection"}
-    args = redis_docs.arguments(name)
-    if args:
-        doc["arguments"] = args
-    return doc
-
-
-#: COMMAND's replies that name no command, by (RESP version, subcommand): they never
-#: change, and built anew each one cost ~0.75 ms of the event loop for a 17-byte
-#: request (COMMAND DOCS: 13.6 KB of reply).
-_COMMAND_REPLIES: dict[tuple[int, bytes], bytes] = {}
-
-
-@local("command")
-async def _command(d: RespDoor, ex: Executor, msgid: int, args: list[bytes]) -> bool:
-    sub = args[1].lower() if len(args) > 1 else b""
-    if len(args) <= 2 and sub in (b"", b"count", b"list", b"info", b"docs"):
-        key = (d.enc.version, sub)
-        reply = _COMMAND_REPLIES.get(key)
-        if reply is None:
-            reply = _COMMAND_REPLIES[key] = _command_reply(d.enc, sub, [])
-    else:
-        # Each command named once: a reply no larger than the one naming none.
-        asked = list(dict.fromkeys(a.decode(errors="replace").lower() for a in args[2:]))
-        reply = _command_reply(d.enc, sub, asked)
-    d.fill(msgid, reply)
-    return True
-
-
-def _command_reply(enc: resp.Encoder, sub: bytes, asked: list[str]) -> bytes:
-    names = sorted({*REDIS_COMMANDS, *LOCAL})
-    if sub == b"":
-        reply = b"*%d\r\n" % len(names) + b"".join(_command_info(enc, n) for n in names)
-    elif sub == b"count":
-        reply = enc.integer(len(names))
-    elif sub == b"list":
-        reply = enc.array(names)
-    elif sub == b"info":
-        wanted = asked or names
-        reply = b"*%d\r\n" % len(wanted) + b"".join(_command_info(enc, n) for n in wanted)
-    elif sub == b"docs":
-        wanted = [n for n in (asked or names) if n in REDIS_COMMANDS or n in LOCAL]
-        reply = enc.map({n: _command_docs(n) for n in wanted})
-    else:
-        raise errors.BadValue(
-            f"unknown subcommand '{sub.decode(errors='replace')}'. Try COMMAND HELP."
-        )
-    return reply
 
 
 _NAMES.update(
