@@ -12,8 +12,10 @@ This class stands where the node's writer stands in a single process
 the request path does not know which it has. Writes submitted during one turn
 of the event loop go as one message (:mod:`tenantkv.storage.op_wire`); the
 answer comes once they are durable, and is delivered as a committed batch is
-in one process. Several messages may be in flight: the supervisor's writer
-gathers them into its next commit.
+in one process. At most two messages are in flight: the supervisor's writer
+takes one into each commit, so a third would only wait in its queue, and
+sending what the loop's turns gathered meanwhile as one message spares a
+message, a wake-up of each process and a system call each way per turn.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ log = logging.getLogger("tenantkv.server")
 
 #: Most writes in one message (a larger backlog goes as several).
 MAX_MESSAGE_OPS = 4096
+#: Messages sent and not yet answered. Two keep the node's writer busy: one is
+#: committed while the next waits in its queue, and what the sessions write
+#: meanwhile gathers here into the message after (see :meth:`RemoteWriter.run`).
+MAX_MESSAGES_IN_FLIGHT = 2
 
 
 class RemoteWriter:
@@ -54,6 +60,8 @@ class RemoteWriter:
         self._buffer: list[Pending] = []
         self._wake = trio.Event()
         self._in_flight = 0
+        #: messages sent and not yet answered (at most MAX_MESSAGES_IN_FLIGHT)
+        self._messages_out = 0
         self._idle = trio.Event()
         self._idle.set()
         #: run() has ended (the link to the supervisor is gone): nothing is sent again
@@ -107,7 +115,14 @@ class RemoteWriter:
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Send what the loop's turn submitted, as one message, whenever there is some.
+        """Send what the loop's turns submitted, as one message, whenever there is
+        some and fewer than MAX_MESSAGES_IN_FLIGHT are unanswered.
+
+        The writes held back meanwhile are what the node's writer could not
+        take yet anyway (it is committing the message before): held here, they
+        keep their queue bounds, as they would in one process's writer queue
+        until it takes them, and go as one message once an answer frees a
+        place — while the message queued behind the commit is being taken.
 
         When it ends (the link is gone: the supervisor died, or the worker
         stops), writes never sent fail with ShuttingDown — they did not run —
@@ -119,10 +134,11 @@ class RemoteWriter:
                 while True:
                     await self._wake.wait()
                     self._wake = trio.Event()
-                    while self._buffer:
+                    while self._buffer and self._messages_out < MAX_MESSAGES_IN_FLIGHT:
                         batch = self._take_message()
                         if self._taken is not None:
                             self._taken(batch)
+                        self._messages_out += 1
                         nursery.start_soon(self._send, batch)
         finally:
             self._gone = True
@@ -191,6 +207,8 @@ class RemoteWriter:
                     p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
             self.ops_committed += len(wire)
+        self._messages_out -= 1
+        self._wake.set()  # a place is free: send what gathered meanwhile
         self._finish(batch)
 
     def _finish(self, batch: list[Pending]) -> None:

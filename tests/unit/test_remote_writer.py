@@ -94,3 +94,42 @@ async def test_a_run_goes_as_its_writes_and_is_answered_in_its_order() -> None:
     assert (alone.result, alone.error) == ({"cas": 3}, None)
     assert [op.nbytes for op in run.ops] == [9, 0, 9]  # metering filled in per write
     assert w.lag == 0 and w.ops_committed == 4
+
+
+class _HeldChannel:
+    """The supervisor's side, answering a message only when the test says so."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.answer: list[trio.Event] = []
+
+    async def call(self, msg: Any, *, patient: bool = False) -> Any:
+        self.sent.append(msg)
+        answer = trio.Event()
+        self.answer.append(answer)
+        await answer.wait()
+        return WriteReply([[{"cas": 1}, None, 9, []] for _ in msg.ops])
+
+
+async def test_two_messages_in_flight_and_what_gathers_meanwhile_goes_as_one() -> None:
+    delivered: list[Pending] = []
+    channel = _HeldChannel()
+    w = RemoteWriter(engine=None, channel=lambda: channel, deliver=delivered.extend)  # type: ignore[arg-type]
+    b = BucketHandle("b", None, {})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.run)
+        for turn in range(5):  # a write per turn of the loop
+            w.submit(SetOp(b, b"k%d" % turn, b"v"), lambda r, e: None)
+            await trio.testing.wait_all_tasks_blocked()
+        assert [len(m.ops) for m in channel.sent] == [1, 1]  # the other three wait
+        assert w.lag == 5 and not delivered
+        channel.answer[0].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(delivered) == 1
+        assert [len(m.ops) for m in channel.sent] == [1, 1, 3]  # gathered: one message
+        for answer in channel.answer[1:]:
+            answer.set()
+        with trio.fail_after(1):
+            await w.drain()
+        nursery.cancel_scope.cancel()
+    assert len(delivered) == 5 and w.lag == 0 and w.batches == 3
