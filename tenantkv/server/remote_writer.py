@@ -31,7 +31,7 @@ from tenantkv.server.control import Channel, ChannelClosed
 from tenantkv.server.control_messages import Write
 from tenantkv.storage.engine import Engine
 from tenantkv.storage.group_commit import Callback, Pending
-from tenantkv.storage.op_wire import apply_outcome, op_to_wire
+from tenantkv.storage.op_wire import apply_outcome, apply_run_outcome, item_to_wire
 from tenantkv.storage.ops import CreateBucketOp, RunOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
@@ -172,23 +172,18 @@ class RemoteWriter:
 
     async def _send(self, batch: list[Pending]) -> None:
         try:
-            # A run of writes goes as its writes, and is answered as a list of
-            # their outcomes (an error in a write's place), as the local writer
-            # answers it (RunOp.apply).
-            wire: list[Any] = []
-            for p in batch:
-                if isinstance(p.op, RunOp):
-                    wire.extend(op_to_wire(op) for op in p.op.ops)
-                else:
-                    wire.append(op_to_wire(p.op))
-            msg = Write(wire)
+            # A run of writes goes as one item, and is answered as a list of
+            # its writes' outcomes (an error in a write's place), as the local
+            # writer answers it (RunOp.apply).
+            msg = Write([item_to_wire(p.op) for p in batch])
             # Shielded: once sent, the writes may commit; the answer (or the
             # channel closing) must be waited for, whatever is being cancelled.
             with trio.CancelScope(shield=True):
                 answer = await self._channel().call(msg, patient=True)
             outcomes = answer.outcomes
-            if len(outcomes) != len(wire):
-                raise ValueError(f"{len(outcomes)} outcomes for {len(wire)} writes")
+            if len(outcomes) != len(batch):
+                raise ValueError(f"{len(outcomes)} outcomes for {len(batch)} items")
+            answered = [_answer(p.op, outcome) for p, outcome in zip(batch, outcomes, strict=True)]
         except (ChannelClosed, KeyError, ValueError, TypeError) as exc:
             # Whether these committed is unknown: never "retryable".
             self.failed_batches += 1
@@ -197,16 +192,12 @@ class RemoteWriter:
             for p in batch:
                 p.result, p.error = None, failure
         else:
-            answers = iter(outcomes)
-            for p in batch:
-                if isinstance(p.op, RunOp):
-                    p.result = [_result_or_error(op, next(answers)) for op in p.op.ops]
-                    continue
-                p.result, p.error = apply_outcome(p.op, next(answers))
-                if p.error is None and isinstance(p.op, CreateBucketOp):
+            for p, (result, error) in zip(batch, answered, strict=True):
+                p.result, p.error = result, error
+                if error is None and isinstance(p.op, CreateBucketOp):
                     p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
-            self.ops_committed += len(wire)
+            self.ops_committed += sum(p.op.op_count for p in batch)
         self._messages_out -= 1
         self._wake.set()  # a place is free: send what gathered meanwhile
         self._finish(batch)
@@ -221,7 +212,9 @@ class RemoteWriter:
                 self._idle.set()
 
 
-def _result_or_error(op: WriteOp, outcome: Any) -> Any:
-    """A run's write's place in its answer: its result, or the error it raised."""
-    result, error = apply_outcome(op, outcome)
-    return result if error is None else error
+def _answer(op: WriteOp, outcome: Any) -> tuple[Any, BaseException | None]:
+    """An item's ``(result, error)`` from its outcome, as the local writer gives
+    them: a run's result is its writes' results, each error in its place."""
+    if isinstance(op, RunOp):
+        return apply_run_outcome(op, outcome), None
+    return apply_outcome(op, outcome)

@@ -8,6 +8,13 @@ dataclass's own fields, in order — and gets back ``[result, error, nbytes,
 record_bytes]``: what ``apply`` returned or raised, and the metering fields
 ``apply`` filled in (the worker charges the throttle from them).
 
+A run of writes (:class:`~tenantkv.storage.ops.RunOp`, a connection's writes
+admitted together) goes as one item, ``["run", [write, ...]]``, and is applied
+there as a run, as the local writer applies it (a run of plain sets is one
+``putmulti``). Its answer is its writes' outcomes by column, ``[results, errors,
+nbytes, record_bytes]`` (``errors`` and ``record_bytes`` None when every entry
+would be empty): one list of each instead of a list per write.
+
 Values that are not plain data go as tagged maps: a bucket by name (each
 process holds its own LMDB handle), an expiry, an error class, a frozenset.
 Results are plain data already, except the handle of a created
@@ -18,6 +25,7 @@ environment.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -87,17 +95,67 @@ _CODECS: dict[type[ops.WriteOp], list[tuple[int, Encoder, Decoder]]] = {
     cls: [(i, *c) for i, f in enumerate(fields) if (c := _codec(f)) is not None]
     for cls, fields in _FIELDS.items()
 }
+#: Per kind: its fields' values as a tuple, in one C call (one is made per write).
+_VALUES: dict[type[ops.WriteOp], Callable[[ops.WriteOp], tuple[Any, ...]]] = {
+    cls: operator.attrgetter(*(f.name for f in fields))
+    if len(fields) > 1
+    # (one name: attrgetter returns the value itself)
+    else (lambda op, name=fields[0].name: (getattr(op, name),))  # type: ignore[misc]
+    for cls, fields in _FIELDS.items()
+}
+#: The wire kind of a run of writes (no write class has this name).
+RUN = "run"
 
 
 def op_to_wire(op: ops.WriteOp) -> list[Any]:
     cls = type(op)
-    fields = _FIELDS.get(cls)
-    if fields is None:
+    values_of = _VALUES.get(cls)
+    if values_of is None:
         raise TypeError(f"{cls.__name__} cannot be sent to the node's writer")
-    values = [getattr(op, f.name) for f in fields]
+    values = list(values_of(op))
     for i, encode, _ in _CODECS[cls]:
         values[i] = encode(values[i])
     return [cls.__name__, values]
+
+
+def item_to_wire(op: ops.WriteOp) -> list[Any]:
+    """A queued item: a write, or a run of writes as one (applied as a run)."""
+    if isinstance(op, ops.RunOp):
+        return [RUN, [op_to_wire(o) for o in op.ops]]
+    return op_to_wire(op)
+
+
+def item_from_wire(data: Any, bucket: Callable[[str], BucketHandle]) -> ops.WriteOp:
+    """The item ``data`` describes (:func:`item_to_wire`). Never raises: a write
+    that cannot be decoded becomes a :class:`Refused` one, which fails in its
+    place with the reason (a bucket not found, a malformed write)."""
+    if type(data) is list and len(data) == 2 and data[0] == RUN:
+        writes = data[1]
+        if type(writes) is list and writes:
+            run = [_decoded(d, bucket) for d in writes]
+            return ops.RunOp(run, sum(op.size_hint for op in run))
+    return _decoded(data, bucket)
+
+
+def _decoded(data: Any, bucket: Callable[[str], BucketHandle]) -> ops.WriteOp:
+    try:
+        return op_from_wire(data, bucket)
+    except errors.TenantKVError as exc:
+        return Refused(exc)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        return Refused(errors.BadValue(f"malformed write: {exc}"))
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Refused(ops.WriteOp):
+    """A write the node's writer could not decode: applied, it fails with ``error``
+    (that write only, as any write's error)."""
+
+    error: errors.TenantKVError
+    exempt: bool = True
+
+    def apply(self, w: ops.WriteContext) -> Any:
+        raise self.error
 
 
 def op_from_wire(data: Any, bucket: Callable[[str], BucketHandle]) -> ops.WriteOp:
@@ -120,25 +178,25 @@ class RemoteBatchOp(ops.WriteOp):
     applied in order in the commit's transaction, each with its own outcome
     (an error fails that write only, as in one process)."""
 
-    writes: list[ops.WriteOp | errors.TenantKVError]
+    writes: list[ops.WriteOp]
     exempt: bool = True
     #: buckets its writes created (the node's writer registers their handles)
     created: list[BucketHandle] = dataclasses.field(default_factory=list)
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
-        return sum(op.size_hint for op in self.writes if isinstance(op, ops.WriteOp))
+        return sum(op.size_hint for op in self.writes)
 
     @property
     def op_count(self) -> int:  # type: ignore[override]
-        return len(self.writes)
+        return sum(op.op_count for op in self.writes)
 
     def apply(self, w: ops.WriteContext) -> Any:
         out: list[Any] = []
         self.created = []  # applied again if the transaction is retried
         for op in self.writes:
-            if not isinstance(op, ops.WriteOp):  # it could not be decoded
-                out.append([None, op.to_wire(), 0, []])
+            if isinstance(op, ops.RunOp):
+                out.append(run_outcome_to_wire(op, op.apply(w)))
                 continue
             try:
                 result = op.apply(w)
@@ -154,12 +212,39 @@ class RemoteBatchOp(ops.WriteOp):
 def outcome_to_wire(p_op: ops.WriteOp, result: Any, error: BaseException | None) -> list[Any]:
     if isinstance(result, BucketHandle):
         result = None  # the worker opens it in its own environment
-    err: Any = None
-    if error is not None:
-        if not isinstance(error, errors.TenantKVError):
-            error = errors.InternalError(f"storage failure: {error}")
-        err = error.to_wire()
-    return [result, err, p_op.nbytes, list(p_op.record_bytes)]
+    return [result, _error_to_wire(error), p_op.nbytes, list(p_op.record_bytes)]
+
+
+def run_outcome_to_wire(run: ops.RunOp, results: list[Any]) -> list[Any]:
+    """A run's outcome, by column, from what ``RunOp.apply`` returned (each write's
+    result, or the error it raised). Runs carry client writes: no bucket handle
+    among their results."""
+    errs: list[Any] | None = None
+    if any([isinstance(r, BaseException) for r in results]):
+        errs = [_error_to_wire(r) if isinstance(r, BaseException) else None for r in results]
+        results = [None if isinstance(r, BaseException) else r for r in results]
+    writes = run.ops
+    record_bytes = None
+    if any([op.record_bytes for op in writes]):
+        record_bytes = [list(op.record_bytes) for op in writes]
+    return [results, errs, [op.nbytes for op in writes], record_bytes]
+
+
+def failed_outcome(item: ops.WriteOp, error: errors.TenantKVError) -> list[Any]:
+    """The outcome of an item whose whole transaction failed: ``error`` for each write."""
+    err = error.to_wire()
+    if isinstance(item, ops.RunOp):
+        n = item.op_count
+        return [[None] * n, [err] * n, [0] * n, None]
+    return [None, err, 0, []]
+
+
+def _error_to_wire(error: BaseException | None) -> Any:
+    if error is None:
+        return None
+    if not isinstance(error, errors.TenantKVError):
+        error = errors.InternalError(f"storage failure: {error}")
+    return error.to_wire()
 
 
 def apply_outcome(op: ops.WriteOp, data: Any) -> tuple[Any, BaseException | None]:
@@ -172,3 +257,20 @@ def apply_outcome(op: ops.WriteOp, data: Any) -> tuple[Any, BaseException | None
     if isinstance(op, ops.ExpireDueOp) and isinstance(result, Mapping):
         op.removed = int(result.get("removed", 0))
     return result, None if err is None else errors.from_wire(err)
+
+
+def apply_run_outcome(run: ops.RunOp, data: Any) -> list[Any]:
+    """:func:`apply_outcome` for a run: its writes' metering fields set, and each
+    write's result or error in its place, as ``RunOp.apply`` returns them."""
+    results, errs, nbytes, record_bytes = data
+    writes = run.ops
+    if len(results) != len(writes):
+        raise ValueError(f"{len(results)} outcomes for a run of {len(writes)} writes")
+    for op, n in zip(writes, nbytes, strict=True):
+        op.nbytes = n
+    if record_bytes is not None:
+        for op, rb in zip(writes, record_bytes, strict=True):
+            op.record_bytes = list(rb)
+    if errs is None:
+        return list(results)
+    return [r if e is None else errors.from_wire(e) for r, e in zip(results, errs, strict=True)]
