@@ -9,11 +9,13 @@ record_bytes]``: what ``apply`` returned or raised, and the metering fields
 ``apply`` filled in (the worker charges the throttle from them).
 
 A run of writes (:class:`~tenantkv.storage.ops.RunOp`, a connection's writes
-admitted together) goes as one item, ``["run", [write, ...]]``, and is applied
-there as a run, as the local writer applies it (a run of plain sets is one
-``putmulti``). Its answer is its writes' outcomes by column, ``[results, errors,
-nbytes, record_bytes]`` (``errors`` and ``record_bytes`` None when every entry
-would be empty): one list of each instead of a list per write.
+admitted together) goes as one item, ``["run", [segment, ...]]``, each segment
+its writes of one kind by field (:func:`_segment_to_wire`: the bucket once, the
+keys and values as columns), and is applied there as a run, as the local
+writer applies it (a run of plain sets is one ``putmulti``). Its answer is its
+writes' outcomes by column, ``[results, errors, nbytes, record_bytes]``
+(``errors`` and ``record_bytes`` None when every entry would be empty): one
+list of each instead of a list per write.
 
 Values that are not plain data go as tagged maps: a bucket by name (each
 process holds its own LMDB handle), an expiry, an error class, a frozenset.
@@ -25,6 +27,7 @@ environment.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -95,6 +98,10 @@ _CODECS: dict[type[ops.WriteOp], list[tuple[int, Encoder, Decoder]]] = {
     cls: [(i, *c) for i, f in enumerate(fields) if (c := _codec(f)) is not None]
     for cls, fields in _FIELDS.items()
 }
+#: Per kind: the encoder of each field that needs converting, by index.
+_ENCODERS: dict[type[ops.WriteOp], dict[int, Encoder]] = {
+    cls: {i: encode for i, encode, _ in codecs} for cls, codecs in _CODECS.items()
+}
 #: Per kind: its fields' values as a tuple, in one C call (one is made per write).
 _VALUES: dict[type[ops.WriteOp], Callable[[ops.WriteOp], tuple[Any, ...]]] = {
     cls: operator.attrgetter(*(f.name for f in fields))
@@ -121,7 +128,7 @@ def op_to_wire(op: ops.WriteOp) -> list[Any]:
 def item_to_wire(op: ops.WriteOp) -> list[Any]:
     """A queued item: a write, or a run of writes as one (applied as a run)."""
     if isinstance(op, ops.RunOp):
-        return [RUN, [op_to_wire(o) for o in op.ops]]
+        return [RUN, [_segment_to_wire(seg) for seg in _segments(op.ops)]]
     return op_to_wire(op)
 
 
@@ -129,12 +136,85 @@ def item_from_wire(data: Any, bucket: Callable[[str], BucketHandle]) -> ops.Writ
     """The item ``data`` describes (:func:`item_to_wire`). Never raises: a write
     that cannot be decoded becomes a :class:`Refused` one, which fails in its
     place with the reason (a bucket not found, a malformed write)."""
-    if type(data) is list and len(data) == 2 and data[0] == RUN:
-        writes = data[1]
-        if type(writes) is list and writes:
-            run = [_decoded(d, bucket) for d in writes]
+    if type(data) is list and len(data) == 2 and data[0] == RUN and type(data[1]) is list:
+        run = [op for seg in data[1] for op in _segment_from_wire(seg, bucket)]
+        if run:
             return ops.RunOp(run, sum(op.size_hint for op in run))
     return _decoded(data, bucket)
+
+
+#: Values a run's column may send once for all its writes: immutable, so the
+#: writes that share one decoded value cannot change each other's. Not bytes:
+#: keys and values always go as columns (equal values are a benchmark's case,
+#: not a client's, and not worth comparing for).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _segments(writes: list[ops.WriteOp]) -> list[list[ops.WriteOp]]:
+    """A run's writes in consecutive stretches of one kind (a run is one command's
+    writes: almost always one stretch)."""
+    if len(set(map(type, writes))) == 1:
+        return [writes]
+    out: list[list[ops.WriteOp]] = []
+    for op in writes:
+        if out and type(out[-1][0]) is type(op):
+            out[-1].append(op)
+        else:
+            out.append([op])
+    return out
+
+
+def _segment_to_wire(writes: list[ops.WriteOp]) -> list[Any]:
+    """Writes of one kind as ``[kind, n, {field: value}, {field: [values]}]``: a
+    field with one plain value in every write (the bucket, a TTL, flags) goes
+    once, the others (keys, values) as a column. A write's fields travel as
+    the bytes they are, without a list and a kind per write."""
+    cls = type(writes[0])
+    values_of = _VALUES.get(cls)
+    if values_of is None:
+        raise TypeError(f"{cls.__name__} cannot be sent to the node's writer")
+    n = len(writes)
+    encoders = _ENCODERS[cls]
+    same: dict[int, Any] = {}
+    varying: dict[int, Any] = {}
+    for i, col in enumerate(zip(*map(values_of, writes), strict=True)):
+        first = col[0]
+        encode = encoders.get(i)
+        if col.count(first) == n and len(set(map(type, col))) == 1:
+            value = first if encode is None else encode(first)
+            if type(value) in _SCALARS:
+                same[i] = value
+                continue
+        varying[i] = col if encode is None else list(map(encode, col))
+    return [cls.__name__, n, same, varying]
+
+
+def _segment_from_wire(data: Any, bucket: Callable[[str], BucketHandle]) -> list[ops.WriteOp]:
+    """The writes of :func:`_segment_to_wire`; when they cannot be decoded together,
+    each on its own, so each fails in its place with its own reason."""
+    try:
+        kind, n, same, varying = data
+        cls = KINDS[kind]
+        fields = len(_FIELDS[cls])
+        if not (type(n) is int and n > 0 and len(same) + len(varying) == fields):
+            raise ValueError(f"a run of {kind!r} with wrong fields")
+        columns: list[Any] = [
+            itertools.repeat(same[i], n) if i in same else varying[i] for i in range(fields)
+        ]
+    except (ValueError, TypeError, KeyError) as exc:
+        return [Refused(errors.BadValue(f"malformed run of writes: {exc}"))]
+    try:
+        for i, _, decode in _CODECS[cls]:
+            if i in same:
+                columns[i] = itertools.repeat(decode(same[i], bucket), n)
+            else:
+                columns[i] = [decode(v, bucket) for v in columns[i]]
+        if any(len(varying[i]) != n for i in varying):
+            raise ValueError(f"a run of {n} {kind!r} with a column of another length")
+        return list(itertools.starmap(cls, zip(*columns, strict=True)))
+    except (errors.TenantKVError, ValueError, TypeError, KeyError, IndexError):
+        raw = [itertools.repeat(same[i], n) if i in same else varying[i] for i in range(fields)]
+        return [_decoded([kind, list(row)], bucket) for row in zip(*raw, strict=False)]
 
 
 def _decoded(data: Any, bucket: Callable[[str], BucketHandle]) -> ops.WriteOp:

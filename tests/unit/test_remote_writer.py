@@ -74,7 +74,7 @@ class _AnsweringChannel:
             if item[0] != "run":
                 outcomes.append([{"cas": 99}, None, 9, []])
                 continue
-            n = len(item[1])
+            n = sum(segment[1] for segment in item[1])
             errs: list[Any] = [None] * n
             errs[1] = errors.KeyExists("key already exists").to_wire()
             results: list[Any] = [{"cas": i} for i in range(n)]
@@ -99,7 +99,9 @@ async def test_a_run_goes_as_one_item_and_is_answered_in_its_order() -> None:
         nursery.cancel_scope.cancel()
     [message] = channel.sent  # one message: the run as one item, then the lone write
     assert [item[0] for item in message.ops] == ["run", "SetOp"]
-    assert [op[1][1] for op in message.ops[0][1]] == [b"k0", b"k1", b"k2"]
+    [(kind, n, same, varying)] = message.ops[0][1]  # one kind: one segment, by field
+    assert (kind, n, same[0]) == ("SetOp", 3, "b")  # the bucket once
+    assert list(varying[1]) == [b"k0", b"k1", b"k2"]  # the keys as a column
     first, alone = delivered
     assert first.error is None
     assert first.result[0] == {"cas": 0} and first.result[2] == {"cas": 2}
