@@ -9,13 +9,14 @@ for the same writes with two workers, measured in docs/scaling.md).
 
 This class stands where the node's writer stands in a single process
 (``submit``, ``lag``, ``statistics``, the ``taken`` and ``deliver`` hooks), so
-the request path does not know which it has. Writes submitted during one turn
-of the event loop go as one message (:mod:`tenantkv.storage.op_wire`); the
+the request path does not know which it has. Writes go as messages
+(:mod:`tenantkv.storage.op_wire`: a run of writes as one item, by field); the
 answer comes once they are durable, and is delivered as a committed batch is
 in one process. At most two messages are in flight: the supervisor's writer
-takes one into each commit, so a third would only wait in its queue, and
-sending what the loop's turns gathered meanwhile as one message spares a
-message, a wake-up of each process and a system call each way per turn.
+takes one into each commit, so a third would only wait in its queue, and what
+the loop's turns submit meanwhile goes as one message once an answer frees a
+place — one message, one wake-up of each process and one system call each way
+per commit instead of per turn.
 """
 
 from __future__ import annotations
