@@ -44,7 +44,7 @@ from bench.options import Quick
 
 BUCKET = "bench"
 #: the loads: (front door, op). RESP GET and SET carry the targets.
-LOADS = (("resp", "get"), ("resp", "set"), ("msgpack", "get"))
+LOADS = (("resp", "get"), ("resp", "set"), ("msgpack", "get"), ("msgpack", "set"))
 #: issue 19's targets, N workers over 1
 GET_SPEEDUP = 1.5
 CPU_RATIO = 1.1
@@ -87,8 +87,8 @@ def add_parser(sub: Any) -> None:
         "--loads",
         options.names(load_names, "loads"),
         load_names,
-        "resp-get, resp-set, msgpack-get (comma-separated)",
-        show="all three",
+        "resp-get, resp-set, msgpack-get, msgpack-set (comma-separated)",
+        show="all four",
     )
     resp.redis_benchmark_flags(
         p, Quick(10_000, 2000), Quick(3.0, 0.5), "rounds (1,N,1,N,...), median kept"
@@ -230,7 +230,8 @@ def _measure_msgpack(
         cpus=args.client_cpus,
         key_prefix=resp.KEY_PREFIX,
     )
-    with _split(handle) as split, _machine(handle) as mach:
+    commits = resp._commits(handle if cell.op == "set" else None)
+    with _split(handle) as split, _machine(handle) as mach, commits as wpc:
         res = loadgen.run_load(target, spec, handle.cpu_seconds)
     return {
         "requests": res.ok,
@@ -247,7 +248,7 @@ def _measure_msgpack(
         "p99_ms": _r(_ms(res.percentile_us(0.99)), 3),
         "errors": res.errors,
         "error": res.error_sample,
-        "writes_per_commit": None,
+        "writes_per_commit": _r(wpc(), 1),
         "processes": procs,
         **split,
         **mach,

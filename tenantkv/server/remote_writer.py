@@ -9,11 +9,14 @@ for the same writes with two workers, measured in docs/scaling.md).
 
 This class stands where the node's writer stands in a single process
 (``submit``, ``lag``, ``statistics``, the ``taken`` and ``deliver`` hooks), so
-the request path does not know which it has. Writes submitted during one turn
-of the event loop go as one message (:mod:`tenantkv.storage.op_wire`); the
+the request path does not know which it has. Writes go as messages
+(:mod:`tenantkv.storage.op_wire`: a run of writes as one item, by field); the
 answer comes once they are durable, and is delivered as a committed batch is
-in one process. Several messages may be in flight: the supervisor's writer
-gathers them into its next commit.
+in one process. At most two messages are in flight: the supervisor's writer
+takes one into each commit, so a third would only wait in its queue, and what
+the loop's turns submit meanwhile goes as one message once an answer frees a
+place — one message, one wake-up of each process and one system call each way
+per commit instead of per turn.
 """
 
 from __future__ import annotations
@@ -29,13 +32,17 @@ from tenantkv.server.control import Channel, ChannelClosed
 from tenantkv.server.control_messages import Write
 from tenantkv.storage.engine import Engine
 from tenantkv.storage.group_commit import Callback, Pending
-from tenantkv.storage.op_wire import apply_outcome, op_to_wire
+from tenantkv.storage.op_wire import apply_outcome, apply_run_outcome, item_to_wire
 from tenantkv.storage.ops import CreateBucketOp, RunOp, WriteOp
 
 log = logging.getLogger("tenantkv.server")
 
 #: Most writes in one message (a larger backlog goes as several).
 MAX_MESSAGE_OPS = 4096
+#: Messages sent and not yet answered. Two keep the node's writer busy: one is
+#: committed while the next waits in its queue, and what the sessions write
+#: meanwhile gathers here into the message after (see :meth:`RemoteWriter.run`).
+MAX_MESSAGES_IN_FLIGHT = 2
 
 
 class RemoteWriter:
@@ -54,6 +61,8 @@ class RemoteWriter:
         self._buffer: list[Pending] = []
         self._wake = trio.Event()
         self._in_flight = 0
+        #: messages sent and not yet answered (at most MAX_MESSAGES_IN_FLIGHT)
+        self._messages_out = 0
         self._idle = trio.Event()
         self._idle.set()
         #: run() has ended (the link to the supervisor is gone): nothing is sent again
@@ -107,7 +116,14 @@ class RemoteWriter:
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Send what the loop's turn submitted, as one message, whenever there is some.
+        """Send what the loop's turns submitted, as one message, whenever there is
+        some and fewer than MAX_MESSAGES_IN_FLIGHT are unanswered.
+
+        The writes held back meanwhile are what the node's writer could not
+        take yet anyway (it is committing the message before): held here, they
+        keep their queue bounds, as they would in one process's writer queue
+        until it takes them, and go as one message once an answer frees a
+        place — while the message queued behind the commit is being taken.
 
         When it ends (the link is gone: the supervisor died, or the worker
         stops), writes never sent fail with ShuttingDown — they did not run —
@@ -119,10 +135,11 @@ class RemoteWriter:
                 while True:
                     await self._wake.wait()
                     self._wake = trio.Event()
-                    while self._buffer:
+                    while self._buffer and self._messages_out < MAX_MESSAGES_IN_FLIGHT:
                         batch = self._take_message()
                         if self._taken is not None:
                             self._taken(batch)
+                        self._messages_out += 1
                         nursery.start_soon(self._send, batch)
         finally:
             self._gone = True
@@ -156,23 +173,18 @@ class RemoteWriter:
 
     async def _send(self, batch: list[Pending]) -> None:
         try:
-            # A run of writes goes as its writes, and is answered as a list of
-            # their outcomes (an error in a write's place), as the local writer
-            # answers it (RunOp.apply).
-            wire: list[Any] = []
-            for p in batch:
-                if isinstance(p.op, RunOp):
-                    wire.extend(op_to_wire(op) for op in p.op.ops)
-                else:
-                    wire.append(op_to_wire(p.op))
-            msg = Write(wire)
+            # A run of writes goes as one item, and is answered as a list of
+            # its writes' outcomes (an error in a write's place), as the local
+            # writer answers it (RunOp.apply).
+            msg = Write([item_to_wire(p.op) for p in batch])
             # Shielded: once sent, the writes may commit; the answer (or the
             # channel closing) must be waited for, whatever is being cancelled.
             with trio.CancelScope(shield=True):
                 answer = await self._channel().call(msg, patient=True)
             outcomes = answer.outcomes
-            if len(outcomes) != len(wire):
-                raise ValueError(f"{len(outcomes)} outcomes for {len(wire)} writes")
+            if len(outcomes) != len(batch):
+                raise ValueError(f"{len(outcomes)} outcomes for {len(batch)} items")
+            answered = [_answer(p.op, outcome) for p, outcome in zip(batch, outcomes, strict=True)]
         except (ChannelClosed, KeyError, ValueError, TypeError) as exc:
             # Whether these committed is unknown: never "retryable".
             self.failed_batches += 1
@@ -181,16 +193,14 @@ class RemoteWriter:
             for p in batch:
                 p.result, p.error = None, failure
         else:
-            answers = iter(outcomes)
-            for p in batch:
-                if isinstance(p.op, RunOp):
-                    p.result = [_result_or_error(op, next(answers)) for op in p.op.ops]
-                    continue
-                p.result, p.error = apply_outcome(p.op, next(answers))
-                if p.error is None and isinstance(p.op, CreateBucketOp):
+            for p, (result, error) in zip(batch, answered, strict=True):
+                p.result, p.error = result, error
+                if error is None and isinstance(p.op, CreateBucketOp):
                     p.result = self.engine.open_bucket(p.op.name, p.op.props)
             self.batches += 1
-            self.ops_committed += len(wire)
+            self.ops_committed += sum(p.op.op_count for p in batch)
+        self._messages_out -= 1
+        self._wake.set()  # a place is free: send what gathered meanwhile
         self._finish(batch)
 
     def _finish(self, batch: list[Pending]) -> None:
@@ -203,7 +213,9 @@ class RemoteWriter:
                 self._idle.set()
 
 
-def _result_or_error(op: WriteOp, outcome: Any) -> Any:
-    """A run's write's place in its answer: its result, or the error it raised."""
-    result, error = apply_outcome(op, outcome)
-    return result if error is None else error
+def _answer(op: WriteOp, outcome: Any) -> tuple[Any, BaseException | None]:
+    """An item's ``(result, error)`` from its outcome, as the local writer gives
+    them: a run's result is its writes' results, each error in its place."""
+    if isinstance(op, RunOp):
+        return apply_run_outcome(op, outcome), None
+    return apply_outcome(op, outcome)

@@ -65,8 +65,8 @@ from tenantkv.server.shared_state import stored_throttle_props
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
-from tenantkv.storage.op_wire import RemoteBatchOp, op_from_wire
-from tenantkv.storage.ops import DropBucketOp, PutSystemOp, WriteOp
+from tenantkv.storage.op_wire import RemoteBatchOp, failed_outcome, item_from_wire
+from tenantkv.storage.ops import DropBucketOp, PutSystemOp
 
 log = logging.getLogger("tenantkv.supervisor")
 
@@ -377,19 +377,10 @@ class Supervisor:
         wires = msg.ops
         if not isinstance(wires, list):
             raise ValueError("a write message needs a list of ops")
-        decoded: list[WriteOp | errors.TenantKVError] = []
-        for data in wires:
-            try:
-                op = op_from_wire(data, self.engine.bucket)
-            except errors.TenantKVError as exc:
-                decoded.append(exc)
-                continue
-            except (ValueError, TypeError, KeyError, IndexError) as exc:
-                decoded.append(errors.BadValue(f"malformed write: {exc}"))
-                continue
+        decoded = [item_from_wire(data, self.engine.bucket) for data in wires]
+        for op in decoded:
             if isinstance(op, DropBucketOp):
                 op.handle.dropped = True  # writes queued after it find the bucket gone
-            decoded.append(op)
         batch = RemoteBatchOp(decoded)
         done = trio.Event()
         box: list[Any] = [None, None]
@@ -407,7 +398,7 @@ class Supervisor:
                 if isinstance(error, errors.TenantKVError)
                 else errors.InternalError(f"storage failure: {error}")
             )
-            return m.WriteReply([[None, err.to_wire(), 0, []] for _ in decoded])
+            return m.WriteReply([failed_outcome(item, err) for item in decoded])
         for handle in batch.created:
             self.engine.buckets[handle.name] = handle
         for item, outcome in zip(decoded, result, strict=True):

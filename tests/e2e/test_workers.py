@@ -395,6 +395,50 @@ def test_acknowledged_writes_survive_kill_9_of_a_worker_and_of_the_supervisor(
         d.kill()
 
 
+def test_pipelined_runs_answer_each_write_in_its_place_and_survive_kill_9(
+    tmp_path: Path,
+) -> None:
+    """A pipeline's writes reach the node's writer as runs (one item, by field):
+    each write gets its own result or error, in order, and each acknowledged one
+    is durable across kill -9 of the supervisor."""
+    d = Daemon(tmp_path / "data", extra_args=["--workers", "2"]).start()
+    try:
+        with d.client() as admin:
+            admin.command("create_bucket", name="runs")
+        clients = _clients_on_every_worker(d, 2, bucket="runs")
+        for w, c in clients.items():
+            c.set(f"w{w}-taken".encode(), b"first")
+            p = c.pipeline(raise_on_error=False)
+            for i in range(300):
+                if i % 100 == 50:
+                    p.add(f"w{w}-taken".encode(), b"again")  # fails: exists
+                else:
+                    p.set(f"w{w}-{i}".encode(), f"v{i}".encode(), flags=i)
+            results = p.execute()
+            failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+            assert failed == [50, 150, 250]
+            assert all(isinstance(results[i], tenantkv.errors.KeyExists) for i in failed)
+            cas = [r for r in results if not isinstance(r, BaseException)]
+            assert cas == sorted(cas) and len(set(cas)) == 297  # applied in order
+        for c in clients.values():
+            c.close()
+        pids = _worker_pids(d)
+        assert d.proc is not None
+        d.proc.kill()  # the supervisor, without a word
+        d.proc.wait(10)
+        assert not any(_alive(p) for p in _worker_pids_gone(pids))
+        d.start()
+        with d.client(bucket="runs") as c:
+            for w in (0, 1):
+                assert c.get(f"w{w}-taken".encode()) == b"first"
+                for i in range(300):
+                    if i % 100 != 50:
+                        record = c.get_record(f"w{w}-{i}".encode())
+                        assert (record.value, record.flags) == (f"v{i}".encode(), i)
+    finally:
+        d.kill()
+
+
 def test_the_data_directory_stays_locked_against_a_second_server(workers2: Daemon) -> None:
     out = subprocess.run(
         [

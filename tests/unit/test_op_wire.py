@@ -15,8 +15,13 @@ from tenantkv.storage import ops, string_ops, value_ops
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.op_wire import (
     KINDS,
+    Refused,
     RemoteBatchOp,
     apply_outcome,
+    apply_run_outcome,
+    failed_outcome,
+    item_from_wire,
+    item_to_wire,
     op_from_wire,
     op_to_wire,
 )
@@ -110,7 +115,9 @@ def test_a_batch_applies_in_order_with_an_outcome_per_write(tmp_path: Path) -> N
             ops.SetOp(h, b"k", b"x", mode="add"),  # fails: exists
             string_ops.MultiSetOp(h, [(b"a", b"1"), (b"b", b"22")]),
         ]
-        batch = RemoteBatchOp([*(send(op) for op in local), errors.BadValue("could not decode")])
+        batch = RemoteBatchOp(
+            [*(send(op) for op in local), Refused(errors.BadValue("could not decode"))]
+        )
         with eng.env.begin(write=True) as txn:
             outcomes = batch.apply(WriteContext(eng, txn, eng.now_ms()))
         outcomes = msgpack.unpackb(msgpack.packb(outcomes))
@@ -125,6 +132,76 @@ def test_a_batch_applies_in_order_with_an_outcome_per_write(tmp_path: Path) -> N
         assert outcomes[3][1]["codeName"] == "BadValue"
     finally:
         eng.close()
+
+
+def _bucket_b(tmp_path: Path) -> tuple[Engine, BucketHandle]:
+    eng = Engine(tmp_path / "data")
+    with eng.env.begin(write=True) as txn:
+        h = ops.CreateBucketOp("b", {"created_ms": 1}).apply(WriteContext(eng, txn, eng.now_ms()))
+    eng.buckets["b"] = h
+    return eng, h
+
+
+def _trip(eng: Engine, local: ops.WriteOp) -> list[ops.WriteOp]:
+    """``local`` to the node's writer and applied there in a batch; its outcomes back."""
+    # (as the control channel reads it: a run's fields are maps by field index)
+    wire = msgpack.unpackb(msgpack.packb(item_to_wire(local)), strict_map_key=False)
+    batch = RemoteBatchOp([item_from_wire(wire, eng.bucket)])
+    with eng.env.begin(write=True) as txn:
+        outcomes = batch.apply(WriteContext(eng, txn, eng.now_ms()))
+    assert batch.op_count == local.op_count
+    return list(msgpack.unpackb(msgpack.packb(outcomes)))
+
+
+def test_a_run_of_plain_sets_goes_as_one_item_and_answers_by_column(tmp_path: Path) -> None:
+    eng, h = _bucket_b(tmp_path)
+    try:
+        local = ops.RunOp([ops.SetOp(h, b"k%d" % i, b"v" * i) for i in range(3)], 0)
+        [outcome] = _trip(eng, local)
+        _, errs, _, record_bytes = outcome
+        assert errs is None and record_bytes is None  # nothing failed, no record lists
+        got = apply_run_outcome(local, outcome)
+        assert [r["cas"] for r in got] == [got[0]["cas"] + i for i in range(3)]  # in order
+        assert [op.nbytes for op in local.ops] == [op.size_hint for op in local.ops]
+        with eng.env.begin() as txn:
+            assert txn.get(b"k2", db=h.db).endswith(b"vv")  # committed
+    finally:
+        eng.close()
+
+
+def test_a_runs_failed_and_undecodable_writes_fail_in_their_places(tmp_path: Path) -> None:
+    eng, h = _bucket_b(tmp_path)
+    try:
+        gone = BucketHandle("gone", db=None)
+        local = ops.RunOp(
+            [
+                ops.SetOp(h, b"k", b"v"),
+                ops.SetOp(h, b"k", b"x", mode="add"),  # fails: exists
+                ops.SetOp(gone, b"k", b"v"),  # no such bucket on the writer's side
+                string_ops.MultiSetOp(h, [(b"a", b"1"), (b"b", b"22")]),
+            ],
+            0,
+        )
+        [outcome] = _trip(eng, local)
+        got = apply_run_outcome(local, outcome)
+        assert isinstance(got[0], dict) and got[0]["cas"] > 0
+        assert isinstance(got[1], errors.KeyExists)
+        assert isinstance(got[2], errors.BucketNotFound)
+        assert not isinstance(got[3], BaseException)
+        assert len(local.ops[3].record_bytes) == 2  # metering comes back per write
+        with pytest.raises(ValueError):
+            apply_run_outcome(ops.RunOp(local.ops[:2], 0), outcome)  # not its outcome
+    finally:
+        eng.close()
+
+
+def test_a_failed_transaction_fails_every_write_of_each_item() -> None:
+    err = errors.StorageFull("disk full")
+    run = ops.RunOp([ops.SetOp(H, b"a", b"v"), ops.SetOp(H, b"b", b"v")], 0)
+    got = apply_run_outcome(run, failed_outcome(run, err))
+    assert [type(e) for e in got] == [errors.StorageFull, errors.StorageFull]
+    _, e = apply_outcome(ops.SetOp(H, b"a", b"v"), failed_outcome(ops.SetOp(H, b"a", b"v"), err))
+    assert isinstance(e, errors.StorageFull)
 
 
 def test_rate_shares_sum_to_one_and_follow_demand() -> None:
@@ -144,3 +221,60 @@ def test_rate_shares_sum_to_one_and_follow_demand() -> None:
     # The lighter worker gets what it asks for (with headroom), the other the rest.
     assert busy["1"] * 1000 == pytest.approx(300 * rate_share.HEADROOM)
     assert busy["0"] > busy["1"]
+
+
+def _same_fields(a: ops.WriteOp, b: ops.WriteOp) -> None:
+    assert type(b) is type(a)
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, BucketHandle):
+            assert x.name == y.name
+        else:
+            assert x == y, (type(a).__name__, name, x, y)
+
+
+def test_a_run_of_every_kind_round_trips_by_field_segments() -> None:
+    other = BucketHandle("c", db=None)
+    sets = [
+        ops.SetOp(H, b"k1", b"v1", ttl=2, flags=7),  # (then _samples(), a SetOp first)
+        ops.SetOp(H, b"k2", b"v2", ttl=2.5, flags=7),  # a varying TTL, the same flags
+        ops.SetOp(other, b"k3", b"v3", flags=7),  # another bucket: the bucket varies
+    ]
+    run = ops.RunOp([*sets, *_samples(), *sets], 0)
+    wire = msgpack.unpackb(msgpack.packb(item_to_wire(run)), strict_map_key=False)
+    segments = wire[1]
+    assert [s[1] for s in segments[:2]] == [4, 1]  # consecutive writes of a kind together
+    assert segments[0][3][3] == [2, 2.5, 0, 1.5]  # the TTLs as a column
+    assert segments[-1][2][4] == 7 and 4 not in segments[-1][3]  # the same flags: once
+    handles = {"b": H, "c": other}
+    back = item_from_wire(wire, lambda name: handles[name])
+    assert isinstance(back, ops.RunOp) and back.op_count == run.op_count
+    for a, b in zip(run.ops, back.ops, strict=True):
+        _same_fields(a, b)
+    assert back.ops[2].bucket is other and back.ops[0].bucket is H
+
+
+def test_a_run_decodes_each_write_apart_when_one_cannot_be() -> None:
+    gone = BucketHandle("gone", db=None)
+    run = ops.RunOp([ops.SetOp(H, b"a", b"1"), ops.SetOp(gone, b"b", b"2")], 0)
+    wire = msgpack.unpackb(msgpack.packb(item_to_wire(run)), strict_map_key=False)
+
+    def bucket(name: str) -> BucketHandle:
+        if name != "b":
+            raise errors.BucketNotFound(f"bucket {name!r} does not exist")
+        return H
+
+    first, second = item_from_wire(wire, bucket).ops  # type: ignore[attr-defined]
+    assert type(first) is ops.SetOp and first.key == b"a"
+    assert isinstance(second, Refused) and isinstance(second.error, errors.BucketNotFound)
+
+
+@pytest.mark.parametrize(
+    "segment",
+    [None, [], ["NoSuchOp", 1, {}, {}], ["SetOp", 0, {}, {}], ["SetOp", 2, {0: "b"}, {}]],
+)
+def test_a_malformed_run_is_refused_with_a_clear_error(segment: object) -> None:
+    run = item_from_wire(["run", [segment]], lambda name: H)
+    assert isinstance(run, ops.RunOp)
+    assert all(isinstance(op, Refused) for op in run.ops)
+    assert all(isinstance(op.error, errors.BadValue) for op in run.ops)  # type: ignore[attr-defined]
