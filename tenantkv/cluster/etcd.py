@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -151,6 +151,13 @@ class Etcd:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def __aenter__(self) -> Etcd:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):  # closes when cancelled
+            await self.aclose()
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers."""
@@ -337,28 +344,29 @@ def _watch_events(line: str) -> list[WatchEvent]:
 
 
 async def keep_lease_alive(
-    etcd: Etcd, lease: int, ttl: int, lost: trio.Event | None = None
+    etcd: Etcd, lease: int, ttl: int, renewed: Callable[[float], None] = lambda deadline: None
 ) -> None:
-    """Renew ``lease`` every third of its TTL until cancelled. When etcd says it
-    expired (or etcd stays unreachable past the TTL) set ``lost`` and return: the
-    keys under it are gone and whatever they proved must stop."""
+    """Renew ``lease`` every third of its TTL; return when it has expired: etcd
+    says so, or it stayed unreachable past the TTL. After each renewal
+    ``renewed`` gets the Trio time until which the lease surely lives (counted
+    from when the renewal was sent: etcd's clock started later)."""
     period = max(ttl / 3, 0.05)
-    last_renewed = trio.current_time()
+    deadline = trio.current_time() + ttl
     while True:
         await trio.sleep(period)
+        sent = trio.current_time()
         try:
             remaining = await etcd.lease_keepalive(lease)
         except EtcdError as exc:
-            if trio.current_time() - last_renewed < ttl:
+            if trio.current_time() < deadline:
                 log.warning("lease %x not renewed (will retry): %s", lease, exc)
                 continue
             remaining = 0
         if remaining <= 0:
             log.error("lease %x expired", lease)
-            if lost is not None:
-                lost.set()
             return
-        last_renewed = trio.current_time()
+        deadline = sent + remaining
+        renewed(deadline)
 
 
 async def campaign(etcd: Etcd, key: bytes, value: bytes, lease: int) -> int:

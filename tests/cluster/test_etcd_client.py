@@ -80,18 +80,24 @@ async def test_lease_keys_go_with_the_lease(etcd_server: EtcdServer, etcd_prefix
         await etcd.aclose()
 
 
-async def test_keep_lease_alive_reports_loss(etcd_server: EtcdServer) -> None:
+async def test_keep_lease_alive_until_it_is_lost(etcd_server: EtcdServer) -> None:
     etcd = Etcd([etcd_server.url])
     try:
         lease = await etcd.lease_grant(1)
-        lost = trio.Event()
+        deadlines: list[float] = []
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(keep_lease_alive, etcd, lease, 1, lost)
+
+                async def keep() -> None:
+                    await keep_lease_alive(etcd, lease, 1, deadlines.append)
+                    nursery.cancel_scope.cancel()  # returned: the lease is gone
+
+                nursery.start_soon(keep)
                 await trio.sleep(1.5)  # past the TTL: kept alive
-                assert not lost.is_set()
+                assert await etcd.lease_keepalive(lease) > 0
+                assert deadlines and deadlines[-1] > trio.current_time()
                 await etcd.lease_revoke(lease)
-                await lost.wait()
+                await trio.sleep_forever()
     finally:
         await etcd.aclose()
 
