@@ -264,12 +264,17 @@ class Etcd:
         if start_revision:
             create["start_revision"] = str(start_revision)
         send, receive = trio.open_memory_channel[list[WatchEvent] | EtcdError](WATCH_BUFFER)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump_watch, create, send)
-            try:
-                yield Watch(receive)
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_watch, create, send)
+                try:
+                    yield Watch(receive)
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The pump raises nothing (its errors travel the channel): what the
+            # nursery gathered is the caller's own, raised as the caller raised it.
+            raise _sole(group) from None
 
     async def _pump_watch(
         self, create: dict[str, Any], send: trio.MemorySendChannel[list[WatchEvent] | EtcdError]
@@ -313,6 +318,15 @@ class Watch:
         if isinstance(item, EtcdError):
             raise item
         return item
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception that matters in ``group``: the only one that is not a
+    cancellation, else the first cancellation; the group itself if several."""
+    others = [e for e in group.exceptions if not isinstance(e, trio.Cancelled)]
+    if not others:
+        return group.exceptions[0]
+    return others[0] if len(others) == 1 else group
 
 
 def _checked(reply: httpx.Response) -> dict[str, Any]:
