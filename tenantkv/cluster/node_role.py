@@ -18,6 +18,7 @@ import trio
 from tenantkv.cluster.cluster_map import NodeInfo
 from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
+from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
 from tenantkv.server.role import SingleProcess
@@ -65,6 +66,7 @@ class ClusterNode(SingleProcess):
         await nursery.start(self._run_member, advertised(node.config, node))
         assert self.member is not None
         await self.member.wait_for_map()
+        self._route(node)
 
     async def _run_member(
         self, me: NodeInfo, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -72,6 +74,11 @@ class ClusterNode(SingleProcess):
         async with Etcd(self.settings.endpoints) as etcd:
             self.member = Member(etcd, self.settings, me)
             await self.member.run(task_status=task_status)
+
+    def _route(self, node: Node) -> None:
+        """From now on the node serves only the keys of its own slots."""
+        assert self.member is not None
+        node.cluster = Router(self.member)
 
     async def drain(self, node: Node) -> None:
         if self.member is not None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tenantkv import errors, protocol
 from tenantkv.resp import Encoder
-from tenantkv.server import commands, redis_keyspace, redis_strings, scan_cursors
+from tenantkv.server import commands, redis_cluster, redis_keyspace, redis_strings, scan_cursors
 from tenantkv.server.commands import Session, prefix_end
 from tenantkv.server.redis_base import (
     MAX_MULTI_KEYS,
@@ -960,7 +960,7 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
             "they act beyond one tenant's bucket; `tenantkv-admin` and `status` do this",
             """
             flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync
-            psync monitor move swapdb acl latency memory slowlog failover cluster readonly
+            psync monitor move swapdb acl latency memory slowlog failover readonly
             readwrite wait waitaof
             """,
         ),
@@ -980,5 +980,5 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
 
 # The range, bit and float string commands and the keyspace commands, from their
 # own modules.
-for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS):
+for _c in (*redis_strings.COMMANDS, *redis_keyspace.COMMANDS, *redis_cluster.COMMANDS):
     _register(_c)

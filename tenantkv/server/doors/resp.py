@@ -95,6 +95,8 @@ def error_text(exc: errors.TenantKVError) -> str:
     run) is ``TRYAGAIN <CodeName> retryAfterMs=<n> <message>`` — the prefix Redis
     clients already treat as "retry later"."""
     msg = exc.errmsg
+    if isinstance(exc, errors.InRedisWords):  # cluster redirections: -MOVED, -CROSSSLOT, ...
+        return exc.redis_text()
     if isinstance(exc, (errors.ProtocolError, errors.FrameTooLarge)):
         return f"ERR Protocol error: {msg}"
     if isinstance(exc, errors.TooManyLoginFailures):

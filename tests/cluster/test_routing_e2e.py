@@ -1,0 +1,198 @@
+"""Routing on both doors against 3 real nodes and a real etcd: redis-py's
+RedisCluster and ``-MOVED``/``-CROSSSLOT``/``-CLUSTERDOWN`` on RESP,
+``NotMyPartition``/``NodeUnavailable`` on MessagePack, ``CLUSTER`` replies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from tenantkv import errors
+from tenantkv.cluster.routing import node_id
+from tenantkv.cluster.slots import SLOTS, key_slot
+from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
+
+from .conftest import EtcdServer
+from .test_cluster_e2e import cluster_status, full_map, start_nodes
+
+BUCKET = "app"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
+) -> Iterator[list[Daemon]]:
+    """Three nodes (a lease of 2 s), each with the bucket (buckets are per node
+    until cluster-wide metadata comes)."""
+    tmp: Path = tmp_path_factory.mktemp("routing")
+    nodes = start_nodes(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2)
+    try:
+        wait_until(lambda: all(full_map(cluster_status(d), 3) for d in nodes), what="map of 3")
+        for d in nodes:
+            with d.client() as c:
+                c.create_bucket(BUCKET)
+        yield nodes
+    finally:
+        for d in nodes:
+            d.kill()
+
+
+def owner_of(nodes: list[Daemon], key: bytes) -> Daemon:
+    ranges = cluster_status(nodes[0])["map"]["nodes"]
+    slot = key_slot(key)
+    for i, d in enumerate(nodes):
+        if any(s <= slot <= e for s, e in ranges[f"n{i}"]["ranges"]):
+            return d
+    raise AssertionError(f"no owner for slot {slot}")
+
+
+def key_on(nodes: list[Daemon], d: Daemon, tag: str = "") -> bytes:
+    """A key whose slot ``d`` owns."""
+    for i in range(10_000):
+        key = f"{tag}k{i}".encode()
+        if owner_of(nodes, key) is d:
+            return key
+    raise AssertionError("no key found")
+
+
+def resp(d: Daemon) -> redis.Redis:
+    return redis.Redis(
+        host=d.host,
+        port=d.resp_port,
+        username=f"admin@{BUCKET}",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+
+
+def test_redis_py_cluster_client_routes_by_the_map(cluster: list[Daemon]) -> None:
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(cluster[0].host, cluster[0].resp_port)],
+        username=f"admin@{BUCKET}",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+    try:
+        assert len(rc.get_nodes()) == 3
+        values = {f"user:{i}".encode(): f"v{i}".encode() for i in range(300)}
+        for k, v in values.items():
+            assert rc.set(k, v)
+        for k, v in values.items():
+            assert rc.get(k) == v
+        # Each key is stored on its slot's node and nowhere else.
+        for k, v in list(values.items())[:60]:
+            home = owner_of(cluster, k)
+            for d in cluster:
+                with d.client(bucket=BUCKET) as c:
+                    if d is home:
+                        assert c.get(k) == v
+                    else:
+                        with pytest.raises(errors.NotMyPartition):
+                            c.get(k)
+        # A hashtag keeps keys together: MSET/MGET across them work.
+        assert rc.mset_nonatomic({b"{u1}a": b"1", b"{u1}b": b"2"}) is not None
+        assert rc.mget_nonatomic([b"{u1}a", b"{u1}b"]) == [b"1", b"2"]
+    finally:
+        rc.close()
+
+
+def test_moved_crossslot_and_cluster_replies(cluster: list[Daemon]) -> None:
+    n0, n1 = cluster[0], cluster[1]
+    theirs = key_on(cluster, n1)
+    r = resp(n0)
+    try:
+        with pytest.raises(redis.exceptions.MovedError) as moved:  # "-MOVED slot host:port"
+            r.get(theirs)
+        assert (moved.value.slot_id, moved.value.host, moved.value.port) == (
+            key_slot(theirs),
+            "127.0.0.1",
+            n1.resp_port,
+        )
+        mine = key_on(cluster, n0)
+        assert r.set(mine, b"here") and r.get(mine) == b"here"
+        # Keys of two slots: refused before ownership is even asked.
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError):  # "-CROSSSLOT ..."
+            r.mget(mine, theirs)
+        assert r.execute_command("CLUSTER", "KEYSLOT", "{user1000}.following") == key_slot(
+            b"user1000"
+        )
+        assert r.execute_command("CLUSTER", "MYID") == node_id("n0").encode()
+        slots = r.execute_command("CLUSTER", "SLOTS")
+        assert sum(e - s + 1 for s, e, *_ in slots) == SLOTS
+        text = r.execute_command("CLUSTER", "NODES")
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        assert text.count("master") == 3 and "myself,master" in text
+        info = r.execute_command("CLUSTER", "INFO")
+        assert b"cluster_state:ok" in (info if isinstance(info, bytes) else str(info).encode())
+        with pytest.raises(redis.exceptions.ResponseError, match="unknown subcommand"):
+            r.execute_command("CLUSTER", "BOGUS")
+    finally:
+        r.close()
+
+
+def test_msgpack_door_refuses_other_nodes_keys_with_the_map_version(
+    cluster: list[Daemon],
+) -> None:
+    n0, n2 = cluster[0], cluster[2]
+    theirs = key_on(cluster, n2)
+    version = cluster_status(n0)["map"]["version"]
+    with n0.client(bucket=BUCKET) as c:
+        with pytest.raises(errors.NotMyPartition) as refused:
+            c.set(theirs, b"v")
+        assert refused.value.has_label(errors.RETRYABLE)
+        assert f"127.0.0.1:{n2.port}" in refused.value.errmsg
+        assert f"map version {version}" in refused.value.errmsg
+        mine = key_on(cluster, n0)
+        c.set(mine, b"ok")
+        assert c.get(mine) == b"ok"
+    with n2.client(bucket=BUCKET) as c:
+        c.set(theirs, b"v")  # the owner serves it
+        assert c.get(theirs) == b"v"
+
+
+def test_a_single_node_has_no_cluster_command(daemon: Daemon) -> None:
+    r = redis.Redis(
+        host=daemon.host,
+        port=daemon.resp_port,
+        username="admin",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="cluster support disabled"):
+            r.execute_command("CLUSTER", "SLOTS")
+        assert r.execute_command("CLUSTER", "KEYSLOT", "foo") == 12182
+    finally:
+        r.close()
+
+
+def test_a_down_node_slots_are_unavailable_the_others_serve(
+    tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=1)
+    try:
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
+        for d in nodes:
+            with d.client() as c:
+                c.create_bucket(BUCKET)
+        theirs, mine = key_on(nodes, nodes[1]), key_on(nodes, nodes[0])
+        nodes[1].kill()
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 1), timeout=15, what="n1 down")
+        with nodes[0].client(bucket=BUCKET) as c:
+            with pytest.raises(errors.NodeUnavailable, match="n1 is down"):
+                c.get(theirs)
+            c.set(mine, b"still served")
+        r = resp(nodes[0])
+        try:
+            with pytest.raises(redis.exceptions.ClusterDownError, match="n1 is down"):
+                r.get(theirs)
+            assert r.get(mine) == b"still served"
+        finally:
+            r.close()
+    finally:
+        for d in nodes:
+            d.kill()
