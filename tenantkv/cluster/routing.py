@@ -77,6 +77,17 @@ class Router:
         self.member = member
         self.refused = 0
 
+    def map_document(self) -> dict[str, Any]:
+        """The map as the ``cluster_map`` command gives it to clients."""
+        m = self.member.map
+        return {
+            "enabled": True,
+            "version": m.version,
+            "node": self.member.me.name,
+            "ranges": [[r.start, r.end, r.node] for r in m.ranges],
+            "nodes": {name: info.to_json() for name, info in sorted(m.nodes.items())},
+        }
+
     def route(self, ex: Any, requests: Iterator[Any]) -> Iterator[Any]:
         """The requests of a chunk this node serves; the others answered here."""
         commands = ex.door.commands

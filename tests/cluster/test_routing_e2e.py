@@ -196,3 +196,44 @@ def test_a_down_node_slots_are_unavailable_the_others_serve(
     finally:
         for d in nodes:
             d.kill()
+
+
+def test_cluster_client_routes_splits_and_follows_a_moved_map(cluster: list[Daemon]) -> None:
+    from tenantkv.client.cluster import ClusterClient, SlotMap
+
+    n0 = cluster[0]
+    with ClusterClient(
+        n0.host, n0.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET, timeout=20
+    ) as cc:
+        values = {f"cc:{i}".encode(): f"w{i}".encode() for i in range(200)}
+        for k, v in values.items():
+            cc.set(k, v)
+        keys = list(values)
+        assert cc.mget(keys) == [values[k] for k in keys]  # split by node, in key order
+        assert cc.mget([*keys[:3], b"cc:missing"]) == [*(values[k] for k in keys[:3]), None]
+        for k in keys[:30]:
+            with owner_of(cluster, k).client(bucket=BUCKET) as c:
+                assert c.get(k) == values[k]  # stored on its slot's node
+        assert len({cc.map.node_of(k) for k in keys}) == 3
+
+        # A stale map (every range shifted to the next node): each request is
+        # refused with NotMyPartition, did not run; the client reads the map again.
+        with n0.client(bucket=BUCKET) as c:
+            doc = c.command("cluster_map")
+        names = sorted(doc["nodes"])
+        doc["ranges"] = [[s, e, names[(names.index(n) + 1) % 3]] for s, e, n in doc["ranges"]]
+        cc.map = SlotMap(doc)
+        assert cc.get(keys[0]) == values[keys[0]]
+        assert cc.map_refreshes == 1
+        cc.map = SlotMap(doc)
+        assert cc.mget(keys) == [values[k] for k in keys]
+        assert cc.map_refreshes == 2
+
+
+def test_cluster_client_needs_a_cluster(daemon: Daemon) -> None:
+    from tenantkv.client.cluster import ClusterClient
+
+    with daemon.client() as c:
+        assert c.command("cluster_map") == {"enabled": False}
+    with pytest.raises(errors.ClientError, match="not in a cluster"):
+        ClusterClient(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD)
