@@ -8,28 +8,16 @@ compute the same slot, so they route to the same node as the bundled client.
 
 from __future__ import annotations
 
+import binascii
+
 SLOTS = 16384
 
 
-def _table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-        table.append(crc & 0xFFFF)
-    return tuple(table)
-
-
-_CRC16_TABLE = _table()
-
-
 def crc16(data: bytes) -> int:
-    """CRC16-XMODEM of ``data`` (``crc16(b"123456789") == 0x31C3``)."""
-    crc = 0
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC16_TABLE[(crc >> 8) ^ byte]
-    return crc
+    """CRC16-XMODEM of ``data`` (``crc16(b"123456789") == 0x31C3``): the standard
+    library's CRC-CCITT from initial value 0, in C (~0.2 µs a key; a table-driven
+    loop in Python took ~4 µs, paid per key on the request and write paths)."""
+    return binascii.crc_hqx(data, 0)
 
 
 def hash_part(key: bytes) -> bytes:
