@@ -8,8 +8,8 @@ etcd keys, under the cluster's prefix (``cluster_prefix``):
 - ``coordinator``: the elected coordinator's name, under its lease;
 - ``map``: the :class:`ClusterMap`, written by the coordinator only.
 
-Fencing: the node serves a slot only while the map it holds gives it the slot
-and its lease surely lives (:meth:`Member.owns`): the lease's deadline is
+Fencing: the node acknowledges writes to a slot only while the map it holds
+gives it the slot and its lease surely lives (:meth:`Member.owns`): the lease's deadline is
 counted from when each renewal was *sent*, so it ends on this node no later
 than in etcd, where the node's key and its claims go with it.
 """
@@ -79,7 +79,7 @@ class Member:
         return trio.current_time() < self.lease_deadline
 
     def owns(self, slot: int) -> bool:
-        """Serve ``slot`` here? Only with the map's word and a live lease (fencing)."""
+        """Write ``slot`` here? Only with the map's word and a live lease (fencing)."""
         return self.map.owner(slot) == self.me.name and self.lease_valid()
 
     def status(self) -> dict[str, Any]:

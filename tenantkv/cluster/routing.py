@@ -3,7 +3,8 @@
 In cluster mode every data request's keys are checked against the map before
 the request reaches any gate, on both doors: a key of another node's slot is
 refused with ``NotMyPartition`` (RESP: ``-MOVED slot host:port``), a slot no
-node can serve now with ``NodeUnavailable`` (``-CLUSTERDOWN``), and on the
+node can serve now with ``NodeUnavailable`` (``-CLUSTERDOWN``; so is a write
+of this node's own slot while its lease has lapsed: fencing), and on the
 RESP door keys of several slots with ``CrossSlot`` (``-CROSSSLOT``, Redis
 Cluster's rule; the bundled client splits a multi-key request by node
 itself, so on the MessagePack door it is enough that this node serves them
@@ -98,14 +99,18 @@ class Router:
                 if cmd is not None and cmd.kind in DATA_KINDS:
                     keys = request_keys(req[2])
                     if keys is not None:
-                        exc = self.refusal(keys, resp=resp)
+                        exc = self.refusal(keys, resp=resp, write=cmd.kind == "write")
                         if exc is not None:
                             self._refuse(ex, req, exc, len(keys))
                             continue
             yield req
 
-    def refusal(self, keys: list[bytes], *, resp: bool) -> errors.ServerError | None:
-        """Why this node does not serve ``keys`` now, or None when it does."""
+    def refusal(
+        self, keys: list[bytes], *, resp: bool, write: bool = True
+    ) -> errors.ServerError | None:
+        """Why this node does not serve ``keys`` now, or None when it does. Without a
+        valid lease it still serves reads of its slots on the map it holds (etcd
+        down: data keeps serving) but acknowledges no write (fencing)."""
         slots = {key_slot(k) for k in keys}
         if resp and len(slots) > 1:
             return errors.CrossSlot("keys in request don't hash to the same slot")
@@ -113,7 +118,7 @@ class Router:
         for slot in slots:
             owner = m.owner(slot)
             if owner == member.me.name:
-                if not member.lease_valid():
+                if write and not member.lease_valid():
                     return errors.NodeUnavailable(
                         f"node {owner} cannot prove it still owns slot {slot}: its cluster "
                         "lease lapsed"

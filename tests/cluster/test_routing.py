@@ -57,9 +57,11 @@ async def test_own_other_and_crossslot() -> None:
 
 async def test_fenced_without_a_lease_and_down_nodes() -> None:
     fenced = router(lease_secs=0)
-    refused = fenced.refusal([b"bar"], resp=True)
+    refused = fenced.refusal([b"bar"], resp=True, write=True)
     assert isinstance(refused, errors.NodeUnavailable) and "lease lapsed" in refused.errmsg
     assert refused.redis_text().startswith("CLUSTERDOWN")
+    # Reads of its own slots go on, on the map it holds (etcd down: data serves).
+    assert fenced.refusal([b"bar"], resp=True, write=False) is None
     r = router()
     r.member.map = ClusterMap(
         8, MAP.ranges, {**MAP.nodes, "b": NodeInfo("b", "10.0.0.2", 7207, 7208, up=False)}
