@@ -38,6 +38,7 @@ class EtcdServer:
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
     log_path: Path | None = None
+    ports: tuple[int, int] = (0, 0)
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
         # etcd cannot listen on port 0 and advertise what it got: pick free ports and
@@ -48,7 +49,17 @@ class EtcdServer:
         raise RuntimeError(f"etcd did not start: {self.log()}")
 
     def _try_start(self, timeout: float) -> bool:
-        client, peer = _free_port(), _free_port()
+        self.ports = (_free_port(), _free_port())
+        return self._launch(timeout)
+
+    def restart(self, timeout: float = 20.0) -> EtcdServer:
+        """Start it again after :meth:`stop`, on the same ports and data."""
+        if not self._launch(timeout):
+            raise RuntimeError(f"etcd did not restart: {self.log()}")
+        return self
+
+    def _launch(self, timeout: float) -> bool:
+        client, peer = self.ports
         self.url = f"http://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
         self.log_path = self.data_dir.parent / "etcd.log"

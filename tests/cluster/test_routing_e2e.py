@@ -237,3 +237,44 @@ def test_cluster_client_needs_a_cluster(daemon: Daemon) -> None:
         assert c.command("cluster_map") == {"enabled": False}
     with pytest.raises(errors.ClientError, match="not in a cluster"):
         ClusterClient(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD)
+
+
+def test_etcd_down_reads_serve_writes_fenced_then_all_converges(tmp_path: Path) -> None:
+    etcd = EtcdServer(tmp_path / "etcd" / "data")
+    etcd.data_dir.parent.mkdir()
+    etcd.start()
+    nodes: list[Daemon] = []
+    try:
+        nodes = start_nodes(tmp_path, etcd, "/fenced", 2, ttl=1)
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
+        with nodes[0].client() as c:
+            c.create_bucket(BUCKET)
+        mine = key_on(nodes, nodes[0])
+        with nodes[0].client(bucket=BUCKET) as c:
+            c.set(mine, b"before")
+            etcd.stop()  # etcd down: the lease cannot be renewed
+            wait_until(
+                lambda: not cluster_status(nodes[0])["lease"]["valid"],
+                timeout=10,
+                what="the lease to lapse",
+            )
+            assert c.get(mine) == b"before"  # reads serve on the last map
+            with pytest.raises(errors.NodeUnavailable, match="lease lapsed"):
+                c.set(mine, b"during")  # writes are fenced
+            etcd.restart()
+            wait_until(
+                lambda: cluster_status(nodes[0])["lease"]["valid"],
+                timeout=15,
+                what="the node to rejoin",
+            )
+            c.set(mine, b"after")
+            assert c.get(mine) == b"after"
+        wait_until(
+            lambda: full_map(cluster_status(nodes[1]), 2),
+            timeout=15,
+            what="both up in the map again",
+        )
+    finally:
+        for d in nodes:
+            d.kill()
+        etcd.stop()
