@@ -171,6 +171,7 @@ class Args:
             "decr": lambda: {"key": b"mx-ctr", "initial": 0},
             "ping": dict,
             "whoami": dict,
+            "cluster_map": dict,
             "select_bucket": lambda: {"bucket": bucket},
             "create_bucket": lambda: {"name": f"mx-new-{next(self.n)}"},
             "delete_bucket": lambda: {"name": self._throwaway_bucket()},
