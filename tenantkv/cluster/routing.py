@@ -28,7 +28,7 @@ from typing import Any
 from tenantkv import errors
 from tenantkv.cluster.cluster_map import ClusterMap, NodeInfo
 from tenantkv.cluster.membership import Member
-from tenantkv.cluster.slots import key_slot
+from tenantkv.cluster.slots import SLOTS, key_slot
 
 #: Command kinds whose requests name keys.
 DATA_KINDS = frozenset({"read", "write"})
@@ -77,6 +77,9 @@ class Router:
     def __init__(self, member: Member) -> None:
         self.member = member
         self.refused = 0
+        #: each slot's owner in the map last seen (a list lookup per key, not a search)
+        self._map: ClusterMap | None = None
+        self._owners: list[str | None] = []
 
     def map_document(self) -> dict[str, Any]:
         """The map as the ``cluster_map`` command gives it to clients."""
@@ -111,12 +114,15 @@ class Router:
         """Why this node does not serve ``keys`` now, or None when it does. Without a
         valid lease it still serves reads of its slots on the map it holds (etcd
         down: data keeps serving) but acknowledges no write (fencing)."""
-        slots = {key_slot(k) for k in keys}
+        slots = {key_slot(k) for k in keys} if len(keys) > 1 else (key_slot(keys[0]),)
         if resp and len(slots) > 1:
             return errors.CrossSlot("keys in request don't hash to the same slot")
         member, m = self.member, self.member.map
+        if m is not self._map:
+            self._map, self._owners = m, _owners(m)
+        owners = self._owners
         for slot in slots:
-            owner = m.owner(slot)
+            owner = owners[slot]
             if owner == member.me.name:
                 if write and not member.lease_valid():
                     return errors.NodeUnavailable(
@@ -154,3 +160,11 @@ class Router:
             ex.fail(req[0], req[1], exc, charge=False)
         else:
             ex.fail(req[0], req[1], exc, keys=keys)
+
+
+def _owners(m: ClusterMap) -> list[str | None]:
+    """The owner of each slot, by slot number."""
+    owners: list[str | None] = [None] * SLOTS
+    for r in m.ranges:
+        owners[r.start : r.end + 1] = [r.node] * len(r)
+    return owners
