@@ -278,3 +278,31 @@ def test_etcd_down_reads_serve_writes_fenced_then_all_converges(tmp_path: Path) 
         for d in nodes:
             d.kill()
         etcd.stop()
+
+
+def test_countkeysinslot_and_getkeysinslot_see_the_tenants_own_keys(
+    cluster: list[Daemon],
+) -> None:
+    slot = key_slot(b"{cs}")
+    home = owner_of(cluster, b"{cs}")
+    with home.client() as c:
+        c.create_bucket("neighbour")
+        c.select_bucket("neighbour")
+        c.set(b"{cs}:theirs", b"x")  # another tenant's key in the same slot
+    r = resp(home)
+    try:
+        for i in range(3):
+            r.set(b"{cs}:%d" % i, b"v")
+        assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 3
+        assert sorted(r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)) == [
+            b"{cs}:0",
+            b"{cs}:1",
+            b"{cs}:2",
+        ]
+        assert len(r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 2)) == 2
+        r.delete(b"{cs}:0")
+        assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 2
+        with pytest.raises(redis.exceptions.ResponseError, match="out of range slot"):
+            r.execute_command("CLUSTER", "COUNTKEYSINSLOT", 16384)
+    finally:
+        r.close()
