@@ -306,3 +306,26 @@ def test_countkeysinslot_and_getkeysinslot_see_the_tenants_own_keys(
             r.execute_command("CLUSTER", "COUNTKEYSINSLOT", 16384)
     finally:
         r.close()
+
+
+def test_a_pipeline_mixing_own_and_other_keys_answers_in_order(cluster: list[Daemon]) -> None:
+    n0, n1 = cluster[0], cluster[1]
+    mine = [key_on(cluster, n0, tag=f"p{i}") for i in range(3)]
+    theirs = key_on(cluster, n1, tag="q")
+    r = resp(n0)
+    try:
+        for k in mine:
+            r.set(k, k)
+        pipe = r.pipeline(transaction=False)
+        for k in (mine[0], theirs, mine[1], theirs, mine[2]):
+            pipe.get(k)
+        pipe.set(theirs, b"nope")
+        pipe.set(mine[0], b"yes")
+        out = pipe.execute(raise_on_error=False)
+        assert out[0] == mine[0] and out[2] == mine[1] and out[4] == mine[2]
+        assert all(isinstance(out[i], redis.exceptions.MovedError) for i in (1, 3, 5))
+        assert out[6] is True and r.get(mine[0]) == b"yes"
+    finally:
+        r.close()
+    with n1.client(bucket=BUCKET) as c:
+        assert c.get(theirs) != b"nope"  # the refused write did not run anywhere
