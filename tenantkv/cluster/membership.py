@@ -72,6 +72,8 @@ class Member:
         #: called with each newer map (the role wires what must follow it)
         self.on_map: Callable[[ClusterMap], None] = lambda m: None
         self._map_seen = trio.Event()
+        #: the node is stopping: a lease that ends is not renewed by a new join
+        self._leaving = False
 
     # -- what the node asks --------------------------------------------------------
 
@@ -123,12 +125,16 @@ class Member:
                     leased.cancel_scope.cancel()  # the lease is gone: so is the office
                 self.coordinator = False
                 self.lease_deadline = -math.inf
+                if self._leaving:
+                    await trio.sleep_forever()  # (until the node's tasks are cancelled)
                 log.error(
-                    "node %s lost its etcd lease: its slots are fenced; rejoining", self.me.name
+                    "node %s lost its etcd lease: writes to its slots are fenced; rejoining",
+                    self.me.name,
                 )
 
     async def leave(self) -> None:
         """Stop gracefully: revoking the lease removes the node's key at once."""
+        self._leaving = True
         if self.lease:
             with trio.move_on_after(2):
                 await self.etcd.lease_revoke(self.lease)
