@@ -23,12 +23,9 @@ or key is gone, and dropping the slot removes them.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tenantkv.cluster.slots import key_slot
-
-if TYPE_CHECKING:
-    from tenantkv.storage.engine import Engine
 
 log = logging.getLogger("tenantkv.storage")
 
@@ -53,12 +50,13 @@ def parse_entry(raw: bytes) -> tuple[str, bytes]:
 
 
 class SlotIndex:
-    def __init__(self, engine: Engine, db: Any) -> None:
+    def __init__(self, engine: Any, db: Any) -> None:
+        #: the Engine (not imported: the engine imports this module)
         self.engine = engine
         self.db = db
 
     @classmethod
-    def open(cls, engine: Engine, *, enabled: bool) -> SlotIndex | None:
+    def open(cls, engine: Any, *, enabled: bool) -> SlotIndex | None:
         """The index when ``enabled`` (built first if incomplete), else None (and an
         index left by a cluster run is dropped)."""
         with engine.env.begin() as txn:
