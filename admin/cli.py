@@ -458,6 +458,42 @@ def _status(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     return Output(doc, fmt.status_text(doc))
 
 
+def _cluster_status(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    doc = c.server_status().get("cluster")
+    if doc is None:
+        raise errors.ClientError(
+            f"{c.host}:{c.port} is not in a cluster (it was started without --cluster)"
+        )
+    return Output(doc, _cluster_text(doc))
+
+
+def _cluster_text(doc: dict[str, Any]) -> str:
+    """The cluster as this node sees it: who it is, then a row per node of the map."""
+    if not doc.get("joined"):
+        return f"node {fmt.cell(doc.get('node'))}: not joined yet (etcd unreachable?)"
+    m = doc["map"]
+    lease = doc["lease"]
+    head = (
+        f"node {fmt.cell(doc['node'])} ({'coordinator' if doc['coordinator'] else 'member'}, "
+        f"lease {'valid' if lease['valid'] else 'LOST'}), etcd {','.join(doc['etcd'])}\n"
+        f"map version {m['version']}: {m['slots_assigned']} of 16384 slots assigned"
+    )
+    rows = [
+        [
+            name,
+            n["address"],
+            n["resp_address"] or "-",
+            "up" if n["up"] else "DOWN",
+            n["slots"],
+            " ".join(f"{s}-{e}" if s != e else f"{s}" for s, e in n["ranges"]) or "-",
+        ]
+        for name, n in m["nodes"].items()
+    ]
+    if not rows:
+        return head
+    return head + "\n" + fmt.table(["node", "address", "resp", "state", "slots", "ranges"], rows)
+
+
 def _ping(c: tenantkv.Client, a: argparse.Namespace) -> Output:
     start = time.perf_counter()
     result = c.ping()
@@ -922,6 +958,17 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         ("tenantkv-admin ping", "tenantkv-admin --port 7300 ping"),
         _no_arguments,
         _ping,
+    ),
+    Subcommand(
+        "cluster-status",
+        "show the cluster: nodes, slots, map version",
+        "Show the cluster as the node asked sees it (docs/cluster.md): its name, whether it "
+        "coordinates and holds its etcd lease, the cluster map's version, and a row per "
+        "node with its address, state (up, or DOWN once its lease expired), slot count "
+        "and slot ranges. Exit 1 when the node is not in a cluster.",
+        ("tenantkv-admin cluster-status", "tenantkv-admin --json cluster-status | jq .map"),
+        _no_arguments,
+        _cluster_status,
     ),
 )
 

@@ -135,6 +135,48 @@ class Config:
         0,
         256,
     )
+    cluster: str | None = declare(
+        None,
+        "Join a cluster coordinated by etcd: its client URLs, comma-separated "
+        "(docs/cluster.md); unset: a single node that needs no etcd.",
+        optional=True,
+        validate=lambda v: _validated_cluster_urls(v),
+        example="http://127.0.0.1:2379",
+    )
+    node_name: str | None = declare(
+        None,
+        "This node's name in the cluster, unique in it (default: the host name).",
+        optional=True,
+        validate=lambda v: _validated_node_name(v),
+        example="node1",
+    )
+    advertise: str | None = declare(
+        None,
+        "HOST:PORT where clients and other nodes reach this node's main port (default: "
+        "host and the port listened on; port 0: the port listened on).",
+        optional=True,
+        validate=lambda v: _validated_advertise(v),
+        example="10.0.0.5:7207",
+    )
+    cluster_prefix: str = declare(
+        "/tenantkv",
+        "Key prefix of this cluster in etcd (clusters sharing one etcd differ here).",
+        validate=lambda v: _validated_cluster_prefix(v),
+    )
+    cluster_lease_ttl_secs: int = declare(
+        10,
+        "TTL of the node's etcd lease: a node that stops renewing it is marked down this "
+        "long after, and stops serving its slots by then (fencing).",
+        1,
+        3600,
+    )
+    cluster_min_nodes: int = declare(
+        1,
+        "Nodes that must be up before the coordinator first assigns the slots (start a new "
+        "cluster of N nodes with N here, so that each gets a share).",
+        1,
+        1000,
+    )
     metrics_port: int | None = declare(
         None,
         "Prometheus metrics port (/metrics and /healthz; off when unset).",
@@ -592,6 +634,44 @@ def cross_check(cfg: Config) -> None:
             parse_cidrs(getattr(cfg, name), name=name)
     except errors.BadValue as exc:
         raise ConfigError(exc.errmsg) from None
+    if cfg.cluster is not None and cfg.workers != 1:
+        # A cluster node is one process for now: its workers would each need the
+        # map and the fencing of their own.
+        raise ConfigError("setting 'cluster' runs one process per node: set workers = 1")
+
+
+def _validated_cluster_urls(text: str) -> str:
+    urls = [u.strip() for u in text.split(",")]
+    for url in urls:
+        if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+            raise errors.BadValue(
+                f"setting 'cluster' must be etcd client URLs (http://HOST:PORT, comma-"
+                f"separated), got {text!r}"
+            )
+    return ",".join(urls)
+
+
+def _validated_node_name(name: str) -> str:
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
+        raise errors.BadValue(
+            f"setting 'node_name' must be 1 to 64 letters, digits, '-', '_' or '.', got {name!r}"
+        )
+    return name
+
+
+def _validated_advertise(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise errors.BadValue(f"setting 'advertise' must be HOST:PORT, got {text!r}")
+    return text
+
+
+def _validated_cluster_prefix(prefix: str) -> str:
+    if not prefix.startswith("/") or prefix.endswith("/") or len(prefix) < 2:
+        raise errors.BadValue(
+            f"setting 'cluster_prefix' must start with '/' and not end with it, got {prefix!r}"
+        )
+    return prefix
 
 
 def _type_words(s: Setting) -> str:

@@ -385,6 +385,62 @@ class IngressRequestRateLimitExceeded(ServerError):
     default_labels = OVERLOAD_LABELS
 
 
+class InRedisWords:
+    """An error that Redis clients know by a word of its own (cluster redirections):
+    the RESP door answers :meth:`redis_text` as it is."""
+
+    def redis_text(self) -> str:
+        raise NotImplementedError
+
+
+class NotMyPartition(ServerError, InRedisWords):
+    """The key's slot is served by another node of the cluster (the message names
+    the slot, the node's address and the map version): the request did not run;
+    fetch the cluster map (``cluster_map``) and send it there. RESP: ``MOVED``."""
+
+    code = 70
+    code_name = "NotMyPartition"
+    default_labels = (RETRYABLE,)
+
+    def __init__(
+        self, errmsg: str = "", *, slot: int = 0, owner: str = "", map_version: int = 0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(errmsg, **kw)
+        self.slot, self.owner, self.map_version = slot, owner, map_version
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**super().to_wire(), "slot": self.slot, "owner": self.owner,
+                "mapVersion": self.map_version}
+
+    def redis_text(self) -> str:
+        return f"MOVED {self.slot} {self.owner}"
+
+
+class CrossSlot(ServerError, InRedisWords):
+    """A multi-key command on the RESP door named keys of different slots (Redis
+    Cluster's rule: use a ``{hashtag}`` to keep them in one)."""
+
+    code = 71
+    code_name = "CrossSlot"
+
+    def redis_text(self) -> str:
+        return "CROSSSLOT Keys in request don't hash to the same slot"
+
+
+class NodeUnavailable(ServerError, InRedisWords):
+    """The key's slot has no node that can serve it now (its node is down, the slot
+    is not assigned yet, or this node cannot prove it owns it: its cluster lease
+    lapsed); the request did not run. RESP: ``CLUSTERDOWN``."""
+
+    code = 72
+    code_name = "NodeUnavailable"
+    default_labels = (RETRYABLE,)
+
+    def redis_text(self) -> str:
+        return f"CLUSTERDOWN {self.errmsg}"
+
+
 #: code -> class: every ServerError subclass written out above, each with its own code.
 _BY_CODE: dict[int, type[ServerError]] = {c.code: c for c in ServerError.__subclasses__()}
 assert len(_BY_CODE) == len(ServerError.__subclasses__()), "two error classes share a code"

@@ -84,9 +84,27 @@ def _add_serve(sub: Any) -> None:
         "(auto: one per usable core; default 1: a single process; see docs/scaling.md)",
     )
     serve.add_argument(
+        "--cluster",
+        metavar="ETCD_URL[,...]",
+        help="join the cluster coordinated by the etcd at these client URLs "
+        "(docs/cluster.md; default: a single node, no etcd)",
+    )
+    serve.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name in the cluster, unique in it (default: the host name)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="where clients and other nodes reach this node (default: host and the port "
+        "listened on)",
+    )
+    serve.add_argument(
         "--ready-file",
         metavar="PATH",
-        help='once listening, write {"host","port","resp_port","metrics_port","pid"} as JSON here',
+        help='once listening, write {"host","port","resp_port","metrics_port","pid","node"} '
+        "as JSON here",
     )
     serve.add_argument(
         "--log-level",
@@ -203,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_format": args.log_format,
         "enable_test_commands": args.enable_test_commands,
         "workers": args.workers,
+        "cluster": args.cluster,
+        "node_name": args.node_name,
+        "advertise": args.advertise,
     }
 
     def load() -> config_mod.Config:
@@ -225,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tenantkv.server.server import ListenError, Server, TLSConfigError
 
     try:
-        server = Server(cfg)
+        server = Server(cfg, role=_cluster_role(cfg))
     except TLSConfigError as exc:
         logging.getLogger("tenantkv").error("%s", exc)
         return 1
@@ -247,6 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("tenantkv").error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
         return 1
     return 0
+
+
+def _cluster_role(cfg: config_mod.Config) -> Any:
+    """With ``--cluster``, this process is a cluster node; else the default role."""
+    if cfg.cluster is None:
+        return None
+    from tenantkv.cluster.node_role import ClusterNode
+
+    return ClusterNode(cfg)
 
 
 def _supervise(cfg: config_mod.Config, workers: int, load: Any, ready_file: str | None) -> int:

@@ -375,6 +375,15 @@ async def whoami(s: Session, p: dict[str, Any]) -> Any:
     }
 
 
+@command("cluster_map", "session")
+async def cluster_map(s: Session, p: dict[str, Any]) -> Any:
+    """The cluster map this node follows (docs/cluster.md): {enabled, version, node,
+    ranges: [[start, end, node]], nodes: {name: {host, port, resp_port, up}}};
+    {enabled: false} on a node in no cluster. Clients route each key's slot by it."""
+    router = s.node.cluster
+    return {"enabled": False} if router is None else router.map_document()
+
+
 # -- admin ----------------------------------------------------------------------------
 
 

@@ -315,6 +315,8 @@ class Executor:
         pipeline = node.pipeline
         commands = self.door.commands
         loan = self.loan
+        if node.cluster is not None:  # cluster mode: refuse the keys of other nodes' slots
+            requests = node.cluster.route(self, requests)
         numbered = enumerate(requests, 1)
         try:
             for handled, req in numbered:

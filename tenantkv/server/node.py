@@ -246,6 +246,9 @@ class Node:
         #: op latency per (bucket, operation) and commit histograms (a writer observer)
         self.latency = metrics.Latency(self.writer)
         self.failpoints = Failpoints()
+        #: cluster mode: the ownership check (tenantkv.cluster.routing.Router) that
+        #: filters each chunk's requests; None on a single node (no cost there)
+        self.cluster: Any = None
         self.expiry_pager = ExpiryPager(
             engine, self.write, lambda: self.config.expiry_pager_interval_secs
         )

@@ -233,7 +233,7 @@ NOT_SUPPORTED: dict[str, tuple[str, frozenset[str]]] = {
             "they act beyond one tenant's bucket; `tenantkv-admin` and `status` do this",
             """
             flushall shutdown debug save bgsave bgrewriteaof lastsave replicaof slaveof sync
-            psync monitor move swapdb acl latency slowlog failover cluster readonly
+            psync monitor move swapdb acl latency slowlog failover readonly
             readwrite wait waitaof
             """,
         ),

@@ -12,7 +12,8 @@ exist:
 - :class:`tenantkv.server.worker.WorkerLink`: one worker of ``serve --workers
   N``, whose node-wide parts live in the supervisor.
 
-A cluster node is meant to be a third implementation of the same protocol.
+- :class:`tenantkv.cluster.node_role.ClusterNode`: ``serve --cluster``, the whole
+  server in one process that is also one node of a cluster coordinated by etcd.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class SingleProcess:
     async def announce(self, node: Node, where: Announcement, ready_file: str | None) -> None:
         announce_listening(where)
         if ready_file:
-            write_ready_file(ready_file, where)
+            write_ready_file(ready_file, where, node=self.identity().get("node"))
         sd_notify.ready(f"listening on {where.host}:{where.port}")
 
     async def status(self, node: Node) -> dict[str, Any]:
@@ -174,14 +175,16 @@ def announce_listening(where: Announcement, workers: int | None = None) -> None:
         log.info("metrics on http://%s:%d/metrics", where.metrics_host, where.metrics_port)
 
 
-def write_ready_file(path: str, where: Announcement) -> None:
-    """The ready file (DESIGN.md §7), written whole or not at all."""
+def write_ready_file(path: str, where: Announcement, *, node: str | None = None) -> None:
+    """The ready file (DESIGN.md §7), written whole or not at all; ``node`` is the
+    node's name in its cluster (None when it is in none)."""
     data: dict[str, Any] = {
         "host": where.host,
         "port": where.port,
         "resp_port": where.resp_port,
         "metrics_port": where.metrics_port,
         "pid": os.getpid(),
+        "node": node,
     }
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -106,6 +106,7 @@ def open_engine(config: Config, *, shared: bool = False) -> Engine:
         sync=config.durability == "fsync",
         max_buckets=config.max_buckets,
         shared=shared,
+        slot_index=config.cluster is not None,
     )
 
 

@@ -44,6 +44,7 @@ import msgpack
 from tenantkv import errors, protocol
 from tenantkv.storage import records
 from tenantkv.storage.records import Record
+from tenantkv.storage.slot_index import SlotIndex
 
 log = logging.getLogger("tenantkv.storage")
 
@@ -149,8 +150,11 @@ class Engine:
         max_buckets: int = 1000,
         now_ms: Callable[[], int] = wall_ms,
         shared: bool = False,
+        slot_index: bool = False,
     ) -> None:
-        """``shared``: a worker of ``serve --workers N``. The supervisor holds the
+        """``slot_index``: keep every key in the index by cluster slot (a node in a
+        cluster: :mod:`tenantkv.storage.slot_index`).
+        ``shared``: a worker of ``serve --workers N``. The supervisor holds the
         data directory's lock (this process inherited it), and every process maps
         the same size from the start, so that no process grows the map under the
         others (LMDB would fail their next transaction with ``MAP_RESIZED``)."""
@@ -178,12 +182,14 @@ class Engine:
         if shared:
             map_size = max(map_size, max_map_size or SHARED_MAP_SIZE)
         self.env: Any = None
+        #: the index of keys by cluster slot (None: not kept, a single node)
+        self.slots: SlotIndex | None = None
         try:
             try:
                 self.env = lmdb.open(
                     self.path,
                     map_size=map_size,
-                    max_dbs=max_buckets + 2,
+                    max_dbs=max_buckets + 3,  # + system, expiry, slot index
                     sync=sync,
                     metasync=sync,
                     max_readers=256,
@@ -203,6 +209,7 @@ class Engine:
             except lmdb.Error as exc:
                 raise DataDirError(f"LMDB cannot open it: {_one_line(exc)}") from None
             self._load()
+            self.slots = SlotIndex.open(self, enabled=slot_index)
         except BaseException:
             self.close()
             raise

@@ -190,6 +190,8 @@ def _put(
     cas = w.next_cas()
     raw = records.encode(value, cas, expiry_ms, flags)
     w.txn.put(key, raw, db=h.db)
+    if w.engine.slots is not None:  # cluster mode: the key by its slot
+        w.engine.slots.added(w.txn, h.name, key)
     if old is not None and old.expiry_ms and old.expiry_ms != expiry_ms:
         w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
     if expiry_ms and (old is None or old.expiry_ms != expiry_ms):
@@ -218,6 +220,8 @@ def upsert(
     record comes back as None."""
     cas = w.next_cas()
     record = records.encode(value, cas, expiry_ms, flags)
+    if w.engine.slots is not None:  # cluster mode: the key by its slot
+        w.engine.slots.added(w.txn, h.name, key)
     # Positional arguments: ~60 ns cheaper than db= (once per plain set).
     if not need_old and not expiry_ms and w.expiry_index_empty():
         w.txn.put(key, record, True, True, False, h.db)  # (dupdata, overwrite, append, db)
@@ -238,6 +242,8 @@ def upsert(
 
 def _delete(w: WriteContext, h: BucketHandle, key: bytes, old: Record) -> None:
     w.txn.delete(key, db=h.db)
+    if w.engine.slots is not None:
+        w.engine.slots.removed(w.txn, h.name, key)
     if old.expiry_ms:
         w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
 
@@ -483,6 +489,8 @@ class ExpireDueOp(WriteOp):
             old = _stored(w, h, key)
             if old is not None and old.expiry_ms == expiry_ms:
                 w.txn.delete(key, db=h.db)
+                if w.engine.slots is not None:
+                    w.engine.slots.removed(w.txn, h.name, key)
                 removed += 1
         self.removed = removed
         return {"scanned": len(done), "removed": removed}

@@ -196,6 +196,7 @@ class Args:
             "watch": lambda: {"keys": [b"mx"]},
             "unwatch": dict,
             "transaction": lambda: {"ops": [["get", {"key": b"mx"}]]},
+            "cluster_map": dict,
             "select_bucket": lambda: {"bucket": bucket},
             "create_bucket": lambda: {"name": f"mx-new-{next(self.n)}"},
             "delete_bucket": lambda: {"name": self._throwaway_bucket()},

@@ -41,7 +41,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tenantkv import errors, protocol
-from tenantkv.server import redis_keyspace, redis_scan, redis_strings, redis_transactions
+from tenantkv.server import (
+    redis_cluster,
+    redis_keyspace,
+    redis_scan,
+    redis_strings,
+    redis_transactions,
+)
 from tenantkv.server.commands import Command
 from tenantkv.server.executor import (
     WAITING_COUNTED_BYTES,
@@ -451,7 +457,7 @@ log = logging.getLogger("tenantkv.session")
 
 #: The command modules that add theirs to REDIS_COMMANDS as they are imported
 #: (beside ``redis_commands``' own): imported here, so the door's table is whole.
-TABLE_MODULES = (redis_keyspace, redis_scan, redis_strings, redis_transactions)
+TABLE_MODULES = (redis_cluster, redis_keyspace, redis_scan, redis_strings, redis_transactions)
 
 #: Redis 7.0's ``no-auth`` commands: the only ones that run before AUTH.
 PRE_AUTH = frozenset({"auth", "hello", "quit", "reset"})
@@ -480,6 +486,8 @@ def error_text(exc: errors.TenantKVError) -> str:
     run) is ``TRYAGAIN <CodeName> retryAfterMs=<n> <message>`` — the prefix Redis
     clients already treat as "retry later"."""
     msg = exc.errmsg
+    if isinstance(exc, errors.InRedisWords):  # cluster redirections: -MOVED, -CROSSSLOT, ...
+        return exc.redis_text()
     if isinstance(exc, (errors.ProtocolError, errors.FrameTooLarge)):
         return f"ERR Protocol error: {msg}"
     if isinstance(exc, errors.TooManyLoginFailures):

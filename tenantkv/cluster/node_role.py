@@ -1,0 +1,85 @@
+"""The cluster node: the process's :class:`~tenantkv.server.node.Role` with
+``serve --cluster``.
+
+It is the whole server in one process, as :class:`SingleProcess` is, plus its
+membership (:class:`~tenantkv.cluster.membership.Member`): it joins after the
+node has loaded and before it announces itself, says which node it is in the
+ready file, ``whoami`` and ``status``, and leaves (revoking its lease, so the
+map marks it down at once) when it drains.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import trio
+
+from tenantkv.cluster.cluster_map import NodeInfo
+from tenantkv.cluster.etcd import Etcd
+from tenantkv.cluster.membership import ClusterSettings, Member
+from tenantkv.cluster.routing import Router
+from tenantkv.config import Config
+from tenantkv.server.node import Node
+from tenantkv.server.role import SingleProcess
+
+
+def cluster_settings(config: Config) -> ClusterSettings:
+    assert config.cluster is not None
+    return ClusterSettings(
+        endpoints=tuple(config.cluster.split(",")),
+        node_name=config.node_name or socket.gethostname(),
+        prefix=config.cluster_prefix,
+        lease_ttl_secs=config.cluster_lease_ttl_secs,
+        min_nodes=config.cluster_min_nodes,
+    )
+
+
+def advertised(config: Config, node: Node) -> NodeInfo:
+    """Where others reach this node: ``advertise``, its port 0 (or no ``advertise``)
+    meaning the port listened on; the RESP door on the same host."""
+    host, port = node.host, node.port
+    if config.advertise is not None:
+        given_host, _, given_port = config.advertise.rpartition(":")
+        host, port = given_host, int(given_port) or node.port
+    name = config.node_name or socket.gethostname()
+    return NodeInfo(name, host, port, node.resp_port or None)
+
+
+class ClusterNode(SingleProcess):
+    """One node of a cluster coordinated by etcd (docs/cluster.md)."""
+
+    def __init__(self, config: Config) -> None:
+        self.settings = cluster_settings(config)
+        self.member: Member | None = None
+
+    def identity(self) -> dict[str, Any]:
+        return {"node": self.settings.node_name}
+
+    def figures(self) -> dict[str, Any]:
+        if self.member is None:
+            return {"cluster": {"node": self.settings.node_name, "joined": False}}
+        return {"cluster": {"joined": True, **self.member.status()}}
+
+    async def load(self, node: Node, nursery: trio.Nursery) -> None:
+        await super().load(node, nursery)
+        await nursery.start(self._run_member, advertised(node.config, node))
+        assert self.member is not None
+        await self.member.wait_for_map()
+        self._route(node)
+
+    async def _run_member(
+        self, me: NodeInfo, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with Etcd(self.settings.endpoints) as etcd:
+            self.member = Member(etcd, self.settings, me)
+            await self.member.run(task_status=task_status)
+
+    def _route(self, node: Node) -> None:
+        """From now on the node serves only the keys of its own slots."""
+        assert self.member is not None
+        node.cluster = Router(self.member)
+
+    async def drain(self, node: Node) -> None:
+        if self.member is not None:
+            await self.member.leave()

@@ -1,0 +1,170 @@
+"""Which requests this node serves: the ownership check on the request path.
+
+In cluster mode every data request's keys are checked against the map before
+the request reaches any gate, on both doors: a key of another node's slot is
+refused with ``NotMyPartition`` (RESP: ``-MOVED slot host:port``), a slot no
+node can serve now with ``NodeUnavailable`` (``-CLUSTERDOWN``; so is a write
+of this node's own slot while its lease has lapsed: fencing), and on the
+RESP door keys of several slots with ``CrossSlot`` (``-CROSSSLOT``, Redis
+Cluster's rule; the bundled client splits a multi-key request by node
+itself, so on the MessagePack door it is enough that this node serves them
+all). A refusal is cheap and early — nothing ran, so the retryable ones carry
+``RetryableError`` — and costs the read floor per key named, as any refused
+request does.
+
+The check filters the chunk's decoded requests (:meth:`Router.route`), so it
+sees every request whatever path the executor then takes it down (runs of
+reads and writes take theirs straight from the chunk). Its cost on the path:
+a CRC16 and a range lookup per key, and a generator step per request; a
+single node has no router and pays nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+from tenantkv import errors
+from tenantkv.cluster.cluster_map import ClusterMap, NodeInfo
+from tenantkv.cluster.membership import Member
+from tenantkv.cluster.slots import SLOTS, key_slot
+
+#: Command kinds whose requests name keys.
+DATA_KINDS = frozenset({"read", "write"})
+
+
+def node_id(name: str) -> str:
+    """A node's id as Redis Cluster shows ids (40 hex digits), stable for its name."""
+    return hashlib.sha1(name.encode()).hexdigest()
+
+
+def request_keys(params: Any) -> list[bytes] | None:
+    """The keys a data request names (``key``, ``keys``, ``pairs``, ``dest``), or
+    None when it names none or names them wrongly (the command's own check
+    answers that precisely)."""
+    if not isinstance(params, dict):
+        return None
+    keys: list[Any] = []
+    if "key" in params:
+        keys.append(params["key"])
+    many = params.get("keys")
+    if isinstance(many, list):
+        keys += many
+    pairs = params.get("pairs")
+    if isinstance(pairs, list):
+        keys += [p[0] for p in pairs if isinstance(p, (list, tuple)) and p]
+    if "dest" in params:
+        keys.append(params["dest"])
+    out: list[bytes] = []
+    for k in keys:
+        if isinstance(k, str):
+            k = k.encode()
+        if not isinstance(k, bytes):
+            return None
+        out.append(k)
+    return out or None
+
+
+def address(info: NodeInfo, *, resp: bool) -> str:
+    """Where a client of this door reaches the node."""
+    return f"{info.host}:{info.resp_port if resp else info.port}"
+
+
+class Router:
+    """The node's ownership check (see the module docstring)."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.refused = 0
+        #: each slot's owner in the map last seen (a list lookup per key, not a search)
+        self._map: ClusterMap | None = None
+        self._owners: list[str | None] = []
+
+    def map_document(self) -> dict[str, Any]:
+        """The map as the ``cluster_map`` command gives it to clients."""
+        m = self.member.map
+        return {
+            "enabled": True,
+            "version": m.version,
+            "node": self.member.me.name,
+            "ranges": [[r.start, r.end, r.node] for r in m.ranges],
+            "nodes": {name: info.to_json() for name, info in sorted(m.nodes.items())},
+        }
+
+    def route(self, ex: Any, requests: Iterator[Any]) -> Iterator[Any]:
+        """The requests of a chunk this node serves; the others answered here."""
+        commands = ex.door.commands
+        resp = ex.door.protocol_name == "resp"
+        for req in requests:
+            if ex.user is not None:
+                cmd = commands.get(req[1])
+                if cmd is not None and cmd.kind in DATA_KINDS:
+                    keys = request_keys(req[2])
+                    if keys is not None:
+                        exc = self.refusal(keys, resp=resp, write=cmd.kind == "write")
+                        if exc is not None:
+                            self._refuse(ex, req, exc, len(keys))
+                            continue
+            yield req
+
+    def refusal(
+        self, keys: list[bytes], *, resp: bool, write: bool = True
+    ) -> errors.ServerError | None:
+        """Why this node does not serve ``keys`` now, or None when it does. Without a
+        valid lease it still serves reads of its slots on the map it holds (etcd
+        down: data keeps serving) but acknowledges no write (fencing)."""
+        slots = {key_slot(k) for k in keys} if len(keys) > 1 else (key_slot(keys[0]),)
+        if resp and len(slots) > 1:
+            return errors.CrossSlot("keys in request don't hash to the same slot")
+        member, m = self.member, self.member.map
+        if m is not self._map:
+            self._map, self._owners = m, _owners(m)
+        owners = self._owners
+        for slot in slots:
+            owner = owners[slot]
+            if owner == member.me.name:
+                if write and not member.lease_valid():
+                    return errors.NodeUnavailable(
+                        f"node {owner} cannot prove it still owns slot {slot}: its cluster "
+                        "lease lapsed"
+                    )
+                continue
+            return self._elsewhere(m, slot, owner, resp=resp)
+        return None
+
+    @staticmethod
+    def _elsewhere(
+        m: ClusterMap, slot: int, owner: str | None, *, resp: bool
+    ) -> errors.ServerError:
+        if owner is None:
+            return errors.NodeUnavailable(
+                f"slot {slot} is not served: the cluster has not assigned it"
+            )
+        info = m.nodes[owner]
+        if not info.up:
+            return errors.NodeUnavailable(f"slot {slot} is not served: its node {owner} is down")
+        where = address(info, resp=resp)
+        return errors.NotMyPartition(
+            f"slot {slot} is served by node {owner} at {where} (map version {m.version})",
+            slot=slot,
+            owner=where,
+            map_version=m.version,
+        )
+
+    def _refuse(self, ex: Any, req: Any, exc: errors.ServerError, keys: int) -> None:
+        """Answer a refused request, charged the read floor per key it named."""
+        self.refused += 1
+        if exc.labels:
+            ex.charge_floor(keys)  # (fail charges only refusals without labels)
+            ex.fail(req[0], req[1], exc, charge=False)
+        else:
+            ex.fail(req[0], req[1], exc, keys=keys)
+
+
+def _owners(m: ClusterMap) -> list[str | None]:
+    """The owner of each slot, by slot number."""
+    owners: list[str | None] = [None] * SLOTS
+    for r in m.ranges:
+        owners[r.start : r.end + 1] = [r.node] * len(r)
+    return owners

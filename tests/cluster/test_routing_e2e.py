@@ -1,0 +1,331 @@
+"""Routing on both doors against 3 real nodes and a real etcd: redis-py's
+RedisCluster and ``-MOVED``/``-CROSSSLOT``/``-CLUSTERDOWN`` on RESP,
+``NotMyPartition``/``NodeUnavailable`` on MessagePack, ``CLUSTER`` replies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from tenantkv import errors
+from tenantkv.cluster.routing import node_id
+from tenantkv.cluster.slots import SLOTS, key_slot
+from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
+
+from .conftest import EtcdServer
+from .test_cluster_e2e import cluster_status, full_map, start_nodes
+
+BUCKET = "app"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
+) -> Iterator[list[Daemon]]:
+    """Three nodes (a lease of 2 s), each with the bucket (buckets are per node
+    until cluster-wide metadata comes)."""
+    tmp: Path = tmp_path_factory.mktemp("routing")
+    nodes = start_nodes(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2)
+    try:
+        wait_until(lambda: all(full_map(cluster_status(d), 3) for d in nodes), what="map of 3")
+        for d in nodes:
+            with d.client() as c:
+                c.create_bucket(BUCKET)
+        yield nodes
+    finally:
+        for d in nodes:
+            d.kill()
+
+
+def owner_of(nodes: list[Daemon], key: bytes) -> Daemon:
+    ranges = cluster_status(nodes[0])["map"]["nodes"]
+    slot = key_slot(key)
+    for i, d in enumerate(nodes):
+        if any(s <= slot <= e for s, e in ranges[f"n{i}"]["ranges"]):
+            return d
+    raise AssertionError(f"no owner for slot {slot}")
+
+
+def key_on(nodes: list[Daemon], d: Daemon, tag: str = "") -> bytes:
+    """A key whose slot ``d`` owns."""
+    for i in range(10_000):
+        key = f"{tag}k{i}".encode()
+        if owner_of(nodes, key) is d:
+            return key
+    raise AssertionError("no key found")
+
+
+def resp(d: Daemon) -> redis.Redis:
+    return redis.Redis(
+        host=d.host,
+        port=d.resp_port,
+        username=f"admin@{BUCKET}",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+
+
+def test_redis_py_cluster_client_routes_by_the_map(cluster: list[Daemon]) -> None:
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(cluster[0].host, cluster[0].resp_port)],
+        username=f"admin@{BUCKET}",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+    try:
+        assert len(rc.get_nodes()) == 3
+        values = {f"user:{i}".encode(): f"v{i}".encode() for i in range(300)}
+        for k, v in values.items():
+            assert rc.set(k, v)
+        for k, v in values.items():
+            assert rc.get(k) == v
+        # Each key is stored on its slot's node and nowhere else.
+        for k, v in list(values.items())[:60]:
+            home = owner_of(cluster, k)
+            for d in cluster:
+                with d.client(bucket=BUCKET) as c:
+                    if d is home:
+                        assert c.get(k) == v
+                    else:
+                        with pytest.raises(errors.NotMyPartition):
+                            c.get(k)
+        # A hashtag keeps keys together: MSET/MGET across them work.
+        assert rc.mset_nonatomic({b"{u1}a": b"1", b"{u1}b": b"2"}) is not None
+        assert rc.mget_nonatomic([b"{u1}a", b"{u1}b"]) == [b"1", b"2"]
+    finally:
+        rc.close()
+
+
+def test_moved_crossslot_and_cluster_replies(cluster: list[Daemon]) -> None:
+    n0, n1 = cluster[0], cluster[1]
+    theirs = key_on(cluster, n1)
+    r = resp(n0)
+    try:
+        with pytest.raises(redis.exceptions.MovedError) as moved:  # "-MOVED slot host:port"
+            r.get(theirs)
+        assert (moved.value.slot_id, moved.value.host, moved.value.port) == (
+            key_slot(theirs),
+            "127.0.0.1",
+            n1.resp_port,
+        )
+        mine = key_on(cluster, n0)
+        assert r.set(mine, b"here") and r.get(mine) == b"here"
+        # Keys of two slots: refused before ownership is even asked.
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError):  # "-CROSSSLOT ..."
+            r.mget(mine, theirs)
+        assert r.execute_command("CLUSTER", "KEYSLOT", "{user1000}.following") == key_slot(
+            b"user1000"
+        )
+        assert r.execute_command("CLUSTER", "MYID") == node_id("n0").encode()
+        slots = r.execute_command("CLUSTER", "SLOTS")
+        assert sum(e - s + 1 for s, e, *_ in slots) == SLOTS
+        text = r.execute_command("CLUSTER", "NODES")
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        assert text.count("master") == 3 and "myself,master" in text
+        info = r.execute_command("CLUSTER", "INFO")
+        assert b"cluster_state:ok" in (info if isinstance(info, bytes) else str(info).encode())
+        with pytest.raises(redis.exceptions.ResponseError, match="unknown subcommand"):
+            r.execute_command("CLUSTER", "BOGUS")
+    finally:
+        r.close()
+
+
+def test_msgpack_door_refuses_other_nodes_keys_with_the_map_version(
+    cluster: list[Daemon],
+) -> None:
+    n0, n2 = cluster[0], cluster[2]
+    theirs = key_on(cluster, n2)
+    version = cluster_status(n0)["map"]["version"]
+    with n0.client(bucket=BUCKET) as c:
+        with pytest.raises(errors.NotMyPartition) as refused:
+            c.set(theirs, b"v")
+        assert refused.value.has_label(errors.RETRYABLE)
+        assert f"127.0.0.1:{n2.port}" in refused.value.errmsg
+        assert f"map version {version}" in refused.value.errmsg
+        mine = key_on(cluster, n0)
+        c.set(mine, b"ok")
+        assert c.get(mine) == b"ok"
+    with n2.client(bucket=BUCKET) as c:
+        c.set(theirs, b"v")  # the owner serves it
+        assert c.get(theirs) == b"v"
+
+
+def test_a_single_node_has_no_cluster_command(daemon: Daemon) -> None:
+    r = redis.Redis(
+        host=daemon.host,
+        port=daemon.resp_port,
+        username="admin",
+        password=ADMIN_PASSWORD,
+        socket_timeout=10,
+    )
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="cluster support disabled"):
+            r.execute_command("CLUSTER", "SLOTS")
+        assert r.execute_command("CLUSTER", "KEYSLOT", "foo") == 12182
+    finally:
+        r.close()
+
+
+def test_a_down_node_slots_are_unavailable_the_others_serve(
+    tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=1)
+    try:
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
+        for d in nodes:
+            with d.client() as c:
+                c.create_bucket(BUCKET)
+        theirs, mine = key_on(nodes, nodes[1]), key_on(nodes, nodes[0])
+        nodes[1].kill()
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 1), timeout=15, what="n1 down")
+        with nodes[0].client(bucket=BUCKET) as c:
+            with pytest.raises(errors.NodeUnavailable, match="n1 is down"):
+                c.get(theirs)
+            c.set(mine, b"still served")
+        r = resp(nodes[0])
+        try:
+            with pytest.raises(redis.exceptions.ClusterDownError, match="n1 is down"):
+                r.get(theirs)
+            assert r.get(mine) == b"still served"
+        finally:
+            r.close()
+    finally:
+        for d in nodes:
+            d.kill()
+
+
+def test_cluster_client_routes_splits_and_follows_a_moved_map(cluster: list[Daemon]) -> None:
+    from tenantkv.client.cluster import ClusterClient, SlotMap
+
+    n0 = cluster[0]
+    with ClusterClient(
+        n0.host, n0.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET, timeout=20
+    ) as cc:
+        values = {f"cc:{i}".encode(): f"w{i}".encode() for i in range(200)}
+        for k, v in values.items():
+            cc.set(k, v)
+        keys = list(values)
+        assert cc.mget(keys) == [values[k] for k in keys]  # split by node, in key order
+        assert cc.mget([*keys[:3], b"cc:missing"]) == [*(values[k] for k in keys[:3]), None]
+        for k in keys[:30]:
+            with owner_of(cluster, k).client(bucket=BUCKET) as c:
+                assert c.get(k) == values[k]  # stored on its slot's node
+        assert len({cc.map.node_of(k) for k in keys}) == 3
+
+        # A stale map (every range shifted to the next node): each request is
+        # refused with NotMyPartition, did not run; the client reads the map again.
+        with n0.client(bucket=BUCKET) as c:
+            doc = c.command("cluster_map")
+        names = sorted(doc["nodes"])
+        doc["ranges"] = [[s, e, names[(names.index(n) + 1) % 3]] for s, e, n in doc["ranges"]]
+        cc.map = SlotMap(doc)
+        assert cc.get(keys[0]) == values[keys[0]]
+        assert cc.map_refreshes == 1
+        cc.map = SlotMap(doc)
+        assert cc.mget(keys) == [values[k] for k in keys]
+        assert cc.map_refreshes == 2
+
+
+def test_cluster_client_needs_a_cluster(daemon: Daemon) -> None:
+    from tenantkv.client.cluster import ClusterClient
+
+    with daemon.client() as c:
+        assert c.command("cluster_map") == {"enabled": False}
+    with pytest.raises(errors.ClientError, match="not in a cluster"):
+        ClusterClient(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD)
+
+
+def test_etcd_down_reads_serve_writes_fenced_then_all_converges(tmp_path: Path) -> None:
+    etcd = EtcdServer(tmp_path / "etcd" / "data")
+    etcd.data_dir.parent.mkdir()
+    etcd.start()
+    nodes: list[Daemon] = []
+    try:
+        nodes = start_nodes(tmp_path, etcd, "/fenced", 2, ttl=1)
+        wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
+        with nodes[0].client() as c:
+            c.create_bucket(BUCKET)
+        mine = key_on(nodes, nodes[0])
+        with nodes[0].client(bucket=BUCKET) as c:
+            c.set(mine, b"before")
+            etcd.stop()  # etcd down: the lease cannot be renewed
+            wait_until(
+                lambda: not cluster_status(nodes[0])["lease"]["valid"],
+                timeout=10,
+                what="the lease to lapse",
+            )
+            assert c.get(mine) == b"before"  # reads serve on the last map
+            with pytest.raises(errors.NodeUnavailable, match="lease lapsed"):
+                c.set(mine, b"during")  # writes are fenced
+            etcd.restart()
+            wait_until(
+                lambda: cluster_status(nodes[0])["lease"]["valid"],
+                timeout=15,
+                what="the node to rejoin",
+            )
+            c.set(mine, b"after")
+            assert c.get(mine) == b"after"
+        wait_until(
+            lambda: full_map(cluster_status(nodes[1]), 2),
+            timeout=15,
+            what="both up in the map again",
+        )
+    finally:
+        for d in nodes:
+            d.kill()
+        etcd.stop()
+
+
+def test_countkeysinslot_and_getkeysinslot_see_the_tenants_own_keys(
+    cluster: list[Daemon],
+) -> None:
+    slot = key_slot(b"{cs}")
+    home = owner_of(cluster, b"{cs}")
+    with home.client() as c:
+        c.create_bucket("neighbour")
+        c.select_bucket("neighbour")
+        c.set(b"{cs}:theirs", b"x")  # another tenant's key in the same slot
+    r = resp(home)
+    try:
+        for i in range(3):
+            r.set(b"{cs}:%d" % i, b"v")
+        assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 3
+        assert sorted(r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)) == [
+            b"{cs}:0",
+            b"{cs}:1",
+            b"{cs}:2",
+        ]
+        assert len(r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 2)) == 2
+        r.delete(b"{cs}:0")
+        assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 2
+        with pytest.raises(redis.exceptions.ResponseError, match="out of range slot"):
+            r.execute_command("CLUSTER", "COUNTKEYSINSLOT", 16384)
+    finally:
+        r.close()
+
+
+def test_a_pipeline_mixing_own_and_other_keys_answers_in_order(cluster: list[Daemon]) -> None:
+    n0, n1 = cluster[0], cluster[1]
+    mine = [key_on(cluster, n0, tag=f"p{i}") for i in range(3)]
+    theirs = key_on(cluster, n1, tag="q")
+    r = resp(n0)
+    try:
+        for k in mine:
+            r.set(k, k)
+        pipe = r.pipeline(transaction=False)
+        for k in (mine[0], theirs, mine[1], theirs, mine[2]):
+            pipe.get(k)
+        pipe.set(theirs, b"nope")
+        pipe.set(mine[0], b"yes")
+        out = pipe.execute(raise_on_error=False)
+        assert out[0] == mine[0] and out[2] == mine[1] and out[4] == mine[2]
+        assert all(isinstance(out[i], redis.exceptions.MovedError) for i in (1, 3, 5))
+        assert out[6] is True and r.get(mine[0]) == b"yes"
+    finally:
+        r.close()
+    with n1.client(bucket=BUCKET) as c:
+        assert c.get(theirs) != b"nope"  # the refused write did not run anywhere
