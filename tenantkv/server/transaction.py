@@ -52,6 +52,10 @@ CONTROL = frozenset({"multi", "exec", "discard", "watch"})
 ENDS = frozenset({"exec", "discard"})
 #: Door commands that run inside MULTI as outside (Redis: QUIT and RESET).
 PASS_THROUGH = frozenset({"quit", "reset"})
+#: MessagePack session commands answered at once inside ``multi``, not queued: a
+#: health check or a look at the connection must not fail because a transaction
+#: is open (RESP's PING is Redis's: queued).
+AT_ONCE = frozenset({"ping", "whoami"})
 #: EXEC's answer after a queue-time error (Redis's words).
 EXECABORT = "EXECABORT Transaction discarded because of previous errors."
 NOT_IN_TRANSACTION = "Command not allowed inside a transaction"
@@ -142,7 +146,11 @@ def queue_command(ex: Any, cmd: Any, req: tuple[int, str, Any], size: int) -> bo
     the executor refuses as it would outside — the transaction is then marked)."""
     msgid, method, params = req
     txn = state(ex)
-    if cmd is not None and (cmd.name in CONTROL or cmd.name in PASS_THROUGH):
+    if cmd is not None and (
+        cmd.name in CONTROL
+        or cmd.name in PASS_THROUGH
+        or (cmd.kind == "session" and cmd.name in AT_ONCE)
+    ):
         if cmd.name == "reset":
             txn.reset()
             ex.in_multi = False

@@ -248,3 +248,24 @@ async def test_a_command_the_rate_limiter_refuses_fails_the_transaction(
         assert (await a(cmd("EXEC")))[0] == ("error", "EXEC without MULTI")
         assert await a(cmd("GET", "r1")) == [None]
         nursery.cancel_scope.cancel()
+
+
+async def test_msgpack_ping_and_whoami_answer_at_once_inside_multi(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        peer = await hello_session(node, nursery)
+        await peer.send(
+            (1, "multi", {}),
+            (2, "ping", {}),
+            (3, "set", {"key": b"k", "value": b"v"}),
+            (4, "whoami", {}),
+            (5, "select_bucket", {"bucket": "b"}),
+            (6, "exec", {}),
+        )
+        got = await peer.responses(6)
+        assert got[1].result == "pong" and got[2].result == "QUEUED"
+        assert got[3].result["bucket"] == "b"
+        assert got[4].error["errmsg"] == transaction.NOT_IN_TRANSACTION
+        assert "EXECABORT" in got[5].error["errmsg"]
+        nursery.cancel_scope.cancel()
