@@ -381,3 +381,31 @@ def test_client_side_caching_is_refused_in_so_many_words(d: Daemon) -> None:
             cached.get("k")
     finally:
         cached.close()
+
+
+def test_a_command_costs_the_same_units_on_both_doors(d: Daemon, r: redis.Redis) -> None:
+    """One implementation, one admission and charging: GETRANGE and SETRANGE on a
+    10 kB value cost the bucket the same read and write units whichever door."""
+
+    def units() -> tuple[int, int]:
+        t = r.info("tenantkv")
+        return t["ru_total"], t["wu_total"]
+
+    value = b"x" * 10_000
+    r.set("twin:m", value)
+    r.set("twin:r", value)
+    with d.client(user="alice", password=PW, bucket="red") as c:
+        more = b"y" * 3000
+        calls = [
+            (lambda: c.getrange("twin:m", 0, -1), lambda: r.getrange("twin:r", 0, -1)),
+            (lambda: c.setrange("twin:m", 9_000, more), lambda: r.setrange("twin:r", 9_000, more)),
+        ]
+        for mp_call, resp_call in calls:
+            before = units()
+            mp_call()
+            middle = units()
+            resp_call()
+            after = units()
+            mp_cost = (middle[0] - before[0], middle[1] - before[1])
+            resp_cost = (after[0] - middle[0], after[1] - middle[1])
+            assert mp_cost == resp_cost and sum(mp_cost) > 2, (mp_cost, resp_cost)
