@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tenantkv import errors
 from tenantkv.server import commands, redis_keyspace, redis_strings
@@ -30,22 +30,28 @@ if TYPE_CHECKING:
     from tenantkv.storage.engine import BucketHandle
 
 
+#: What a parameter is: one key, a list of keys, an integer, a number, bytes, a
+#: word (``and``, ``bit``), a flag (a boolean naming a Redis word) or an option
+#: (a Redis word and its integer).
+Kind = Literal["key", "keys", "int", "float", "bytes", "word", "flag", "option"]
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     """One parameter: its name, its kind, and for an option the Redis word that
     introduces it (``LEN``, ``REPLACE``, ``MINMATCHLEN n``)."""
 
     name: str
-    kind: str  # "key", "keys", "int", "float", "bytes", "word", "flag", "option"
+    kind: Kind
     word: bytes = b""
     required: bool = True
 
 
-def _p(name: str, kind: str) -> Param:
+def _p(name: str, kind: Kind) -> Param:
     return Param(name, kind)
 
 
-def _opt(name: str, kind: str, word: bytes = b"") -> Param:
+def _opt(name: str, kind: Kind, word: bytes = b"") -> Param:
     return Param(name, kind, word, required=False)
 
 

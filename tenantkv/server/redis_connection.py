@@ -55,8 +55,10 @@ MAX_CONFIG_PATTERNS = 16
 CONFIG_PATTERNS = "\0config"
 
 
-#: Client-side caching's subcommands: refused, and said so (docs/redis.md).
-NO_TRACKING = frozenset({b"tracking", b"trackinginfo", b"caching", b"getredir"})
+#: Client-side caching's subcommands. Tracking is never on (tenantkv sends no
+#: invalidation messages yet: docs/redis.md): each answers as Redis answers a
+#: connection whose tracking is off, and turning it on is refused in so many words.
+TRACKING_SUBCOMMANDS = frozenset({b"tracking", b"trackinginfo", b"caching", b"getredir"})
 TRACKING_REFUSED = (
     "CLIENT TRACKING is not supported: tenantkv sends no invalidation messages, so a "
     "client must not cache values (client-side caching is off)"
@@ -256,8 +258,8 @@ async def _client(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> 
             "\n"
         )
         reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
-    elif sub in NO_TRACKING:
-        raise errors.BadValue(TRACKING_REFUSED)
+    elif sub in TRACKING_SUBCOMMANDS:
+        reply = _tracking(enc, sub, args)
     else:
         raise errors.BadValue(
             f"unknown subcommand or wrong number of arguments for "
@@ -367,3 +369,31 @@ def _command_reply(enc: Encoder, sub: bytes, asked: list[str]) -> bytes:
             f"unknown subcommand '{sub.decode(errors='replace')}'. Try COMMAND HELP."
         )
     return reply
+
+
+def _tracking(enc: Encoder, sub: bytes, args: list[bytes]) -> bytes:
+    """CLIENT TRACKING / TRACKINGINFO / CACHING / GETREDIR on a connection whose
+    tracking is off, in Redis 7.0's words (``clientCommand``)."""
+    if sub == b"trackinginfo" and len(args) == 2:
+        head = b"%3\r\n" if enc.version >= 3 else b"*6\r\n"  # (a map of three)
+        flags = enc.bulk("flags") + enc.set(["off"])
+        redirect = enc.bulk("redirect") + enc.integer(-1)
+        return head + flags + redirect + enc.bulk("prefixes") + enc.array([])
+    if sub == b"getredir" and len(args) == 2:
+        return enc.integer(-1)
+    if sub == b"caching" and len(args) >= 3:
+        raise errors.BadValue(
+            "CLIENT CACHING can be called only when the client is in tracking mode with "
+            "OPTIN or OPTOUT mode enabled"
+        )
+    if sub == b"tracking" and len(args) >= 3:
+        mode = args[2].lower()
+        if mode == b"off" and len(args) == 3:
+            return enc.simple("OK")  # (it is off)
+        if mode == b"on":
+            raise errors.BadValue(TRACKING_REFUSED)
+        raise syntax_error()
+    raise errors.BadValue(
+        f"unknown subcommand or wrong number of arguments for "
+        f"'{args[1].decode(errors='replace')}'. Try CLIENT HELP."
+    )

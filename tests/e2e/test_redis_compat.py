@@ -354,12 +354,23 @@ def test_client_side_caching_is_refused_in_so_many_words(d: Daemon) -> None:
     of letting a client cache values it would never hear are stale."""
     c = connect(d, protocol=3)
     try:
-        for args in (["TRACKING", "ON"], ["TRACKINGINFO"], ["CACHING", "YES"]):
-            with pytest.raises(redis.ResponseError, match="CLIENT TRACKING is not supported"):
-                c.execute_command("CLIENT", *args)
+        with pytest.raises(redis.ResponseError, match="CLIENT TRACKING is not supported"):
+            c.execute_command("CLIENT", "TRACKING", "ON")
         assert c.ping() is True  # the connection goes on
+        # Otherwise, as Redis 7.0 answers a connection whose tracking is off:
+        assert c.client_tracking_off() in (True, b"OK", "OK")
+        info = c.client_trackinginfo()  # (redis-py gives RESP3's set as a list)
+        assert info == {b"flags": [b"off"], b"redirect": -1, b"prefixes": []}
+        assert c.client_getredir() == -1
+        with pytest.raises(redis.ResponseError, match="only when the client is in tracking mode"):
+            c.execute_command("CLIENT", "CACHING", "YES")
     finally:
         c.close()
+    out = raw(d, auth() + b"CLIENT TRACKINGINFO\r\nCLIENT TRACKING maybe\r\nQUIT\r\n")
+    assert out == (
+        b"+OK\r\n*6\r\n$5\r\nflags\r\n*1\r\n$3\r\noff\r\n$8\r\nredirect\r\n:-1\r\n"
+        b"$8\r\nprefixes\r\n*0\r\n-ERR syntax error\r\n+OK\r\n"
+    )
     try:
         from redis.cache import CacheConfig
     except ImportError:  # (redis-py without client-side caching)
@@ -370,3 +381,31 @@ def test_client_side_caching_is_refused_in_so_many_words(d: Daemon) -> None:
             cached.get("k")
     finally:
         cached.close()
+
+
+def test_a_command_costs_the_same_units_on_both_doors(d: Daemon, r: redis.Redis) -> None:
+    """One implementation, one admission and charging: GETRANGE and SETRANGE on a
+    10 kB value cost the bucket the same read and write units whichever door."""
+
+    def units() -> tuple[int, int]:
+        t = r.info("tenantkv")
+        return t["ru_total"], t["wu_total"]
+
+    value = b"x" * 10_000
+    r.set("twin:m", value)
+    r.set("twin:r", value)
+    with d.client(user="alice", password=PW, bucket="red") as c:
+        more = b"y" * 3000
+        calls = [
+            (lambda: c.getrange("twin:m", 0, -1), lambda: r.getrange("twin:r", 0, -1)),
+            (lambda: c.setrange("twin:m", 9_000, more), lambda: r.setrange("twin:r", 9_000, more)),
+        ]
+        for mp_call, resp_call in calls:
+            before = units()
+            mp_call()
+            middle = units()
+            resp_call()
+            after = units()
+            mp_cost = (middle[0] - before[0], middle[1] - before[1])
+            resp_cost = (after[0] - middle[0], after[1] - middle[1])
+            assert mp_cost == resp_cost and sum(mp_cost) > 2, (mp_cost, resp_cost)
