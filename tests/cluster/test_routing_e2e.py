@@ -329,3 +329,22 @@ def test_a_pipeline_mixing_own_and_other_keys_answers_in_order(cluster: list[Dae
         r.close()
     with n1.client(bucket=BUCKET) as c:
         assert c.get(theirs) != b"nope"  # the refused write did not run anywhere
+
+
+async def test_async_cluster_client_routes_and_splits(cluster: list[Daemon]) -> None:
+    from tenantkv.client.cluster import AsyncClusterClient
+
+    n1 = cluster[1]
+    async with AsyncClusterClient(
+        n1.host, n1.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET, timeout=20
+    ) as cc:
+        values = {f"ac:{i}".encode(): f"a{i}".encode() for i in range(60)}
+        for k, v in values.items():
+            await cc.set(k, v)
+        keys = list(values)
+        assert await cc.mget(keys) == [values[k] for k in keys]
+        assert {cc.map.node_of(k) for k in keys} == {(d.host, d.port) for d in cluster}  # type: ignore[union-attr]
+        assert await cc.get(b"ac:missing") is None
+    for k in keys[:10]:
+        with owner_of(cluster, k).client(bucket=BUCKET) as c:
+            assert c.get(k) == values[k]
