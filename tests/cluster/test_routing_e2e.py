@@ -4,6 +4,8 @@ RedisCluster and ``-MOVED``/``-CROSSSLOT``/``-CLUSTERDOWN`` on RESP,
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -348,3 +350,31 @@ async def test_async_cluster_client_routes_and_splits(cluster: list[Daemon]) -> 
     for k in keys[:10]:
         with owner_of(cluster, k).client(bucket=BUCKET) as c:
             assert c.get(k) == values[k]
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_redis_cli_follows_moved(cluster: list[Daemon]) -> None:
+    n0, n2 = cluster[0], cluster[2]
+    theirs = key_on(cluster, n2, tag="cli").decode()
+    base = [
+        "redis-cli",
+        "-h",
+        n0.host,
+        "-p",
+        str(n0.resp_port),
+        "--user",
+        f"admin@{BUCKET}",
+        "--pass",
+        ADMIN_PASSWORD,
+        "--no-auth-warning",
+    ]
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=30)
+        return done.stdout.strip()
+
+    assert cli("-c", "SET", theirs, "via-cli") == "OK"  # followed -MOVED to n2
+    assert cli("-c", "GET", theirs) == "via-cli"
+    assert cli("GET", theirs) == f"MOVED {key_slot(theirs.encode())} 127.0.0.1:{n2.resp_port}"
+    with n2.client(bucket=BUCKET) as c:
+        assert c.get(theirs) == b"via-cli"
