@@ -1,18 +1,23 @@
-"""A blocking client for a cluster: given any node, it routes each key to its node.
+"""Clients for a cluster: given any node, they route each key to its node.
 
     with tenantkv.client.cluster.ClusterClient("127.0.0.1", 7301, user="app",
                                                password="...", bucket="orders") as c:
         c.set("user:1", b"x")              # sent to the node that serves the key's slot
         c.mget(["user:1", "user:2"])       # split by node, answered in key order
 
-It reads the cluster map (``cluster_map``) from the node it is given, keeps a
-:class:`~tenantkv.client.sync_client.Client` per node it talks to (each with
-its own retry policy for overload), and sends each command that names keys to
-the node of the keys' slot (``CRC16(key) mod 16384``, Redis's ``{hashtag}``
-rule). A ``NotMyPartition`` answer means the map moved on and the request did
-not run: the client reads the map again and resends, up to ``max_redirects``
-times. Commands that name no key (admin, ``scan``, ``command(...)`` without a
-key) go to the node it was given.
+    async with AsyncClusterClient("127.0.0.1", 7301, ...) as c:   # the same, on Trio
+        await c.get("user:1")
+
+Each reads the cluster map (``cluster_map``) from the node it is given, keeps
+a client per node it talks to (:class:`~tenantkv.client.sync_client.Client` or
+:class:`~tenantkv.client.async_client.AsyncClient`, each with its own retry
+policy for overload), and sends each command that names keys to the node of
+the keys' slot (``CRC16(key) mod 16384``, Redis's ``{hashtag}`` rule): the
+plan (:func:`plan`) and the answer (:func:`joined`) are sans-IO, shared. A
+``NotMyPartition`` answer means the map moved on and the request did not
+run: the client reads the map again and resends, up to ``max_redirects``
+times. Commands that name no key (admin, ``scan``, ``command(...)`` without
+a key) go to the node it was given.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
+import trio
+
 from tenantkv import errors
+from tenantkv.client.async_client import AsyncClient
 from tenantkv.client.core import Call, Commands
 from tenantkv.client.servers import Address
 from tenantkv.client.sync_client import Client
@@ -55,6 +63,59 @@ class SlotMap:
         return self.nodes.get(name) if start <= slot <= end else None
 
 
+#: One request of a plan: the node (None: the slot has no node), the call, and
+#: the positions in the caller's keys of the keys it names (None: the call whole).
+Part = tuple[Address | None, Call[Any], list[int] | None]
+
+
+def plan(call: Call[Any], slot_map: SlotMap, seed: Address) -> list[Part]:
+    """Where ``call`` goes: whole to its key's node (to ``seed`` if it names no
+    key), or, an mget of keys of several nodes, a part per node."""
+    keys = _call_keys(call)
+    if not keys:
+        return [(seed, call, None)]
+    if call.method != "mget" or len(keys) == 1:
+        return [(slot_map.node_of(keys[0]), call, None)]
+    by_node: dict[Address | None, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_node.setdefault(slot_map.node_of(key), []).append(i)
+    if len(by_node) == 1:
+        return [(next(iter(by_node)), call, None)]
+    return [
+        (
+            address,
+            Call(
+                call.method,
+                {**call.params, "keys": [keys[i] for i in positions]},
+                call.parse,
+                call.is_read,
+                call.generic,
+            ),
+            positions,
+        )
+        for address, positions in by_node.items()
+    ]
+
+
+def joined(parts: list[Part], results: list[Any]) -> Any:
+    """The answer of a planned call from its parts' results: the one result, or
+    the parts' lists put back in key order (an mget's ``parse`` maps each
+    record on its own, so the parts' results join)."""
+    if len(parts) == 1 and parts[0][2] is None:
+        return results[0]
+    out: list[Any] = [None] * sum(len(p[2] or ()) for p in parts)
+    for (_, _, positions), result in zip(parts, results, strict=True):
+        for i, value in zip(positions or (), result, strict=True):
+            out[i] = value
+    return out
+
+
+def unrouted(address: Address | None, call: Call[Any]) -> Address:
+    if address is None:
+        raise errors.NodeUnavailable(f"{call.method}: the key's slot has no node in the map")
+    return address
+
+
 class ClusterClient(Commands):
     """Every command of :class:`~tenantkv.client.core.Commands`, routed by the map.
     ``kwargs`` are :class:`~tenantkv.client.sync_client.Client`'s (user,
@@ -73,8 +134,6 @@ class ClusterClient(Commands):
         except BaseException:
             self.close()
             raise
-
-    # -- routing ----------------------------------------------------------------------
 
     def refresh_map(self) -> SlotMap:
         """Read the map again (from the node given, else any node known)."""
@@ -99,45 +158,20 @@ class ClusterClient(Commands):
         return client
 
     def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
-        keys = _call_keys(call)
-        if not keys:
-            return self._clients[self._seed]._execute(call, op_timeout)
         for redirects in range(self.max_redirects + 1):
+            parts = plan(call, self.map, self._seed)
             try:
-                if call.method == "mget" and len(keys) > 1:
-                    return self._mget(call, keys, op_timeout)
-                return self._send(self.map.node_of(keys[0]), call, op_timeout)
+                results = [
+                    self._client(unrouted(address, part))._execute(part, op_timeout)
+                    for address, part, _ in parts
+                ]
             except errors.NotMyPartition:
                 if redirects == self.max_redirects:
                     raise
                 self.refresh_map()  # the request did not run: resend by the new map
+                continue
+            return joined(parts, results)
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _send(self, address: Address | None, call: Call[Any], op_timeout: float | None) -> Any:
-        if address is None:
-            raise errors.NodeUnavailable(f"{call.method}: the key's slot has no node in the map")
-        return self._client(address)._execute(call, op_timeout)
-
-    def _mget(self, call: Call[Any], keys: list[bytes], op_timeout: float | None) -> Any:
-        """An mget split by node, answered in key order (``parse`` maps each record
-        on its own, so the parts' results join)."""
-        by_node: dict[Address | None, list[int]] = {}
-        for i, key in enumerate(keys):
-            by_node.setdefault(self.map.node_of(key), []).append(i)
-        out: list[Any] = [None] * len(keys)
-        for address, positions in by_node.items():
-            part = Call(
-                call.method,
-                {**call.params, "keys": [keys[i] for i in positions]},
-                call.parse,
-                call.is_read,
-                call.generic,
-            )
-            for i, value in zip(positions, self._send(address, part, op_timeout), strict=True):
-                out[i] = value
-        return out
-
-    # -- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -148,6 +182,89 @@ class ClusterClient(Commands):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncClusterClient(Commands):
+    """:class:`ClusterClient` on Trio: ``async with``, and ``await`` each command.
+    ``kwargs`` are :class:`~tenantkv.client.async_client.AsyncClient`'s. Each node's
+    client lives in a task of this client's nursery (an AsyncClient keeps a
+    nursery of its own, which must close in the task and order it opened in)."""
+
+    def __init__(
+        self, host: str, port: int, *, max_redirects: int = MAX_REDIRECTS, **kwargs: Any
+    ) -> None:
+        self._kwargs = kwargs
+        self._seed: Address = (host, port)
+        self._clients: dict[Address, AsyncClient] = {}
+        self.max_redirects = max_redirects
+        self.map_refreshes = 0
+        self.map: SlotMap | None = None
+        self._closing = trio.Event()
+        self._nursery_manager = trio.open_nursery()
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> AsyncClusterClient:
+        self._nursery = await self._nursery_manager.__aenter__()
+        try:
+            await self._read_map()
+        except BaseException:
+            self._closing.set()
+            self._nursery.cancel_scope.cancel()
+            await self._nursery_manager.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._closing.set()  # each node's client closes in its own task
+        await self._nursery_manager.__aexit__(*exc)
+
+    async def refresh_map(self) -> SlotMap:
+        self.map_refreshes += 1
+        return await self._read_map()
+
+    async def _read_map(self) -> SlotMap:
+        last: errors.TenantKVError | None = None
+        for address in [self._seed, *(a for a in self._clients if a != self._seed)]:
+            try:
+                client = await self._client(address)
+                self.map = SlotMap(await client.command("cluster_map"))
+                return self.map
+            except errors.ConnectionClosed as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _client(self, address: Address) -> AsyncClient:
+        client = self._clients.get(address)
+        if client is None:
+            assert self._nursery is not None, "use AsyncClusterClient in async with"
+            client = await self._nursery.start(self._hold, address)
+            self._clients[address] = client
+        return client
+
+    async def _hold(
+        self, address: Address, *, task_status: trio.TaskStatus[AsyncClient]
+    ) -> None:
+        async with AsyncClient(address[0], address[1], **self._kwargs) as client:
+            task_status.started(client)
+            await self._closing.wait()
+
+    async def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
+        for redirects in range(self.max_redirects + 1):
+            assert self.map is not None, "use AsyncClusterClient in async with"
+            parts = plan(call, self.map, self._seed)
+            try:
+                results = [
+                    await (await self._client(unrouted(address, part)))._execute(part, op_timeout)
+                    for address, part, _ in parts
+                ]
+            except errors.NotMyPartition:
+                if redirects == self.max_redirects:
+                    raise
+                await self.refresh_map()
+                continue
+            return joined(parts, results)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _call_keys(call: Call[Any]) -> list[bytes]:

@@ -16,7 +16,7 @@ from tenantkv.cluster.etcd import (
     put_op,
 )
 
-from .conftest import EtcdServer
+from .conftest import EtcdServer, settle
 
 
 def test_prefix_end() -> None:
@@ -43,6 +43,7 @@ async def test_put_get_range_delete(etcd_server: EtcdServer, etcd_prefix: str) -
         assert await etcd.get(p + b"c") is not None
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_txn_compares_mod_revision(etcd_server: EtcdServer, etcd_prefix: str) -> None:
@@ -61,6 +62,7 @@ async def test_txn_compares_mod_revision(etcd_server: EtcdServer, etcd_prefix: s
         assert kv is not None and kv.value == b"v2" and kv.version == 2
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_lease_keys_go_with_the_lease(etcd_server: EtcdServer, etcd_prefix: str) -> None:
@@ -78,6 +80,7 @@ async def test_lease_keys_go_with_the_lease(etcd_server: EtcdServer, etcd_prefix
         await etcd.lease_revoke(lease)  # a second revoke is not an error
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_keep_lease_alive_until_it_is_lost(etcd_server: EtcdServer) -> None:
@@ -100,6 +103,7 @@ async def test_keep_lease_alive_until_it_is_lost(etcd_server: EtcdServer) -> Non
                 await trio.sleep_forever()
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_watch_sees_puts_and_deletes(etcd_server: EtcdServer, etcd_prefix: str) -> None:
@@ -123,6 +127,7 @@ async def test_watch_sees_puts_and_deletes(etcd_server: EtcdServer, etcd_prefix:
         ]
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_election_one_leader_then_the_next(etcd_server: EtcdServer, etcd_prefix: str) -> None:
@@ -149,6 +154,7 @@ async def test_election_one_leader_then_the_next(etcd_server: EtcdServer, etcd_p
         await etcd.lease_revoke(second)
     finally:
         await etcd.aclose()
+        await settle()
 
 
 async def test_unreachable_endpoint_falls_over(etcd_server: EtcdServer, etcd_prefix: str) -> None:
@@ -157,6 +163,7 @@ async def test_unreachable_endpoint_falls_over(etcd_server: EtcdServer, etcd_pre
         await etcd.put(etcd_prefix.encode(), b"v")  # the second endpoint answers
     finally:
         await etcd.aclose()
+        await settle()
     dead = Etcd(["http://127.0.0.1:1"], timeout=1)
     try:
         with pytest.raises(EtcdUnavailable, match="unreachable"):

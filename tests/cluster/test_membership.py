@@ -13,7 +13,7 @@ from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.slots import SLOTS
 
-from .conftest import EtcdServer
+from .conftest import EtcdServer, settle
 
 
 @asynccontextmanager
@@ -32,6 +32,7 @@ async def members(
             await nursery.start(m.run)
         yield joined
         nursery.cancel_scope.cancel()
+    await settle()
 
 
 async def wait_for(predicate: Callable[[], bool], what: str) -> None:

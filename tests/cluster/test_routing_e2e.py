@@ -4,6 +4,8 @@ RedisCluster and ``-MOVED``/``-CROSSSLOT``/``-CLUSTERDOWN`` on RESP,
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -329,3 +331,50 @@ def test_a_pipeline_mixing_own_and_other_keys_answers_in_order(cluster: list[Dae
         r.close()
     with n1.client(bucket=BUCKET) as c:
         assert c.get(theirs) != b"nope"  # the refused write did not run anywhere
+
+
+async def test_async_cluster_client_routes_and_splits(cluster: list[Daemon]) -> None:
+    from tenantkv.client.cluster import AsyncClusterClient
+
+    n1 = cluster[1]
+    async with AsyncClusterClient(
+        n1.host, n1.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET, timeout=20
+    ) as cc:
+        values = {f"ac:{i}".encode(): f"a{i}".encode() for i in range(60)}
+        for k, v in values.items():
+            await cc.set(k, v)
+        keys = list(values)
+        assert await cc.mget(keys) == [values[k] for k in keys]
+        assert {cc.map.node_of(k) for k in keys} == {(d.host, d.port) for d in cluster}  # type: ignore[union-attr]
+        assert await cc.get(b"ac:missing") is None
+    for k in keys[:10]:
+        with owner_of(cluster, k).client(bucket=BUCKET) as c:
+            assert c.get(k) == values[k]
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_redis_cli_follows_moved(cluster: list[Daemon]) -> None:
+    n0, n2 = cluster[0], cluster[2]
+    theirs = key_on(cluster, n2, tag="cli").decode()
+    base = [
+        "redis-cli",
+        "-h",
+        n0.host,
+        "-p",
+        str(n0.resp_port),
+        "--user",
+        f"admin@{BUCKET}",
+        "--pass",
+        ADMIN_PASSWORD,
+        "--no-auth-warning",
+    ]
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=30)
+        return done.stdout.strip()
+
+    assert cli("-c", "SET", theirs, "via-cli") == "OK"  # followed -MOVED to n2
+    assert cli("-c", "GET", theirs) == "via-cli"
+    assert cli("GET", theirs) == f"MOVED {key_slot(theirs.encode())} 127.0.0.1:{n2.resp_port}"
+    with n2.client(bucket=BUCKET) as c:
+        assert c.get(theirs) == b"via-cli"
