@@ -133,6 +133,13 @@ class StringSetOp(WriteOp):
     def size_hint(self) -> int:  # type: ignore[override]
         return len(self.key) + len(self.value) + records.HEADER_BYTES + self.reply_hint
 
+    def plain_flags(self) -> int | None:
+        # A plain SET: the record's client flags are 0, as ``apply`` writes them.
+        return 0 if not self.only and not self.get and self.expiry.mode == "clear" else None
+
+    def plain_result(self, cas: int) -> Any:
+        return True, None
+
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
         _check_bucket(h)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tenantkv.cluster.slots import key_slot
-from tenantkv.storage.ops import DeleteOp, DropBucketOp, ExpireDueOp, SetOp
+from tenantkv.storage.ops import DeleteOp, DropBucketOp, ExpireDueOp, RunOp, SetOp
 from tenantkv.storage.slot_ops import DropSlotOp
 from tenantkv.storage.string_ops import FlushOp, MultiSetOp, StringSetOp
 from tests.unit.test_storage import Store
@@ -99,3 +99,17 @@ def test_built_when_joining_dropped_when_leaving(tmp_path: Path) -> None:
         assert again.engine.slots is not None and again.engine.slots.count(SLOT) == 5
     finally:
         again.close()
+
+
+def test_a_run_of_plain_sets_is_indexed_key_by_key(tmp_path: Path) -> None:
+    """The bulk write of a run of plain sets (one putmulti) is off in cluster mode:
+    every key of the run reaches the slot index, from either door's SET."""
+    store = Store(tmp_path / "db", slot_index=True)
+    try:
+        a = store.bucket("a")
+        for door_set in (SetOp, StringSetOp):  # a run of one door's plain sets
+            run = [door_set(a, tagged(i), b"v") for i in range(3)]
+            store.ok(RunOp(list(run), sum(op.size_hint for op in run)))
+            assert store.engine.slots is not None and store.engine.slots.count(SLOT) == 3
+    finally:
+        store.close()

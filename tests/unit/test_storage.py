@@ -26,6 +26,7 @@ from tenantkv.storage.ops import (
     WriteOp,
 )
 from tenantkv.storage.records import HEADER_BYTES
+from tenantkv.storage.string_ops import StringSetOp
 
 
 class Clock:
@@ -339,7 +340,7 @@ def test_a_plain_redis_set_upserts_and_keeps_the_expiry_index_in_step(store: Sto
     """Redis SET without NX/XX/KEEPTTL writes in one B-tree operation: it returns the
     old live value (for SET ... GET; a plain SET does not copy it), clears or moves
     the expiry index entry, and an expiry already past still deletes the key."""
-    from tenantkv.storage.string_ops import CLEAR, Expiry, StringSetOp
+    from tenantkv.storage.string_ops import CLEAR, Expiry
 
     b = store.bucket()
     assert store.ok(StringSetOp(b, b"k", b"v1", Expiry("relative", 10_000))) == (True, None)
@@ -496,15 +497,54 @@ def test_a_run_of_plain_sets_writes_what_its_sets_would_one_by_one(tmp_path: Pat
         s = Store(tmp_path / name)
         try:
             b = s.bucket()
-            ops: list[WriteOp] = [SetOp(b, k, b"v%d" % i, flags=i) for i, k in enumerate(keys)]
+            # the MessagePack door's set and the RESP door's plain SET, mixed
+            ops: list[WriteOp] = [
+                SetOp(b, k, b"v%d" % i, flags=i) if i % 3 else StringSetOp(b, k, b"v%d" % i)
+                for i, k in enumerate(keys)
+            ]
             answers = s.ok(_run_op(ops)) if as_run else [r for r, _ in s.run(*ops)]
             results.append((answers, [op.nbytes for op in ops], _stored(s, sorted(set(keys)))))
         finally:
             s.close()
     assert results[0] == results[1]
     answers, nbytes, _ = results[1]
-    assert [a["cas"] for a in answers] == sorted({a["cas"] for a in answers})  # in order
+    cas = [a["cas"] for a in answers if isinstance(a, dict)]
+    assert cas == sorted(set(cas))  # in order
+    assert [a for a in answers if not isinstance(a, dict)] == [(True, None)] * 7
     assert nbytes == [len(k) + len(b"v%d" % i) + HEADER_BYTES for i, k in enumerate(keys)]
+
+
+def test_a_run_of_plain_sets_from_either_door_is_one_bulk_write(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RESP SETs without options join the bulk write as MessagePack sets do (one
+    C call for the run, not an upsert per key); SET with an option does not."""
+    from tenantkv.storage import ops as ops_mod
+    from tenantkv.storage import string_ops as string_ops_mod
+
+    upserts: list[bytes] = []
+    real = ops_mod.upsert
+
+    def counted(w: Any, h: Any, key: bytes, *args: Any, **kw: Any) -> Any:
+        upserts.append(key)
+        return real(w, h, key, *args, **kw)
+
+    monkeypatch.setattr(ops_mod, "upsert", counted)
+    monkeypatch.setattr(string_ops_mod, "upsert", counted)
+    b = store.bucket()
+    store.ok(
+        _run_op([StringSetOp(b, b"r1", b"1"), SetOp(b, b"m1", b"2"), StringSetOp(b, b"r2", b"3")])
+    )
+    assert upserts == []
+    store.ok(_run_op([StringSetOp(b, b"r3", b"1"), StringSetOp(b, b"r4", b"2", only="nx")]))
+    assert upserts == [b"r3"]  # the run went write by write (NX reads the old record)
+    assert [store.get(k).value for k in (b"r1", b"m1", b"r2", b"r3", b"r4")] == [
+        b"1",
+        b"2",
+        b"3",
+        b"1",
+        b"2",
+    ]
 
 
 def test_a_run_of_sets_is_applied_write_by_write_when_any_needs_more(store: Store) -> None:
