@@ -38,6 +38,7 @@ def test_workers_quick_compares_one_and_two_workers(tmp_path: Path) -> None:
         ("resp", "get", 16, 64),
         ("resp", "set", 16, 64),
         ("msgpack", "get", 16, 64),
+        ("msgpack", "set", 16, 64),
     ]
     for c in doc["cells"]:
         for n, procs in (("1", 1), ("2", 3)):  # 2 workers: the supervisor and two workers
@@ -60,6 +61,8 @@ def test_workers_quick_compares_one_and_two_workers(tmp_path: Path) -> None:
         "GET 16x64: CPU/op 2 ÷ 1 workers",
         "SET 16x64: ops/s 2 ÷ 1 workers",
         "SET 16x64: ops/commit 2 ÷ 1 workers",
+        "MessagePack SET 16x64: ops/s 2 ÷ 1 workers",
+        "MessagePack SET 16x64: CPU/op 2 ÷ 1 workers",
     ]
     assert "| RESP GET | 16x64 | 2 |" in r.stdout
     assert "ops/s ÷ 1 worker" in r.stdout
