@@ -153,7 +153,9 @@ class Daemon:
     log_path: Path = field(default_factory=Path)
     extra_args: list[str] = field(default_factory=list)
 
-    def start(self, timeout: float = 20.0) -> Daemon:
+    def start(self, timeout: float = 60.0) -> Daemon:
+        """Start it and wait for its ready file. The bound is generous: a niced suite
+        on a busy machine once took over 20 s to see a second worker come up."""
         ready = self.data_dir.parent / f"ready-{self.data_dir.name}.json"
         ready.unlink(missing_ok=True)
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"

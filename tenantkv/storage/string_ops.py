@@ -224,18 +224,25 @@ class MultiDeleteOp(WriteOp):
         return deleted
 
 
+class _AnswersValue(WriteOp):
+    """An op on ``key`` whose answer is the value it read (GETDEL, GETEX): held as
+    the write is (``reply_hint``)."""
+
+    key: bytes
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        return len(self.key) + records.HEADER_BYTES + self.reply_hint
+
+
 @dataclass(slots=True, eq=False)
-class GetDelOp(WriteOp):
+class GetDelOp(_AnswersValue):
     """GETDEL: the value, deleted; None if there was none."""
 
     bucket: BucketHandle
     key: bytes
     nbytes: int = 0
     reply_hint: int = 0
-
-    @property
-    def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.key) + records.HEADER_BYTES + self.reply_hint
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket
@@ -248,7 +255,7 @@ class GetDelOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class GetExOp(WriteOp):
+class GetExOp(_AnswersValue):
     """GETEX with an option: the value, its expiry changed (``clear``: PERSIST)."""
 
     bucket: BucketHandle
@@ -256,10 +263,6 @@ class GetExOp(WriteOp):
     expiry: Expiry
     nbytes: int = 0
     reply_hint: int = 0
-
-    @property
-    def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.key) + records.HEADER_BYTES + self.reply_hint
 
     def apply(self, w: WriteContext) -> Any:
         h = self.bucket

@@ -102,8 +102,19 @@ class IncrByFloatOp(ValueRewriteOp):
         return data, data
 
 
+class _WritesDest(WriteOp):
+    """An op that writes ``dest`` from values it reads (BITOP, COPY, RENAME): it holds
+    what it reads (``reply_hint``) and writes as much again."""
+
+    dest: bytes
+
+    @property
+    def size_hint(self) -> int:  # type: ignore[override]
+        return len(self.dest) + records.HEADER_BYTES + 2 * self.reply_hint
+
+
 @dataclass(slots=True, eq=False)
-class BitOpOp(WriteOp):
+class BitOpOp(_WritesDest):
     """BITOP: ``dest`` set to the operation over ``keys`` (deleted when the result
     is empty, as in Redis); returns the result's length."""
 
@@ -115,10 +126,6 @@ class BitOpOp(WriteOp):
     reply_hint: int = 0
     nbytes: int = 0
     record_bytes: list[int] = field(default_factory=list)
-
-    @property
-    def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.dest) + records.HEADER_BYTES + 2 * self.reply_hint
 
     @property
     def keys_touched(self) -> int:  # type: ignore[override]
@@ -143,7 +150,7 @@ class BitOpOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class MoveOp(WriteOp):
+class MoveOp(_WritesDest):
     """COPY (``keep_source``) and RENAME / RENAMENX, in one transaction: the record's
     value, expiry and client flags go to ``dest``.
 
@@ -159,10 +166,6 @@ class MoveOp(WriteOp):
     reply_hint: int = 0
     nbytes: int = 0
     record_bytes: list[int] = field(default_factory=list)
-
-    @property
-    def size_hint(self) -> int:  # type: ignore[override]
-        return len(self.dest) + records.HEADER_BYTES + 2 * self.reply_hint
 
     @property
     def keys_touched(self) -> int:  # type: ignore[override]

@@ -17,6 +17,7 @@ The daemon starts with a 1 MiB map, so the map also grows while it is killed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -27,6 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -66,10 +68,8 @@ def run_writer(
     d: Daemon, cycle: int, wid: int, seed: int, stop: threading.Event, led: Ledger
 ) -> None:
     rng = random.Random(seed)
-    try:
-        c = d.client(user=USER, password=PASSWORD, bucket=BUCKET, timeout=10)
-    except errors.TenantKVError as exc:  # killed before we got in
-        led.errors.append(repr(exc))
+    c = _log_in(d, stop, led)
+    if c is None:
         return
     n = 0
     led.counter = f"ctr:c{cycle}:w{wid}".encode()
@@ -108,6 +108,27 @@ def run_writer(
                     led.incr_acked += 1
     except errors.TenantKVError as exc:
         led.errors.append(repr(exc))
+
+
+def _log_in(d: Daemon, stop: threading.Event, led: Ledger) -> Any:
+    """The writer's client, or None once the cycle stops first. A login the node
+    refuses for now (its hashing pool busy with the other writers' logins, a
+    worker restarting) is tried again: on a loaded machine that is where a cycle's
+    writers may still be when the moment to kill comes."""
+    while True:
+        try:
+            return d.client(user=USER, password=PASSWORD, bucket=BUCKET, timeout=10)
+        except errors.TenantKVError as exc:  # killed before we got in, or busy
+            again = isinstance(exc, errors.ConnectFailed) or exc.has_label(errors.RETRYABLE)
+            if not again or stop.is_set():
+                led.errors.append(repr(exc))
+                return None
+            time.sleep(0.02)
+
+
+def _writing(ledgers: list[Ledger], threads: list[threading.Thread]) -> bool:
+    """Has every writer had a write acknowledged (or ended)? The load is then on."""
+    return all(led.acked or not t.is_alive() for led, t in zip(ledgers, threads, strict=True))
 
 
 def read_all(c: object, keys: list[bytes]) -> dict[bytes, bytes | None]:
@@ -206,7 +227,10 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(crash_daemon: Daem
         for t in threads:
             t.start()
         # The scenario: SIGKILL at a random moment of the load (seeded, so CI
-        # repeats the same moments).
+        # repeats the same moments), counted from when every writer is writing:
+        # a loaded machine may take longer than the moment to log them in.
+        writing = functools.partial(_writing, ledgers, threads)
+        wait_until(writing, timeout=TIMEOUT, what="the writers writing")
         time.sleep(rng.uniform(0.1, 0.7))
         if multi:
             _sigkill_a_process(d, rng, workers)
