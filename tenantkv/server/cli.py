@@ -83,23 +83,7 @@ def _add_serve(sub: Any) -> None:
         help="worker processes sharing the port and the data directory, one per core "
         "(auto: one per usable core; default 1: a single process; see docs/scaling.md)",
     )
-    serve.add_argument(
-        "--cluster",
-        metavar="ETCD_URL[,...]",
-        help="join the cluster coordinated by the etcd at these client URLs "
-        "(docs/cluster.md; default: a single node, no etcd)",
-    )
-    serve.add_argument(
-        "--node-name",
-        metavar="NAME",
-        help="this node's name in the cluster, unique in it (default: the host name)",
-    )
-    serve.add_argument(
-        "--advertise",
-        metavar="HOST:PORT",
-        help="where clients and other nodes reach this node (default: host and the port "
-        "listened on)",
-    )
+    _add_cluster_flags(serve)
     serve.add_argument(
         "--ready-file",
         metavar="PATH",
@@ -121,6 +105,27 @@ def _add_serve(sub: Any) -> None:
         action="store_true",
         default=None,
         help="allow test-only admin commands such as configure_fail_point",
+    )
+
+
+def _add_cluster_flags(serve: Any) -> None:
+    """``serve``'s cluster flags (docs/cluster.md); without ``--cluster``, one node."""
+    serve.add_argument(
+        "--cluster",
+        metavar="ETCD_URL[,...]",
+        help="join the cluster coordinated by the etcd at these client URLs "
+        "(docs/cluster.md; default: a single node, no etcd)",
+    )
+    serve.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name in the cluster, unique in it (default: the host name)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="where clients and other nodes reach this node (default: host and the port "
+        "listened on)",
     )
 
 
