@@ -1276,6 +1276,8 @@ class Executor:
         if self._watch_rx is not None:
             self.node.queues.unsubscribe(self._watch_rx)
         self.select(None)
+        if self.txn is not None:
+            self.txn.reset()  # (its queued bytes no longer count against the node's cap)
         self.txn = None
         self.flow = CLOSED
         self._prepared = None

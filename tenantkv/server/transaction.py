@@ -34,6 +34,7 @@ import trio
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
+from tenantkv.admission.receive_buffers import ReceiveBuffers
 from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
@@ -115,20 +116,39 @@ class Transaction:
     nbytes: int = 0
     #: (bucket name, key) -> the CAS it had when watched (0: no live record)
     watches: dict[tuple[str, bytes], int] = field(default_factory=dict)
+    #: the throttle units the queued data commands were charged as they were
+    #: queued (a read's floor each), and their bucket: EXEC charges the rest
+    prepaid: int = 0
+    prepaid_bucket: str | None = None
+    #: the node-wide cap the queued bytes count against (set on first use)
+    buffers: ReceiveBuffers | None = None
+    user: str | None = None
 
     def flag(self) -> None:
         """A queue-time error: EXEC will fail, and nothing more is kept."""
         if self.active:
             self.dirty = True
-            self.queue = []
-            self.nbytes = 0
+            self._drop_queue()
 
     def reset(self) -> None:
-        """Out of MULTI, nothing queued, nothing watched (EXEC, DISCARD, RESET)."""
+        """Out of MULTI, nothing queued, nothing watched (EXEC, DISCARD, RESET,
+        the connection's close)."""
         self.active = self.dirty = False
-        self.queue = []
-        self.nbytes = 0
+        self._drop_queue()
         self.watches = {}
+
+    def hold(self, nbytes: int) -> None:
+        """The queue now holds ``nbytes`` of arguments: tell the node-wide cap."""
+        self.nbytes = nbytes
+        if self.buffers is not None:
+            self.buffers.update(self, nbytes, self.user)
+
+    def _drop_queue(self) -> None:
+        self.queue = []
+        self.prepaid = 0
+        self.prepaid_bucket = None
+        if self.nbytes:
+            self.hold(0)
 
 
 def state(ex: Any) -> Transaction:
@@ -214,19 +234,60 @@ def _queue(ex: Any, txn: Transaction, queued: Queued, msgid: int, size: int) -> 
         queued.reply = special
     if txn.dirty:
         ex.charge_floor()  # checked, kept nowhere: not charged by any EXEC
-    elif len(txn.queue) >= MAX_TRANSACTION_COMMANDS or txn.nbytes + size > MAX_TRANSACTION_BYTES:
-        txn.flag()
-        exc = errors.BadValue(
+    else:
+        exc = _over_bounds(ex, txn, size)
+        if exc is not None:
+            txn.flag()
+            ex.fail(msgid, queued.cmd.name, exc)
+            return True
+        _prepay(ex, txn, queued)
+        txn.queue.append(queued)
+        if size:
+            txn.hold(txn.nbytes + size)
+    ex.door.reply(QUEUED, msgid, "QUEUED")
+    return True
+
+
+def _over_bounds(ex: Any, txn: Transaction, size: int) -> errors.TenantKVError | None:
+    """The error queueing ``size`` more bytes would break a bound with, or None:
+    the transaction's own bounds, and the node-wide cap on what clients make the
+    server hold (``max_receive_buffer_bytes``, shared with undecoded frames and
+    writes not yet durable), which queued bytes count against until EXEC,
+    DISCARD or the close: a thousand connections cannot each hold a transaction
+    of :data:`MAX_TRANSACTION_BYTES`. Past the cap the command is refused (an
+    overload error; the transaction aborts) instead of waiting, as a frame
+    would: bytes held by an idle MULTI would otherwise hold up everyone."""
+    if len(txn.queue) >= MAX_TRANSACTION_COMMANDS or txn.nbytes + size > MAX_TRANSACTION_BYTES:
+        return errors.BadValue(
             f"a transaction may queue at most {MAX_TRANSACTION_COMMANDS} commands and "
             f"{MAX_TRANSACTION_BYTES} bytes of arguments; transaction aborted"
         )
-        ex.fail(msgid, queued.cmd.name, exc)
-        return True
-    else:
-        txn.queue.append(queued)
-        txn.nbytes += size
-    ex.door.reply(QUEUED, msgid, "QUEUED")
-    return True
+    if not size:
+        return None
+    if txn.buffers is None:
+        txn.buffers = ex.node.receive_buffers
+        txn.user = ex.user.name if ex.user is not None else None
+    assert txn.buffers is not None
+    if txn.buffers.has_room(txn.user):
+        return None
+    return errors.AdmissionQueueOverflow(
+        "the node holds as many received bytes as max_receive_buffer_bytes allows; "
+        "the command was not queued and the transaction is aborted"
+    )
+
+
+def _prepay(ex: Any, txn: Transaction, queued: Queued) -> None:
+    """Charge a command a read's floor as it is queued, as any request that runs
+    no data operation is: checking it was work, and a client that queues and
+    never runs EXEC (a disconnect, DISCARD) must pay for it. A data command's
+    floor is deducted from what EXEC charges for it (:func:`_settle`)."""
+    ex.charge_floor()
+    tenant = ex.floor_tenant()
+    if tenant is not None and queued.cmd.kind in ("read", "write"):
+        if txn.prepaid_bucket not in (None, tenant[0]):
+            txn.prepaid = 0  # (the bucket changed: what EXEC charges is another's)
+        txn.prepaid_bucket = tenant[0]
+        txn.prepaid += ex.node.config.min_op_units
 
 
 # -- the transaction's own commands ----------------------------------------------------
@@ -299,28 +360,47 @@ async def execute(ex: Any) -> ExecResult:
     txn = state(ex)
     if not txn.active:
         raise errors.BadValue("EXEC without MULTI")
-    queue, dirty, watches = txn.queue, txn.dirty, txn.watches
-    txn.reset()
-    ex.in_multi = False
-    if dirty:
-        return EXEC_ABORTED
+    queue, watches = txn.queue, txn.watches
     runs = [q for q in queue if q.cmd.kind in ("read", "write")]
-    if not runs:
+    if txn.dirty or not runs:
+        dirty = txn.dirty
+        _end(ex, txn)
+        if dirty:
+            return EXEC_ABORTED
         if watches and not _watches_hold(ex, watches):
             return None
         return [(q, q.result, None) for q in queue]
-    outcomes = await _commit(ex, runs, watches)
+    prepaid = txn.prepaid if txn.prepaid_bucket == ex.bucket else 0
+    try:
+        outcomes = await _commit(ex, runs, watches, prepaid, admitted=lambda: _end(ex, txn))
+    except errors.TenantKVError as exc:
+        if txn.active and not exc.has_label(errors.SYSTEM_OVERLOADED):
+            _end(ex, txn)
+        raise
     if outcomes is None:
         return None
     found = iter(outcomes)
     return [next(found) if q.cmd.kind in ("read", "write") else (q, q.result, None) for q in queue]
 
 
+def _end(ex: Any, txn: Transaction) -> None:
+    """EXEC goes ahead (admitted) or fails for good: out of MULTI."""
+    txn.reset()
+    ex.in_multi = False
+
+
 async def _commit(
-    ex: Any, runs: list[Queued], watches: dict[tuple[str, bytes], int]
+    ex: Any,
+    runs: list[Queued],
+    watches: dict[tuple[str, bytes], int],
+    prepaid: int = 0,
+    admitted: Callable[[], None] | None = None,
 ) -> list[tuple[Queued, Any, errors.TenantKVError | None]] | None:
     """Admit the queued data commands as one request (the sum of their known
-    costs), apply them as one write operation, answer once durable, charge them."""
+    costs), apply them as one write operation, answer once durable, charge them
+    (less ``prepaid``, the floors charged as they were queued). ``admitted`` is
+    called once admission let it through (an overload refusal before that keeps
+    the connection's transaction for a retried EXEC)."""
     node = ex.node
     writes = any(q.op is not None for q in runs)
     b = ex._data_bucket(write=writes)
@@ -341,7 +421,11 @@ async def _commit(
     except BaseException:
         node.pipeline.refund(b.name, holds)
         holds.release("exec", outcome="rejected")
+        if admitted is not None:
+            admitted()  # (not an overload: the transaction ends)
         raise
+    if admitted is not None:
+        admitted()
     protocol = ex.door.protocol_name
     steps: list[WriteOp | ReadStep] = [
         q.op if q.op is not None else ReadStep(f"{protocol}:{q.cmd.name}", q.params) for q in runs
@@ -357,7 +441,7 @@ async def _commit(
             if isinstance(error, errors.TenantKVError)
             else errors.InternalError(f"internal error: {error!r:.200}")
         )
-    outcomes = None if result is None else _settle(ex, b.name, runs, result, holds, user)
+    outcomes = None if result is None else _settle(ex, b.name, runs, result, holds, user, prepaid)
     if outcomes is None:  # a watched key changed: nothing ran; the reservation back
         holds.release("exec", outcome="ok")
         node.charge_writes(b.name, 0, 0, user.unthrottled, holds.reserved)
@@ -382,11 +466,19 @@ async def _submit(node: Any, op: TransactionOp, holds: Holds) -> tuple[Any, Base
 
 
 def _settle(
-    ex: Any, bucket: str, runs: list[Queued], result: list[Any], holds: Holds, user: Any
+    ex: Any,
+    bucket: str,
+    runs: list[Queued],
+    result: list[Any],
+    holds: Holds,
+    user: Any,
+    prepaid: int = 0,
 ) -> list[tuple[Queued, Any, errors.TenantKVError | None]]:
     """Each command's outcome from the writer's (plain data: also from another
-    process's writer), and the charge: its writes' units (less what admission
-    reserved) and its reads' units, as each would cost alone."""
+    process's writer), and the charge: its writes' units and its reads' units,
+    as each would cost alone, less what admission reserved and the floors
+    charged as they were queued (``prepaid``: settled as a reservation is, the
+    difference spent or given back — never charged twice)."""
     node = ex.node
     out: list[tuple[Queued, Any, errors.TenantKVError | None]] = []
     ran: list[WriteOp] = []
@@ -407,7 +499,7 @@ def _settle(
             read_cost += cost
     holds.release("exec", outcome="ok" if all(e is None for _, _, e in out) else "error")
     wu, cost = node.write_costs(ran) if ran else (0, 0)
-    node.charge_writes(bucket, wu, cost, user.unthrottled, holds.reserved)
+    node.charge_writes(bucket, wu, cost, user.unthrottled, holds.reserved + prepaid)
     if read_cost:
         node.charge_reads(bucket, ru_sum, read_cost, user.unthrottled)
     return out
