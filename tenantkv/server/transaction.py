@@ -116,6 +116,8 @@ class Transaction:
     nbytes: int = 0
     #: (bucket name, key) -> the CAS it had when watched (0: no live record)
     watches: dict[tuple[str, bytes], int] = field(default_factory=dict)
+    #: bucket name -> its delete count when a key absent then was first watched
+    deletes: dict[str, int] = field(default_factory=dict)
     #: the throttle units the queued data commands were charged as they were
     #: queued (a read's floor each), and their bucket: EXEC charges the rest
     prepaid: int = 0
@@ -135,7 +137,11 @@ class Transaction:
         the connection's close)."""
         self.active = self.dirty = False
         self._drop_queue()
+        self.unwatch()
+
+    def unwatch(self) -> None:
         self.watches = {}
+        self.deletes = {}
 
     def hold(self, nbytes: int) -> None:
         """The queue now holds ``nbytes`` of arguments: tell the node-wide cap."""
@@ -310,13 +316,20 @@ def discard(ex: Any) -> None:
 
 
 def unwatch(ex: Any) -> None:
-    state(ex).watches = {}
+    state(ex).unwatch()
 
 
-def watch(ex: Any, keys: list[bytes]) -> None:
+async def watch(ex: Any, keys: list[bytes]) -> None:
     """Remember each key's CAS now (0: no live record): EXEC applies nothing if
     one of them has another then. The connection's writes before WATCH are
-    durable by now (a command that is no write waits for them)."""
+    durable by now (a command that is no write waits for them).
+
+    A key absent now, then created and deleted before EXEC, would have no CAS
+    again: for those keys the bucket's count of deletes is recorded too, read
+    in the writer with their CAS (:func:`_watch_absent`: with ``--workers N``
+    the writer is another process), and EXEC fails if it moved — a delete of
+    any key of the bucket fails it, a conservative abort that an optimistic
+    client retries (redis-py's ``transaction()`` does)."""
     txn = state(ex)
     if txn.active:
         raise errors.BadValue("WATCH inside MULTI is not allowed")
@@ -334,8 +347,28 @@ def watch(ex: Any, keys: list[bytes]) -> None:
                 found, expiry_ms, _ = records.unpack_header(raw)
                 cas = found if not expiry_ms or expiry_ms > now else 0
             txn.watches[(b.name, key)] = cas
+    absent = [k for k in new if not txn.watches[(b.name, k)]]
+    if absent and b.name not in txn.deletes:
+        await _watch_absent(ex, txn, b, absent)
     if len(keys) > 1:
         ex.charge_floor(len(keys) - 1)  # (the first key's floor: the request's)
+
+
+async def _watch_absent(ex: Any, txn: Transaction, b: BucketHandle, keys: list[bytes]) -> None:
+    """Record the bucket's delete count, and the CAS of ``keys`` again, as the
+    writer has them together (a key created since the snapshot has one now)."""
+    op = TransactionOp(b, [], probe=keys)
+    result, error = await _submit(ex.node, op, None)
+    if error is not None:
+        for key in keys:
+            txn.watches.pop((b.name, key), None)
+        if isinstance(error, errors.TenantKVError):
+            raise error
+        raise errors.InternalError(f"internal error: {error!r:.200}")
+    count, cas = result
+    txn.deletes[b.name] = count
+    for key, c in zip(keys, cas, strict=True):
+        txn.watches[(b.name, key)] = c
 
 
 def _watches_hold(ex: Any, watches: dict[tuple[str, bytes], int]) -> bool:
@@ -360,9 +393,9 @@ async def execute(ex: Any) -> ExecResult:
     txn = state(ex)
     if not txn.active:
         raise errors.BadValue("EXEC without MULTI")
-    queue, watches = txn.queue, txn.watches
+    queue, watches, deletes = txn.queue, txn.watches, txn.deletes
     runs = [q for q in queue if q.cmd.kind in ("read", "write")]
-    if txn.dirty or not runs:
+    if txn.dirty or not (runs or deletes):
         dirty = txn.dirty
         _end(ex, txn)
         if dirty:
@@ -372,7 +405,9 @@ async def execute(ex: Any) -> ExecResult:
         return [(q, q.result, None) for q in queue]
     prepaid = txn.prepaid if txn.prepaid_bucket == ex.bucket else 0
     try:
-        outcomes = await _commit(ex, runs, watches, prepaid, admitted=lambda: _end(ex, txn))
+        outcomes = await _commit(
+            ex, runs, watches, prepaid, deletes, admitted=lambda: _end(ex, txn)
+        )
     except errors.TenantKVError as exc:
         if txn.active and not exc.has_label(errors.SYSTEM_OVERLOADED):
             _end(ex, txn)
@@ -394,6 +429,7 @@ async def _commit(
     runs: list[Queued],
     watches: dict[tuple[str, bytes], int],
     prepaid: int = 0,
+    deletes: dict[str, int] | None = None,
     admitted: Callable[[], None] | None = None,
 ) -> list[tuple[Queued, Any, errors.TenantKVError | None]] | None:
     """Admit the queued data commands as one request (the sum of their known
@@ -432,6 +468,7 @@ async def _commit(
     ]
     watched = [[bucket, key, cas] for (bucket, key), cas in watches.items()]
     op = TransactionOp(b, steps, watched, node.config.max_value_bytes)
+    op.deletes = [[bucket, n] for bucket, n in (deletes or {}).items()]
     result, error = await _submit(node, op, holds)
     if error is not None:
         holds.release("exec", outcome="error")
@@ -449,7 +486,9 @@ async def _commit(
     return outcomes
 
 
-async def _submit(node: Any, op: TransactionOp, holds: Holds) -> tuple[Any, BaseException | None]:
+async def _submit(
+    node: Any, op: TransactionOp, holds: Holds | None
+) -> tuple[Any, BaseException | None]:
     """Queue the transaction on the writer and wait until it is durable. Shielded:
     once queued it commits, and the answer must say what it did."""
     done = trio.Event()
@@ -459,7 +498,7 @@ async def _submit(node: Any, op: TransactionOp, holds: Holds) -> tuple[Any, Base
         box[0], box[1] = result, error
         done.set()
 
-    node.submit(op, callback, holds.release_queue_bounds)
+    node.submit(op, callback, None if holds is None else holds.release_queue_bounds)
     with trio.CancelScope(shield=True):
         await done.wait()
     return box[0], box[1]

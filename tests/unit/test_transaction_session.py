@@ -396,3 +396,32 @@ async def test_exec_refused_by_the_throttle_keeps_the_transaction_for_a_retry(
         assert await a(cmd("EXEC")) == [["OK", "OK"]]
         assert await a(cmd("GET", "s")) == [b"1"]
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_watched_absent_key_created_and_deleted_fails_exec(
+    node: Node, mock_clock: trio.testing.MockClock, door: str
+) -> None:
+    """Absent at WATCH, absent again at EXEC, written in between: Redis flags any
+    write, so EXEC must fail although the key has no CAS either time."""
+    delete: Cmd = ((b"DEL", b"w"), "delete", {"key": b"w"})
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, door), door)
+        b = Talk(await hello_session(node, nursery, door), door)
+        assert await a(cmd("WATCH", "w")) == ["OK"]
+        await b(cmd("SET", "w", "1"), delete)
+        got = await a(cmd("MULTI"), cmd("SET", "z", "1"), cmd("EXEC"))
+        assert got[2] is None and await a(cmd("GET", "z")) == [None]
+        # Nothing deleted meanwhile: it runs (an empty queue alike).
+        got = await a(cmd("WATCH", "w"), cmd("MULTI"), cmd("SET", "z", "1"), cmd("EXEC"))
+        assert got[3] == ["OK"]
+        got = await a(cmd("WATCH", "w"), cmd("MULTI"), cmd("EXEC"))
+        assert got[2] == []
+        await a(cmd("WATCH", "w"))
+        await b(cmd("SET", "w", "1"), delete)
+        assert (await a(cmd("MULTI"), cmd("EXEC")))[1] is None  # (an empty queue)
+        # Created since the watch (and still there): its CAS differs.
+        await a(cmd("WATCH", "new"))
+        await b(cmd("SET", "new", "1"))
+        assert (await a(cmd("MULTI"), cmd("SET", "z", "2"), cmd("EXEC")))[2] is None
+        nursery.cancel_scope.cancel()
