@@ -954,6 +954,8 @@ class Executor:
         if self.node.failpoints.active and await self._failpoint(msgid, method):
             return True
         if cmd is not None and cmd.kind == "door":
+            if method == "reset" and self.txn is not None:
+                self.txn.reset()  # (RESET forgets the watched keys, as in Redis)
             return await self.door.run_local(self, cmd, (msgid, method, params))
         try:
             if cmd is None:

@@ -221,7 +221,48 @@ def _constant(cmd: Any, params: Any) -> Queued:
                 return Queued(cmd, {}, None, None, 0, _pong, None)
             return Queued(cmd, {}, None, None, 0, _bulk, bytes(params[1]))
         raise errors.BadValue(f"wrong number of arguments for '{cmd.name}' command")
+    if cmd.kind == "door" and isinstance(params, list) and cmd.name not in NOT_QUEUED:
+        # TIME, INFO, CLIENT ..., CONFIG ..., COMMAND ...: run at EXEC, in place.
+        return Queued(cmd, {}, None, None, 0, _raw, [bytes(a) for a in params])
     raise errors.BadValue(NOT_IN_TRANSACTION)
+
+
+#: RESP connection commands refused inside MULTI (Redis queues them): they pick
+#: the user or the bucket the queued commands were checked against.
+NOT_QUEUED = frozenset({"auth", "hello", "select"})
+
+
+def _raw(enc: Any, v: Any) -> bytes:
+    return bytes(v)
+
+
+async def _run_door(ex: Any, i: int, q: Queued) -> tuple[Queued, Any, Any]:
+    """A connection command queued on the RESP door, run at EXEC (its floor was
+    charged as it was queued): its reply, caught from the door's reply slots
+    under a number no request has, goes in its place in EXEC's array."""
+    door = ex.door
+    msgid = -1 - i
+    try:
+        await q.cmd.handler(door, ex, msgid, q.result)
+    except errors.TenantKVError as exc:
+        door._slots.pop(msgid, None)
+        return q, None, exc
+    return q, door._slots.pop(msgid, b""), None
+
+
+async def _answers(ex: Any, queue: list[Queued], ran: list[Any]) -> list[Any]:
+    """EXEC's answers in queue order: the data commands' from ``ran``, the rest
+    known at queue time or run now (:func:`_run_door`)."""
+    found = iter(ran)
+    out: list[Any] = []
+    for i, q in enumerate(queue):
+        if q.cmd.kind in ("read", "write"):
+            out.append(next(found))
+        elif q.reply is _raw:
+            out.append(await _run_door(ex, i, q))
+        else:
+            out.append((q, q.result, None))
+    return out
 
 
 def _pong(enc: Any, v: Any) -> bytes:
@@ -402,7 +443,7 @@ async def execute(ex: Any) -> ExecResult:
             return EXEC_ABORTED
         if watches and not _watches_hold(ex, watches):
             return None
-        return [(q, q.result, None) for q in queue]
+        return await _answers(ex, queue, [])
     prepaid = txn.prepaid if txn.prepaid_bucket == ex.bucket else 0
     try:
         outcomes = await _commit(
@@ -414,8 +455,7 @@ async def execute(ex: Any) -> ExecResult:
         raise
     if outcomes is None:
         return None
-    found = iter(outcomes)
-    return [next(found) if q.cmd.kind in ("read", "write") else (q, q.result, None) for q in queue]
+    return await _answers(ex, queue, outcomes)
 
 
 def _end(ex: Any, txn: Transaction) -> None:

@@ -425,3 +425,49 @@ async def test_a_watched_absent_key_created_and_deleted_fails_exec(
         await b(cmd("SET", "new", "1"))
         assert (await a(cmd("MULTI"), cmd("SET", "z", "2"), cmd("EXEC")))[2] is None
         nursery.cancel_scope.cancel()
+
+
+async def test_resp_connection_commands_are_queued_and_answered_in_exec(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    """As Redis 7.0 does: TIME, CLIENT SETNAME/GETNAME, INFO, ECHO inside MULTI are
+    answered QUEUED and run in EXEC's array, in place; SELECT (it picks what the
+    queued commands were checked against) is refused and aborts the transaction."""
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, "resp"), "resp")
+        got = await a(
+            cmd("MULTI"),
+            cmd("SET", "k", "1"),
+            cmd("CLIENT", "SETNAME", "txn"),
+            cmd("TIME"),
+            cmd("CLIENT", "GETNAME"),
+            cmd("INFO", "server"),
+            cmd("ECHO", "e"),
+            cmd("GET", "k"),
+            cmd("CLIENT", "NOSUCH"),
+            cmd("EXEC"),
+        )
+        assert got[:9] == ["OK"] + ["QUEUED"] * 8
+        done = got[9]
+        assert done[0] == "OK" and done[1] == "OK"
+        assert isinstance(done[2], list) and len(done[2]) == 2 and int(done[2][0]) > 0
+        assert done[3] == b"txn" and b"redis_version" in done[4]
+        assert done[5:7] == [b"e", b"1"] and done[7][0] == "error"
+        assert await a(cmd("CLIENT", "GETNAME")) == [b"txn"]
+        got = await a(cmd("MULTI"), cmd("SELECT", "b"), cmd("SET", "k", "2"), cmd("EXEC"))
+        assert got[1] == ("error", transaction.NOT_IN_TRANSACTION)
+        assert got[3][0] == "error" and "discarded" in got[3][1]
+        nursery.cancel_scope.cancel()
+
+
+async def test_resp_reset_outside_multi_forgets_the_watched_keys(
+    node: Node, mock_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        a = Talk(await hello_session(node, nursery, "resp"), "resp")
+        b = Talk(await hello_session(node, nursery, "resp"), "resp")
+        assert await a(cmd("WATCH", "w"), cmd("RESET")) == ["OK", "RESET"]
+        await b(cmd("SET", "w", "1"))
+        got = await a(cmd("MULTI"), cmd("SET", "z", "1"), cmd("EXEC"))
+        assert got[2] == ["OK"]  # no longer watched: it runs
+        nursery.cancel_scope.cancel()
