@@ -8,19 +8,25 @@ doors share it and its bounds. After MULTI the executor hands every request to
 would be before admission (:meth:`Executor._prepare`: parameters, bucket,
 role, its write built) and answered ``QUEUED``; one that fails that is
 answered its error and the transaction is marked, so EXEC answers
-``EXECABORT``. EXEC (:func:`execute`) admits the queue as one request costing
-the sum of its writes' known costs, runs it as one write operation
+``EXECABORT``. Each queued command is charged a read's floor as it is
+queued (checking it was work, whether or not EXEC ever comes). EXEC
+(:func:`execute`) admits the queue as one request costing the sum of its
+writes' known costs, runs it as one write operation
 (:class:`~tenantkv.storage.transaction_ops.TransactionOp`) in one transaction
 of the group-commit writer, answers once that commit is durable, and charges
-each command as it would be charged alone: writes their write units, reads
-their read units.
+each command as it would be charged alone — writes their write units, reads
+their read units — less the floors already charged. An EXEC that admission
+refuses with an overload error keeps the transaction for a retried EXEC.
+RESP connection commands queue too (:func:`_constant`) and run at EXEC.
 
 Bounds: at most :data:`MAX_TRANSACTION_COMMANDS` commands and
 :data:`MAX_TRANSACTION_BYTES` bytes of arguments queued, and
-:data:`MAX_WATCHED_KEYS` watched keys. Queueing past a bound is an error that
-aborts the transaction; from then on nothing more is kept (a client sending
-MULTI and then ten million SETs holds at most the bound), and each further
-command is answered as queued after its check, charged a read's floor.
+:data:`MAX_WATCHED_KEYS` watched keys; the queued bytes also count against the
+node-wide ``max_receive_buffer_bytes`` (:func:`_over_bounds`). Queueing past a
+bound is an error that aborts the transaction; from then on nothing more is
+kept (a client sending MULTI and then ten million SETs holds at most the
+bound), and each further command is answered as queued after its check,
+charged a read's floor.
 """
 
 from __future__ import annotations
