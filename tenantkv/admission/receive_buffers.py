@@ -4,12 +4,14 @@ Each connection's decoder holds what it received until a frame completes (up
 to one maximal frame, ~20 MiB), and a decoded write's value stays in memory
 until the write is durable (its connection may pipeline 64 MiB of them). Bounding
 each connection alone lets N connections hold N times that; this gate bounds
-the sum of both over every connection (``max_receive_buffer_bytes``): a
+the sum of both over every connection (``max_receive_buffer_bytes``), and with
+them the arguments of commands queued in transactions (MULTI ... EXEC): a
 connection tells it what it holds when its chunk settles and as the writer
 answers its writes. A connection asks for room before it reads: while the node
 is at its cap it waits (and so does TCP for its client) until another connection
 decodes, has its writes answered or closes; the cap is back-pressure, never an
-error.
+error (only a transaction's queue, which nothing but EXEC or DISCARD empties, is
+refused past it: :meth:`has_room`).
 
 Two rules keep the cap from becoming a stall:
 
@@ -77,9 +79,7 @@ class ReceiveBuffers:
         :data:`SMALL_READ_BYTES` (its hello, a small request: the overshoot is at
         most that much per connection), and one holding part of a frame may if it
         is the finisher or becomes it."""
-        if self.buffered < self.capacity and (
-            user is None or self._by_user.get(user, 0) < self.user_capacity
-        ):
+        if self.has_room(user):
             return want
         if not held:
             return min(want, SMALL_READ_BYTES)
@@ -87,6 +87,15 @@ class ReceiveBuffers:
             self._finisher = holder
             return want
         return 0
+
+    def has_room(self, user: str | None = None) -> bool:
+        """Is the node under its cap, and ``user`` (if any) under its share? What
+        a connection asks before it reads, and a transaction before it queues
+        more bytes (those are held until EXEC: refused past the cap, not waited
+        for — ``server/transaction.py``)."""
+        return self.buffered < self.capacity and (
+            user is None or self._by_user.get(user, 0) < self.user_capacity
+        )
 
     async def reserve(self, holder: object, held: int, want: int, user: str | None = None) -> int:
         """Wait until :meth:`try_reserve` allows a read; the bytes allowed."""

@@ -731,7 +731,7 @@ async def watch(s: Session, p: dict[str, Any]) -> Any:
     keys = p.get("keys")
     if not isinstance(keys, list) or not 0 < len(keys) <= MAX_KEYS_PER_COMMAND:
         raise errors.BadValue(f"'keys' must be a list of 1-{MAX_KEYS_PER_COMMAND} keys")
-    transaction.watch(s, [key_param({"key": k}) for k in keys])
+    await transaction.watch(s, [key_param({"key": k}) for k in keys])
     return True
 
 

@@ -954,6 +954,8 @@ class Executor:
         if self.node.failpoints.active and await self._failpoint(msgid, method):
             return True
         if cmd is not None and cmd.kind == "door":
+            if method == "reset" and self.txn is not None:
+                self.txn.reset()  # (RESET forgets the watched keys, as in Redis)
             return await self.door.run_local(self, cmd, (msgid, method, params))
         try:
             if cmd is None:
@@ -1276,6 +1278,8 @@ class Executor:
         if self._watch_rx is not None:
             self.node.queues.unsubscribe(self._watch_rx)
         self.select(None)
+        if self.txn is not None:
+            self.txn.reset()  # (its queued bytes no longer count against the node's cap)
         self.txn = None
         self.flow = CLOSED
         self._prepared = None

@@ -35,7 +35,7 @@ async def _discard(s: Session, p: dict[str, Any]) -> Any:
 
 
 async def _watch(s: Session, p: dict[str, Any]) -> Any:
-    transaction.watch(s, p["keys"])
+    await transaction.watch(s, p["keys"])
     return True
 
 

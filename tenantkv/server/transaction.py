@@ -8,19 +8,25 @@ doors share it and its bounds. After MULTI the executor hands every request to
 would be before admission (:meth:`Executor._prepare`: parameters, bucket,
 role, its write built) and answered ``QUEUED``; one that fails that is
 answered its error and the transaction is marked, so EXEC answers
-``EXECABORT``. EXEC (:func:`execute`) admits the queue as one request costing
-the sum of its writes' known costs, runs it as one write operation
+``EXECABORT``. Each queued command is charged a read's floor as it is
+queued (checking it was work, whether or not EXEC ever comes). EXEC
+(:func:`execute`) admits the queue as one request costing the sum of its
+writes' known costs, runs it as one write operation
 (:class:`~tenantkv.storage.transaction_ops.TransactionOp`) in one transaction
 of the group-commit writer, answers once that commit is durable, and charges
-each command as it would be charged alone: writes their write units, reads
-their read units.
+each command as it would be charged alone — writes their write units, reads
+their read units — less the floors already charged. An EXEC that admission
+refuses with an overload error keeps the transaction for a retried EXEC.
+RESP connection commands queue too (:func:`_constant`) and run at EXEC.
 
 Bounds: at most :data:`MAX_TRANSACTION_COMMANDS` commands and
 :data:`MAX_TRANSACTION_BYTES` bytes of arguments queued, and
-:data:`MAX_WATCHED_KEYS` watched keys. Queueing past a bound is an error that
-aborts the transaction; from then on nothing more is kept (a client sending
-MULTI and then ten million SETs holds at most the bound), and each further
-command is answered as queued after its check, charged a read's floor.
+:data:`MAX_WATCHED_KEYS` watched keys; the queued bytes also count against the
+node-wide ``max_receive_buffer_bytes`` (:func:`_over_bounds`). Queueing past a
+bound is an error that aborts the transaction; from then on nothing more is
+kept (a client sending MULTI and then ten million SETs holds at most the
+bound), and each further command is answered as queued after its check,
+charged a read's floor.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import trio
 
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
+from tenantkv.admission.receive_buffers import ReceiveBuffers
 from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
@@ -115,20 +122,45 @@ class Transaction:
     nbytes: int = 0
     #: (bucket name, key) -> the CAS it had when watched (0: no live record)
     watches: dict[tuple[str, bytes], int] = field(default_factory=dict)
+    #: bucket name -> its delete count when a key absent then was first watched
+    deletes: dict[str, int] = field(default_factory=dict)
+    #: the throttle units the queued data commands were charged as they were
+    #: queued (a read's floor each), and their bucket: EXEC charges the rest
+    prepaid: int = 0
+    prepaid_bucket: str | None = None
+    #: the node-wide cap the queued bytes count against (set on first use)
+    buffers: ReceiveBuffers | None = None
+    user: str | None = None
 
     def flag(self) -> None:
         """A queue-time error: EXEC will fail, and nothing more is kept."""
         if self.active:
             self.dirty = True
-            self.queue = []
-            self.nbytes = 0
+            self._drop_queue()
 
     def reset(self) -> None:
-        """Out of MULTI, nothing queued, nothing watched (EXEC, DISCARD, RESET)."""
+        """Out of MULTI, nothing queued, nothing watched (EXEC, DISCARD, RESET,
+        the connection's close)."""
         self.active = self.dirty = False
-        self.queue = []
-        self.nbytes = 0
+        self._drop_queue()
+        self.unwatch()
+
+    def unwatch(self) -> None:
         self.watches = {}
+        self.deletes = {}
+
+    def hold(self, nbytes: int) -> None:
+        """The queue now holds ``nbytes`` of arguments: tell the node-wide cap."""
+        self.nbytes = nbytes
+        if self.buffers is not None:
+            self.buffers.update(self, nbytes, self.user)
+
+    def _drop_queue(self) -> None:
+        self.queue = []
+        self.prepaid = 0
+        self.prepaid_bucket = None
+        if self.nbytes:
+            self.hold(0)
 
 
 def state(ex: Any) -> Transaction:
@@ -195,7 +227,48 @@ def _constant(cmd: Any, params: Any) -> Queued:
                 return Queued(cmd, {}, None, None, 0, _pong, None)
             return Queued(cmd, {}, None, None, 0, _bulk, bytes(params[1]))
         raise errors.BadValue(f"wrong number of arguments for '{cmd.name}' command")
+    if cmd.kind == "door" and isinstance(params, list) and cmd.name not in NOT_QUEUED:
+        # TIME, INFO, CLIENT ..., CONFIG ..., COMMAND ...: run at EXEC, in place.
+        return Queued(cmd, {}, None, None, 0, _raw, [bytes(a) for a in params])
     raise errors.BadValue(NOT_IN_TRANSACTION)
+
+
+#: RESP connection commands refused inside MULTI (Redis queues them): they pick
+#: the user or the bucket the queued commands were checked against.
+NOT_QUEUED = frozenset({"auth", "hello", "select"})
+
+
+def _raw(enc: Any, v: Any) -> bytes:
+    return bytes(v)
+
+
+async def _run_door(ex: Any, i: int, q: Queued) -> tuple[Queued, Any, Any]:
+    """A connection command queued on the RESP door, run at EXEC (its floor was
+    charged as it was queued): its reply, caught from the door's reply slots
+    under a number no request has, goes in its place in EXEC's array."""
+    door = ex.door
+    msgid = -1 - i
+    try:
+        await q.cmd.handler(door, ex, msgid, q.result)
+    except errors.TenantKVError as exc:
+        door._slots.pop(msgid, None)
+        return q, None, exc
+    return q, door._slots.pop(msgid, b""), None
+
+
+async def _answers(ex: Any, queue: list[Queued], ran: list[Any]) -> list[Any]:
+    """EXEC's answers in queue order: the data commands' from ``ran``, the rest
+    known at queue time or run now (:func:`_run_door`)."""
+    found = iter(ran)
+    out: list[Any] = []
+    for i, q in enumerate(queue):
+        if q.cmd.kind in ("read", "write"):
+            out.append(next(found))
+        elif q.reply is _raw:
+            out.append(await _run_door(ex, i, q))
+        else:
+            out.append((q, q.result, None))
+    return out
 
 
 def _pong(enc: Any, v: Any) -> bytes:
@@ -214,19 +287,60 @@ def _queue(ex: Any, txn: Transaction, queued: Queued, msgid: int, size: int) -> 
         queued.reply = special
     if txn.dirty:
         ex.charge_floor()  # checked, kept nowhere: not charged by any EXEC
-    elif len(txn.queue) >= MAX_TRANSACTION_COMMANDS or txn.nbytes + size > MAX_TRANSACTION_BYTES:
-        txn.flag()
-        exc = errors.BadValue(
+    else:
+        exc = _over_bounds(ex, txn, size)
+        if exc is not None:
+            txn.flag()
+            ex.fail(msgid, queued.cmd.name, exc)
+            return True
+        _prepay(ex, txn, queued)
+        txn.queue.append(queued)
+        if size:
+            txn.hold(txn.nbytes + size)
+    ex.door.reply(QUEUED, msgid, "QUEUED")
+    return True
+
+
+def _over_bounds(ex: Any, txn: Transaction, size: int) -> errors.TenantKVError | None:
+    """The error queueing ``size`` more bytes would break a bound with, or None:
+    the transaction's own bounds, and the node-wide cap on what clients make the
+    server hold (``max_receive_buffer_bytes``, shared with undecoded frames and
+    writes not yet durable), which queued bytes count against until EXEC,
+    DISCARD or the close: a thousand connections cannot each hold a transaction
+    of :data:`MAX_TRANSACTION_BYTES`. Past the cap the command is refused (an
+    overload error; the transaction aborts) instead of waiting, as a frame
+    would: bytes held by an idle MULTI would otherwise hold up everyone."""
+    if len(txn.queue) >= MAX_TRANSACTION_COMMANDS or txn.nbytes + size > MAX_TRANSACTION_BYTES:
+        return errors.BadValue(
             f"a transaction may queue at most {MAX_TRANSACTION_COMMANDS} commands and "
             f"{MAX_TRANSACTION_BYTES} bytes of arguments; transaction aborted"
         )
-        ex.fail(msgid, queued.cmd.name, exc)
-        return True
-    else:
-        txn.queue.append(queued)
-        txn.nbytes += size
-    ex.door.reply(QUEUED, msgid, "QUEUED")
-    return True
+    if not size:
+        return None
+    if txn.buffers is None:
+        txn.buffers = ex.node.receive_buffers
+        txn.user = ex.user.name if ex.user is not None else None
+    assert txn.buffers is not None
+    if txn.buffers.has_room(txn.user):
+        return None
+    return errors.AdmissionQueueOverflow(
+        "the node holds as many received bytes as max_receive_buffer_bytes allows; "
+        "the command was not queued and the transaction is aborted"
+    )
+
+
+def _prepay(ex: Any, txn: Transaction, queued: Queued) -> None:
+    """Charge a command a read's floor as it is queued, as any request that runs
+    no data operation is: checking it was work, and a client that queues and
+    never runs EXEC (a disconnect, DISCARD) must pay for it. A data command's
+    floor is deducted from what EXEC charges for it (:func:`_settle`)."""
+    ex.charge_floor()
+    tenant = ex.floor_tenant()
+    if tenant is not None and queued.cmd.kind in ("read", "write"):
+        if txn.prepaid_bucket not in (None, tenant[0]):
+            txn.prepaid = 0  # (the bucket changed: what EXEC charges is another's)
+        txn.prepaid_bucket = tenant[0]
+        txn.prepaid += ex.node.config.min_op_units
 
 
 # -- the transaction's own commands ----------------------------------------------------
@@ -249,13 +363,20 @@ def discard(ex: Any) -> None:
 
 
 def unwatch(ex: Any) -> None:
-    state(ex).watches = {}
+    state(ex).unwatch()
 
 
-def watch(ex: Any, keys: list[bytes]) -> None:
+async def watch(ex: Any, keys: list[bytes]) -> None:
     """Remember each key's CAS now (0: no live record): EXEC applies nothing if
     one of them has another then. The connection's writes before WATCH are
-    durable by now (a command that is no write waits for them)."""
+    durable by now (a command that is no write waits for them).
+
+    A key absent now, then created and deleted before EXEC, would have no CAS
+    again: for those keys the bucket's count of deletes is recorded too, read
+    in the writer with their CAS (:func:`_watch_absent`: with ``--workers N``
+    the writer is another process), and EXEC fails if it moved — a delete of
+    any key of the bucket fails it, a conservative abort that an optimistic
+    client retries (redis-py's ``transaction()`` does)."""
     txn = state(ex)
     if txn.active:
         raise errors.BadValue("WATCH inside MULTI is not allowed")
@@ -273,8 +394,28 @@ def watch(ex: Any, keys: list[bytes]) -> None:
                 found, expiry_ms, _ = records.unpack_header(raw)
                 cas = found if not expiry_ms or expiry_ms > now else 0
             txn.watches[(b.name, key)] = cas
+    absent = [k for k in new if not txn.watches[(b.name, k)]]
+    if absent and b.name not in txn.deletes:
+        await _watch_absent(ex, txn, b, absent)
     if len(keys) > 1:
         ex.charge_floor(len(keys) - 1)  # (the first key's floor: the request's)
+
+
+async def _watch_absent(ex: Any, txn: Transaction, b: BucketHandle, keys: list[bytes]) -> None:
+    """Record the bucket's delete count, and the CAS of ``keys`` again, as the
+    writer has them together (a key created since the snapshot has one now)."""
+    op = TransactionOp(b, [], probe=keys)
+    result, error = await _submit(ex.node, op, None)
+    if error is not None:
+        for key in keys:
+            txn.watches.pop((b.name, key), None)
+        if isinstance(error, errors.TenantKVError):
+            raise error
+        raise errors.InternalError(f"internal error: {error!r:.200}")
+    count, cas = result
+    txn.deletes[b.name] = count
+    for key, c in zip(keys, cas, strict=True):
+        txn.watches[(b.name, key)] = c
 
 
 def _watches_hold(ex: Any, watches: dict[tuple[str, bytes], int]) -> bool:
@@ -299,28 +440,49 @@ async def execute(ex: Any) -> ExecResult:
     txn = state(ex)
     if not txn.active:
         raise errors.BadValue("EXEC without MULTI")
-    queue, dirty, watches = txn.queue, txn.dirty, txn.watches
-    txn.reset()
-    ex.in_multi = False
-    if dirty:
-        return EXEC_ABORTED
+    queue, watches, deletes = txn.queue, txn.watches, txn.deletes
     runs = [q for q in queue if q.cmd.kind in ("read", "write")]
-    if not runs:
+    if txn.dirty or not (runs or deletes):
+        dirty = txn.dirty
+        _end(ex, txn)
+        if dirty:
+            return EXEC_ABORTED
         if watches and not _watches_hold(ex, watches):
             return None
-        return [(q, q.result, None) for q in queue]
-    outcomes = await _commit(ex, runs, watches)
+        return await _answers(ex, queue, [])
+    prepaid = txn.prepaid if txn.prepaid_bucket == ex.bucket else 0
+    try:
+        outcomes = await _commit(
+            ex, runs, watches, prepaid, deletes, admitted=lambda: _end(ex, txn)
+        )
+    except errors.TenantKVError as exc:
+        if txn.active and not exc.has_label(errors.SYSTEM_OVERLOADED):
+            _end(ex, txn)
+        raise
     if outcomes is None:
         return None
-    found = iter(outcomes)
-    return [next(found) if q.cmd.kind in ("read", "write") else (q, q.result, None) for q in queue]
+    return await _answers(ex, queue, outcomes)
+
+
+def _end(ex: Any, txn: Transaction) -> None:
+    """EXEC goes ahead (admitted) or fails for good: out of MULTI."""
+    txn.reset()
+    ex.in_multi = False
 
 
 async def _commit(
-    ex: Any, runs: list[Queued], watches: dict[tuple[str, bytes], int]
+    ex: Any,
+    runs: list[Queued],
+    watches: dict[tuple[str, bytes], int],
+    prepaid: int = 0,
+    deletes: dict[str, int] | None = None,
+    admitted: Callable[[], None] | None = None,
 ) -> list[tuple[Queued, Any, errors.TenantKVError | None]] | None:
     """Admit the queued data commands as one request (the sum of their known
-    costs), apply them as one write operation, answer once durable, charge them."""
+    costs), apply them as one write operation, answer once durable, charge them
+    (less ``prepaid``, the floors charged as they were queued). ``admitted`` is
+    called once admission let it through (an overload refusal before that keeps
+    the connection's transaction for a retried EXEC)."""
     node = ex.node
     writes = any(q.op is not None for q in runs)
     b = ex._data_bucket(write=writes)
@@ -341,13 +503,18 @@ async def _commit(
     except BaseException:
         node.pipeline.refund(b.name, holds)
         holds.release("exec", outcome="rejected")
+        if admitted is not None:
+            admitted()  # (not an overload: the transaction ends)
         raise
+    if admitted is not None:
+        admitted()
     protocol = ex.door.protocol_name
     steps: list[WriteOp | ReadStep] = [
         q.op if q.op is not None else ReadStep(f"{protocol}:{q.cmd.name}", q.params) for q in runs
     ]
     watched = [[bucket, key, cas] for (bucket, key), cas in watches.items()]
     op = TransactionOp(b, steps, watched, node.config.max_value_bytes)
+    op.deletes = [[bucket, n] for bucket, n in (deletes or {}).items()]
     result, error = await _submit(node, op, holds)
     if error is not None:
         holds.release("exec", outcome="error")
@@ -357,7 +524,7 @@ async def _commit(
             if isinstance(error, errors.TenantKVError)
             else errors.InternalError(f"internal error: {error!r:.200}")
         )
-    outcomes = None if result is None else _settle(ex, b.name, runs, result, holds, user)
+    outcomes = None if result is None else _settle(ex, b.name, runs, result, holds, user, prepaid)
     if outcomes is None:  # a watched key changed: nothing ran; the reservation back
         holds.release("exec", outcome="ok")
         node.charge_writes(b.name, 0, 0, user.unthrottled, holds.reserved)
@@ -365,7 +532,9 @@ async def _commit(
     return outcomes
 
 
-async def _submit(node: Any, op: TransactionOp, holds: Holds) -> tuple[Any, BaseException | None]:
+async def _submit(
+    node: Any, op: TransactionOp, holds: Holds | None
+) -> tuple[Any, BaseException | None]:
     """Queue the transaction on the writer and wait until it is durable. Shielded:
     once queued it commits, and the answer must say what it did."""
     done = trio.Event()
@@ -375,18 +544,26 @@ async def _submit(node: Any, op: TransactionOp, holds: Holds) -> tuple[Any, Base
         box[0], box[1] = result, error
         done.set()
 
-    node.submit(op, callback, holds.release_queue_bounds)
+    node.submit(op, callback, None if holds is None else holds.release_queue_bounds)
     with trio.CancelScope(shield=True):
         await done.wait()
     return box[0], box[1]
 
 
 def _settle(
-    ex: Any, bucket: str, runs: list[Queued], result: list[Any], holds: Holds, user: Any
+    ex: Any,
+    bucket: str,
+    runs: list[Queued],
+    result: list[Any],
+    holds: Holds,
+    user: Any,
+    prepaid: int = 0,
 ) -> list[tuple[Queued, Any, errors.TenantKVError | None]]:
     """Each command's outcome from the writer's (plain data: also from another
-    process's writer), and the charge: its writes' units (less what admission
-    reserved) and its reads' units, as each would cost alone."""
+    process's writer), and the charge: its writes' units and its reads' units,
+    as each would cost alone, less what admission reserved and the floors
+    charged as they were queued (``prepaid``: settled as a reservation is, the
+    difference spent or given back — never charged twice)."""
     node = ex.node
     out: list[tuple[Queued, Any, errors.TenantKVError | None]] = []
     ran: list[WriteOp] = []
@@ -407,7 +584,7 @@ def _settle(
             read_cost += cost
     holds.release("exec", outcome="ok" if all(e is None for _, _, e in out) else "error")
     wu, cost = node.write_costs(ran) if ran else (0, 0)
-    node.charge_writes(bucket, wu, cost, user.unthrottled, holds.reserved)
+    node.charge_writes(bucket, wu, cost, user.unthrottled, holds.reserved + prepaid)
     if read_cost:
         node.charge_reads(bucket, ru_sum, read_cost, user.unthrottled)
     return out

@@ -8,6 +8,7 @@ shared batch transaction untouched; its error goes to its own caller only.
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
@@ -258,8 +259,23 @@ def upsert(
     return cas, old_raw
 
 
+#: Records deleted, per bucket, by this process's writer (an engine's): WATCH of
+#: a key absent at the time records its bucket's count, and EXEC fails if it
+#: moved (server/transaction.py) — a key created and deleted meanwhile leaves
+#: no other trace. In memory: watches do not outlive the writer's process.
+DELETES: weakref.WeakKeyDictionary[Engine, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def count_delete(w: WriteContext, bucket: str) -> None:
+    counts = DELETES.get(w.engine)
+    if counts is None:
+        counts = DELETES[w.engine] = {}
+    counts[bucket] = counts.get(bucket, 0) + 1
+
+
 def _delete(w: WriteContext, h: BucketHandle, key: bytes, old: Record) -> None:
     w.txn.delete(key, db=h.db)
+    count_delete(w, h.name)
     if w.engine.slots is not None:
         w.engine.slots.removed(w.txn, h.name, key)
     if old.expiry_ms:
@@ -513,6 +529,7 @@ class ExpireDueOp(WriteOp):
             old = _stored(w, h, key)
             if old is not None and old.expiry_ms == expiry_ms:
                 w.txn.delete(key, db=h.db)
+                count_delete(w, h.name)
                 if w.engine.slots is not None:
                     w.engine.slots.removed(w.txn, h.name, key)
                 removed += 1

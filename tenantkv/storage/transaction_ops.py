@@ -13,7 +13,12 @@ see the transaction's earlier writes (``SET k 1; INCR k; GET k`` answers
 Watched keys (WATCH) are checked first, in the same transaction: each must
 still have the CAS it had when it was watched (0: no live record). One that
 changed — written by anyone, on either door, by any worker process, or expired
-— makes the whole transaction apply nothing (EXEC answers nil).
+— makes the whole transaction apply nothing (EXEC answers nil). A key absent
+when watched has no CAS to compare if it was created and deleted since: for
+those the bucket's count of deletes in this writer (:data:`ops.DELETES`) was
+recorded at WATCH (a ``probe``, read here with the keys' CAS), and a count
+that moved fails the transaction too — conservatively, as any delete in the
+bucket moves it.
 
 The result is plain data, so it travels unchanged from the node's writer to a
 worker process (``serve --workers N``, :mod:`tenantkv.storage.op_wire`): None
@@ -34,7 +39,7 @@ from typing import Any
 import lmdb
 
 from tenantkv import errors
-from tenantkv.storage import records
+from tenantkv.storage import ops, records
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.ops import WriteContext, WriteOp
 
@@ -174,6 +179,22 @@ class ReadStep:
     size_hint: int = 0
 
 
+def deletes(w: WriteContext, bucket: str) -> int:
+    """The records of ``bucket`` this writer deleted so far."""
+    return ops.DELETES.get(w.engine, {}).get(bucket, 0)
+
+
+def _cas(w: WriteContext, h: BucketHandle, key: bytes) -> int:
+    """``key``'s CAS in the writer's transaction (0: no live record)."""
+    if h.dropped:
+        return 0
+    raw = w.txn.get(key, None, h.db)
+    if raw is None:
+        return 0
+    found, expiry_ms, _ = records.unpack_header(raw)
+    return found if not expiry_ms or expiry_ms > w.now_ms else 0
+
+
 #: What a step's outcome holds when it failed or read nothing.
 def _outcome(
     result: Any, error: errors.TenantKVError | None, op: WriteOp | None, s: ReadSession | None
@@ -201,6 +222,12 @@ class TransactionOp(WriteOp):
     max_value_bytes: int = 0
     #: (what the writer fills in, sent back to a worker: a transaction meters per step)
     nbytes: int = 0
+    #: ``[bucket name, count]``: the bucket's deletes (:data:`ops.DELETES`) when
+    #: an absent key of it was watched; a count that moved fails the transaction
+    deletes: list[list[Any]] = field(default_factory=list)
+    #: WATCH of keys absent in the watcher's snapshot: no steps run; the result
+    #: is ``[the bucket's delete count, [each key's CAS]]``, read together here
+    probe: list[bytes] = field(default_factory=list)
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
@@ -211,6 +238,8 @@ class TransactionOp(WriteOp):
         return max(1, len(self.steps))
 
     def apply(self, w: WriteContext) -> Any:
+        if self.probe:
+            return [deletes(w, self.bucket.name), [_cas(w, self.bucket, k) for k in self.probe]]
         if not self.watches_hold(w):
             return None
         out: list[list[Any]] = []
@@ -231,16 +260,12 @@ class TransactionOp(WriteOp):
 
     def watches_hold(self, w: WriteContext) -> bool:
         """Does every watched key still have the CAS it was watched with?"""
+        for bucket, count in self.deletes:
+            if deletes(w, bucket) != count:
+                return False  # (conservative: any delete, maybe not of a watched key)
         for bucket, key, cas in self.watches:
             h = w.engine.buckets.get(bucket)
-            now = 0
-            if h is not None and not h.dropped:
-                raw = w.txn.get(key, None, h.db)
-                if raw is not None:
-                    found, expiry_ms, _ = records.unpack_header(raw)
-                    if not expiry_ms or expiry_ms > w.now_ms:
-                        now = found
-            if now != cas:
+            if (0 if h is None else _cas(w, h, key)) != cas:
                 return False
         return True
 

@@ -249,3 +249,28 @@ def test_reset_inside_multi_discards_it(r: redis.Redis, conn: Any) -> None:
     assert call(conn, "SET", "k", "v") == b"OK"  # runs: no longer in MULTI
     assert str(call(conn, "EXEC")) == "EXEC without MULTI"
     assert r.get("gone") is None and r.get("k") == b"v"
+
+
+def test_pipeline_with_connection_commands_answers_them_in_place(r: redis.Redis) -> None:
+    """redis-py's pipeline queues connection commands as Redis 7.0 does: each
+    answered in EXEC's array where it stood."""
+    pipe = r.pipeline()
+    pipe.set("c", "1").client_setname("piped").time().client_getname().ping().incr("c")
+    ok, named, now, name, pong, n = pipe.execute()
+    assert ok is True and named is True and pong is True and n == 2
+    assert isinstance(now, tuple) and abs(now[0] - time.time()) < 60
+    assert name in ("piped", b"piped")
+    assert r.get("c") == b"2"
+
+
+def test_watch_of_an_absent_key_created_and_deleted_raises_watch_error(r: redis.Redis) -> None:
+    other = redis.Redis(connection_pool=r.connection_pool)
+    with r.pipeline() as pipe:
+        pipe.watch("ghost")
+        other.set("ghost", "1")
+        other.delete("ghost")
+        pipe.multi()
+        pipe.set("after", "1")
+        with pytest.raises(redis.WatchError):
+            pipe.execute()
+    assert r.get("after") is None

@@ -182,3 +182,27 @@ def test_watch_conflicts_across_worker_processes(workers2: Daemon) -> None:
     finally:
         for c in clients.values():
             c.close()
+
+
+def test_watch_of_an_absent_key_created_and_deleted_on_another_worker(workers2: Daemon) -> None:
+    """The delete count lives in the supervisor's writer: a watch on one worker
+    sees a key created and deleted through the other."""
+    clients = _on_each_worker(workers2)
+    try:
+        for writer, watcher in ((0, 1), (1, 0)):
+            a, b = clients[watcher], clients[writer]
+            key = f"gone{watcher}"
+            a.command("watch", keys=[key])
+            b.set(key, "1")
+            b.command("delete", key=key)
+            a.command("multi")
+            a.command("set", key="mark", value="x")
+            assert a.command("exec") is None
+            a.command("watch", keys=[key])  # nothing deleted since: it runs
+            a.command("multi")
+            a.command("set", key="mark", value="y")
+            assert a.command("exec") is not None
+        assert clients[0].get("mark") == b"y"
+    finally:
+        for c in clients.values():
+            c.close()
