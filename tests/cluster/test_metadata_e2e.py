@@ -204,9 +204,7 @@ def test_redis_door_sees_a_bucket_made_on_another_node(
         c.create_bucket("resp")
     seen_within(lambda: "resp" in buckets_of(b), 2.0)
     key = key_on([a, b], b, "resp")
-    r = redis.Redis(
-        host=b.host, port=b.resp_port, username="admin@resp", password=ADMIN_PASSWORD
-    )
+    r = redis.Redis(host=b.host, port=b.resp_port, username="admin@resp", password=ADMIN_PASSWORD)
     try:
         assert r.set(key, b"1") is True
         assert r.get(key) == b"1"
