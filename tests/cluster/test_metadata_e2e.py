@@ -210,3 +210,21 @@ def test_redis_door_sees_a_bucket_made_on_another_node(
         assert r.get(key) == b"1"
     finally:
         r.close()
+
+
+def test_bucket_throttle_properties_and_runtime_parameters_are_the_clusters(
+    two_nodes: tuple[list[Daemon], str],
+) -> None:
+    (a, b), _ = two_nodes
+    with a.client() as c:
+        c.create_bucket("limited")
+        c.set_bucket_throttle("limited", {"reserved": 10, "hard_limit": 500})
+        c.command("set_parameter", name="bucket_queue_tolerance", value=7)
+
+    def b_has_them() -> bool:
+        with b.client() as c:
+            limits = c.get_bucket_throttle("limited") if "limited" in buckets_of(b) else None
+            param = c.command("get_parameter", name="bucket_queue_tolerance")
+        return limits == {"reserved": 10, "hard_limit": 500} and param["value"] == 7
+
+    wait_until(b_has_them, timeout=2.0, what="throttle properties and parameter on b")
