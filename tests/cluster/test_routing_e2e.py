@@ -373,3 +373,12 @@ def test_redis_cli_follows_moved(cluster: list[Daemon]) -> None:
     assert cli("GET", theirs) == f"MOVED {key_slot(theirs.encode())} 127.0.0.1:{n2.resp_port}"
     with n2.client(bucket=BUCKET) as c:
         assert c.get(theirs) == b"via-cli"
+
+
+def test_info_says_cluster_enabled_on_a_cluster_node(cluster: list[Daemon]) -> None:
+    r = resp(cluster[1])
+    try:
+        assert r.info("cluster") == {"cluster_enabled": 1}
+        assert r.info("server")["redis_mode"] == "cluster"
+    finally:
+        r.close()
