@@ -382,3 +382,21 @@ def test_info_says_cluster_enabled_on_a_cluster_node(cluster: list[Daemon]) -> N
         assert r.info("server")["redis_mode"] == "cluster"
     finally:
         r.close()
+
+
+def test_connect_gives_a_routing_client_on_a_cluster_and_a_client_on_one_node(
+    cluster: list[Daemon], daemon: Daemon
+) -> None:
+    from tenantkv.client.cluster import ClusterClient, connect
+    from tenantkv.client.sync_client import Client
+
+    n1 = cluster[1]
+    with connect(n1.host, n1.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET) as c:
+        assert isinstance(c, ClusterClient)
+        keys = [key_on(cluster, d, "connect") for d in cluster]
+        for k in keys:
+            c.set(k, b"routed")  # every node's keys, through the one node given
+        assert c.mget(keys) == [b"routed"] * 3
+    with connect(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD) as single:
+        assert type(single) is Client
+        assert single.list_buckets() is not None
