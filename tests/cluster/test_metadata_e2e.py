@@ -6,6 +6,7 @@ changes are refused while data keeps serving."""
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,53 @@ def test_bucket_throttle_properties_and_runtime_parameters_are_the_clusters(
         return limits == {"reserved": 10, "hard_limit": 500} and param["value"] == 7
 
     wait_until(b_has_them, timeout=2.0, what="throttle properties and parameter on b")
+
+
+def test_two_nodes_racing_to_create_one_bucket_one_wins(
+    two_nodes: tuple[list[Daemon], str],
+) -> None:
+    nodes, _ = two_nodes
+    clients = [d.client() for d in nodes]
+    outcomes: list[str] = []
+
+    def create(i: int) -> None:
+        try:
+            clients[i].create_bucket("race")
+            outcomes.append("created")
+        except errors.BucketExists:
+            outcomes.append("exists")
+
+    try:
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for c in clients:
+            c.close()
+    assert sorted(outcomes) == ["created", "exists"]
+    seen_within(lambda: all("race" in buckets_of(d) for d in nodes), 2.0)
+
+
+def test_a_node_away_during_changes_takes_them_when_it_returns(
+    tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=2)
+    try:
+        a, b = nodes
+        wait_until(lambda: all(full_map(cluster_status(d), 2) for d in nodes), what="map of 2")
+        with a.client() as c:
+            c.create_bucket("gone")
+            c.create_bucket("kept")
+        seen_within(lambda: {"gone", "kept"} <= buckets_of(b), 2.0)
+        b.kill()
+        with a.client() as c:
+            c.delete_bucket("gone")
+            c.create_user("dave", "dave-secret-1", roles={"kept": "read"})
+        b.start()  # same data directory and name: it compares its copy with etcd's
+        assert "gone" not in buckets_of(b) and "kept" in buckets_of(b)
+        assert "dave" in users_of(b)
+    finally:
+        for d in nodes:
+            d.kill()
