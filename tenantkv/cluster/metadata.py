@@ -192,7 +192,7 @@ class MetadataStore:
     async def apply(self) -> None:
         """Bring the node's copy to :attr:`state`."""
         async with self._lock:
-            wanted = {key: msgpack.unpackb(raw) for key, raw in self.state.items()}
+            wanted = _decoded(self.node, self.state)
             token = _following.set(True)
             try:
                 changed = await apply_state(self.node, wanted)
@@ -204,36 +204,64 @@ class MetadataStore:
             shared_state.reload(self.node)
 
 
+def _decoded(node: Node, state: dict[bytes, bytes]) -> dict[bytes, Any]:
+    """etcd's records as values. One that is not MessagePack (written by hand)
+    is logged and the node's own copy of it kept, rather than stop following
+    or take it for a deletion (which, for a bucket, would drop its data)."""
+    out = {}
+    for key, raw in state.items():
+        try:
+            out[key] = msgpack.unpackb(raw)
+        except (ValueError, msgpack.ExtraData) as exc:
+            log.error("cluster metadata: %s in etcd is not a record (%s); ignored", key, exc)
+            local = node.engine.system_get(key)
+            if local is not None:
+                out[key] = local
+    return out
+
+
 async def apply_state(node: Node, wanted: dict[bytes, Any]) -> bool:
     """Write the difference between the node's copy and ``wanted`` (every shared
     record, by system key) with the ops the admin commands use; True if any.
 
     Buckets first: dropping one also revokes its roles in the users' records,
-    which the users' pass then sets to what ``wanted`` says."""
+    which the users' pass then sets to what ``wanted`` says. A record this node
+    cannot take (its storage full, its bucket limit reached) is logged and
+    tried again at the next change: the node goes on serving what it has."""
     changed = False
-    have = local_records(node)
-    for key in sorted(set(have) | set(wanted)):
-        if not key.startswith(b"bucket:") or have.get(key) == wanted.get(key):
-            continue
-        name = key[len(b"bucket:") :].decode()
-        old, new = have.get(key), wanted.get(key)
-        if old is not None and (new is None or old.get("created_ms") != new.get("created_ms")):
-            log.info("bucket %r was dropped on another node", name)
-            await node.drop_bucket(node.bucket(name))
-            old = None
-        if new is not None and old is None:
-            log.info("bucket %r was created on another node", name)
-            node.bucket_added(await node.write(CreateBucketOp(name, dict(new))))
-        elif new is not None:
-            await node.write(PutSystemOp(key, new))
-        changed = True
-    have = local_records(node)
-    for key in sorted(set(have) | set(wanted)):
-        if key.startswith(b"bucket:") or have.get(key) == wanted.get(key):
-            continue
-        await node.write(PutSystemOp(key, wanted.get(key)))
-        changed = True
+    for buckets in (True, False):
+        have = local_records(node)
+        for key in sorted(set(have) | set(wanted)):
+            old, new = have.get(key), wanted.get(key)
+            if key.startswith(b"bucket:") is not buckets or old == new:
+                continue
+            changed = True
+            try:
+                if buckets:
+                    await _apply_bucket(node, key[len(b"bucket:") :].decode(), old, new)
+                else:
+                    await node.write(PutSystemOp(key, new))
+            except errors.ServerError as exc:
+                log.error("cluster metadata: %s not applied here: %s", key.decode(), exc)
     return changed
+
+
+async def _apply_bucket(node: Node, name: str, old: Any, new: Any) -> None:
+    """Bring bucket ``name``'s record from ``old`` to ``new`` (None: absent); a
+    new ``created_ms`` is a new tenant: the old one's data and grants go."""
+    if old is not None and (new is None or old.get("created_ms") != new.get("created_ms")):
+        log.info("bucket %r was dropped on another node", name)
+        handle = node.engine.buckets.get(name)
+        if handle is not None:
+            await node.drop_bucket(handle)
+        else:
+            await node.write(PutSystemOp(b"bucket:" + name.encode(), None))
+        old = None
+    if new is not None and old is None:
+        log.info("bucket %r was created on another node", name)
+        node.bucket_added(await node.write(CreateBucketOp(name, dict(new))))
+    elif new is not None:
+        await node.write(PutSystemOp(b"bucket:" + name.encode(), new))
 
 
 async def initial_merge(store: MetadataStore) -> None:

@@ -279,3 +279,19 @@ def test_a_node_away_during_changes_takes_them_when_it_returns(
     finally:
         for d in nodes:
             d.kill()
+
+
+def test_a_record_that_is_not_one_is_ignored_and_the_nodes_keep_following(
+    two_nodes: tuple[list[Daemon], str], etcd_server: EtcdServer
+) -> None:
+    (a, b), prefix = two_nodes
+    key = f"{prefix}/meta/bucket:junk".encode()
+    httpx.post(
+        f"{etcd_server.url}/v3/kv/put",
+        json={"key": base64.b64encode(key).decode(), "value": base64.b64encode(b"\xc1").decode()},
+        timeout=5,
+    ).raise_for_status()
+    with a.client() as c:
+        c.create_bucket("after-junk")
+    seen_within(lambda: "after-junk" in buckets_of(b), 2.0)
+    assert "junk" not in buckets_of(b)
