@@ -118,9 +118,12 @@ class MetadataStore:
                 result = await self.etcd.txn(compare, success)
             except EtcdError as exc:
                 self.etcd_errors += 1
+                # Nothing was written here. (A reply lost after etcd took the
+                # change is the one case it happened after all: then every node,
+                # this one too, gets it from etcd by the watch.)
                 raise errors.NodeUnavailable(
-                    f"cluster metadata cannot change now: {exc}; nothing was changed, "
-                    "try again when etcd is reachable"
+                    f"cluster metadata cannot change now: {exc}; not applied on this "
+                    "node, try again when etcd is reachable"
                 ) from None
             if not result.succeeded:
                 raise refused
