@@ -204,7 +204,7 @@ class MetadataStore:
         if changed:
             from tenantkv.server import shared_state
 
-            shared_state.reload(self.node)
+            shared_state.reload(self.node, open_new=False)
 
 
 def _decoded(node: Node, state: dict[bytes, bytes]) -> dict[bytes, Any]:
