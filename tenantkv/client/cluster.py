@@ -5,6 +5,9 @@
         c.set("user:1", b"x")              # sent to the node that serves the key's slot
         c.mget(["user:1", "user:2"])       # split by node, answered in key order
 
+    c = tenantkv.client.cluster.connect("127.0.0.1", 7301, ...)   # ClusterClient
+                                              # on a cluster node, else a Client
+
     async with AsyncClusterClient("127.0.0.1", 7301, ...) as c:   # the same, on Trio
         await c.get("user:1")
 
@@ -122,11 +125,20 @@ class ClusterClient(Commands):
     password, bucket, timeouts, retry policy, TLS), used for every node."""
 
     def __init__(
-        self, host: str, port: int, *, max_redirects: int = MAX_REDIRECTS, **kwargs: Any
+        self,
+        host: str,
+        port: int,
+        *,
+        max_redirects: int = MAX_REDIRECTS,
+        seed_client: Client | None = None,
+        **kwargs: Any,
     ) -> None:
+        """``seed_client``: a Client already open to (host, port), with these
+        ``kwargs``, to use as that node's (no second login)."""
         self._kwargs = kwargs
         self._seed: Address = (host, port)
-        self._clients: dict[Address, Client] = {self._seed: Client(host, port, **kwargs)}
+        seed = seed_client if seed_client is not None else Client(host, port, **kwargs)
+        self._clients: dict[Address, Client] = {self._seed: seed}
         self.max_redirects = max_redirects
         self.map_refreshes = 0
         try:
@@ -182,6 +194,29 @@ class ClusterClient(Commands):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def connect(host: str, port: int, **kwargs: Any) -> Client | ClusterClient:
+    """A client for whatever serves at (host, port): a :class:`ClusterClient` if
+    the server is a node of a cluster (its ``cluster_map`` says so), else the
+    :class:`~tenantkv.client.sync_client.Client` itself. ``kwargs`` are
+    Client's. One login either way: the first connection is kept.
+
+    Why not :class:`Client` itself switching: a Client is one node's session —
+    what ClusterClient and ``tenantkv-admin`` build on, and what per-node
+    commands (node throttle properties, status) need — and its pipelines and
+    transactions are one batch on one socket, which a cluster would have to
+    split by node. Given a cluster node, a Client answers ``NotMyPartition``
+    (with the owner's address) for another node's keys rather than guess."""
+    client = Client(host, port, **kwargs)
+    try:
+        doc = client.command("cluster_map")
+        if not doc.get("enabled"):
+            return client
+        return ClusterClient(host, port, seed_client=client, **kwargs)
+    except BaseException:
+        client.close()
+        raise
 
 
 class AsyncClusterClient(Commands):
@@ -242,9 +277,7 @@ class AsyncClusterClient(Commands):
             self._clients[address] = client
         return client
 
-    async def _hold(
-        self, address: Address, *, task_status: trio.TaskStatus[AsyncClient]
-    ) -> None:
+    async def _hold(self, address: Address, *, task_status: trio.TaskStatus[AsyncClient]) -> None:
         async with AsyncClient(address[0], address[1], **self._kwargs) as client:
             task_status.started(client)
             await self._closing.wait()

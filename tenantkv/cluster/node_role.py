@@ -10,18 +10,23 @@ map marks it down at once) when it drains.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 
+from tenantkv import errors
 from tenantkv.cluster.cluster_map import NodeInfo
 from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
+from tenantkv.cluster.metadata import MetadataStore
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
 from tenantkv.server.role import SingleProcess
+from tenantkv.storage.ops import WriteOp
 
 
 def cluster_settings(config: Config) -> ClusterSettings:
@@ -52,6 +57,8 @@ class ClusterNode(SingleProcess):
     def __init__(self, config: Config) -> None:
         self.settings = cluster_settings(config)
         self.member: Member | None = None
+        #: the cluster's buckets, users and parameters (tenantkv.cluster.metadata)
+        self.metadata: MetadataStore | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -59,21 +66,45 @@ class ClusterNode(SingleProcess):
     def figures(self) -> dict[str, Any]:
         if self.member is None:
             return {"cluster": {"node": self.settings.node_name, "joined": False}}
-        return {"cluster": {"joined": True, **self.member.status()}}
+        metadata = self.metadata.status() if self.metadata is not None else {}
+        return {"cluster": {"joined": True, **self.member.status(), "metadata": metadata}}
+
+    def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
+        """Buckets, users and parameters change in etcd first (cluster.metadata)."""
+        if self.metadata is None:
+            return contextlib.nullcontext()
+        return self.metadata.sharing(op)
 
     async def load(self, node: Node, nursery: trio.Nursery) -> None:
-        await super().load(node, nursery)
-        await nursery.start(self._run_member, advertised(node.config, node))
-        assert self.member is not None
+        etcd: Etcd = await nursery.start(self._run_etcd)
+        # The cluster's metadata before the first admin user: a node joining a
+        # cluster takes its users rather than bootstrap one of its own.
+        self.metadata = MetadataStore(etcd, self.settings, node)
+        await nursery.start(self.metadata.follow)
+        await self._bootstrap(node)
+        nursery.start_soon(node.expiry_pager.run)
+        self.member = Member(etcd, self.settings, advertised(node.config, node))
+        await nursery.start(self.member.run)
         await self.member.wait_for_map()
         self._route(node)
 
-    async def _run_member(
-        self, me: NodeInfo, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    async def _run_etcd(
+        self, *, task_status: trio.TaskStatus[Etcd] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with Etcd(self.settings.endpoints) as etcd:
-            self.member = Member(etcd, self.settings, me)
-            await self.member.run(task_status=task_status)
+            task_status.started(etcd)
+            await trio.sleep_forever()
+
+    async def _bootstrap(self, node: Node) -> None:
+        """:func:`bootstrap`, where another node may create ``admin`` first."""
+        assert self.metadata is not None
+        try:
+            await node.accounts.bootstrap_admin()
+        except errors.UserExists:
+            # Another node bootstrapped the cluster's admin meanwhile: take it.
+            await self.metadata.read()
+            await self.metadata.apply()
+        await node.accounts.drop_dangling_roles(node.engine.buckets)
 
     def _route(self, node: Node) -> None:
         """From now on the node serves only the keys of its own slots."""

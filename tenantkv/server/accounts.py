@@ -420,7 +420,10 @@ class Accounts:
         when it was created again meanwhile (another user: a new ``uid``)."""
         gone = {n for n, u in self.users.items() if n not in users or users[n].uid != u.uid}
         changed = {n for n, u in users.items() if self.users.get(n) != u}
-        self.users = users
+        # An unchanged user keeps its object: a login being verified checks
+        # that its user is still the one it verified against (identity), and a
+        # reload for another change (a bucket, a parameter) must not fail it.
+        self.users = {n: u if n in changed else self.users[n] for n, u in users.items()}
         for name in gone | changed:
             self._forget(name)
         if gone or changed:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -120,6 +121,12 @@ class Role(Protocol):
 
     async def changed(self) -> None:
         """Shared state changed here (committed): returns once the node sees it."""
+        ...
+
+    def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
+        """Around the commit of a shared-state ``op``: where that state is held
+        beyond this node (a cluster's etcd), it changes there first; raises to
+        refuse the change before anything is written here."""
         ...
 
     async def admit_connection(self, node: Node, conn_id: int, addr: str) -> Admission:
@@ -588,14 +595,15 @@ class Node:
             box[0], box[1] = result, error
             done.set()
 
-        ticket = self.write_tickets.try_acquire(Priority.EXEMPT)  # counted, never waits
-        assert ticket is not None
-        self.submit(op, callback)
-        # Shielded: once queued the op will commit; wait for its outcome so the
-        # in-memory registries never disagree with the disk.
-        with trio.CancelScope(shield=True):
-            await done.wait()
-        ticket.release()
+        async with self.role.sharing(op) if op.shared_state else _NOTHING_SHARED:
+            ticket = self.write_tickets.try_acquire(Priority.EXEMPT)  # counted, never waits
+            assert ticket is not None
+            self.submit(op, callback)
+            # Shielded: once queued the op will commit; wait for its outcome so the
+            # in-memory registries never disagree with the disk.
+            with trio.CancelScope(shield=True):
+                await done.wait()
+            ticket.release()
         if box[1] is not None:
             raise box[1]
         if op.shared_state:
@@ -691,6 +699,10 @@ class Node:
         for s in list(self.sessions):
             if s.bucket == bucket:
                 s.select(None)
+
+
+#: the commit of an op that changes no shared state needs no context
+_NOTHING_SHARED = contextlib.nullcontext()
 
 
 def _ignore_outcome(result: Any, error: BaseException | None) -> None:

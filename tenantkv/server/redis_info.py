@@ -51,7 +51,7 @@ def _server(ex: Executor) -> Fields:
     return [
         ("redis_version", REDIS_VERSION),
         ("tenantkv_version", __version__),
-        ("redis_mode", "standalone"),
+        ("redis_mode", "cluster" if node.config.cluster else "standalone"),
         ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
         ("arch_bits", struct.calcsize("P") * 8),
         ("process_id", os.getpid()),
@@ -149,7 +149,8 @@ def _cpu(ex: Executor) -> Fields:
 
 
 def _cluster(ex: Executor) -> Fields:
-    return [("cluster_enabled", 0)]
+    # Cluster clients and test harnesses read this to tell a cluster node apart.
+    return [("cluster_enabled", 1 if ex.node.config.cluster else 0)]
 
 
 def _keyspace(ex: Executor) -> Fields:

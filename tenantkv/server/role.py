@@ -18,9 +18,11 @@ exist:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -33,6 +35,7 @@ from tenantkv.server.node import Announcement, Listeners, Node
 
 if TYPE_CHECKING:
     from tenantkv.storage.group_commit import GroupCommitWriter
+    from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.server")
 
@@ -119,6 +122,10 @@ class SingleProcess:
 
     async def changed(self) -> None:
         """This process is the node: it sees the change already."""
+
+    def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
+        """This process's storage is the only copy: nothing to change first."""
+        return contextlib.nullcontext()
 
     async def admit_connection(self, node: Node, conn_id: int, addr: str) -> Admission:
         return node.connection_table.admit(

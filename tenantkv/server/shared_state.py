@@ -73,17 +73,22 @@ def apply_bucket_props(throttle: TenantThrottle, name: str, props: BucketProps) 
         throttle.set_bucket(name, reserved=props.reserved, hard_limit=props.hard_limit)
 
 
-def reload(node: Node) -> None:
-    """Apply every shared change committed by another worker (see the module doc)."""
+def reload(node: Node, *, open_new: bool = True) -> None:
+    """Apply every shared change committed by another worker (see the module doc).
+
+    ``open_new`` False: a committed bucket this process has not opened is left
+    alone. A cluster node (tenantkv.cluster.metadata) opens the buckets other
+    nodes create itself, so one it has not opened is its own admin command's,
+    committed and about to be added by that command."""
     engine = node.engine
     node.accounts.reload(stored_users(engine))
-    _reload_buckets(node, stored_buckets(engine))
+    _reload_buckets(node, stored_buckets(engine), open_new=open_new)
     apply_node_props(node.throttle, stored_node_props(engine))
     node.parameters.reload(engine)
     node.gate.wake()
 
 
-def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]]) -> None:
+def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]], *, open_new: bool) -> None:
     engine = node.engine
     for name, handle in list(engine.buckets.items()):
         props = stored.get(name)
@@ -95,6 +100,8 @@ def _reload_buckets(node: Node, stored: dict[str, dict[str, Any]]) -> None:
     for name, props in stored.items():
         existing = engine.buckets.get(name)
         if existing is None:
+            if not open_new:
+                continue
             opened = engine.open_bucket(name, props)
             if opened is not None:
                 node.bucket_added(opened)

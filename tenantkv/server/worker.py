@@ -60,6 +60,7 @@ from tenantkv.server.role import (
 
 if TYPE_CHECKING:
     from tenantkv.server.node import Node
+    from tenantkv.storage.ops import WriteOp
 
 log = logging.getLogger("tenantkv.server")
 
@@ -195,6 +196,10 @@ class WorkerLink:
         is the node's when the command that made it answers."""
         with contextlib.suppress(ChannelClosed):
             await self.channel.call(m.Changed(self.index))
+
+    def sharing(self, op: WriteOp) -> contextlib.AbstractAsyncContextManager[None]:
+        """The node's storage is the only copy: nothing to change first."""
+        return contextlib.nullcontext()
 
     async def node_status(self) -> dict[str, Any]:
         """The node's status document: the supervisor merges every worker's (this

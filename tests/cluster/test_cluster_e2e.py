@@ -59,6 +59,22 @@ def start_nodes(
     return nodes
 
 
+def create_bucket(nodes: list[Daemon], name: str, timeout: float = 2.0) -> None:
+    """Create bucket ``name`` on the first node (it is the cluster's) and wait
+    until every node serves it."""
+    with nodes[0].client() as c:
+        c.create_bucket(name)
+
+    def everywhere() -> bool:
+        for d in nodes:
+            with d.client() as c:
+                if name not in {b["name"] for b in c.list_buckets()}:
+                    return False
+        return True
+
+    wait_until(everywhere, timeout=timeout, what=f"bucket {name!r} on every node")
+
+
 @pytest.fixture
 def three_nodes(
     tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str

@@ -19,7 +19,7 @@ from tenantkv.cluster.slots import SLOTS, key_slot
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import cluster_status, full_map, start_nodes
+from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
 
 BUCKET = "app"
 
@@ -28,15 +28,12 @@ BUCKET = "app"
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
 ) -> Iterator[list[Daemon]]:
-    """Three nodes (a lease of 2 s), each with the bucket (buckets are per node
-    until cluster-wide metadata comes)."""
+    """Three nodes (a lease of 2 s) and the bucket (the cluster's: made on one node)."""
     tmp: Path = tmp_path_factory.mktemp("routing")
     nodes = start_nodes(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2)
     try:
         wait_until(lambda: all(full_map(cluster_status(d), 3) for d in nodes), what="map of 3")
-        for d in nodes:
-            with d.client() as c:
-                c.create_bucket(BUCKET)
+        create_bucket(nodes, BUCKET)
         yield nodes
     finally:
         for d in nodes:
@@ -178,9 +175,7 @@ def test_a_down_node_slots_are_unavailable_the_others_serve(
     nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=1)
     try:
         wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
-        for d in nodes:
-            with d.client() as c:
-                c.create_bucket(BUCKET)
+        create_bucket(nodes, BUCKET)
         theirs, mine = key_on(nodes, nodes[1]), key_on(nodes, nodes[0])
         nodes[1].kill()
         wait_until(lambda: full_map(cluster_status(nodes[0]), 1), timeout=15, what="n1 down")
@@ -378,3 +373,30 @@ def test_redis_cli_follows_moved(cluster: list[Daemon]) -> None:
     assert cli("GET", theirs) == f"MOVED {key_slot(theirs.encode())} 127.0.0.1:{n2.resp_port}"
     with n2.client(bucket=BUCKET) as c:
         assert c.get(theirs) == b"via-cli"
+
+
+def test_info_says_cluster_enabled_on_a_cluster_node(cluster: list[Daemon]) -> None:
+    r = resp(cluster[1])
+    try:
+        assert r.info("cluster") == {"cluster_enabled": 1}
+        assert r.info("server")["redis_mode"] == "cluster"
+    finally:
+        r.close()
+
+
+def test_connect_gives_a_routing_client_on_a_cluster_and_a_client_on_one_node(
+    cluster: list[Daemon], daemon: Daemon
+) -> None:
+    from tenantkv.client.cluster import ClusterClient, connect
+    from tenantkv.client.sync_client import Client
+
+    n1 = cluster[1]
+    with connect(n1.host, n1.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET) as c:
+        assert isinstance(c, ClusterClient)
+        keys = [key_on(cluster, d, "connect") for d in cluster]
+        for k in keys:
+            c.set(k, b"routed")  # every node's keys, through the one node given
+        assert c.mget(keys) == [b"routed"] * 3
+    with connect(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD) as single:
+        assert type(single) is Client
+        assert single.list_buckets() is not None
