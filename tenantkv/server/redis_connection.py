@@ -159,13 +159,16 @@ async def _hello(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> b
         msgid,
         d.enc.map(
             {
-                "server": "tenantkv",
-                "version": __version__,
+                # As Redis names itself: clients gate features on these (redis-py's
+                # client-side cache needs "redis" and 7.4); tenantkv's own follows.
+                "server": "redis",
+                "version": redis_info.REDIS_VERSION,
                 "proto": version,
                 "id": ex.conn_id,
                 "mode": "standalone",
                 "role": "master",
                 "modules": [],
+                "tenantkv_version": __version__,
             }
         ),
     )
@@ -390,8 +393,6 @@ def _tracking(d: DoorState, ex: Executor, sub: bytes, args: list[bytes]) -> byte
     if sub == b"trackinginfo" and len(args) == 2:
         head = b"%3\r\n" if enc.version >= 3 else b"*6\r\n"  # (a map of three)
         flags = tracker.flags() if tracker is not None else ["off"]
-        if tracker is not None and tracker.caching is not None:
-            flags.append("caching-yes" if tracker.caching else "caching-no")
         prefixes = list(tracker.prefixes) if tracker is not None else []
         return (
             head

@@ -89,6 +89,8 @@ class Tracker:
             (self.bcast, "bcast"),
             (self.optin, "optin"),
             (self.optout, "optout"),
+            (self.caching is True, "caching-yes"),
+            (self.caching is False, "caching-no"),
             (self.noloop, "noloop"),
         ):
             if flag:
