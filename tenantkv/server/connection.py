@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -302,7 +303,25 @@ class Connection:
             self._scope.cancel()
             return
         out += data
-        self._push_wanted.set()
+        if not self._send_now():
+            self._push_wanted.set()
+
+    def _send_now(self) -> bool:
+        """Write what is ready straight to the socket, if no send is under way and
+        the socket takes it all at once; True if it did. A push made as a write
+        commits is then on its way before the writer's answer is (the pusher
+        task would run in any order with the writer's task). TLS streams, and a
+        socket that takes only part, leave it to the pusher."""
+        lock, stream = self._send_lock, self.stream
+        if lock is None or lock.locked() or not isinstance(stream, trio.SocketStream):
+            return False
+        out = self.door.out
+        try:
+            sent = os.write(stream.socket.fileno(), out)
+        except OSError:  # (full, or gone: the pusher's send finds out which)
+            return False
+        del out[:sent]
+        return not out
 
     async def _pusher(self) -> None:
         assert self._push_scope is not None and self._push_wanted is not None
