@@ -50,6 +50,7 @@ import trio
 
 from tenantkv import errors, protocol
 from tenantkv.server import auth
+from tenantkv.server.direct_stream import DirectSocketStream
 from tenantkv.server.executor import OUT_HIGH_WATER, Door, Executor, Request, closing_log
 from tenantkv.server.node import Node
 
@@ -140,6 +141,8 @@ class Connection:
         self._send_lock: trio.Lock | None = None
         self._push_wanted: trio.Event | None = None
         self._push_scope: trio.CancelScope | None = None
+        #: a send has taken bytes from ``out`` that are not all written yet
+        self._writing = False
         #: closed for pushes its client did not read (PUSH_HIGH_WATER)
         self.push_overflow = False
 
@@ -245,7 +248,13 @@ class Connection:
             await self._send()
             return
         async with self._send_lock:
-            await self._send()
+            if self._send_now():
+                return
+            self._writing = True  # (bytes taken from ``out`` not yet written)
+            try:
+                await self._send()
+            finally:
+                self._writing = False
 
     async def _send(self) -> None:
         door = self.door
@@ -307,15 +316,23 @@ class Connection:
             self._push_wanted.set()
 
     def _send_now(self) -> bool:
-        """Write what is ready straight to the socket, if no send is under way and
-        the socket takes it all at once; True if it did. A push made as a write
-        commits is then on its way before the writer's answer is (the pusher
-        task would run in any order with the writer's task). TLS streams, and a
-        socket that takes only part, leave it to the pusher."""
-        lock, stream = self._send_lock, self.stream
-        if lock is None or lock.locked() or not isinstance(stream, trio.SocketStream):
+        """Write what is ready straight to the socket, if no send is part way and
+        the socket takes it all at once; True if it did (what it took is gone
+        from ``out``). A push made as a write commits is then on its way before
+        the writer's answer is (the pusher task would run in any order with the
+        writer's task). TLS streams, and a socket that takes only part, leave
+        the rest to an awaited send."""
+        stream = self.stream
+        if (
+            self._writing
+            or self.push_overflow
+            or self._released  # (its file descriptor may be closed, even reused)
+            or not isinstance(stream, (DirectSocketStream, trio.SocketStream))
+        ):
             return False
         out = self.door.out
+        if not out:
+            return True
         try:
             sent = os.write(stream.socket.fileno(), out)
         except OSError:  # (full, or gone: the pusher's send finds out which)
