@@ -314,3 +314,23 @@ def test_workers_expiry_reaches_every_worker(workers2: Daemon) -> None:
     eventually(lambda: r.get("wttl"), None)
     r.close()
     w.close()
+
+
+def test_the_tracking_table_is_bounded(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past tracking_table_max_keys the oldest key is evicted, its reader told."""
+    monkeypatch.setenv("TENANTKV_TRACKING_TABLE_MAX_KEYS", "3")
+    d = Daemon(tmp_path_factory.mktemp("tracking-bound") / "data").start()
+    try:
+        with d.client() as c:
+            c.create_bucket("red")
+            c.create_user("alice", PW, roles={"red": "readwrite"})
+        s = _sock(d, b"CLIENT TRACKING ON\r\n", b"MGET k1 k2 k3\r\n")
+        _read_until(s, b"*3\r\n_\r\n_\r\n_\r\n")
+        s.sendall(b"GET k4\r\n")
+        evicted = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\nk1\r\n"
+        assert _read_until(s, evicted + b"_\r\n") == evicted + b"_\r\n"
+        s.close()
+    finally:
+        d.kill()
