@@ -25,6 +25,7 @@ from typing import Any
 
 from tenantkv.storage.op_wire import RemoteBatchOp
 from tenantkv.storage.ops import DropBucketOp, ExpireDueOp, RunOp, WriteOp
+from tenantkv.storage.slot_ops import DropSlotOp
 from tenantkv.storage.string_ops import FlushOp
 from tenantkv.storage.transaction_ops import TransactionOp
 from tenantkv.storage.value_ops import BitOpOp, MoveOp
@@ -279,9 +280,9 @@ def _changes(op: Any) -> Iterator[Change]:
         yield from changes_of(op.writes)
     elif isinstance(op, TransactionOp):
         yield from changes_of(s for s in op.steps if isinstance(s, WriteOp))
-    elif isinstance(op, ExpireDueOp):
+    elif isinstance(op, (ExpireDueOp, DropSlotOp)):  # (keys found as it ran)
         by_bucket: dict[str, list[bytes]] = {}
-        for bucket, key in op.expired:
+        for bucket, key in op.removed_keys:
             by_bucket.setdefault(bucket, []).append(key)
         yield from by_bucket.items()
     elif isinstance(op, (FlushOp,)):

@@ -8,6 +8,7 @@ from typing import Any
 
 from tenantkv.server.tracking import Tracker, TrackingTable, changes_of
 from tenantkv.storage.ops import DeleteOp, DropBucketOp, ExpireDueOp, PutSystemOp, RunOp, SetOp
+from tenantkv.storage.slot_ops import DropSlotOp
 from tenantkv.storage.string_ops import FlushOp, MultiDeleteOp, MultiSetOp
 from tenantkv.storage.transaction_ops import TransactionOp
 from tenantkv.storage.value_ops import BitOpOp, MoveOp
@@ -126,8 +127,11 @@ def test_changes_of_every_kind_of_write() -> None:
         TransactionOp(h, [SetOp(h, b"t1", b"v")]),
     ]
     expired = ExpireDueOp()
-    expired.expired = [("b", b"e1"), ("c", b"e2")]
+    expired.removed_keys = [("b", b"e1"), ("c", b"e2")]
     ops.append(expired)
+    moved_away = DropSlotOp(7)
+    moved_away.removed_keys = [("b", b"slot7")]
+    ops.append(moved_away)
     assert list(changes_of(ops)) == [
         ("b", [b"s"]),
         ("b", [b"d"]),
@@ -142,6 +146,7 @@ def test_changes_of_every_kind_of_write() -> None:
         ("b", [b"t1"]),
         ("b", [b"e1"]),
         ("c", [b"e2"]),
+        ("b", [b"slot7"]),
     ]
 
 
