@@ -422,12 +422,13 @@ class Supervisor:
         its writes' keys itself) — and the write is answered once they have
         pushed the invalidations, so no client reads a stale cached value after
         the write is acknowledged."""
-        expired = [op for op in decoded if isinstance(op, ExpireDueOp)]
+        everything = [[b, k] for b, k in changes_of(decoded)]
+        expired = [[b, k] for b, k in changes_of(o for o in decoded if isinstance(o, ExpireDueOp))]
         async with trio.open_nursery() as nursery:
             for o in self.workers:
                 if o.index not in self._tracking or o.channel is None or not o.ready.is_set():
                     continue
-                changes = [[b, k] for b, k in changes_of(expired if o is origin else decoded)]
+                changes = expired if o is origin else everything
                 if changes:
                     nursery.start_soon(_call_quietly, o.channel, m.Invalidate(changes))
 
