@@ -334,3 +334,17 @@ def test_the_tracking_table_is_bounded(
         s.close()
     finally:
         d.kill()
+
+
+def test_a_dropped_bucket_sends_a_null_invalidation(d: Daemon) -> None:
+    with d.client() as admin:
+        admin.create_bucket("doomed")
+        admin.create_user("dana", PW, roles={"doomed": "readwrite"})
+    s = socket.create_connection((d.host, d.resp_port), timeout=10)
+    s.sendall(b"HELLO 3 AUTH dana@doomed " + PW.encode() + b"\r\nCLIENT TRACKING ON\r\nGET x\r\n")
+    _read_until(s, b"+OK\r\n_\r\n")
+    with d.client() as admin:
+        admin.delete_bucket("doomed")
+    push = b">2\r\n$10\r\ninvalidate\r\n_\r\n"
+    assert _read_until(s, push).endswith(push)
+    s.close()
