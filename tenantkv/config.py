@@ -258,6 +258,13 @@ class Config:
         "sleep in case the wall clock is stepped.",
         0.01,
     )
+    tracking_table_max_keys: int = declare(
+        1_000_000,
+        "Most keys the RESP door's client-side caching (CLIENT TRACKING) remembers per "
+        "process, as Redis's tracking-table-max-keys; past it the oldest key is "
+        "invalidated (its readers told) and forgotten.",
+        1,
+    )
     read_unit_size: int = declare(
         4096,
         "Bytes per read unit (RU): a read costs ceil(bytes / read_unit_size).",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -49,7 +50,8 @@ import trio
 
 from tenantkv import errors, protocol
 from tenantkv.server import auth
-from tenantkv.server.executor import Door, Executor, Request, closing_log
+from tenantkv.server.direct_stream import DirectSocketStream
+from tenantkv.server.executor import OUT_HIGH_WATER, Door, Executor, Request, closing_log
 from tenantkv.server.node import Node
 
 log = logging.getLogger("tenantkv.session")
@@ -62,6 +64,9 @@ UNSENT_COUNTED_BYTES = 64 * 1024
 #: On shutdown, how long a connection must be quiet (its writes answered, nothing
 #: received) before it is closed; requests arriving until then get ShuttingDown.
 SHUTDOWN_QUIET_SECS = 0.25
+#: Most bytes of replies and pushes a tracking connection may leave unread (its
+#: client-output-buffer limit): a push past it closes the connection.
+PUSH_HIGH_WATER = 2 * OUT_HIGH_WATER
 
 
 class Decoder(Protocol):
@@ -131,6 +136,15 @@ class Connection:
         #: bytes of replies being sent (a send of UNSENT_COUNTED_BYTES or more)
         self._unsent = 0
         self._released = False
+        #: client-side caching (start_pushing): pushes go out while the task waits
+        #: to receive, by a second task that takes turns with it to send
+        self._send_lock: trio.Lock | None = None
+        self._push_wanted: trio.Event | None = None
+        self._push_scope: trio.CancelScope | None = None
+        #: a send has taken bytes from ``out`` that are not all written yet
+        self._writing = False
+        #: closed for pushes its client did not read (PUSH_HIGH_WATER)
+        self.push_overflow = False
 
     # -- what the node and the registry see (node.Session, accounts.Connection) ------
 
@@ -170,6 +184,9 @@ class Connection:
                 self.node.receive_buffers.update(self, 0)
                 self._held = 0
             self.ex.close()
+            self.node.tracking.stop(self.conn_id)
+            if self._push_scope is not None:
+                self._push_scope.cancel()
             self.node.session_closed(self)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.stream.aclose()
@@ -179,7 +196,7 @@ class Connection:
         still there (bounded by ``shutdown_grace_secs``)."""
         with trio.move_on_after(self.node.config.shutdown_grace_secs):
             await self.ex.wait_writes()
-            if self.door.out:
+            if self.door.out and not self.push_overflow:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self.send()
 
@@ -225,8 +242,25 @@ class Connection:
     # -- output --------------------------------------------------------------------
 
     async def send(self) -> None:
-        """Send the replies ready (the door's ``out``)."""
+        """Send the replies ready (the door's ``out``); with pushes on, in turn
+        with the pusher (one sender at a time: a push never lands inside a reply)."""
+        if self._send_lock is None:
+            await self._send()
+            return
+        async with self._send_lock:
+            if self._send_now():
+                return
+            self._writing = True  # (bytes taken from ``out`` not yet written)
+            try:
+                await self._send()
+            finally:
+                self._writing = False
+
+    async def _send(self) -> None:
         door = self.door
+        if self.push_overflow:
+            door.out = bytearray()  # (closing: nothing more for this client)
+            return
         data, door.out = door.out, bytearray()
         if len(data) < UNSENT_COUNTED_BYTES:
             await self.stream.send_all(data)
@@ -242,6 +276,83 @@ class Connection:
         finally:
             self._unsent = 0
             self.held_changed()
+
+    # -- pushes (client-side caching) ------------------------------------------------
+
+    def start_pushing(self) -> None:
+        """Tracking is on: from now on a push goes out when it is made, even while
+        the connection waits for its client's next command. The pusher task is
+        made only for such a connection (most never need one)."""
+        if self._push_scope is not None:
+            return
+        self._send_lock = trio.Lock()
+        self._push_wanted = trio.Event()
+        self._push_scope = trio.CancelScope()
+        trio.lowlevel.spawn_system_task(self._pusher, name=f"pusher-{self.conn_id}")
+
+    def push(self, data: bytes) -> None:
+        """Queue a push after the replies ready (whole replies only: ``out`` never
+        holds part of one). A client that lets more than PUSH_HIGH_WATER bytes
+        pile up unread is closed, as Redis closes a client past its output
+        buffer limit: a push it never reads must not grow without bound."""
+        if self.push_overflow or self._push_wanted is None:
+            return
+        out = self.door.out
+        if len(out) + len(data) > PUSH_HIGH_WATER:
+            closing_log.info(
+                "connection %d from %s: %d bytes of replies and invalidations unread; closing",
+                self.conn_id,
+                self.peer,
+                len(out) + len(data),
+            )
+            self.push_overflow = True
+            self.door.out = bytearray()
+            self.reading = False
+            self._cancelled = True
+            self._scope.cancel()
+            return
+        out += data
+        if not self._send_now():
+            self._push_wanted.set()
+
+    def _send_now(self) -> bool:
+        """Write what is ready straight to the socket, if no send is part way and
+        the socket takes it all at once; True if it did (what it took is gone
+        from ``out``). A push made as a write commits is then on its way before
+        the writer's answer is (the pusher task would run in any order with the
+        writer's task). TLS streams, and a socket that takes only part, leave
+        the rest to an awaited send."""
+        stream = self.stream
+        if (
+            self._writing
+            or self.push_overflow
+            or self._released  # (its file descriptor may be closed, even reused)
+            or not isinstance(stream, (DirectSocketStream, trio.SocketStream))
+        ):
+            return False
+        out = self.door.out
+        if not out:
+            return True
+        try:
+            sent = os.write(stream.socket.fileno(), out)
+        except OSError:  # (full, or gone: the pusher's send finds out which)
+            return False
+        del out[:sent]
+        return not out
+
+    async def _pusher(self) -> None:
+        assert self._push_scope is not None and self._push_wanted is not None
+        with self._push_scope:
+            try:
+                while not self.push_overflow:
+                    await self._push_wanted.wait()
+                    self._push_wanted = trio.Event()
+                    if self.door.out:
+                        await self.send()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # (the connection's task sees the same and closes)
+            except Exception:  # a system task must not raise: it would end the server
+                log.exception("connection %d: pushes failed", self.conn_id)
 
     # -- input ---------------------------------------------------------------------
 

@@ -316,6 +316,26 @@ class NodeStatus(Call[NodeStatusReply]):
     REPLY = NodeStatusReply
 
 
+@dataclasses.dataclass(frozen=True)
+class Tracking(ControlMessage):
+    TYPE = "tracking"
+    SENDER = WORKER
+    MEANING = "client-side caching on (true) or off (false) on this worker: send it invalidate"
+    active: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Invalidate(Call[Done]):
+    TYPE = "invalidate"
+    SENDER = SUPERVISOR
+    MEANING = (
+        "client-side caching: the keys a commit changed, [bucket, keys or nil for all]; "
+        "answered once pushed, before the write is"
+    )
+    REPLY = Done
+    changes: list[Any]
+
+
 #: Every message, by its wire type.
 MESSAGES: dict[str, type[ControlMessage]] = {
     cls.TYPE: cls
@@ -338,6 +358,8 @@ MESSAGES: dict[str, type[ControlMessage]] = {
         LoginCancel,
         Changed,
         NodeStatus,
+        Tracking,
+        Invalidate,
     )
 }
 

@@ -43,6 +43,7 @@ from tenantkv.server.expiry_pager import ExpiryPager
 from tenantkv.server.failpoints import Failpoints
 from tenantkv.server.parameters import RuntimeParameters, prefixed
 from tenantkv.server.remote_writer import RemoteWriter
+from tenantkv.server.tracking import TrackingTable, changes_of
 from tenantkv.storage.engine import BucketHandle, Engine
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import DropBucketOp, WriteOp
@@ -260,6 +261,8 @@ class Node:
             engine, self.write, lambda: self.config.expiry_pager_interval_secs
         )
         self.writer.expiry_observers.append(self._expiry_written_threadsafe)
+        #: client-side caching: who read which key (the RESP door's CLIENT TRACKING)
+        self.tracking = TrackingTable(config.tracking_table_max_keys)
         self._execution_control(config)
         for bucket_name in engine.buckets:
             self.bucket_stats[bucket_name] = BucketStats()
@@ -538,6 +541,9 @@ class Node:
         finally:
             self._tally = None
             self._settle(tally)
+        if self.tracking.trackers:
+            # After the answers: a writer's own reply goes out before its push.
+            self.tracking.changed(changes_of(p.op for p in batch))
 
     def _settle(self, tally: WriteTally) -> None:
         now = self.throttle.clock()

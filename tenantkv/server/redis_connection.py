@@ -17,10 +17,12 @@ from typing import Any, Protocol
 
 from tenantkv import errors
 from tenantkv._version import __version__
-from tenantkv.server import redis_docs, redis_info
+from tenantkv.server import redis_docs, redis_info, tracking
+from tenantkv.server.connection import Connection
 from tenantkv.server.executor import Executor
 from tenantkv.server.redis_commands import REDIS_COMMANDS, Encoder, syntax_error
 from tenantkv.server.redis_scan import compiled_glob
+from tenantkv.server.tracking import Tracker
 
 
 class DoorState(Protocol):
@@ -29,6 +31,8 @@ class DoorState(Protocol):
     enc: Encoder
     #: the name CLIENT SETNAME / HELLO SETNAME gave the connection
     name: bytes | None
+    #: client-side caching's state while CLIENT TRACKING is on
+    tracker: Tracker | None
 
     def fill(self, msgid: int, data: bytes) -> None: ...
 
@@ -55,13 +59,15 @@ MAX_CONFIG_PATTERNS = 16
 CONFIG_PATTERNS = "\0config"
 
 
-#: Client-side caching's subcommands. Tracking is never on (tenantkv sends no
-#: invalidation messages yet: docs/redis.md): each answers as Redis answers a
-#: connection whose tracking is off, and turning it on is refused in so many words.
+#: Client-side caching's subcommands (:mod:`tenantkv.server.tracking`).
 TRACKING_SUBCOMMANDS = frozenset({b"tracking", b"trackinginfo", b"caching", b"getredir"})
-TRACKING_REFUSED = (
-    "CLIENT TRACKING is not supported: tenantkv sends no invalidation messages, so a "
-    "client must not cache values (client-side caching is off)"
+TRACKING_NEEDS_RESP3 = (
+    "CLIENT TRACKING needs RESP3 (HELLO 3): tenantkv sends invalidations only as "
+    "pushes on the tracking connection itself (REDIRECT is not supported)"
+)
+REDIRECT_REFUSED = (
+    "CLIENT TRACKING REDIRECT is not supported: use HELLO 3, and the invalidations come "
+    "as pushes on the tracking connection itself"
 )
 
 
@@ -146,18 +152,23 @@ async def _hello(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> b
         return True
     if name is not None:
         d.name = name or None
+    if version < 3:
+        _tracking_off(d, ex)  # (RESP2 has no pushes: a cache would go stale)
     d.enc.version = version
     d.fill(
         msgid,
         d.enc.map(
             {
-                "server": "tenantkv",
-                "version": __version__,
+                # As Redis names itself: clients gate features on these (redis-py's
+                # client-side cache needs "redis" and 7.4); tenantkv's own follows.
+                "server": "redis",
+                "version": redis_info.REDIS_VERSION,
                 "proto": version,
                 "id": ex.conn_id,
                 "mode": "standalone",
                 "role": "master",
                 "modules": [],
+                "tenantkv_version": __version__,
             }
         ),
     )
@@ -194,6 +205,7 @@ async def _reset(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> b
     ``default`` user to fall back to)."""
     d.name = None
     ex.nonblocking_throttle = False
+    _tracking_off(d, ex)
     d.enc.version = 2
     d.fill(msgid, d.enc.simple("RESET"))
     return True
@@ -220,7 +232,10 @@ async def _select(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> 
     user = ex.current_user()
     if not user.can_read(name):
         raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {name!r}")
+    old = ex.bucket
     ex.select(name)
+    if d.tracker is not None:
+        ex.node.tracking.moved(d.tracker, old, name)
     d.fill(msgid, d.enc.simple("OK"))
     return True
 
@@ -259,7 +274,7 @@ async def _client(d: DoorState, ex: Executor, msgid: int, args: list[bytes]) -> 
         )
         reply = enc.verbatim(text) if enc.version >= 3 else enc.bulk(text)
     elif sub in TRACKING_SUBCOMMANDS:
-        reply = _tracking(enc, sub, args)
+        reply = _tracking(d, ex, sub, args)
     else:
         raise errors.BadValue(
             f"unknown subcommand or wrong number of arguments for "
@@ -371,29 +386,150 @@ def _command_reply(enc: Encoder, sub: bytes, asked: list[str]) -> bytes:
     return reply
 
 
-def _tracking(enc: Encoder, sub: bytes, args: list[bytes]) -> bytes:
-    """CLIENT TRACKING / TRACKINGINFO / CACHING / GETREDIR on a connection whose
-    tracking is off, in Redis 7.0's words (``clientCommand``)."""
+def _tracking(d: DoorState, ex: Executor, sub: bytes, args: list[bytes]) -> bytes:
+    """CLIENT TRACKING / TRACKINGINFO / CACHING / GETREDIR, in Redis 7.0's words
+    (``clientCommand``)."""
+    enc, tracker = d.enc, d.tracker
     if sub == b"trackinginfo" and len(args) == 2:
         head = b"%3\r\n" if enc.version >= 3 else b"*6\r\n"  # (a map of three)
-        flags = enc.bulk("flags") + enc.set(["off"])
-        redirect = enc.bulk("redirect") + enc.integer(-1)
-        return head + flags + redirect + enc.bulk("prefixes") + enc.array([])
-    if sub == b"getredir" and len(args) == 2:
-        return enc.integer(-1)
-    if sub == b"caching" and len(args) >= 3:
-        raise errors.BadValue(
-            "CLIENT CACHING can be called only when the client is in tracking mode with "
-            "OPTIN or OPTOUT mode enabled"
+        flags = tracker.flags() if tracker is not None else ["off"]
+        prefixes = list(tracker.prefixes) if tracker is not None else []
+        return (
+            head
+            + enc.bulk("flags")
+            + enc.set(flags)
+            + enc.bulk("redirect")
+            + enc.integer(-1 if tracker is None else 0)
+            + enc.bulk("prefixes")
+            + enc.array(prefixes)
         )
+    if sub == b"getredir" and len(args) == 2:
+        return enc.integer(-1 if tracker is None else 0)
+    if sub == b"caching" and len(args) == 3:
+        return _caching(enc, tracker, args[2].lower())
     if sub == b"tracking" and len(args) >= 3:
         mode = args[2].lower()
-        if mode == b"off" and len(args) == 3:
-            return enc.simple("OK")  # (it is off)
-        if mode == b"on":
-            raise errors.BadValue(TRACKING_REFUSED)
-        raise syntax_error()
+        if mode not in (b"on", b"off"):
+            raise syntax_error()
+        options = _tracking_options(args[3:])
+        if mode == b"off":
+            _tracking_off(d, ex)
+            return enc.simple("OK")
+        _tracking_on(d, ex, options)
+        return enc.simple("OK")
     raise errors.BadValue(
         f"unknown subcommand or wrong number of arguments for "
         f"'{args[1].decode(errors='replace')}'. Try CLIENT HELP."
     )
+
+
+def _caching(enc: Encoder, tracker: Tracker | None, opt: bytes) -> bytes:
+    """CLIENT CACHING yes|no: checked here; it took effect as it was decoded
+    (``RespDoor._tracking_command``), for the command after it."""
+    if tracker is None or not (tracker.optin or tracker.optout):
+        raise errors.BadValue(
+            "CLIENT CACHING can be called only when the client is in tracking mode with "
+            "OPTIN or OPTOUT mode enabled"
+        )
+    if opt == b"yes" and not tracker.optin:
+        raise errors.BadValue(
+            "CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."
+        )
+    if opt == b"no" and not tracker.optout:
+        raise errors.BadValue(
+            "CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."
+        )
+    if opt not in (b"yes", b"no"):
+        raise syntax_error()
+    return enc.simple("OK")
+
+
+def _tracking_options(args: list[bytes]) -> dict[str, Any]:
+    """CLIENT TRACKING's options, as Redis parses them (one pass, then checks)."""
+    options: dict[str, Any] = {"prefixes": []}
+    i = 0
+    while i < len(args):
+        opt = args[i].lower()
+        more = i + 1 < len(args)
+        if opt == b"redirect" and more:
+            if "redirect" in options:
+                raise errors.BadValue("A client can only redirect to a single other client")
+            try:
+                options["redirect"] = int(args[i + 1])
+            except ValueError:
+                raise errors.BadValue("value is not an integer or out of range") from None
+            i += 2
+        elif opt in (b"bcast", b"optin", b"optout", b"noloop"):
+            options[opt.decode()] = True
+            i += 1
+        elif opt == b"prefix" and more:
+            if len(options["prefixes"]) >= tracking.MAX_PREFIXES:
+                raise errors.BadValue(f"at most {tracking.MAX_PREFIXES} prefixes per client")
+            options["prefixes"].append(args[i + 1])
+            i += 2
+        else:
+            raise syntax_error()
+    return options
+
+
+def _tracking_on(d: DoorState, ex: Executor, options: dict[str, Any]) -> None:
+    bcast = bool(options.get("bcast"))
+    prefixes: list[bytes] = options["prefixes"]
+    if prefixes and not bcast:
+        raise errors.BadValue("PREFIX option requires BCAST mode to be enabled")
+    if d.tracker is not None and d.tracker.bcast != bcast:
+        raise errors.BadValue(
+            "You can't switch BCAST mode on/off before disabling tracking for this client, "
+            "and then re-enabling it with a different mode."
+        )
+    if options.get("optin") and options.get("optout"):
+        raise errors.BadValue("You can't use both OPTIN and OPTOUT")
+    if (options.get("optin") or options.get("optout")) and bcast:
+        raise errors.BadValue("OPTIN and OPTOUT are not compatible with BCAST")
+    _check_prefixes(prefixes)
+    if "redirect" in options:
+        raise errors.BadValue(REDIRECT_REFUSED)
+    if d.enc.version < 3:
+        raise errors.BadValue(TRACKING_NEEDS_RESP3)
+    conn = ex.flow
+    if not isinstance(conn, Connection):
+        raise errors.BadValue(TRACKING_NEEDS_RESP3)
+    enc = d.enc
+    table = ex.node.tracking
+
+    def push(keys: list[bytes] | None) -> None:
+        body = enc.null_array() if keys is None else enc.array(keys)
+        conn.push(b">2\r\n$10\r\ninvalidate\r\n" + body)
+
+    tracker = tracking.Tracker(
+        table,
+        ex.conn_id,
+        lambda: ex.bucket,
+        push,
+        bcast=bcast,
+        prefixes=prefixes,
+        noloop=bool(options.get("noloop")),
+        optin=bool(options.get("optin")),
+        optout=bool(options.get("optout")),
+    )
+    conn.start_pushing()
+    table.start(tracker, ex.bucket)
+    d.tracker = tracker
+
+
+def _check_prefixes(prefixes: list[bytes]) -> None:
+    """Redis refuses prefixes of which one starts another (a key would be told twice)."""
+    for i, a in enumerate(prefixes):
+        for b in prefixes[i + 1 :]:
+            if a.startswith(b) or b.startswith(a):
+                raise errors.BadValue(
+                    f"Prefix '{b.decode(errors='replace')}' overlaps with another provided "
+                    f"prefix '{a.decode(errors='replace')}'. Prefixes for a single client "
+                    "must not overlap."
+                )
+
+
+def _tracking_off(d: DoorState, ex: Executor) -> None:
+    if d.tracker is not None:
+        ex.node.tracking.stop(ex.conn_id)
+        d.tracker = None

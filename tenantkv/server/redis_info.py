@@ -37,8 +37,9 @@ from tenantkv._version import __version__
 if TYPE_CHECKING:
     from tenantkv.server.executor import Executor
 
-#: The Redis version the door speaks as (clients gate features on it).
-REDIS_VERSION = "7.2.0"
+#: The Redis version the door speaks as (clients gate features on it: redis-py's
+#: client-side cache needs 7.4, and HELLO's ``server`` to say ``redis``).
+REDIS_VERSION = "7.4.0"
 #: Redis's run id: random per process start (40 hex digits, as Redis's).
 RUN_ID = secrets.token_hex(20)
 

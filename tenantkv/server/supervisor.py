@@ -62,11 +62,12 @@ from tenantkv.server.role import (
 )
 from tenantkv.server.server import open_engine, server_ssl_context
 from tenantkv.server.shared_state import stored_throttle_props
+from tenantkv.server.tracking import changes_of
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
 from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.op_wire import RemoteBatchOp, failed_outcome, item_from_wire
-from tenantkv.storage.ops import DropBucketOp, PutSystemOp
+from tenantkv.storage.ops import DropBucketOp, ExpireDueOp, PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.supervisor")
 
@@ -137,6 +138,9 @@ class Supervisor:
         self._login_settings = auth.LoginSettings()
         #: node connection ids in the table, per worker (dropped if it dies)
         self._conns: dict[int, set[int]] = {w.index: set() for w in self.workers}
+        #: workers where a connection tracks keys (client-side caching): only they
+        #: are sent each commit's changed keys
+        self._tracking: set[int] = set()
         #: each worker's latest demand on each node-wide rate limiter
         self._limiter_demand: dict[str, dict[str, float]] = {}
         #: the node's one group-commit writer: every worker's writes share its
@@ -317,6 +321,7 @@ class Supervisor:
         self._conns[w.index] = set()
         for key in [k for k in self._logins if k[0] == w.index]:
             self._login_cancel(key)
+        self._tracking.discard(w.index)
 
     # -- what workers send ------------------------------------------------------
 
@@ -401,6 +406,8 @@ class Supervisor:
             return m.WriteReply([failed_outcome(item, err) for item in decoded])
         for handle in batch.created:
             self.engine.buckets[handle.name] = handle
+        if self._tracking:
+            await self._invalidate(w, decoded)
         for item, outcome in zip(decoded, result, strict=True):
             if isinstance(item, DropBucketOp):
                 if outcome[1] is None:
@@ -408,6 +415,28 @@ class Supervisor:
                 else:
                     item.handle.dropped = False  # the drop did not commit
         return m.WriteReply(result)
+
+    async def _invalidate(self, origin: _Worker, decoded: list[WriteOp]) -> None:
+        """Client-side caching: every worker where a connection tracks is told
+        what this commit changed — the writing worker only of expiries (it saw
+        its writes' keys itself) — and the write is answered once they have
+        pushed the invalidations, so no client reads a stale cached value after
+        the write is acknowledged."""
+        everything = [[b, k] for b, k in changes_of(decoded)]
+        expired = [[b, k] for b, k in changes_of(o for o in decoded if isinstance(o, ExpireDueOp))]
+        async with trio.open_nursery() as nursery:
+            for o in self.workers:
+                if o.index not in self._tracking or o.channel is None or not o.ready.is_set():
+                    continue
+                changes = expired if o is origin else everything
+                if changes:
+                    nursery.start_soon(_call_quietly, o.channel, m.Invalidate(changes))
+
+    async def _on_tracking(self, w: _Worker, msg: m.Tracking) -> None:
+        if msg.active:
+            self._tracking.add(w.index)
+        else:
+            self._tracking.discard(w.index)
 
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
         assert self._token is not None
@@ -586,6 +615,7 @@ class Supervisor:
         m.LoginCancel: _on_login_cancel,
         m.Changed: _on_changed,
         m.NodeStatus: _on_node_status,
+        m.Tracking: _on_tracking,
     }
 
     # -- signals --------------------------------------------------------------------

@@ -172,6 +172,9 @@ class WorkerLink:
         """Serve the channel and keep the throttle's lease fresh, until the
         supervisor goes away — then stop the server: a worker never outlives it."""
         node.accounts.gate = RemoteLoginGate(self)
+        # Client-side caching: the supervisor sends other workers' changes only
+        # while some connection here tracks (in order, through the outbox).
+        node.tracking.on_active = lambda active: self._post(m.Tracking(active))
         node.accounts.persist_known_good = False  # the supervisor writes them
         self.apply_rate_shares(node)
         # Provisional shares (1/N) until the first lease: never a whole node's worth.
@@ -354,6 +357,10 @@ class WorkerLink:
     async def _on_reload_config(self, node: Node, msg: m.ReloadConfig) -> None:
         node.reload_config(Config().with_values(msg.config, source="the config file"))
 
+    async def _on_invalidate(self, node: Node, msg: m.Invalidate) -> m.Done:
+        node.tracking.changed((bucket, keys) for bucket, keys in msg.changes)
+        return m.Done()
+
     #: Every message the supervisor sends (but init) and its handler.
     HANDLERS: ClassVar[dict[type[m.ControlMessage], Callable[..., Awaitable[m.Reply | None]]]] = {
         m.Refresh: _on_refresh,
@@ -362,6 +369,7 @@ class WorkerLink:
         m.Expiry: _on_expiry,
         m.Evict: _on_evict,
         m.ReloadConfig: _on_reload_config,
+        m.Invalidate: _on_invalidate,
     }
 
 

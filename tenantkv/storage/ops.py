@@ -508,6 +508,8 @@ class ExpireDueOp(WriteOp):
     limit: int = 10_000
     exempt: bool = True
     removed: int = field(default=0)
+    #: (bucket, key) of each record it removed: client-side caching tells their readers
+    removed_keys: list[tuple[str, bytes]] = field(default_factory=list, init=False)
 
     def apply(self, w: WriteContext) -> Any:
         upto = records.expiry_prefix_upto(w.now_ms)
@@ -520,6 +522,7 @@ class ExpireDueOp(WriteOp):
                     break
                 done.append(ikey)
         removed = 0
+        self.removed_keys = []  # (applied again if the transaction is retried)
         for ikey in done:
             expiry_ms, bname, key = records.parse_expiry_key(ikey)
             w.txn.delete(ikey, db=w.engine.expiry)
@@ -533,5 +536,6 @@ class ExpireDueOp(WriteOp):
                 if w.engine.slots is not None:
                     w.engine.slots.removed(w.txn, h.name, key)
                 removed += 1
+                self.removed_keys.append((bname, key))
         self.removed = removed
         return {"scanned": len(done), "removed": removed}

@@ -21,6 +21,8 @@ class DropSlotOp(WriteOp):
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
+        #: (bucket, key) of each record it removed: client-side caching tells their readers
+        self.removed_keys: list[tuple[str, bytes]] = []
 
     def apply(self, w: WriteContext) -> Any:
         index = w.engine.slots
@@ -37,6 +39,7 @@ class DropSlotOp(WriteOp):
                         break
                     found.append(raw)
         dropped = 0
+        self.removed_keys = []  # (applied again if the transaction is retried)
         for raw in found:
             bucket, key = parse_entry(raw)
             h = w.engine.buckets[bucket]
@@ -44,6 +47,7 @@ class DropSlotOp(WriteOp):
             if old is not None:
                 _delete(w, h, key, old)  # (the index entry with it)
                 dropped += 1
+                self.removed_keys.append((bucket, key))
             else:
                 w.txn.delete(raw, db=index.db)  # stale: the key is gone
         self.keys_touched = max(1, dropped)

@@ -34,7 +34,7 @@ def test_the_docs_table_lists_every_message_as_the_code_has_it() -> None:
 def test_each_side_handles_every_message_the_other_sends() -> None:
     assert set(Supervisor.HANDLERS) == m.sent_by(m.WORKER)
     assert set(WorkerLink.HANDLERS) == m.sent_by(m.SUPERVISOR)
-    assert len(m.MESSAGES) == 18
+    assert len(m.MESSAGES) == 20
 
 
 @pytest.mark.parametrize("cls", list(m.MESSAGES.values()), ids=lambda c: c.TYPE)

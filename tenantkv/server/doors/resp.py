@@ -59,6 +59,7 @@ from tenantkv.server.executor import (
 from tenantkv.server.node import Node
 from tenantkv.server.redis_commands import REDIS_COMMANDS, Encoder, Reply, parse_call
 from tenantkv.server.redis_connection import LOCAL, LocalHandler
+from tenantkv.server.tracking import Tracker
 
 # -- the codec: bytes in, commands out -----------------------------------------------
 
@@ -544,6 +545,9 @@ class RespDoor:
         self._special: dict[int, Reply] = {}
         #: commands received before authenticating (MAX_PRE_AUTH_COMMANDS)
         self._pre_auth_commands = 0
+        #: client-side caching, while CLIENT TRACKING is on: told each command
+        #: as decoded (in the order sent), it remembers the keys read
+        self.tracker: Tracker | None = None
 
     @staticmethod
     def refusal(exc: errors.TenantKVError) -> bytes:
@@ -581,11 +585,28 @@ class RespDoor:
                     continue
                 if reply is not rc.reply:
                     special[msgid] = reply
+                if self.tracker is not None:
+                    self.tracker.command(args, rc.keys if rc.kind == "read" else None)
                 yield msgid, name, params
             elif name in LOCAL:
+                if self.tracker is not None:
+                    self._tracking_command(name, args)
                 yield msgid, name, args  # (its arguments: the door's)
             else:
                 yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1, 0)
+
+    def _tracking_command(self, name: str, args: list[bytes]) -> None:
+        """A connection command, tracking on: CLIENT CACHING yes|no is for the
+        command after it, so it takes effect here, in the order sent (its reply,
+        and its errors, come when it runs)."""
+        tracker = self.tracker
+        assert tracker is not None
+        if name == "client" and len(args) == 3 and args[1].lower() == b"caching":
+            caching = args[2].lower()
+            if (caching == b"yes" and tracker.optin) or (caching == b"no" and tracker.optout):
+                tracker.caching = caching == b"yes"
+                return
+        tracker.command(args, None)
 
     @staticmethod
     def _oversized(decoder: RequestDecoder, args: list[bytes]) -> Any:
