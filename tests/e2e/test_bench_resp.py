@@ -66,8 +66,11 @@ def test_hard_limit_through_resp_holds(tmp_path: Path) -> None:
     (s,) = json.loads(out.read_text())["scenarios"]
     assert s["settings"]["client"] == "redis-benchmark (RESP port)"
     assert s["client"]["errors"] == 0, s["client"]["error_sample"]
-    # a 2 s window on a shared CI machine: sane, not the ±3 % of the published run
-    assert abs(s["server"]["units_per_s"] - s["settings"]["hard_limit"]) <= 0.1 * 2000
+    # The limit holds: never more than it over a 2 s window (10 % for the window's
+    # edges, not the ±3 % of the published run). Less is no failure of the limit:
+    # a loaded 2-core machine may not drive redis-benchmark that fast.
+    units, limit = s["server"]["units_per_s"], s["settings"]["hard_limit"]
+    assert 0 < units <= 1.1 * limit
 
 
 def test_resp_client_drives_only_the_hard_limit_scenario() -> None:
