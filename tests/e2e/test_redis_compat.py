@@ -10,13 +10,13 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from tenantkv import protocol
 from tests.conftest import Daemon, rss_anon_mb
+from tests.e2e.test_redis import connect, raw
 
 PW = "Secret-Pa55"
 
@@ -34,31 +34,12 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     daemon.kill()
 
 
-def connect(d: Daemon, user: str = "alice", **kw: Any) -> redis.Redis:
-    return redis.Redis(
-        host=d.host, port=d.resp_port, username=user, password=PW, socket_timeout=20, **kw
-    )
-
-
 @pytest.fixture
 def r(d: Daemon) -> Iterator[redis.Redis]:
     c = connect(d)
     c.flushdb()
     yield c
     c.close()
-
-
-def raw(d: Daemon, data: bytes, *, timeout: float = 10) -> bytes:
-    """Send raw bytes; everything received until the server closes or goes quiet."""
-    with socket.create_connection((d.host, d.resp_port), timeout=timeout) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            pass
-        return out
 
 
 def auth(user: str = "alice") -> bytes:

@@ -14,7 +14,7 @@ import redis
 import redis.asyncio
 
 from tests.conftest import Daemon
-from tests.e2e.test_redis import raw
+from tests.e2e.test_redis import connect, raw
 
 PW = "Secret-Pa55"
 
@@ -30,12 +30,6 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         c.create_user("reader", PW, roles={"red": "read"})
     yield daemon
     daemon.kill()
-
-
-def connect(d: Daemon, user: str = "alice", **kw: Any) -> redis.Redis:
-    return redis.Redis(
-        host=d.host, port=d.resp_port, username=user, password=PW, socket_timeout=20, **kw
-    )
 
 
 @pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
