@@ -56,6 +56,10 @@ class Channel:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[trio.Event, list[Wire]]] = {}
         self.closed = False
+        #: messages received, and handlers begun (see :meth:`_handle`)
+        self._received = 0
+        self._begun = 0
+        self._turn = trio.lowlevel.ParkingLot()
 
     async def send(self, msg: ControlMessage) -> None:
         await self._send_wire(msg.to_wire())
@@ -115,14 +119,24 @@ class Channel:
                                 waiter[1].append(wire)
                                 waiter[0].set()
                         else:
-                            nursery.start_soon(self._handle, dispatch, wire)
+                            nursery.start_soon(self._handle, dispatch, wire, self._received)
+                            self._received += 1
                 nursery.cancel_scope.cancel()
         finally:
             self.closed = True
             for done, _ in self._pending.values():
                 done.set()
 
-    async def _handle(self, dispatch: Dispatch, wire: Wire) -> None:
+    async def _handle(self, dispatch: Dispatch, wire: Wire, seq: int) -> None:
+        """Handle the ``seq``-th message received. Handlers begin in arrival order:
+        this task waits until the one before has begun, and nothing else runs
+        before this handler's first checkpoint — so a worker's writes are
+        submitted to the node's writer in the order it sent them (Trio starts a
+        batch of new tasks in no set order)."""
+        while self._begun != seq:
+            await self._turn.park()
+        self._begun += 1
+        self._turn.unpark_all()
         answer: Wire | None
         try:
             msg = decode(wire)

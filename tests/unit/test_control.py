@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import msgpack
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from tenantkv.server import control_messages as m
@@ -83,3 +85,29 @@ async def test_a_call_is_answered_by_its_handler_and_a_failure_reaches_the_calle
                 await supervisor.call(m.NodeStatus())
             assert evicted == [42]
             nursery.cancel_scope.cancel()
+
+
+async def test_handlers_begin_in_the_order_their_messages_arrived() -> None:
+    """Each message runs in a task of its own, but its handler begins (runs up to
+    its first checkpoint) in arrival order: a worker's write messages reach the
+    node's writer in the order it sent them — Trio starts a batch of new tasks in
+    no set order, which once applied a connection's later writes first."""
+    left, right = trio.testing.memory_stream_pair()
+    receiver = Channel(right, "supervisor")
+    begun: list[int] = []
+    all_begun = trio.Event()
+
+    async def on_evict(msg: m.Evict) -> None:
+        begun.append(msg.conn)  # (before any checkpoint: as a write's submit is)
+        if len(begun) == 200:
+            all_begun.set()
+        await trio.lowlevel.checkpoint()
+
+    wires = b"".join(msgpack.packb(m.Evict(i).to_wire()) for i in range(200))
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receiver.run, {m.Evict: on_evict})
+            await left.send_all(wires)  # (all in one chunk: their tasks start together)
+            await all_begun.wait()
+            nursery.cancel_scope.cancel()
+    assert begun == list(range(200))
