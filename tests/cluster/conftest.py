@@ -135,19 +135,3 @@ async def settle() -> None:
     gc.collect()
     await trio.sleep(0.01)
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In these tests a cancelled etcd request (a member's keepalive or watch torn
-    down with its test) can leave httpx's request-body generator to the garbage
-    collector despite :func:`settle`; finalized after the test's loop, it is
-    reported as an unraisable exception or a ResourceWarning — the test's own
-    teardown, not a fault of the code under test — which ``filterwarnings =
-    error`` would turn into a failure at random. Only those two are let through,
-    and only here."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.filterwarnings("ignore::ResourceWarning"))
-            item.add_marker(
-                pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-            )
