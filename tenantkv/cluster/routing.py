@@ -104,6 +104,8 @@ class Router:
                     if keys is not None:
                         exc = self.refusal(keys, resp=resp, write=cmd.kind == "write")
                         if exc is not None:
+                            if ex.in_multi:  # not queued: EXEC answers EXECABORT
+                                ex.transaction_refused(req[1])
                             self._refuse(ex, req, exc, len(keys))
                             continue
             yield req

@@ -340,7 +340,7 @@ class Executor:
                             req[0], req[1], admin=exempt
                         ):
                             if self.in_multi:
-                                transaction.refused(self, req[1])  # (it was not queued)
+                                self.transaction_refused(req[1])  # (it was not queued)
                             if loan.refusal is not None:
                                 # The limiter refused the chunk: the rest of it likewise.
                                 handled, nxt = self._refuse_rest(numbered, handled)
@@ -1267,6 +1267,11 @@ class Executor:
         if self._watch_rx is None:
             self._watch_rx = self.node.queues.subscribe(bucket)
         return self._watch_rx
+
+    def transaction_refused(self, method: str) -> None:
+        """A request inside MULTI was refused before it could be queued (the rate
+        limiter, a cluster node that does not serve its keys): EXEC will fail."""
+        transaction.refused(self, method)
 
     def who(self) -> str:
         """For audit lines: user and peer address."""

@@ -41,10 +41,9 @@ import trio
 from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.admission.receive_buffers import ReceiveBuffers
-from tenantkv.storage import records
 from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteOp
-from tenantkv.storage.transaction_ops import ReadStep, TransactionOp
+from tenantkv.storage.transaction_ops import ReadStep, TransactionOp, watch_token
 
 #: The most commands one transaction may queue.
 MAX_TRANSACTION_COMMANDS = 10_000
@@ -52,6 +51,14 @@ MAX_TRANSACTION_COMMANDS = 10_000
 MAX_TRANSACTION_BYTES = 32 * 1024 * 1024
 #: The most keys one connection may watch at once.
 MAX_WATCHED_KEYS = 1000
+#: The most keys the reads of one transaction may name (an MGET counts its keys):
+#: EXEC's reads run in the node's one writer, which every tenant's writes wait
+#: for, so their work is bounded before EXEC as well as their bytes after.
+MAX_TRANSACTION_READ_KEYS = 10_000
+#: Reads whose work grows with the bucket or the value, not with the keys they
+#: name (a scan, a pattern, LCS's table): refused inside a transaction, which
+#: would run them in the writer.
+UNBOUNDED_READS = frozenset({"keys", "scan", "lcs", "bitcount", "bitpos", "randomkey"})
 #: The commands that act on the transaction itself: run, never queued (UNWATCH
 #: inside MULTI is queued, as in Redis).
 CONTROL = frozenset({"multi", "exec", "discard", "watch"})
@@ -128,6 +135,8 @@ class Transaction:
     #: queued (a read's floor each), and their bucket: EXEC charges the rest
     prepaid: int = 0
     prepaid_bucket: str | None = None
+    #: keys named by the queued reads (:data:`MAX_TRANSACTION_READ_KEYS`)
+    read_keys: int = 0
     #: the node-wide cap the queued bytes count against (set on first use)
     buffers: ReceiveBuffers | None = None
     user: str | None = None
@@ -157,6 +166,7 @@ class Transaction:
 
     def _drop_queue(self) -> None:
         self.queue = []
+        self.read_keys = 0
         self.prepaid = 0
         self.prepaid_bucket = None
         if self.nbytes:
@@ -192,14 +202,35 @@ def queue_command(ex: Any, cmd: Any, req: tuple[int, str, Any], size: int) -> bo
         return False
     try:
         if cmd.kind not in ("read", "write"):
-            return _queue(ex, txn, _constant(cmd, params), msgid, 0)
+            # (its arguments held until EXEC count against the bounds as a data
+            # command's do: an ECHO of 20 MiB is 20 MiB queued)
+            return _queue(ex, txn, _constant(cmd, params), msgid, size)
         prep = ex._prepare(cmd, params)
+        if cmd.kind == "read":
+            _check_read(txn, cmd.name, prep.params)
     except Exception as exc:
         txn.flag()
         ex._inline_failed(msgid, method, exc)  # (its error, as outside MULTI)
         return True
     queued = Queued(prep.cmd, prep.params, prep.bucket, prep.op, prep.cost)
     return _queue(ex, txn, queued, msgid, size)
+
+
+def _check_read(txn: Transaction, name: str, params: dict[str, Any]) -> None:
+    """A read queued in MULTI: one whose work the writer could not bound is
+    refused, and the reads' keys count against :data:`MAX_TRANSACTION_READ_KEYS`."""
+    if name in UNBOUNDED_READS:
+        raise errors.BadValue(
+            f"{name.upper()} is not allowed inside a transaction: it would run in the "
+            "node's writer, which every tenant's writes wait for"
+        )
+    keys = params.get("keys")
+    txn.read_keys += len(keys) if isinstance(keys, list) else 1
+    if txn.read_keys > MAX_TRANSACTION_READ_KEYS:
+        raise errors.BadValue(
+            f"a transaction's reads may name at most {MAX_TRANSACTION_READ_KEYS} keys; "
+            "transaction aborted"
+        )
 
 
 def refused(ex: Any, method: str) -> None:
@@ -367,7 +398,7 @@ def unwatch(ex: Any) -> None:
 
 
 async def watch(ex: Any, keys: list[bytes]) -> None:
-    """Remember each key's CAS now (0: no live record): EXEC applies nothing if
+    """Remember each key's CAS now (:func:`watch_token`): EXEC applies nothing if
     one of them has another then. The connection's writes before WATCH are
     durable by now (a command that is no write waits for them).
 
@@ -388,12 +419,7 @@ async def watch(ex: Any, keys: list[bytes]) -> None:
     now = engine.now_ms()
     with engine.read_txn() as rtxn:
         for key in new:
-            raw = rtxn.get(key, None, b.db)
-            cas = 0
-            if raw is not None:
-                found, expiry_ms, _ = records.unpack_header(raw)
-                cas = found if not expiry_ms or expiry_ms > now else 0
-            txn.watches[(b.name, key)] = cas
+            txn.watches[(b.name, key)] = watch_token(rtxn.get(key, None, b.db), now)
     absent = [k for k in new if not txn.watches[(b.name, k)]]
     if absent and b.name not in txn.deletes:
         await _watch_absent(ex, txn, b, absent)
@@ -425,12 +451,8 @@ def _watches_hold(ex: Any, watches: dict[tuple[str, bytes], int]) -> bool:
     with engine.read_txn() as rtxn:
         for (bucket, key), cas in watches.items():
             h = engine.buckets.get(bucket)
-            found = 0
             raw = None if h is None or h.dropped else rtxn.get(key, None, h.db)
-            if raw is not None:
-                c, expiry_ms, _ = records.unpack_header(raw)
-                found = c if not expiry_ms or expiry_ms > now else 0
-            if found != cas:
+            if watch_token(raw, now) != cas:
                 return False
     return True
 
@@ -470,6 +492,23 @@ def _end(ex: Any, txn: Transaction) -> None:
     ex.in_multi = False
 
 
+def _check_owned(
+    cluster: Any, runs: list[Queued], watches: dict[tuple[str, bytes], int], writes: bool
+) -> None:
+    """Cluster mode: every key the transaction names or watches is in a slot this
+    node serves now (the map may have moved since a command was queued; the
+    MessagePack ``transaction`` request is checked only here), else the whole
+    transaction is refused as its first foreign key would be: nothing runs."""
+    from tenantkv.cluster.routing import request_keys
+
+    keys = [k for q in runs for k in request_keys(q.params) or ()]
+    keys += [key for _, key in watches]
+    if keys:
+        exc = cluster.refusal(keys, resp=False, write=writes)
+        if exc is not None:
+            raise exc
+
+
 async def _commit(
     ex: Any,
     runs: list[Queued],
@@ -486,6 +525,8 @@ async def _commit(
     node = ex.node
     writes = any(q.op is not None for q in runs)
     b = ex._data_bucket(write=writes)
+    if node.cluster is not None:
+        _check_owned(node.cluster, runs, watches, writes)
     user = ex.current_user()
     t0 = time.perf_counter()
     holds = await node.pipeline.acquire(
@@ -614,18 +655,21 @@ async def run_ops(ex: Any, ops: list[tuple[Any, dict[str, Any]]], watch: list[An
             f"a transaction takes at most {MAX_TRANSACTION_COMMANDS} ops "
             f"and {MAX_WATCHED_KEYS} watched keys"
         )
-    runs = [_checked(ex, i, cmd, params) for i, (cmd, params) in enumerate(ops)]
+    reads = Transaction()  # (counts the reads' keys, as MULTI's queue does)
+    runs = [_checked(ex, i, cmd, params, reads) for i, (cmd, params) in enumerate(ops)]
     b = ex._data_bucket(write=False)
     outcomes = await _commit(ex, runs, {(b.name, key): cas for key, cas in watch})
     return None if outcomes is None else _wire(outcomes)
 
 
-def _checked(ex: Any, i: int, cmd: Any, params: dict[str, Any]) -> Queued:
+def _checked(ex: Any, i: int, cmd: Any, params: dict[str, Any], reads: Transaction) -> Queued:
     """The ``i``-th op of a ``transaction`` request, checked as EXEC's queue is."""
     if cmd is None or cmd.kind not in ("read", "write"):
         raise errors.BadValue(f"ops[{i}] is no data command")
     try:
         prep = ex._prepare(cmd, params)
+        if cmd.kind == "read":
+            _check_read(reads, cmd.name, prep.params)
     except errors.TenantKVError as exc:
         exc.errmsg = f"ops[{i}] ({cmd.name}): {exc.errmsg}"
         raise

@@ -184,15 +184,23 @@ def deletes(w: WriteContext, bucket: str) -> int:
     return ops.DELETES.get(w.engine, {}).get(bucket, 0)
 
 
-def _cas(w: WriteContext, h: BucketHandle, key: bytes) -> int:
-    """``key``'s CAS in the writer's transaction (0: no live record)."""
-    if h.dropped:
-        return 0
-    raw = w.txn.get(key, None, h.db)
+def watch_token(raw: bytes | memoryview | None, now_ms: int) -> int:
+    """What WATCH remembers of a key's stored record, and EXEC compares: its CAS
+    while it is live, minus its CAS once it has expired (until the expiry pager
+    removes it), 0 when there is none. So a key created since and expired
+    already, or a watched key that expired, fails EXEC as in Redis (since 6.0.9);
+    an expired record left alone passes."""
     if raw is None:
         return 0
     found, expiry_ms, _ = records.unpack_header(raw)
-    return found if not expiry_ms or expiry_ms > w.now_ms else 0
+    return found if not expiry_ms or expiry_ms > now_ms else -found
+
+
+def _cas(w: WriteContext, h: BucketHandle, key: bytes) -> int:
+    """``key``'s :func:`watch_token` in the writer's transaction."""
+    if h.dropped:
+        return 0
+    return watch_token(w.txn.get(key, None, h.db), w.now_ms)
 
 
 #: What a step's outcome holds when it failed or read nothing.

@@ -400,3 +400,27 @@ def test_connect_gives_a_routing_client_on_a_cluster_and_a_client_on_one_node(
     with connect(daemon.host, daemon.port, user="admin", password=ADMIN_PASSWORD) as single:
         assert type(single) is Client
         assert single.list_buckets() is not None
+
+
+def test_a_transaction_naming_another_nodes_key_runs_nowhere(cluster: list[Daemon]) -> None:
+    """RESP: a command of MULTI refused with -MOVED aborts the transaction (EXEC
+    answers EXECABORT, the node's own key is not written). MessagePack: the one-
+    request transaction is refused whole when one of its keys is another node's."""
+    n0, n1 = cluster[0], cluster[1]
+    mine, theirs = key_on(cluster, n0, "tx-a"), key_on(cluster, n1, "tx-b")
+    r = resp(n0)
+    try:
+        pipe = r.pipeline()
+        pipe.set(mine, b"1")
+        pipe.set(theirs, b"2")
+        with pytest.raises(redis.exceptions.ResponseError):
+            pipe.execute()
+        assert r.get(mine) is None
+    finally:
+        r.close()
+    with n0.client(bucket=BUCKET) as c:
+        with pytest.raises(errors.NotMyPartition):
+            c.transaction(
+                [("set", {"key": mine, "value": b"1"}), ("set", {"key": theirs, "value": b"2"})]
+            )
+        assert c.get(mine) is None

@@ -268,3 +268,68 @@ def test_watch_of_an_absent_key_created_and_deleted_raises_watch_error(r: redis.
         with pytest.raises(redis.WatchError):
             pipe.execute()
     assert r.get("after") is None
+
+
+def test_connection_commands_count_their_bytes_against_the_bounds(d: Daemon) -> None:
+    """An ECHO queued in MULTI holds its argument until EXEC as a SET holds its
+    value: past MAX_TRANSACTION_BYTES the transaction aborts, nothing kept."""
+    c = connect(d)
+    try:
+        pipe = c.pipeline()
+        pipe.set("ek", "v")
+        for _ in range(2):
+            pipe.echo(b"e" * (17 * 1024 * 1024))  # 2 x 17 MiB > 32 MiB
+        with pytest.raises(redis.ResponseError):
+            pipe.execute()
+        assert c.exists("ek") == 0
+        assert c.ping() is True
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("KEYS", "*"), ("SCAN", "0", "MATCH", "[[[a-"), ("LCS", "a", "b"), ("BITCOUNT", "a")],
+)
+def test_reads_whose_work_is_unbounded_are_refused_in_multi(
+    d: Daemon, command: tuple[str, ...]
+) -> None:
+    """EXEC's reads run in the node's one writer: a scan, a pattern or LCS's table
+    there would hold every tenant's writes, so they abort the transaction."""
+    c = connect(d)
+    try:
+        pipe = c.pipeline()
+        pipe.set("uk", "v")
+        pipe.execute_command(*command)
+        with pytest.raises(redis.ResponseError) as err:
+            pipe.execute()
+        assert "not allowed inside a transaction" in str(err.value) or "EXECABORT" in str(err.value)
+        assert c.exists("uk") == 0
+    finally:
+        c.close()
+
+
+def test_a_watched_key_that_expires_or_is_created_expiring_fails_exec(d: Daemon) -> None:
+    """A key watched while absent, then set with a TTL that has run out by EXEC,
+    and a watched key that expires before EXEC, both fail EXEC (Redis since
+    6.0.9), whether or not the expiry pager has removed the record yet."""
+    c, other = connect(d), connect(d)
+    try:
+        for setup in ("absent", "expiring"):
+            c.delete("wk")
+            if setup == "expiring":
+                c.set("wk", "v", px=100)
+            pipe = c.pipeline()
+            pipe.watch("wk")
+            if setup == "absent":
+                other.set("wk", "other", px=1)
+            time.sleep(0.2)
+            pipe.multi()
+            pipe.set("wk", "mine")
+            with pytest.raises(redis.WatchError):
+                pipe.execute()
+            pipe.reset()
+            assert c.get("wk") is None
+    finally:
+        c.close()
+        other.close()

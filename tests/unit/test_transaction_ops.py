@@ -127,3 +127,29 @@ def test_reads_past_the_reply_bound_fail_and_the_writes_still_apply(
     assert [o[1] is None for o in out] == [True, True, True, False, True]
     assert "more than 25000 bytes" in errors.from_wire(out[3][1]).errmsg
     assert eng.get(h, b"after") is not None
+
+
+def test_a_watched_key_that_expired_fails_even_before_it_is_reclaimed(tmp_path: Path) -> None:
+    """Before the expiry pager removes an expired record, it is still stored: a key
+    watched while absent and since set with a TTL that ran out, or watched while
+    live and since expired, fails the watch (Redis since 6.0.9); an expired record
+    watched as it is, and left alone, passes."""
+    now = [1_000_000]
+    eng = Engine(tmp_path / "data", now_ms=lambda: now[0])
+    try:
+        with eng.env.begin(write=True) as txn:
+            w = WriteContext(eng, txn, eng.now_ms())
+            eng.buckets["b"] = ops.CreateBucketOp("b", {"created_ms": 1}).apply(w)
+        h = eng.bucket("b")
+
+        def watch_holds(key: bytes, token: int) -> bool:
+            return apply(eng, TransactionOp(h, [], [["b", key, token]])) is not None
+
+        apply(eng, ops.SetOp(h, b"created", b"v", ttl=0.001))  # absent when watched
+        live = apply(eng, ops.SetOp(h, b"live", b"v", ttl=1))["cas"]
+        now[0] += 5_000  # both expired, neither reclaimed
+        assert not watch_holds(b"created", 0)
+        assert not watch_holds(b"live", live)
+        assert watch_holds(b"live", -live)  # watched once expired: unchanged since
+    finally:
+        eng.close()
