@@ -259,10 +259,11 @@ class Config:
         0.01,
     )
     tracking_table_max_keys: int = declare(
-        1_000_000,
+        100_000,
         "Most keys the RESP door's client-side caching (CLIENT TRACKING) remembers per "
-        "process, as Redis's tracking-table-max-keys; past it the oldest key is "
-        "invalidated (its readers told) and forgotten.",
+        "process, as Redis's tracking-table-max-keys (~0.5 KB each with its readers); "
+        "past it the oldest key of the bucket that holds the most is invalidated (its "
+        "readers told) and forgotten, so one tenant's reads evict its own keys first.",
         1,
     )
     read_unit_size: int = declare(

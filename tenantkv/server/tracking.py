@@ -196,13 +196,15 @@ class TrackingTable:
             readers.add(tracker)
 
     def _evict_one(self) -> None:
-        """The table is full: the oldest key goes, its readers told first."""
-        for bucket, table in self._keys.items():
-            if table:
-                key = next(iter(table))
-                self._invalidate(bucket, [key], None)
-                self.evicted += 1
-                return
+        """The table is full: the oldest key of the bucket that holds the most
+        goes, its readers told first — a tenant that reads keys by the million
+        evicts its own, not another tenant's few."""
+        keys = self._keys
+        if not keys:
+            return
+        bucket = max(keys, key=lambda b: len(keys[b]))
+        self._invalidate(bucket, [next(iter(keys[bucket]))], None)
+        self.evicted += 1
 
     # -- changes -----------------------------------------------------------------
 

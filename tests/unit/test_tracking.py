@@ -97,6 +97,19 @@ def test_the_table_is_bounded_by_evicting_with_an_invalidation() -> None:
     assert table.evicted == 1
 
 
+def test_a_tenant_reading_keys_by_the_million_evicts_its_own() -> None:
+    """Eviction takes from the bucket that holds the most keys: another tenant's
+    few cached keys are not pushed out by one tenant's flood of reads."""
+    table = TrackingTable(max_keys=4)
+    victim, victim_got = tracker(table, 1)
+    flood, flood_got = tracker(table, 2)
+    table.remember(victim, "quiet", [b"precious"])
+    table.remember(flood, "loud", [b"f1", b"f2", b"f3"])
+    table.remember(flood, "loud", [b"f4", b"f5", b"f6"])
+    assert victim_got == [] and flood_got == [[b"f1"], [b"f2"], [b"f3"]]
+    assert table.count == 4
+
+
 def test_start_and_stop_report_activity_once() -> None:
     table = TrackingTable()
     seen: list[bool] = []
