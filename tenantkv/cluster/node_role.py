@@ -22,6 +22,7 @@ from tenantkv.cluster.cluster_map import NodeInfo
 from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
+from tenantkv.cluster.peer import load_secret
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -59,6 +60,10 @@ class ClusterNode(SingleProcess):
         self.member: Member | None = None
         #: the cluster's buckets, users and parameters (tenantkv.cluster.metadata)
         self.metadata: MetadataStore | None = None
+        #: the etcd client, once loaded
+        self.etcd: Etcd | None = None
+        #: the cluster secret: the node credential for peer sessions (cluster.peer)
+        self.secret: bytes = b""
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -77,6 +82,9 @@ class ClusterNode(SingleProcess):
 
     async def load(self, node: Node, nursery: trio.Nursery) -> None:
         etcd: Etcd = await nursery.start(self._run_etcd)
+        self.etcd = etcd
+        self.secret = await load_secret(etcd, self.settings)
+        node.accounts.node_secret = self.secret
         # The cluster's metadata before the first admin user: a node joining a
         # cluster takes its users rather than bootstrap one of its own.
         self.metadata = MetadataStore(etcd, self.settings, node)
