@@ -95,6 +95,8 @@ class ControlMessage(_Fields):
     MEANING: ClassVar[str]
 
     def __init_subclass__(cls, *, type: str = "", sender: str = "", **kw: Any) -> None:
+        if "TYPE" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: give its type and sender on its class line")
         if type:  # (a message, not a base such as Call)
             if not cls.__doc__ or type in MESSAGES or sender not in (WORKER, SUPERVISOR):
                 raise TypeError(f"control message {type!r}: a docstring, a new type, a sender")

@@ -43,4 +43,11 @@ def test_a_message_without_a_docstring_a_new_type_or_a_sender_is_refused() -> No
         class Nobody(m.ControlMessage, type="nobody", sender="client"):
             """sent by no side of the channel"""
 
+    with pytest.raises(TypeError, match="class line"):
+
+        class InTheBody(m.ControlMessage):
+            """a type given as an attribute is not a declaration"""
+
+            TYPE = "in_the_body"
+
     assert dict(m.MESSAGES) == before
