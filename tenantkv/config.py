@@ -628,13 +628,7 @@ def cross_check(cfg: Config) -> None:
 
     try:
         validate_probing_params({n: getattr(cfg, n) for n in PROBING_PARAMETERS})
-        write_permits.validate(
-            target_lag=cfg.write_permit_target_lag,
-            critical_lag=cfg.write_permit_critical_lag,
-            min_capacity=cfg.write_permit_min_capacity,
-            max_capacity=cfg.write_permit_max_capacity,
-            adjustment_interval_ms=cfg.write_permit_adjustment_interval_ms,
-        )
+        write_permits.PermitSettings.from_config(cfg)
         for name in (
             "ingress_request_rate_limiter_exemptions",
             "ingress_connection_establishment_rate_limiter_bypass",

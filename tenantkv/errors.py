@@ -20,6 +20,9 @@ What to catch::
             (overload errors: labels SystemOverloadedError + RetryableError)
 
 Every code has exactly one meaning; ``docs/protocol.md`` lists the same table.
+An error is declared by its ``class`` line (``class KeyExists(ServerError,
+code=15):``): its code name is its class name, and its labels and whether it
+closes the connection are given there too (:meth:`TenantKVError.__init_subclass__`).
 The server raises these exceptions internally and turns them into the wire error
 map (:meth:`TenantKVError.to_wire`); the client turns a received map back into
 the matching subclass (:func:`from_wire`), so both sides share one vocabulary.
@@ -77,6 +80,27 @@ class TenantKVError(Exception):
     #: Errors after which the server closes the connection.
     fatal: ClassVar[bool] = False
 
+    def __init_subclass__(
+        cls,
+        *,
+        code: int | None = None,
+        labels: tuple[str, ...] | None = None,
+        fatal: bool | None = None,
+        **kw: Any,
+    ) -> None:
+        """An error is declared by its ``class`` line: its code name is its class
+        name (unless its body sets ``code_name``), and ``code``, ``labels`` and
+        ``fatal`` not given there are its base's."""
+        super().__init_subclass__(**kw)
+        if "code_name" not in cls.__dict__:
+            cls.code_name = cls.__name__
+        if code is not None:
+            cls.code = code
+        if labels is not None:
+            cls.default_labels = labels
+        if fatal is not None:
+            cls.fatal = fatal
+
     def __init__(
         self,
         errmsg: str = "",
@@ -113,276 +137,160 @@ class TenantKVError(Exception):
 class ClientError(TenantKVError):
     """Raised by the client library itself, never received from a server."""
 
-    code_name = "ClientError"
-
 
 class ConnectionClosed(ClientError):
     """The connection is gone or could not be made; the subclasses say how."""
-
-    code_name = "ConnectionClosed"
 
 
 class ConnectFailed(ConnectionClosed):
     """No connection could be opened (refused, unreachable, TLS failed): nothing was sent."""
 
-    code_name = "ConnectFailed"
-
 
 class RequestNotSent(ConnectionClosed):
     """The connection broke before the request was sent: it provably did not run."""
-
-    code_name = "RequestNotSent"
 
 
 class PeerClosed(ConnectionClosed):
     """The server closed the connection after the request was sent: whether it ran is
     unknown (a read is retried; a write is not, and this error says so)."""
 
-    code_name = "PeerClosed"
-
 
 class MalformedReply(ConnectionClosed):
     """The server's reply could not be decoded; the connection is dropped."""
 
-    code_name = "MalformedReply"
-
 
 class ClientTimeout(ClientError):
-    code_name = "ClientTimeout"
+    """The per-operation timeout passed."""
 
 
 class ServerError(TenantKVError):
     """An error reported by the server; look at ``code``/``code_name``."""
 
-    code_name = "ServerError"
 
-
-class InternalError(ServerError):
+class InternalError(ServerError, code=1):
     """An unexpected server fault; the connection survives."""
 
-    code = 1
-    code_name = "InternalError"
 
-
-class BadValue(ServerError):
+class BadValue(ServerError, code=2):
     """A parameter is missing, of the wrong type or out of range."""
 
-    code = 2
-    code_name = "BadValue"
 
-
-class UnknownCommand(ServerError):
+class UnknownCommand(ServerError, code=3):
     """No command of that name exists."""
 
-    code = 3
-    code_name = "UnknownCommand"
 
-
-class ProtocolError(ServerError):
+class ProtocolError(ServerError, code=4, fatal=True):
     """The bytes are not a valid MessagePack-RPC request."""
 
-    code = 4
-    code_name = "ProtocolError"
-    fatal = True
 
-
-class FrameTooLarge(ServerError):
+class FrameTooLarge(ServerError, code=5, fatal=True):
     """A request exceeds the frame bound (max_frame_bytes)."""
 
-    code = 5
-    code_name = "FrameTooLarge"
-    fatal = True
 
-
-class HelloRequired(ServerError):
+class HelloRequired(ServerError, code=6, fatal=True):
     """The first request must be hello."""
 
-    code = 6
-    code_name = "HelloRequired"
-    fatal = True
 
-
-class AuthenticationFailed(ServerError):
+class AuthenticationFailed(ServerError, code=7, fatal=True):
     """Unknown user or wrong password."""
 
-    code = 7
-    code_name = "AuthenticationFailed"
-    fatal = True
 
-
-class Unauthorized(ServerError):
+class Unauthorized(ServerError, code=8):
     """The user lacks the role this command needs."""
 
-    code = 8
-    code_name = "Unauthorized"
 
-
-class NoBucketSelected(ServerError):
+class NoBucketSelected(ServerError, code=9):
     """A data command ran with no bucket selected."""
 
-    code = 9
-    code_name = "NoBucketSelected"
 
-
-class BucketNotFound(ServerError):
+class BucketNotFound(ServerError, code=10):
     """No bucket of that name exists."""
 
-    code = 10
-    code_name = "BucketNotFound"
 
-
-class BucketExists(ServerError):
+class BucketExists(ServerError, code=11):
     """A bucket of that name already exists."""
 
-    code = 11
-    code_name = "BucketExists"
 
-
-class UserNotFound(ServerError):
+class UserNotFound(ServerError, code=12):
     """No user of that name exists."""
 
-    code = 12
-    code_name = "UserNotFound"
 
-
-class UserExists(ServerError):
+class UserExists(ServerError, code=13):
     """A user of that name already exists."""
 
-    code = 13
-    code_name = "UserExists"
 
-
-class KeyNotFound(ServerError):
+class KeyNotFound(ServerError, code=14):
     """The key does not exist (replace, touch, cas, incr)."""
 
-    code = 14
-    code_name = "KeyNotFound"
 
-
-class KeyExists(ServerError):
+class KeyExists(ServerError, code=15):
     """The key already exists (set with mode=add)."""
 
-    code = 15
-    code_name = "KeyExists"
 
-
-class CasMismatch(ServerError):
+class CasMismatch(ServerError, code=16):
     """The record's CAS differs from the one given."""
 
-    code = 16
-    code_name = "CasMismatch"
 
-
-class KeyTooLong(ServerError):
+class KeyTooLong(ServerError, code=17):
     """The key is empty or longer than max_key_bytes."""
 
-    code = 17
-    code_name = "KeyTooLong"
 
-
-class ValueTooLarge(ServerError):
+class ValueTooLarge(ServerError, code=18):
     """The value is longer than max_value_bytes."""
 
-    code = 18
-    code_name = "ValueTooLarge"
 
-
-class NotANumber(ServerError):
+class NotANumber(ServerError, code=19):
     """incr/decr on a value that is not a decimal integer."""
 
-    code = 19
-    code_name = "NotANumber"
 
-
-class StorageFull(ServerError):
+class StorageFull(ServerError, code=20):
     """The disk or the map limit is full; nothing was written."""
 
-    code = 20
-    code_name = "StorageFull"
 
-
-class DeadlineExceeded(ServerError):
+class DeadlineExceeded(ServerError, code=21):
     """The request's deadline passed before it ran; it had no effect."""
 
-    code = 21
-    code_name = "DeadlineExceeded"
 
-
-class IdleTimeout(ServerError):
+class IdleTimeout(ServerError, code=22, fatal=True):
     """The connection was idle too long."""
 
-    code = 22
-    code_name = "IdleTimeout"
-    fatal = True
 
-
-class ShuttingDown(ServerError):
+class ShuttingDown(ServerError, code=23, labels=(RETRYABLE,)):
     """The server is stopping; the request had no effect."""
 
-    code = 23
-    code_name = "ShuttingDown"
-    default_labels = (RETRYABLE,)
 
-
-class Throttled(ServerError):
+class Throttled(ServerError, code=25, labels=OVERLOAD_LABELS):
     """The bucket is over its unit allowance; retry after retryAfterMs."""
 
-    code = 25
-    code_name = "Throttled"
-    default_labels = OVERLOAD_LABELS
 
-
-class AdmissionQueueOverflow(ServerError):
+class AdmissionQueueOverflow(ServerError, code=26, labels=OVERLOAD_LABELS):
     """An admission queue is full; the request was rejected before it ran."""
 
-    code = 26
-    code_name = "AdmissionQueueOverflow"
-    default_labels = OVERLOAD_LABELS
 
-
-class TooManyConnections(ServerError):
+class TooManyConnections(ServerError, code=27, labels=OVERLOAD_LABELS, fatal=True):
     """The node is at max_connections; the connection is closed."""
 
-    code = 27
-    code_name = "TooManyConnections"
-    default_labels = OVERLOAD_LABELS
-    fatal = True
 
-
-class TooManyLoginFailures(ServerError):
+class TooManyLoginFailures(ServerError, code=28, fatal=True):
     """A login refused before its password was checked: its (user, address) pair
     failed recently, or (labelled retryable) the password-hashing pool is full;
     wait retryAfterMs before trying again."""
 
-    code = 28
-    code_name = "TooManyLoginFailures"
-    fatal = True
 
-
-class RequestTooCostly(ServerError):
+class RequestTooCostly(ServerError, code=29):
     """One request would cost more units than its bucket may spend in
     throttle_max_request_secs of its hard limit; it was refused before it ran.
     (No longer sent for writes: a costlier write runs once its bucket owes
     nothing, docs/throttling.md. The code stays reserved.)"""
 
-    code = 29
-    code_name = "RequestTooCostly"
 
-
-class HardLimitZero(ServerError):
+class HardLimitZero(ServerError, code=30):
     """The bucket's hard limit is 0: nothing runs on it until an admin raises the
     limit; not retryable."""
 
-    code = 30
-    code_name = "HardLimitZero"
 
-
-class IngressRequestRateLimitExceeded(ServerError):
+class IngressRequestRateLimitExceeded(ServerError, code=462, labels=OVERLOAD_LABELS):
     """The node's request rate limit is exceeded."""
-
-    code = 462
-    code_name = "IngressRequestRateLimitExceeded"
-    default_labels = OVERLOAD_LABELS
 
 
 class InRedisWords:
@@ -393,14 +301,10 @@ class InRedisWords:
         raise NotImplementedError
 
 
-class NotMyPartition(ServerError, InRedisWords):
+class NotMyPartition(ServerError, InRedisWords, code=70, labels=(RETRYABLE,)):
     """The key's slot is served by another node of the cluster (the message names
     the slot, the node's address and the map version): the request did not run;
     fetch the cluster map (``cluster_map``) and send it there. RESP: ``MOVED``."""
-
-    code = 70
-    code_name = "NotMyPartition"
-    default_labels = (RETRYABLE,)
 
     def __init__(
         self, errmsg: str = "", *, slot: int = 0, owner: str = "", map_version: int = 0,
@@ -417,25 +321,18 @@ class NotMyPartition(ServerError, InRedisWords):
         return f"MOVED {self.slot} {self.owner}"
 
 
-class CrossSlot(ServerError, InRedisWords):
+class CrossSlot(ServerError, InRedisWords, code=71):
     """A multi-key command on the RESP door named keys of different slots (Redis
     Cluster's rule: use a ``{hashtag}`` to keep them in one)."""
-
-    code = 71
-    code_name = "CrossSlot"
 
     def redis_text(self) -> str:
         return "CROSSSLOT Keys in request don't hash to the same slot"
 
 
-class NodeUnavailable(ServerError, InRedisWords):
+class NodeUnavailable(ServerError, InRedisWords, code=72, labels=(RETRYABLE,)):
     """The key's slot has no node that can serve it now (its node is down, the slot
     is not assigned yet, or this node cannot prove it owns it: its cluster lease
     lapsed); the request did not run. RESP: ``CLUSTERDOWN``."""
-
-    code = 72
-    code_name = "NodeUnavailable"
-    default_labels = (RETRYABLE,)
 
     def redis_text(self) -> str:
         return f"CLUSTERDOWN {self.errmsg}"

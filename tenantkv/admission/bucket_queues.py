@@ -150,6 +150,14 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> int:
     return value
 
 
+def _override(old: int | None, new: object, name: str, lo: int, hi: int) -> int | None:
+    """A bucket's override as ``new`` changes it: kept (UNSET), cleared (None) or
+    set (checked)."""
+    if new is UNSET:
+        return old
+    return None if new is None else _check_int(name, new, lo, hi)
+
+
 def _check_class(cls: object) -> str:
     if cls not in CLASSES:
         raise BadValue(f"operation class must be one of {', '.join(CLASSES)}, got {cls!r}")
@@ -451,20 +459,16 @@ class BucketQueues:
         """
         q = self.queue(name, _check_class(cls))
         where = f"bucket {name!r} {cls}"
-        conc = q.concurrency_override
-        if concurrency is not UNSET:
-            conc = (
-                None
-                if concurrency is None
-                else _check_int(f"{where} concurrency", concurrency, 1, MAX_CONCURRENCY)
-            )
-        tol = q.tolerance_override
-        if queue_tolerance is not UNSET:
-            tol = (
-                None
-                if queue_tolerance is None
-                else _check_int(f"{where} queue_tolerance", queue_tolerance, 0, MAX_QUEUE_TOLERANCE)
-            )
+        conc = _override(
+            q.concurrency_override, concurrency, f"{where} concurrency", 1, MAX_CONCURRENCY
+        )
+        tol = _override(
+            q.tolerance_override,
+            queue_tolerance,
+            f"{where} queue_tolerance",
+            0,
+            MAX_QUEUE_TOLERANCE,
+        )
         q.concurrency_override, q.tolerance_override = conc, tol
         q.concurrency = self._concurrency if conc is None else conc
         q.queue_tolerance = self._tolerance if tol is None else tol
@@ -769,21 +773,10 @@ class BucketQueueGate:
         self.try_pass = queues.try_pass
 
     @classmethod
-    def create(
-        cls,
-        *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        queue_tolerance: int = DEFAULT_QUEUE_TOLERANCE,
-        pending_timeout_ms: int = DEFAULT_PENDING_TIMEOUT_MS,
-    ) -> BucketQueueGate:
-        return cls(
-            BucketQueues(
-                trio_clock(),
-                concurrency=concurrency,
-                queue_tolerance=queue_tolerance,
-                pending_timeout_ms=pending_timeout_ms,
-            )
-        )
+    def create(cls, **settings: Any) -> BucketQueueGate:
+        """A gate on Trio's clock; ``settings`` are :class:`BucketQueues`'
+        (``concurrency``, ``queue_tolerance``, ``pending_timeout_ms``)."""
+        return cls(BucketQueues(trio_clock(), **settings))
 
     # the sync fast path and release
 
@@ -868,34 +861,13 @@ class BucketQueueGate:
         """Forget ``name``; its waiters fail with BucketNotFound."""
         self._wake(self.queues.remove_bucket(name))
 
-    def set_bucket(
-        self,
-        name: str,
-        cls: str,
-        *,
-        concurrency: int | _Opt | None = UNSET,
-        queue_tolerance: int | _Opt | None = UNSET,
-    ) -> None:
-        self._wake(
-            self.queues.set_bucket(
-                name, cls, concurrency=concurrency, queue_tolerance=queue_tolerance
-            )
-        )
+    def set_bucket(self, name: str, cls: str, **overrides: Any) -> None:
+        """:meth:`BucketQueues.set_bucket`, waking the waiters it grants a slot."""
+        self._wake(self.queues.set_bucket(name, cls, **overrides))
 
-    def configure(
-        self,
-        *,
-        concurrency: int | None = None,
-        queue_tolerance: int | None = None,
-        pending_timeout_ms: int | None = None,
-    ) -> None:
-        self._wake(
-            self.queues.configure(
-                concurrency=concurrency,
-                queue_tolerance=queue_tolerance,
-                pending_timeout_ms=pending_timeout_ms,
-            )
-        )
+    def configure(self, **changes: Any) -> None:
+        """:meth:`BucketQueues.configure`, waking the waiters it grants a slot."""
+        self._wake(self.queues.configure(**changes))
 
     # events and stats
 

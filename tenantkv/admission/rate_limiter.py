@@ -512,28 +512,10 @@ class RateLimiter:
         self._refused_wait = 0.0
 
     @classmethod
-    def create(
-        cls,
-        *,
-        rate_per_sec: float,
-        burst_capacity_secs: float = DEFAULT_BURST_CAPACITY_SECS,
-        max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
-        name: str = "rate limiter",
-        param_prefix: str = "",
-        error: type[ServerError] = IngressRequestRateLimitExceeded,
-    ) -> RateLimiter:
-        """A limiter on Trio's clock (call inside ``trio.run``)."""
-        return cls(
-            TokenBucket(
-                trio_clock(),
-                rate_per_sec=rate_per_sec,
-                burst_capacity_secs=burst_capacity_secs,
-                max_queue_depth=max_queue_depth,
-                name=name,
-                param_prefix=param_prefix,
-                error=error,
-            )
-        )
+    def create(cls, **settings: Any) -> RateLimiter:
+        """A limiter on Trio's clock (call inside ``trio.run``); ``settings`` are
+        :class:`TokenBucket`'s (``rate_per_sec``, ``burst_capacity_secs``...)."""
+        return cls(TokenBucket(trio_clock(), **settings))
 
     def try_acquire(self, *, exempt: bool = False) -> Admitted | None:
         """:data:`ADMITTED` with a token taken, or None (a counted rejection: answer
@@ -590,19 +572,9 @@ class RateLimiter:
         bucket.finish(waiter)
         return ADMITTED
 
-    def configure(
-        self,
-        *,
-        rate_per_sec: float | None = None,
-        burst_capacity_secs: float | None = None,
-        max_queue_depth: int | None = None,
-    ) -> None:
+    def configure(self, **changes: Any) -> None:
         """:meth:`TokenBucket.configure`, then wake the waiters at their new times."""
-        self.bucket.configure(
-            rate_per_sec=rate_per_sec,
-            burst_capacity_secs=burst_capacity_secs,
-            max_queue_depth=max_queue_depth,
-        )
+        self.bucket.configure(**changes)
         self._retime()
 
     def statistics(self) -> RateLimiterStatistics:

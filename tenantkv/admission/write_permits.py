@@ -75,7 +75,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -112,13 +112,8 @@ WAIT_HISTOGRAM_BOUNDS_US: Final[tuple[int, ...]] = (
     1_000_000,
 )
 
-_PARAM: Final = {
-    "target_lag": "write_permit_target_lag",
-    "critical_lag": "write_permit_critical_lag",
-    "min_capacity": "write_permit_min_capacity",
-    "max_capacity": "write_permit_max_capacity",
-    "adjustment_interval_ms": "write_permit_adjustment_interval_ms",
-}
+#: The settings' names: ``write_permit_`` and the parameter's.
+_PARAM: Final = "write_permit_"
 
 
 def capacity_for_lag(
@@ -137,34 +132,58 @@ def capacity_for_lag(
 
 def _check_int(key: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadValue(f"{_PARAM[key]} must be an integer in [{lo}, {hi}], got {value!r}")
+        raise BadValue(f"{_PARAM}{key} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
 
 
-def validate(
-    *,
-    target_lag: int,
-    critical_lag: int,
-    min_capacity: int,
-    max_capacity: int,
-    adjustment_interval_ms: int,
-) -> None:
-    """Raise :class:`BadValue` naming the parameter unless the settings make sense."""
-    _check_int("target_lag", target_lag, 0, MAX_LAG)
-    _check_int("critical_lag", critical_lag, 1, MAX_LAG)
-    _check_int("min_capacity", min_capacity, 1, MAX_CAPACITY)
-    _check_int("max_capacity", max_capacity, 1, MAX_CAPACITY)
-    _check_int("adjustment_interval_ms", adjustment_interval_ms, 1, MAX_ADJUSTMENT_INTERVAL_MS)
-    if critical_lag <= target_lag:
-        raise BadValue(
-            f"{_PARAM['critical_lag']} ({critical_lag}) must be greater than "
-            f"{_PARAM['target_lag']} ({target_lag})"
+@dataclass(frozen=True, slots=True)
+class PermitSettings:
+    """The write-permit parameters (the ``write_permit_*`` settings), checked as
+    a whole when made: :class:`BadValue` names the setting that does not fit."""
+
+    target_lag: int = DEFAULT_TARGET_LAG
+    critical_lag: int = DEFAULT_CRITICAL_LAG
+    min_capacity: int = DEFAULT_MIN_CAPACITY
+    max_capacity: int = DEFAULT_MAX_CAPACITY
+    adjustment_interval_ms: int = DEFAULT_ADJUSTMENT_INTERVAL_MS
+
+    def __post_init__(self) -> None:
+        _check_int("target_lag", self.target_lag, 0, MAX_LAG)
+        _check_int("critical_lag", self.critical_lag, 1, MAX_LAG)
+        _check_int("min_capacity", self.min_capacity, 1, MAX_CAPACITY)
+        _check_int("max_capacity", self.max_capacity, 1, MAX_CAPACITY)
+        _check_int(
+            "adjustment_interval_ms", self.adjustment_interval_ms, 1, MAX_ADJUSTMENT_INTERVAL_MS
         )
-    if max_capacity < min_capacity:
-        raise BadValue(
-            f"{_PARAM['max_capacity']} ({max_capacity}) must be at least "
-            f"{_PARAM['min_capacity']} ({min_capacity})"
+        if self.critical_lag <= self.target_lag:
+            raise BadValue(
+                f"{_PARAM}critical_lag ({self.critical_lag}) must be greater than "
+                f"{_PARAM}target_lag ({self.target_lag})"
+            )
+        if self.max_capacity < self.min_capacity:
+            raise BadValue(
+                f"{_PARAM}max_capacity ({self.max_capacity}) must be at least "
+                f"{_PARAM}min_capacity ({self.min_capacity})"
+            )
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> PermitSettings:
+        """The settings ``write_permit_<name>`` of a :class:`~tenantkv.config.Config`."""
+        return cls(**{f.name: getattr(cfg, _PARAM + f.name) for f in fields(cls)})
+
+    def capacity(self, lag: float) -> int:
+        """The permits per bucket for ``lag`` (the formula of the module doc)."""
+        return capacity_for_lag(
+            lag,
+            target_lag=self.target_lag,
+            critical_lag=self.critical_lag,
+            min_capacity=self.min_capacity,
+            max_capacity=self.max_capacity,
         )
+
+    def as_dict(self) -> dict[str, int]:
+        """By setting name (``write_permit_target_lag``...)."""
+        return {_PARAM + f.name: getattr(self, f.name) for f in fields(self)}
 
 
 # --------------------------------------------------------------------------- stats
@@ -198,11 +217,7 @@ class BucketPermitStatistics:
 class WritePermitStatistics:
     """What :meth:`WritePermits.statistics` returns."""
 
-    target_lag: int
-    critical_lag: int
-    min_capacity: int
-    max_capacity: int
-    adjustment_interval_ms: int
+    settings: PermitSettings
     #: Permits per bucket now.
     capacity: int
     #: The lag sampled last (``None`` before the first evaluation).
@@ -216,11 +231,7 @@ class WritePermitStatistics:
         """A JSON-ready dict (the ``write_permits`` section of ``server_status``)."""
         return {
             "node": {
-                "write_permit_target_lag": self.target_lag,
-                "write_permit_critical_lag": self.critical_lag,
-                "write_permit_min_capacity": self.min_capacity,
-                "write_permit_max_capacity": self.max_capacity,
-                "write_permit_adjustment_interval_ms": self.adjustment_interval_ms,
+                **self.settings.as_dict(),
                 "capacity": self.capacity,
                 "last_lag": self.last_lag,
                 "evaluations": self.evaluations,
@@ -271,29 +282,11 @@ class WritePermits:
     """
 
     def __init__(
-        self,
-        clock: Callable[[], float],
-        *,
-        target_lag: int = DEFAULT_TARGET_LAG,
-        critical_lag: int = DEFAULT_CRITICAL_LAG,
-        min_capacity: int = DEFAULT_MIN_CAPACITY,
-        max_capacity: int = DEFAULT_MAX_CAPACITY,
-        adjustment_interval_ms: int = DEFAULT_ADJUSTMENT_INTERVAL_MS,
+        self, clock: Callable[[], float], settings: PermitSettings | None = None
     ) -> None:
-        validate(
-            target_lag=target_lag,
-            critical_lag=critical_lag,
-            min_capacity=min_capacity,
-            max_capacity=max_capacity,
-            adjustment_interval_ms=adjustment_interval_ms,
-        )
         self._clock = clock
-        self._target = target_lag
-        self._critical = critical_lag
-        self._min = min_capacity
-        self._max = max_capacity
-        self._interval_ms = adjustment_interval_ms
-        self._capacity = max_capacity  # no backlog is known yet
+        self.settings = settings or PermitSettings()
+        self._capacity = self.settings.max_capacity  # no backlog is known yet
         self._last_lag: int | None = None
         self._evaluations = 0
         self._adjustments = 0
@@ -306,7 +299,7 @@ class WritePermits:
     @property
     def at_rest(self) -> bool:
         """The last sample found nothing queued and the capacity at its maximum."""
-        return self._last_lag == 0 and self._capacity == self._max
+        return self._last_lag == 0 and self._capacity == self.settings.max_capacity
 
     @property
     def capacity(self) -> int:
@@ -315,7 +308,7 @@ class WritePermits:
 
     @property
     def adjustment_interval_secs(self) -> float:
-        return self._interval_ms / 1000
+        return self.settings.adjustment_interval_ms / 1000
 
     def __contains__(self, bucket: object) -> bool:
         return bucket in self._buckets
@@ -349,59 +342,24 @@ class WritePermits:
         """Apply the capacity for ``lag`` (sampled now); returns the waiters it admits."""
         self._last_lag = lag
         self._evaluations += 1
-        return self._apply(
-            capacity_for_lag(
-                lag,
-                target_lag=self._target,
-                critical_lag=self._critical,
-                min_capacity=self._min,
-                max_capacity=self._max,
-            ),
-            lag,
-        )
+        return self._apply(self.settings.capacity(lag), lag)
 
-    def configure(
-        self,
-        *,
-        target_lag: int | None = None,
-        critical_lag: int | None = None,
-        min_capacity: int | None = None,
-        max_capacity: int | None = None,
-        adjustment_interval_ms: int | None = None,
-    ) -> list[Waiter]:
-        """Change parameters at runtime (``None`` = unchanged); all or nothing.
+    def configure(self, **changes: int | None) -> list[Waiter]:
+        """Change parameters at runtime, by :class:`PermitSettings` field name
+        (``None`` = unchanged); all or nothing.
 
         The combination is validated as a whole (e.g. a new ``critical_lag``
         against the current ``target_lag``). The capacity is recomputed at once
         from the last lag; returns the waiters that admits.
         """
-        new = {
-            "target_lag": self._target if target_lag is None else target_lag,
-            "critical_lag": self._critical if critical_lag is None else critical_lag,
-            "min_capacity": self._min if min_capacity is None else min_capacity,
-            "max_capacity": self._max if max_capacity is None else max_capacity,
-            "adjustment_interval_ms": (
-                self._interval_ms if adjustment_interval_ms is None else adjustment_interval_ms
-            ),
-        }
-        validate(**new)
-        self._target = new["target_lag"]
-        self._critical = new["critical_lag"]
-        self._min = new["min_capacity"]
-        self._max = new["max_capacity"]
-        self._interval_ms = new["adjustment_interval_ms"]
-        lag = self._last_lag
-        cap = (
-            self._max
-            if lag is None
-            else capacity_for_lag(
-                lag,
-                target_lag=self._target,
-                critical_lag=self._critical,
-                min_capacity=self._min,
-                max_capacity=self._max,
-            )
+        unknown = set(changes) - {f.name for f in fields(PermitSettings)}
+        if unknown:
+            raise BadValue(f"no write permit parameter {sorted(unknown)}")
+        self.settings = replace(
+            self.settings, **{k: v for k, v in changes.items() if v is not None}
         )
+        lag = self._last_lag
+        cap = self.settings.max_capacity if lag is None else self.settings.capacity(lag)
         return self._apply(cap, lag)
 
     # ------------------------------------------------------------------ hot path
@@ -488,11 +446,7 @@ class WritePermits:
             for name, p in self._buckets.items()
         }
         return WritePermitStatistics(
-            target_lag=self._target,
-            critical_lag=self._critical,
-            min_capacity=self._min,
-            max_capacity=self._max,
-            adjustment_interval_ms=self._interval_ms,
+            settings=self.settings,
             capacity=self._capacity,
             last_lag=self._last_lag,
             evaluations=self._evaluations,
@@ -530,7 +484,7 @@ class WritePermits:
 
     def _log_change(self, old: int, new: int, lag: int | None) -> None:
         now = self._clock()
-        args = (old, new, lag, self._target, self._critical)
+        args = (old, new, lag, self.settings.target_lag, self.settings.critical_lag)
         fmt = "write permit capacity %d -> %d per bucket (lag %s, target %d, critical %d)"
         if now - self._last_log >= LOG_MIN_INTERVAL_SECS:
             if self._unlogged:
@@ -566,26 +520,9 @@ class WritePermitGate:
 
     @classmethod
     def create(
-        cls,
-        lag: Callable[[], int],
-        *,
-        target_lag: int = DEFAULT_TARGET_LAG,
-        critical_lag: int = DEFAULT_CRITICAL_LAG,
-        min_capacity: int = DEFAULT_MIN_CAPACITY,
-        max_capacity: int = DEFAULT_MAX_CAPACITY,
-        adjustment_interval_ms: int = DEFAULT_ADJUSTMENT_INTERVAL_MS,
+        cls, lag: Callable[[], int], settings: PermitSettings | None = None
     ) -> WritePermitGate:
-        return cls(
-            WritePermits(
-                trio_clock(),
-                target_lag=target_lag,
-                critical_lag=critical_lag,
-                min_capacity=min_capacity,
-                max_capacity=max_capacity,
-                adjustment_interval_ms=adjustment_interval_ms,
-            ),
-            lag,
-        )
+        return cls(WritePermits(trio_clock(), settings), lag)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Re-evaluate the capacity every ``adjustment_interval_ms``, forever.
@@ -663,25 +600,9 @@ class WritePermitGate:
         """Forget ``name``; its waiters fail with BucketNotFound."""
         self._wake(self.permits.remove_bucket(name))
 
-    def configure(
-        self,
-        *,
-        target_lag: int | None = None,
-        critical_lag: int | None = None,
-        min_capacity: int | None = None,
-        max_capacity: int | None = None,
-        adjustment_interval_ms: int | None = None,
-    ) -> None:
+    def configure(self, **changes: int | None) -> None:
         """:meth:`WritePermits.configure`; a new interval applies from the next tick."""
-        self._wake(
-            self.permits.configure(
-                target_lag=target_lag,
-                critical_lag=critical_lag,
-                min_capacity=min_capacity,
-                max_capacity=max_capacity,
-                adjustment_interval_ms=adjustment_interval_ms,
-            )
-        )
+        self._wake(self.permits.configure(**changes))
 
     def statistics(self) -> WritePermitStatistics:
         return self.permits.statistics()
@@ -689,13 +610,7 @@ class WritePermitGate:
     def parameter_table(self) -> ParameterTable:
         return {
             key: (lambda k: lambda v: self.configure(**{k: v}))(key)
-            for key in (
-                "target_lag",
-                "critical_lag",
-                "min_capacity",
-                "max_capacity",
-                "adjustment_interval_ms",
-            )
+            for key in (f.name for f in fields(PermitSettings))
         }
 
     _wake = staticmethod(wake)

@@ -478,25 +478,9 @@ def _did_not_run(exc: errors.TenantKVError) -> bool:
     return isinstance(exc, errors.RequestNotSent | errors.ShuttingDown)
 
 
-def policy_from_settings(
-    retry_policy: RetryPolicy | None,
-    *,
-    retry_reads: bool,
-    retry_writes: bool,
-    max_overload_retries: int,
-    base_backoff: float,
-    max_backoff: float,
-    adaptive_retries: bool,
-) -> RetryPolicy:
-    """A client's policy: ``retry_policy`` as given, or one built from the separate settings."""
-    settings: dict[str, Any] = {
-        "retry_reads": retry_reads,
-        "retry_writes": retry_writes,
-        "max_overload_retries": max_overload_retries,
-        "base_backoff": base_backoff,
-        "max_backoff": max_backoff,
-        "adaptive_retries": adaptive_retries,
-    }
+def policy_from_settings(retry_policy: RetryPolicy | None, **settings: Any) -> RetryPolicy:
+    """A client's policy: ``retry_policy`` as given, or one built from the separate
+    settings (:class:`RetryPolicy`'s arguments, each as the client was given it)."""
     if retry_policy is None:
         return RetryPolicy(**settings)
     defaults = RetryPolicy()

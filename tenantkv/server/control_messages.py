@@ -7,6 +7,17 @@ its :attr:`Call.REPLY`, whose wire form is its fields. Field values are plain
 msgpack data: what needs a richer form (a usage report, a lease, a status
 document) travels in the wire form its own module defines.
 
+A message is declared by its ``class`` line and docstring, its fields below::
+
+    class Evict(ControlMessage, type="evict", sender=SUPERVISOR):
+        \"\"\"close this connection (no hello yet) to make room for another\"\"\"
+
+        conn: int
+
+``type`` is its wire type, ``sender`` who sends it, the docstring what it is
+for (docs/scaling.md's table); a call names its reply as ``Call[TheReply]``.
+Every subclass is made a frozen dataclass, so fields are declared as in one.
+
 :data:`MESSAGES` lists every message; docs/scaling.md has the same table
 (:func:`message_table`), and a test keeps the two equal. Each side dispatches
 by a table of its own (``Supervisor.HANDLERS``, ``WorkerLink.HANDLERS``) that
@@ -16,13 +27,27 @@ a test checks against :data:`MESSAGES` too.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+from typing import (
+    Any,
+    ClassVar,
+    Generic,
+    Self,
+    TypeVar,
+    cast,
+    dataclass_transform,
+    get_args,
+    get_origin,
+)
 
 Wire = dict[str, Any]
 
 #: Who sends a message.
 WORKER = "worker"
 SUPERVISOR = "supervisor"
+
+
+#: Every message, by its wire type, in the order declared (each adds itself).
+MESSAGES: dict[str, type[ControlMessage]] = {}
 
 
 class MalformedMessage(ValueError):
@@ -41,9 +66,13 @@ def _fields_from_wire(cls: type[Any], wire: Wire) -> Any:
         raise MalformedMessage(f"{cls.__name__}: {exc}") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class Reply:
-    """The answer to a call; its wire form is its fields."""
+@dataclass_transform(frozen_default=True)
+class _Fields:
+    """A base whose every subclass is a frozen dataclass, its wire form its fields."""
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        dataclasses.dataclass(frozen=True)(cls)
 
     def to_wire(self) -> Wire:
         return _fields_to_wire(self)
@@ -53,34 +82,48 @@ class Reply:
         return cast(Self, _fields_from_wire(cls, wire))
 
 
-@dataclasses.dataclass(frozen=True)
-class ControlMessage:
+class Reply(_Fields):
+    """The answer to a call; its wire form is its fields."""
+
+
+class ControlMessage(_Fields):
     """A one-way message (a :class:`Call` when it is answered)."""
 
     TYPE: ClassVar[str]
     SENDER: ClassVar[str]
-    #: what it is for, one line (docs/scaling.md's table)
+    #: what it is for, one line (docs/scaling.md's table): the class's docstring
     MEANING: ClassVar[str]
+
+    def __init_subclass__(cls, *, type: str = "", sender: str = "", **kw: Any) -> None:
+        if "TYPE" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: give its type and sender on its class line")
+        if type:  # (a message, not a base such as Call)
+            if not cls.__doc__ or type in MESSAGES or sender not in (WORKER, SUPERVISOR):
+                raise TypeError(f"control message {type!r}: a docstring, a new type, a sender")
+            cls.TYPE, cls.SENDER, cls.MEANING = type, sender, " ".join(cls.__doc__.split())
+            MESSAGES[type] = cls
+        super().__init_subclass__(**kw)
 
     def to_wire(self) -> Wire:
         return {"type": self.TYPE, **_fields_to_wire(self)}
-
-    @classmethod
-    def from_wire(cls, wire: Wire) -> Self:
-        return cast(Self, _fields_from_wire(cls, wire))
 
 
 R = TypeVar("R", bound=Reply)
 
 
-@dataclasses.dataclass(frozen=True)
 class Call(ControlMessage, Generic[R]):
-    """A message the other side answers with a :attr:`REPLY`."""
+    """A message the other side answers with a :attr:`REPLY`: the ``R`` it is
+    declared with (``class Status(Call[StatusReply], ...)``)."""
 
     REPLY: ClassVar[type[Reply]]
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            if get_origin(base) is Call:
+                cls.REPLY = get_args(base)[0]
 
-@dataclasses.dataclass(frozen=True)
+
 class Done(Reply):
     """An answer that says only "done"."""
 
@@ -88,11 +131,9 @@ class Done(Reply):
 # -- supervisor -> worker -------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Init(ControlMessage):
-    TYPE = "init"
-    SENDER = SUPERVISOR
-    MEANING = "first message, length-prefixed, read before Trio starts: who the worker is"
+class Init(ControlMessage, type="init", sender=SUPERVISOR):
+    """first message, length-prefixed, read before Trio starts: who the worker is"""
+
     index: int
     workers: int
     config: dict[str, Any]
@@ -101,117 +142,86 @@ class Init(ControlMessage):
     expiry_pager: bool
 
 
-@dataclasses.dataclass(frozen=True)
-class Refresh(Call[Done]):
-    TYPE = "refresh"
-    SENDER = SUPERVISOR
-    MEANING = "shared state changed elsewhere: reload it from LMDB"
-    REPLY = Done
+class Refresh(Call[Done], type="refresh", sender=SUPERVISOR):
+    """shared state changed elsewhere: reload it from LMDB"""
 
 
-@dataclasses.dataclass(frozen=True)
 class StatusReply(Reply):
     status: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class Status(Call[StatusReply]):
-    TYPE = "status"
-    SENDER = SUPERVISOR
-    MEANING = "the worker's status document"
-    REPLY = StatusReply
+class Status(Call[StatusReply], type="status", sender=SUPERVISOR):
+    """the worker's status document"""
 
 
-@dataclasses.dataclass(frozen=True)
-class Lease(ControlMessage):
-    TYPE = "lease"
-    SENDER = SUPERVISOR
-    MEANING = "pushed: another worker's report moved this worker's quota share"
+class Lease(ControlMessage, type="lease", sender=SUPERVISOR):
+    """pushed: another worker's report moved this worker's quota share"""
+
     lease: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class Expiry(ControlMessage):
-    TYPE = "expiry"
-    SENDER = SUPERVISOR
-    MEANING = "a commit wrote an expiry (ms): the expiry pager may wake earlier"
+class Expiry(ControlMessage, type="expiry", sender=SUPERVISOR):
+    """a commit wrote an expiry (ms): the expiry pager may wake earlier"""
+
     ms: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Evict(ControlMessage):
-    TYPE = "evict"
-    SENDER = SUPERVISOR
-    MEANING = "close this connection (no hello yet) to make room for another"
+class Evict(ControlMessage, type="evict", sender=SUPERVISOR):
+    """close this connection (no hello yet) to make room for another"""
+
     conn: int
 
 
-@dataclasses.dataclass(frozen=True)
-class ReloadConfig(ControlMessage):
-    TYPE = "reload_config"
-    SENDER = SUPERVISOR
-    MEANING = "SIGHUP: the config file as read again"
+class ReloadConfig(ControlMessage, type="reload_config", sender=SUPERVISOR):
+    """SIGHUP: the config file as read again"""
+
     config: dict[str, Any]
 
 
 # -- worker -> supervisor -------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Ready(ControlMessage):
-    TYPE = "ready"
-    SENDER = WORKER
-    MEANING = "the worker serves (the node is ready once every worker is)"
+class Ready(ControlMessage, type="ready", sender=WORKER):
+    """the worker serves (the node is ready once every worker is)"""
+
     host: str
     port: int
     resp_port: int | None
 
 
-@dataclasses.dataclass(frozen=True)
 class UsageReply(Reply):
     lease: dict[str, Any]
     #: the worker's fraction of each node-wide rate limiter
     rate_shares: dict[str, float]
 
 
-@dataclasses.dataclass(frozen=True)
-class Usage(Call[UsageReply]):
-    TYPE = "usage"
-    SENDER = WORKER
-    MEANING = "per slice: the throttle's demand per bucket and the rate limiters' demand"
-    REPLY = UsageReply
+class Usage(Call[UsageReply], type="usage", sender=WORKER):
+    """per slice: the throttle's demand per bucket and the rate limiters' demand"""
+
     usage: dict[str, Any]
     #: per node-wide rate limiter: attempts per second as a fraction of its rate
     limiters: dict[str, float]
 
 
-@dataclasses.dataclass(frozen=True)
 class WriteReply(Reply):
     outcomes: list[Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class Write(Call[WriteReply]):
-    TYPE = "write"
-    SENDER = WORKER
-    MEANING = "writes for the node's writer; answered once durable, one outcome each"
-    REPLY = WriteReply
+class Write(Call[WriteReply], type="write", sender=WORKER):
+    """writes for the node's writer; answered once durable, one outcome each"""
+
     ops: list[Any]
 
 
-@dataclasses.dataclass(frozen=True)
 class ConnAdmitReply(Reply):
     ok: bool
     evict: int | None = None
     reason: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class ConnAdmit(Call[ConnAdmitReply]):
-    TYPE = "conn_admit"
-    SENDER = WORKER
-    MEANING = "the node's connection table: may this connection stay"
-    REPLY = ConnAdmitReply
+class ConnAdmit(Call[ConnAdmitReply], type="conn_admit", sender=WORKER):
+    """the node's connection table: may this connection stay"""
+
     conn: int
     addr: str
     max_connections: int
@@ -219,17 +229,13 @@ class ConnAdmit(Call[ConnAdmitReply]):
     reserved_per_address: int
 
 
-@dataclasses.dataclass(frozen=True)
 class ConnAuthReply(Reply):
     refused: str | None
 
 
-@dataclasses.dataclass(frozen=True)
-class ConnAuth(Call[ConnAuthReply]):
-    TYPE = "conn_auth"
-    SENDER = WORKER
-    MEANING = "the connection said hello: may it stay (admin slots)"
-    REPLY = ConnAuthReply
+class ConnAuth(Call[ConnAuthReply], type="conn_auth", sender=WORKER):
+    """the connection said hello: may it stay (admin slots)"""
+
     conn: int
     admin: bool
     max_connections: int
@@ -237,15 +243,12 @@ class ConnAuth(Call[ConnAuthReply]):
     per_address: int | None
 
 
-@dataclasses.dataclass(frozen=True)
-class ConnClosed(ControlMessage):
-    TYPE = "conn_closed"
-    SENDER = WORKER
-    MEANING = "a connection closed: its place in the table is free"
+class ConnClosed(ControlMessage, type="conn_closed", sender=WORKER):
+    """a connection closed: its place in the table is free"""
+
     conn: int
 
 
-@dataclasses.dataclass(frozen=True)
 class LoginBeginReply(Reply):
     status: str
     retry_after: float
@@ -253,12 +256,9 @@ class LoginBeginReply(Reply):
     known: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class LoginBegin(Call[LoginBeginReply]):
-    TYPE = "login_begin"
-    SENDER = WORKER
-    MEANING = "the node's login limiter: may this login be verified now"
-    REPLY = LoginBeginReply
+class LoginBegin(Call[LoginBeginReply], type="login_begin", sender=WORKER):
+    """the node's login limiter: may this login be verified now"""
+
     login: int
     source: str
     user: str | None
@@ -266,18 +266,14 @@ class LoginBegin(Call[LoginBeginReply]):
     settings: list[float]
 
 
-@dataclasses.dataclass(frozen=True)
 class LoginEndReply(Reply):
     hold: float
     limited: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class LoginEnd(Call[LoginEndReply]):
-    TYPE = "login_end"
-    SENDER = WORKER
-    MEANING = "a login's outcome; answered with how long to hold a failure"
-    REPLY = LoginEndReply
+class LoginEnd(Call[LoginEndReply], type="login_end", sender=WORKER):
+    """a login's outcome; answered with how long to hold a failure"""
+
     login: int
     source: str
     user: str | None
@@ -285,83 +281,38 @@ class LoginEnd(Call[LoginEndReply]):
     settings: list[float]
 
 
-@dataclasses.dataclass(frozen=True)
-class LoginCancel(ControlMessage):
-    TYPE = "login_cancel"
-    SENDER = WORKER
-    MEANING = "a login ended without an outcome: free its slot"
+class LoginCancel(ControlMessage, type="login_cancel", sender=WORKER):
+    """a login ended without an outcome: free its slot"""
+
     login: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Changed(Call[Done]):
-    TYPE = "changed"
-    SENDER = WORKER
-    MEANING = "shared state changed here; answered once every other worker reloaded it"
-    REPLY = Done
+class Changed(Call[Done], type="changed", sender=WORKER):
+    """shared state changed here; answered once every other worker reloaded it"""
+
     worker: int
 
 
-@dataclasses.dataclass(frozen=True)
 class NodeStatusReply(Reply):
     #: the node's status document (status.node_document)
     document: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeStatus(Call[NodeStatusReply]):
-    TYPE = "node_status"
-    SENDER = WORKER
-    MEANING = "server_status on a worker: the node's document, merged by the supervisor"
-    REPLY = NodeStatusReply
+class NodeStatus(Call[NodeStatusReply], type="node_status", sender=WORKER):
+    """server_status on a worker: the node's document, merged by the supervisor"""
 
 
-@dataclasses.dataclass(frozen=True)
-class Tracking(ControlMessage):
-    TYPE = "tracking"
-    SENDER = WORKER
-    MEANING = "client-side caching on (true) or off (false) on this worker: send it invalidate"
+class Tracking(ControlMessage, type="tracking", sender=WORKER):
+    """client-side caching on (true) or off (false) on this worker: send it invalidate"""
+
     active: bool
 
 
-@dataclasses.dataclass(frozen=True)
-class Invalidate(Call[Done]):
-    TYPE = "invalidate"
-    SENDER = SUPERVISOR
-    MEANING = (
-        "client-side caching: the keys a commit changed, [bucket, keys or nil for all]; "
-        "answered once pushed, before the write is"
-    )
-    REPLY = Done
+class Invalidate(Call[Done], type="invalidate", sender=SUPERVISOR):
+    """client-side caching: the keys a commit changed, [bucket, keys or nil for all];
+    answered once pushed, before the write is"""
+
     changes: list[Any]
-
-
-#: Every message, by its wire type.
-MESSAGES: dict[str, type[ControlMessage]] = {
-    cls.TYPE: cls
-    for cls in (
-        Init,
-        Refresh,
-        Status,
-        Lease,
-        Expiry,
-        Evict,
-        ReloadConfig,
-        Ready,
-        Usage,
-        Write,
-        ConnAdmit,
-        ConnAuth,
-        ConnClosed,
-        LoginBegin,
-        LoginEnd,
-        LoginCancel,
-        Changed,
-        NodeStatus,
-        Tracking,
-        Invalidate,
-    )
-}
 
 
 def sent_by(sender: str) -> set[type[ControlMessage]]:

@@ -35,7 +35,7 @@ from tenantkv.admission.throttle_props import (
     node_props_from_record,
 )
 from tenantkv.admission.throughput_probing import PROBING_PARAMETERS, ThroughputProber
-from tenantkv.admission.write_permits import WritePermitGate
+from tenantkv.admission.write_permits import PermitSettings, WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server import auth
 from tenantkv.server.accounts import Accounts, stored_known_good, stored_users
@@ -316,11 +316,7 @@ class Node:
         )
         self.permits = WritePermitGate.create(
             lambda: self.writer.lag + sum(p.op.op_count for p in self._unsent),
-            target_lag=cfg.write_permit_target_lag,
-            critical_lag=cfg.write_permit_critical_lag,
-            min_capacity=cfg.write_permit_min_capacity,
-            max_capacity=cfg.write_permit_max_capacity,
-            adjustment_interval_ms=cfg.write_permit_adjustment_interval_ms,
+            PermitSettings.from_config(cfg),
         )
         self._start_throttle()
         self.pipeline = Pipeline(

@@ -22,7 +22,7 @@ from tenantkv.admission.pipeline import Pipeline
 from tenantkv.admission.rate_limiter import RateLimiter
 from tenantkv.admission.tenant_throttle import TenantThrottle
 from tenantkv.admission.throttle_gate import TenantThrottleGate
-from tenantkv.admission.write_permits import WritePermitGate
+from tenantkv.admission.write_permits import PermitSettings, WritePermitGate
 from tenantkv.config import Config
 from tenantkv.server.node import Node
 from tenantkv.server.role import SingleProcess
@@ -209,7 +209,7 @@ async def test_a_parameter_reaches_its_live_gate(tmp_path: Path) -> None:
                 await node.parameters.set(name, value)
             st = node.pipeline.statistics()
             assert st.bucket_queues.queue_tolerance == 7
-            assert st.write_permits.max_capacity == 99
+            assert st.write_permits.settings.max_capacity == 99
             assert st.request_rate.rate_per_sec == 123.0
             assert st.ingress.total_tickets == 55
             assert node.throttle.max_wait_secs == 0.25
@@ -307,7 +307,7 @@ async def test_a_run_joins_as_many_writes_as_its_fullest_gate_would_admit(
     queues = BucketQueueGate.create(concurrency=3 if full == "queue" else 100)
     queues.add_bucket("a")
     permits = WritePermitGate.create(
-        lambda: 0, min_capacity=1, max_capacity=3 if full == "permit" else 100
+        lambda: 0, PermitSettings(min_capacity=1, max_capacity=3 if full == "permit" else 100)
     )
     permits.add_bucket("a")
     ingress = TicketHolder(3 if full == "ingress" else 100, name="ingress")

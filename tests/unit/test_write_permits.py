@@ -19,6 +19,7 @@ from tenantkv.admission.write_permits import (
     QUIET_SAMPLES,
     WAIT_HISTOGRAM_BOUNDS_US,
     BucketPermits,
+    PermitSettings,
     Waiter,
     WritePermitGate,
     WritePermits,
@@ -32,7 +33,7 @@ PARAMS = {"target_lag": 100, "critical_lag": 200, "min_capacity": 2, "max_capaci
 
 def core(**kw: int) -> tuple[WritePermits, FakeClock]:
     clock = FakeClock(50.0)
-    wp = WritePermits(clock, **{**PARAMS, **kw})
+    wp = WritePermits(clock, PermitSettings(**{**PARAMS, **kw}))
     wp.add_bucket("a")
     wp.add_bucket("b")
     return wp, clock
@@ -129,11 +130,11 @@ def test_capacity_is_monotone_and_bounded(
 )
 def test_validation_messages(kw: dict[str, object], message: str) -> None:
     with pytest.raises(BadValue, match=message):
-        WritePermits(FakeClock(), **{**PARAMS, **kw})  # type: ignore[arg-type]
+        WritePermits(FakeClock(), PermitSettings(**{**PARAMS, **kw}))  # type: ignore[arg-type]
     wp, _ = core()
     with pytest.raises(BadValue, match=message):
         wp.configure(**kw)  # type: ignore[arg-type]
-    assert wp.statistics().critical_lag == 200  # all or nothing
+    assert wp.statistics().settings.critical_lag == 200  # all or nothing
 
 
 def test_configure_validates_against_current_values() -> None:
@@ -142,12 +143,12 @@ def test_configure_validates_against_current_values() -> None:
         wp.configure(critical_lag=300, target_lag=400)
     wp.configure(target_lag=400, critical_lag=800)  # moved together: fine
     s = wp.statistics()
-    assert (s.target_lag, s.critical_lag) == (400, 800)
+    assert (s.settings.target_lag, s.settings.critical_lag) == (400, 800)
 
 
 def test_defaults_are_sane() -> None:
     wp = WritePermits(FakeClock())
-    s = wp.statistics()
+    s = wp.statistics().settings
     assert s.adjustment_interval_ms == DEFAULT_ADJUSTMENT_INTERVAL_MS
     assert 0 < s.min_capacity <= s.max_capacity == DEFAULT_MAX_CAPACITY
     assert 0 <= s.target_lag < s.critical_lag
@@ -316,7 +317,7 @@ def test_capacity_changes_are_logged(caplog: pytest.LogCaptureFixture) -> None:
 
 async def test_run_loop_follows_the_lag(autojump_clock: trio.testing.MockClock) -> None:
     lag = LagSource()
-    gate = WritePermitGate.create(lag, **PARAMS, adjustment_interval_ms=10)
+    gate = WritePermitGate.create(lag, PermitSettings(**PARAMS, adjustment_interval_ms=10))
     async with trio.open_nursery() as nursery:
         await nursery.start(gate.run)
         assert gate.permits.capacity == 10
@@ -344,7 +345,7 @@ async def test_run_loop_follows_the_lag(autojump_clock: trio.testing.MockClock) 
 async def test_waiters_woken_when_lag_drops(autojump_clock: trio.testing.MockClock) -> None:
     lag = LagSource()
     lag.lag = 10_000
-    gate = WritePermitGate.create(lag, **PARAMS, adjustment_interval_ms=10)
+    gate = WritePermitGate.create(lag, PermitSettings(**PARAMS, adjustment_interval_ms=10))
     gate.add_bucket("a")
     admitted: list[float] = []
     held: list[BucketPermits] = []
@@ -382,7 +383,7 @@ async def test_waiters_woken_when_lag_drops(autojump_clock: trio.testing.MockClo
 async def test_release_from_another_task_and_no_checkpoint(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    gate = WritePermitGate.create(LagSource(), **PARAMS)
+    gate = WritePermitGate.create(LagSource(), PermitSettings(**PARAMS))
     gate.add_bucket("a")
     gate.configure(max_capacity=2, min_capacity=1)
     with trio.testing.assert_no_checkpoints():
@@ -406,7 +407,9 @@ async def test_release_from_another_task_and_no_checkpoint(
 
 
 async def test_cancelled_waiter_and_removed_bucket(autojump_clock: trio.testing.MockClock) -> None:
-    gate = WritePermitGate.create(LagSource(), **{**PARAMS, "min_capacity": 1, "max_capacity": 1})
+    gate = WritePermitGate.create(
+        LagSource(), PermitSettings(**{**PARAMS, "min_capacity": 1, "max_capacity": 1})
+    )
     gate.add_bucket("a")
     p = gate.try_acquire("a")
     assert p is not None
@@ -469,7 +472,7 @@ async def test_the_sampler_rests_while_nothing_is_queued_until_a_write_comes(
     """A quiet node pays no wake-ups: after QUIET_SAMPLES samples at rest the
     sampler sleeps, and the next write's admission wakes it to sample at once."""
     lag = LagSource()
-    gate = WritePermitGate.create(lag, **PARAMS, adjustment_interval_ms=10)
+    gate = WritePermitGate.create(lag, PermitSettings(**PARAMS, adjustment_interval_ms=10))
     gate.add_bucket("a")
     async with trio.open_nursery() as nursery:
         await nursery.start(gate.run)
