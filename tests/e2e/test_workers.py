@@ -211,7 +211,9 @@ def _get_load(
 
 def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
     with workers2.client() as admin:
-        admin.command("create_bucket", name="capped", hard_limit=1000)
+        # 100/s, not 1,000: twelve clients on a loaded 2-core machine were seen
+        # driving only 205 requests/s, too few to reach a limit of 1,000.
+        admin.command("create_bucket", name="capped", hard_limit=100)
         admin.command("create_user", name="cap", password="cap-pw", roles={"capped": "read"})
 
     def throttled(exc: TenantKVError) -> bool:
@@ -234,7 +236,7 @@ def test_hard_limit_holds_for_the_node_across_workers(workers2: Daemon) -> None:
     # the ceiling is asserted: a loaded machine drives fewer requests, never more
     # (a floor failed at 683/s run after a benchmark); the precise figure (±3 %)
     # is the benchmark's (python -m bench throttle --workers 2).
-    assert load.rate <= 1250, load.rate
+    assert load.rate <= 125, load.rate
     assert load.refusals, "the limit was reached: some requests were refused"
 
 
