@@ -4,6 +4,8 @@
                                                password="...", bucket="orders") as c:
         c.set("user:1", b"x")              # sent to the node that serves the key's slot
         c.mget(["user:1", "user:2"])       # split by node, answered in key order
+        with c.pipeline() as p:            # each node its part in one batch
+            p.set("user:1", b"y"); p.get("user:2")
 
     c = tenantkv.client.cluster.connect("127.0.0.1", 7301, ...)   # ClusterClient
                                               # on a cluster node, else a Client
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -37,6 +39,9 @@ from tenantkv.client.core import Call, Commands
 from tenantkv.client.servers import Address
 from tenantkv.client.sync_client import Client
 from tenantkv.cluster.slots import key_slot
+
+if TYPE_CHECKING:
+    from tenantkv.client.cluster_pipeline import AsyncClusterPipeline, ClusterPipeline
 
 #: Map refreshes one operation may go through before NotMyPartition is raised.
 MAX_REDIRECTS = 5
@@ -136,9 +141,9 @@ class ClusterClient(Commands):
         """``seed_client``: a Client already open to (host, port), with these
         ``kwargs``, to use as that node's (no second login)."""
         self._kwargs = kwargs
-        self._seed: Address = (host, port)
+        self.seed: Address = (host, port)
         seed = seed_client if seed_client is not None else Client(host, port, **kwargs)
-        self._clients: dict[Address, Client] = {self._seed: seed}
+        self._clients: dict[Address, Client] = {self.seed: seed}
         self.max_redirects = max_redirects
         self.map_refreshes = 0
         try:
@@ -155,15 +160,16 @@ class ClusterClient(Commands):
 
     def _read_map(self) -> SlotMap:
         last: errors.TenantKVError | None = None
-        for address in [self._seed, *(a for a in self._clients if a != self._seed)]:
+        for address in [self.seed, *(a for a in self._clients if a != self.seed)]:
             try:
-                return SlotMap(self._client(address).command("cluster_map"))
+                return SlotMap(self.node_client(address).command("cluster_map"))
             except errors.ConnectionClosed as exc:
                 last = exc  # that node is gone: ask another
         assert last is not None
         raise last
 
-    def _client(self, address: Address) -> Client:
+    def node_client(self, address: Address) -> Client:
+        """The client of the node at ``address`` (opened on first use)."""
         client = self._clients.get(address)
         if client is None:
             client = self._clients[address] = Client(address[0], address[1], **self._kwargs)
@@ -171,10 +177,10 @@ class ClusterClient(Commands):
 
     def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
         for redirects in range(self.max_redirects + 1):
-            parts = plan(call, self.map, self._seed)
+            parts = plan(call, self.map, self.seed)
             try:
                 results = [
-                    self._client(unrouted(address, part))._execute(part, op_timeout)
+                    self.node_client(unrouted(address, part))._execute(part, op_timeout)
                     for address, part, _ in parts
                 ]
             except errors.NotMyPartition:
@@ -184,6 +190,13 @@ class ClusterClient(Commands):
                 continue
             return joined(parts, results)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def pipeline(self, *, raise_on_error: bool = True) -> ClusterPipeline:
+        """Queue commands; each node gets its part in one batch
+        (:mod:`tenantkv.client.cluster_pipeline`)."""
+        from tenantkv.client.cluster_pipeline import ClusterPipeline
+
+        return ClusterPipeline(self, raise_on_error=raise_on_error)
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -229,7 +242,7 @@ class AsyncClusterClient(Commands):
         self, host: str, port: int, *, max_redirects: int = MAX_REDIRECTS, **kwargs: Any
     ) -> None:
         self._kwargs = kwargs
-        self._seed: Address = (host, port)
+        self.seed: Address = (host, port)
         self._clients: dict[Address, AsyncClient] = {}
         self.max_redirects = max_redirects
         self.map_refreshes = 0
@@ -253,15 +266,22 @@ class AsyncClusterClient(Commands):
         self._closing.set()  # each node's client closes in its own task
         await self._nursery_manager.__aexit__(*exc)
 
+    def pipeline(self, *, raise_on_error: bool = True) -> AsyncClusterPipeline:
+        """Queue commands (no ``await``), then ``await p.execute()``; the nodes'
+        batches go out at once (:mod:`tenantkv.client.cluster_pipeline`)."""
+        from tenantkv.client.cluster_pipeline import AsyncClusterPipeline
+
+        return AsyncClusterPipeline(self, raise_on_error=raise_on_error)
+
     async def refresh_map(self) -> SlotMap:
         self.map_refreshes += 1
         return await self._read_map()
 
     async def _read_map(self) -> SlotMap:
         last: errors.TenantKVError | None = None
-        for address in [self._seed, *(a for a in self._clients if a != self._seed)]:
+        for address in [self.seed, *(a for a in self._clients if a != self.seed)]:
             try:
-                client = await self._client(address)
+                client = await self.node_client(address)
                 self.map = SlotMap(await client.command("cluster_map"))
                 return self.map
             except errors.ConnectionClosed as exc:
@@ -269,7 +289,8 @@ class AsyncClusterClient(Commands):
         assert last is not None
         raise last
 
-    async def _client(self, address: Address) -> AsyncClient:
+    async def node_client(self, address: Address) -> AsyncClient:
+        """The client of the node at ``address`` (opened on first use)."""
         client = self._clients.get(address)
         if client is None:
             assert self._nursery is not None, "use AsyncClusterClient in async with"
@@ -285,10 +306,12 @@ class AsyncClusterClient(Commands):
     async def _execute(self, call: Call[Any], op_timeout: float | None = None) -> Any:
         for redirects in range(self.max_redirects + 1):
             assert self.map is not None, "use AsyncClusterClient in async with"
-            parts = plan(call, self.map, self._seed)
+            parts = plan(call, self.map, self.seed)
             try:
                 results = [
-                    await (await self._client(unrouted(address, part)))._execute(part, op_timeout)
+                    await (await self.node_client(unrouted(address, part)))._execute(
+                        part, op_timeout
+                    )
                     for address, part, _ in parts
                 ]
             except errors.NotMyPartition:
