@@ -124,6 +124,16 @@ def unrouted(address: Address | None, call: Call[Any]) -> Address:
     return address
 
 
+def unreachable(address: Address, exc: errors.ConnectFailed) -> errors.NodeUnavailable:
+    """A node of the map that cannot be reached (killed, say): the request was not
+    sent, and the key's slot has no node that can serve it now — the error a
+    node answers for a down node's slots, retryable as that is."""
+    return errors.NodeUnavailable(
+        f"the node at {address[0]}:{address[1]} serving the key's slot cannot be reached "
+        f"({exc.errmsg}); the request was not sent"
+    )
+
+
 class ClusterClient(Commands):
     """Every command of :class:`~tenantkv.client.core.Commands`, routed by the map.
     ``kwargs`` are :class:`~tenantkv.client.sync_client.Client`'s (user,
@@ -179,10 +189,7 @@ class ClusterClient(Commands):
         for redirects in range(self.max_redirects + 1):
             parts = plan(call, self.map, self.seed)
             try:
-                results = [
-                    self.node_client(unrouted(address, part))._execute(part, op_timeout)
-                    for address, part, _ in parts
-                ]
+                results = [self._run(address, part, op_timeout) for address, part, _ in parts]
             except errors.NotMyPartition:
                 if redirects == self.max_redirects:
                     raise
@@ -190,6 +197,13 @@ class ClusterClient(Commands):
                 continue
             return joined(parts, results)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run(self, address: Address | None, call: Call[Any], op_timeout: float | None) -> Any:
+        address = unrouted(address, call)
+        try:
+            return self.node_client(address)._execute(call, op_timeout)
+        except errors.ConnectFailed as exc:
+            raise unreachable(address, exc) from None
 
     def pipeline(self, *, raise_on_error: bool = True) -> ClusterPipeline:
         """Queue commands; each node gets its part in one batch
@@ -266,6 +280,13 @@ class AsyncClusterClient(Commands):
         self._closing.set()  # each node's client closes in its own task
         await self._nursery_manager.__aexit__(*exc)
 
+    async def _run(self, address: Address | None, call: Call[Any], op_timeout: float | None) -> Any:
+        address = unrouted(address, call)
+        try:
+            return await (await self.node_client(address))._execute(call, op_timeout)
+        except errors.ConnectFailed as exc:
+            raise unreachable(address, exc) from None
+
     def pipeline(self, *, raise_on_error: bool = True) -> AsyncClusterPipeline:
         """Queue commands (no ``await``), then ``await p.execute()``; the nodes'
         batches go out at once (:mod:`tenantkv.client.cluster_pipeline`)."""
@@ -308,12 +329,7 @@ class AsyncClusterClient(Commands):
             assert self.map is not None, "use AsyncClusterClient in async with"
             parts = plan(call, self.map, self.seed)
             try:
-                results = [
-                    await (await self.node_client(unrouted(address, part)))._execute(
-                        part, op_timeout
-                    )
-                    for address, part, _ in parts
-                ]
+                results = [await self._run(address, part, op_timeout) for address, part, _ in parts]
             except errors.NotMyPartition:
                 if redirects == self.max_redirects:
                     raise

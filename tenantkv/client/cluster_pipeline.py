@@ -35,15 +35,16 @@ import trio
 
 from tenantkv import errors
 from tenantkv.client.async_client import AsyncClient, _Slot
+from tenantkv.client.cluster import Part, SlotMap, joined, plan, unreachable
 from tenantkv.client.core import Call, Commands
 from tenantkv.client.servers import Address
 from tenantkv.client.sync_client import Client
 
 if TYPE_CHECKING:
-    from tenantkv.client.cluster import AsyncClusterClient, ClusterClient, Part, SlotMap
+    from tenantkv.client.cluster import AsyncClusterClient, ClusterClient
 
 #: Each node's batch: (the call's place in the pipeline, the part of it the node gets).
-Batches = dict[Address | None, list[tuple[int, "Part"]]]
+Batches = dict[Address | None, list[tuple[int, Part]]]
 
 
 def batches(
@@ -51,8 +52,6 @@ def batches(
 ) -> Batches:
     """The calls ``todo`` (places in ``calls``) as one batch per node, each in
     the order queued (None: the slot has no node)."""
-    from tenantkv.client.cluster import plan
-
     out: Batches = {}
     for i in todo:
         for part in plan(calls[i], slot_map, seed):
@@ -66,8 +65,6 @@ def settle(
     """Put each call's answer in ``results`` (joined from its parts; an error
     in its place) and return the places of the calls refused with
     ``NotMyPartition``: they did not run, and go again by a newer map."""
-    from tenantkv.client.cluster import joined
-
     per_call: dict[int, tuple[list[Part], list[Any]]] = {}
     for address, batch in by_node.items():
         for (i, part), answer in zip(batch, answers[address], strict=True):
@@ -147,6 +144,8 @@ class ClusterPipeline(Commands):
             for _, (_, call, _) in batch:
                 pipe._execute(call)
             return pipe.execute(timeout)
+        except errors.ConnectFailed as exc:
+            return [unreachable(address, exc)] * len(batch)
         except errors.TenantKVError as exc:
             exc.__traceback__ = None
             return [exc] * len(batch)
@@ -209,11 +208,10 @@ class AsyncClusterPipeline(Commands):
             return
         try:
             node = await self._client.node_client(address)
-        except errors.TenantKVError as exc:
-            exc.__traceback__ = None
-            answers[address] = [exc] * len(batch)
-            return
-        answers[address] = await send_batch(node, [part[1] for _, part in batch], op_timeout)
+            calls = [part[1] for _, part in batch]
+            answers[address] = await send_batch(node, calls, op_timeout)
+        except errors.ConnectFailed as exc:
+            answers[address] = [unreachable(address, exc)] * len(batch)
 
     async def __aenter__(self) -> AsyncClusterPipeline:
         return self
