@@ -110,7 +110,11 @@ Conventions:
 - Labels: `bucket` (the tenant), `operation` (`get`, `set`, `delete`, …),
   `code_name` (the result of a failed operation: an error code name from
   [protocol.md](protocol.md)), `gate` (an admission gate). Node-wide values
-  have no label.
+  have no label. A node of a cluster (`--cluster`) adds `node` (its
+  `--node-name`) to every series, the `process_*` and `python_info` ones
+  too, so that one query sums the cluster (`sum without (node) (…)`) or
+  tells its nodes apart; a single node has no `node` label
+  ([cluster.md](cluster.md)).
 - Histograms have `_bucket`/`_sum`/`_count` series. Operation and commit
   latency use buckets from 10 µs to 5 s (10, 25, 50, 100, 250, 500 µs, 1, 2.5,
   5, 10, 25, 50, 100, 250, 500 ms, 1 s, 5 s): an inline read takes tens of
