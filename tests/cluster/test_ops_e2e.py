@@ -92,6 +92,17 @@ def test_every_series_of_a_node_carries_its_name_and_the_nodes_sum(nodes: list[D
                 ["promtool", "check", "metrics"], input=text, text=True, capture_output=True
             )
             assert lint.returncode == 0, lint.stdout + lint.stderr
+        up = {
+            s.labels["member"]: s.value
+            for f in fams
+            for s in f.samples
+            if s.name == "tenantkv_cluster_member_up"
+        }
+        assert up == {"n0": 1.0, "n1": 1.0, "n2": 1.0}
+        lease = [
+            s.value for f in fams for s in f.samples if s.name == "tenantkv_cluster_lease_valid"
+        ]
+        assert lease == [1.0]
     assert entries == KEYS  # each key on one node: the nodes' series sum to the cluster
 
 
