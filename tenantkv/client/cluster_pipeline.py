@@ -212,6 +212,9 @@ class AsyncClusterPipeline(Commands):
             answers[address] = await send_batch(node, calls, op_timeout)
         except errors.ConnectFailed as exc:
             answers[address] = [unreachable(address, exc)] * len(batch)
+        except errors.TenantKVError as exc:  # (a login refused, say): every call of the node's
+            exc.__traceback__ = None
+            answers[address] = [exc] * len(batch)
 
     async def __aenter__(self) -> AsyncClusterPipeline:
         return self

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import trio
 from redis.cluster import ClusterNode, RedisCluster
 
 from tenantkv import errors
-from tenantkv.client.cluster import ClusterClient
+from tenantkv.client.cluster import AsyncClusterClient, ClusterClient
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
@@ -122,6 +124,23 @@ def test_kill_9_of_one_node_the_others_serve_and_its_data_comes_back(
         for k in acked:
             p.get(k)
         for k, got in zip(acked, p.execute(), strict=True):
+            if k in theirs:
+                assert isinstance(got, errors.NodeUnavailable)
+            else:
+                assert got == acked[k]
+
+        # The same through the Trio client, whose node batches go out at once.
+        async def async_pipeline() -> list[Any]:
+            d = survivors[1]
+            async with AsyncClusterClient(
+                d.host, d.port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET, timeout=20
+            ) as acc:
+                ap = acc.pipeline(raise_on_error=False)
+                for k in acked:
+                    ap.get(k)
+                return await ap.execute()
+
+        for k, got in zip(acked, trio.run(async_pipeline), strict=True):
             if k in theirs:
                 assert isinstance(got, errors.NodeUnavailable)
             else:
