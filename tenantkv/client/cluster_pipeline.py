@@ -29,19 +29,41 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from tenantkv import errors
 from tenantkv.client.async_client import AsyncClient, _Slot
-from tenantkv.client.cluster import Part, SlotMap, joined, plan, unreachable
+from tenantkv.client.cluster_plan import Part, SlotMap, joined, plan, unreachable
 from tenantkv.client.core import Call, Commands
 from tenantkv.client.servers import Address
 from tenantkv.client.sync_client import Client
 
-if TYPE_CHECKING:
-    from tenantkv.client.cluster import AsyncClusterClient, ClusterClient
+
+class ClusterClient(Protocol):
+    """What a pipeline needs of :class:`tenantkv.client.cluster.ClusterClient`."""
+
+    map: SlotMap
+    seed: Address
+    max_redirects: int
+
+    def refresh_map(self) -> SlotMap: ...
+
+    def node_client(self, address: Address) -> Client: ...
+
+
+class AsyncClusterClient(Protocol):
+    """What a pipeline needs of :class:`tenantkv.client.cluster.AsyncClusterClient`."""
+
+    map: SlotMap | None
+    seed: Address
+    max_redirects: int
+
+    async def refresh_map(self) -> SlotMap: ...
+
+    async def node_client(self, address: Address) -> AsyncClient: ...
+
 
 #: Each node's batch: (the call's place in the pipeline, the part of it the node gets).
 Batches = dict[Address | None, list[tuple[int, Part]]]
