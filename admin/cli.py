@@ -32,6 +32,7 @@ from tenantkv.config import DEFAULT_PORT
 
 from . import format as fmt
 from . import top as top_mod
+from .cluster_totals import cluster_totals, totals_text
 
 PROG = "tenantkv-admin"
 DEFAULT_HOST = "127.0.0.1"
@@ -280,9 +281,7 @@ def _bucket_delete(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 
 def _user_create_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . - (no @)"
-    )
+    p.add_argument("name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . - (no @)")
     p.add_argument(
         "--user-password",
         metavar="PW",
@@ -459,12 +458,16 @@ def _status(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 
 def _cluster_status(c: tenantkv.Client, a: argparse.Namespace) -> Output:
-    doc = c.server_status().get("cluster")
+    status = c.server_status()
+    doc = status.get("cluster")
     if doc is None:
         raise errors.ClientError(
             f"{c.host}:{c.port} is not in a cluster (it was started without --cluster)"
         )
-    return Output(doc, _cluster_text(doc))
+    if not doc.get("joined"):
+        return Output(doc, _cluster_text(doc))
+    doc = {**doc, "totals": cluster_totals(c, status, doc)}  # each node's status, and summed
+    return Output(doc, _cluster_text(doc) + "\n\n" + totals_text(doc["totals"]))
 
 
 def _cluster_text(doc: dict[str, Any]) -> str:
@@ -965,7 +968,9 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "Show the cluster as the node asked sees it (docs/cluster.md): its name, whether it "
         "coordinates and holds its etcd lease, the cluster map's version, and a row per "
         "node with its address, state (up, or DOWN once its lease expired), slot count "
-        "and slot ranges. Exit 1 when the node is not in a cluster.",
+        "and slot ranges; then each node's operations, read and write units and keys "
+        "(from each node's status, over its main port) and their sum over the cluster. "
+        "Exit 1 when the node is not in a cluster.",
         ("tenantkv-admin cluster-status", "tenantkv-admin --json cluster-status | jq .map"),
         _no_arguments,
         _cluster_status,

@@ -265,6 +265,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         0.3,
         issues=(19,),
     ),
+    Scenario(
+        "cluster",
+        "A 3-node cluster: CPU per GET vs one node, kill -9 of a node, of etcd",
+        "3 nodes and etcd on loopback vs one node, GETs from a cluster-aware load (each "
+        "node its own keys): server CPU µs per GET over every node process, 3 rounds "
+        "alternating; a node killed with SIGKILL under load (the others' rate), etcd killed "
+        "(reads served, writes fenced, admin refused, convergence after its restart)",
+        ("cluster",),
+        2.0,
+        1.0,
+        issues=(37,),
+    ),
 )
 
 BY_NAME = {s.name: s for s in SCENARIOS}

@@ -110,7 +110,11 @@ Conventions:
 - Labels: `bucket` (the tenant), `operation` (`get`, `set`, `delete`, …),
   `code_name` (the result of a failed operation: an error code name from
   [protocol.md](protocol.md)), `gate` (an admission gate). Node-wide values
-  have no label.
+  have no label. A node of a cluster (`--cluster`) adds `node` (its
+  `--node-name`) to every series, the `process_*` and `python_info` ones
+  too, so that one query sums the cluster (`sum without (node) (…)`) or
+  tells its nodes apart; a single node has no `node` label
+  ([cluster.md](cluster.md)).
 - Histograms have `_bucket`/`_sum`/`_count` series. Operation and commit
   latency use buckets from 10 µs to 5 s (10, 25, 50, 100, 250, 500 µs, 1, 2.5,
   5, 10, 25, 50, 100, 250, 500 ms, 1 s, 5 s): an inline read takes tens of
@@ -186,6 +190,10 @@ SECTIONS: tuple[tuple[str, str], ...] = (
         "The read and write pools around LMDB and the probing that sizes them (`status`: `execution`).",
     ),
     ("Authentication", "The login limiter: delays and the hash pool (`status`: `authentication`)."),
+    (
+        "Cluster",
+        "A node of a cluster ([cluster.md](cluster.md); `status`: `cluster`); a single node has no series of these.",
+    ),
 )
 
 _INGRESS = "Ingress: rate limiters and admission tickets"
@@ -1851,6 +1859,72 @@ METRICS: tuple[Metric, ...] = (
         "Always 1; the labels say which tenantkv, Python and libraries serve.",
         labels=("version", "python", "trio", "lmdb", "msgpack"),
         section="Node and connections",
+    ),
+    Metric(
+        "tenantkv_cluster_lease_valid",
+        "gauge",
+        "cluster.lease.valid",
+        "1 while the node surely holds its etcd lease (it acknowledges writes to its slots only then: fencing), else 0.",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_coordinator",
+        "gauge",
+        "cluster.coordinator",
+        "1 on the node that is the cluster's coordinator (assigns slots, writes the map), else 0.",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_map_version",
+        "gauge",
+        "cluster.map.version",
+        "Version of the cluster map this node serves by (every node's should be equal within a watch's delay).",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_slots_assigned",
+        "gauge",
+        "cluster.map.slots_assigned",
+        "Slots of 16,384 that have a node in the map this node holds.",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_member_up",
+        "gauge",
+        "cluster.map.nodes.*.up",
+        "Per member of the map this node holds (`member`: its name): 1 while up, 0 once its lease expired (its slots are unavailable until it returns).",
+        labels=("member",),
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_member_slots",
+        "gauge",
+        "cluster.map.nodes.*.slots",
+        "Per member of the map this node holds (`member`: its name): the slots it owns.",
+        labels=("member",),
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_map_changes",
+        "counter",
+        "cluster.map_changes",
+        "Newer cluster maps this node has taken.",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_etcd_errors",
+        "counter",
+        "cluster.etcd_errors",
+        "Requests to etcd that failed (etcd unreachable or slow); the node retries and serves on the map it holds.",
+        section="Cluster",
+        across="node",
     ),
 )
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

@@ -31,7 +31,7 @@ import inspect
 import platform
 import threading
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -218,9 +218,19 @@ class Latency:
 
 
 class NodeCollector(Collector):
-    def __init__(self, status: StatusSource, token: trio.lowlevel.TrioToken) -> None:
+    """The declared families from one status snapshot per scrape, and the
+    ``others`` collectors' (process, platform), all with the ``node`` label of a
+    cluster node (:func:`labelled`)."""
+
+    def __init__(
+        self,
+        status: StatusSource,
+        token: trio.lowlevel.TrioToken,
+        others: Sequence[Collector] = (),
+    ) -> None:
         self.status = status
         self.token = token
+        self.others = others
 
     def _snapshot(self) -> dict[str, Any]:
         try:
@@ -234,19 +244,31 @@ class NodeCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         st = self._snapshot()
-        if not st:
-            return
-        yield from status_metrics(st)
+        if st:
+            yield from status_metrics(st)
+        node = st.get("node")
+        for other in self.others:
+            yield from labelled(other.collect(), node)
 
 
 def status_metrics(st: dict[str, Any]) -> Iterator[Any]:
     """Every declared metric family (:mod:`tenantkv.metric_catalog`), from one
-    ``server_status`` document."""
-    for m in METRICS:
-        if m.path:
-            yield _family(m, st)
-    yield from gate_metrics(st)
-    yield build_info()
+    ``server_status`` document; a cluster node's with its ``node`` label."""
+    families = [_family(m, st) for m in METRICS if m.path]
+    yield from labelled([*families, *gate_metrics(st), build_info()], st.get("node"))
+
+
+def labelled(families: Iterable[Any], node: Any) -> Iterator[Any]:
+    """``families`` with ``node="<name>"`` on every sample when ``node`` is a
+    cluster node's name (the status document's ``node``), so that one query sums
+    or tells apart the nodes of a cluster; as they are otherwise (a single node's
+    output does not change). One constant label: no series more per node."""
+    if not isinstance(node, str):
+        yield from families
+        return
+    for fam in families:
+        fam.samples = [s._replace(labels={**s.labels, "node": node}) for s in fam.samples]
+        yield fam
 
 
 def _family(m: Metric, st: dict[str, Any]) -> Any:
@@ -402,9 +424,8 @@ def start_metrics_server(
     """
     token = trio.lowlevel.current_trio_token()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(status, token))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
+    others = (ProcessCollector(registry=None), PlatformCollector(registry=None))
+    registry.register(NodeCollector(status, token, others))
     metrics_app = make_wsgi_app(registry)
     check = healthy or (lambda: True)
 
