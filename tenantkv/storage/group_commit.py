@@ -8,7 +8,9 @@ once, and only then hands the batch back (``deliver``) so each write is
 acknowledged after it is durable. The queue length is the write "lag" that
 later drives back-pressure.
 
-``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put); ``submit_many``
+``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put, and the count of
+writes submitted under a lock: with ``--workers N`` the supervisor's event
+loop and each worker's write link submit); ``submit_many``
 queues a list of writes as one item, so a thread that gathers its writes
 (the server: every write of one turn of its event loop) wakes the writer once
 for all of them instead of letting it start a commit with the first few.
@@ -56,6 +58,9 @@ class Pending:
     taken: Callable[[], None] | None = None
     result: Any = None
     error: BaseException | None = None
+    #: the callback runs on the writer's thread (cheap and thread-safe: it
+    #: sends a worker's answer itself), not on the event loop
+    direct: bool = False
 
 
 _STOP = object()
@@ -87,8 +92,9 @@ class GroupCommitWriter:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: writes taken from the queue and not yet in a batch (a list's remainder)
         self._carry: list[Pending] = []
-        # Writes submitted and taken: each counter has one writing thread, so
-        # ``lag`` needs no lock.
+        # Writes submitted (from any thread: under the lock) and taken (by the
+        # writer's thread only): ``lag`` reads them without one.
+        self._count_lock = threading.Lock()
         self._submitted = 0
         self._taken_count = 0
         #: writes the next batch is expected to gather (see ``_take_batch``)
@@ -136,12 +142,15 @@ class GroupCommitWriter:
     def submit(
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
-        self._submitted += op.op_count
+        with self._count_lock:
+            self._submitted += op.op_count
         self._queue.put(Pending(op, callback, taken))
 
     def submit_many(self, pending: list[Pending]) -> None:
-        """Queue writes as one item (one wake-up of the writer); from one thread."""
-        self._submitted += sum(p.op.op_count for p in pending)
+        """Queue writes as one item (one wake-up of the writer)."""
+        n = sum(p.op.op_count for p in pending)
+        with self._count_lock:
+            self._submitted += n
         self._queue.put(pending)
 
     def stop(self) -> None:
