@@ -148,7 +148,9 @@ class Supervisor:
         self._limiter_demand: dict[str, dict[str, float]] = {}
         #: the node's one group-commit writer: every worker's writes share its
         #: commits (tenantkv.server.remote_writer)
-        self.writer = GroupCommitWriter(self.engine, self._deliver_threadsafe)
+        self.writer = GroupCommitWriter(
+            self.engine, self._deliver_threadsafe, gather_when_busy=True
+        )
         self.writer.expiry_observers.append(self._expiry_written_threadsafe)
         self.latency = Latency(self.writer)
         self._token: trio.lowlevel.TrioToken | None = None
