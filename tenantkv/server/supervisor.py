@@ -247,7 +247,9 @@ class Supervisor:
             self._forget(w)
             await trio.sleep(pause)
 
-    async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
+    async def _spawn(self, w: _Worker) -> tuple[trio.Process, socket.socket]:
+        """Start worker ``w``'s process and its write link, and send it its init
+        message: the process, and the supervisor's end of its control channel."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs.set_inheritable(True)
         # The worker's writes have their own link, served off the event loop.
@@ -267,6 +269,7 @@ class Supervisor:
                 env=env,
             )
         except BaseException:
+            mine.close()
             writes.close()
             raise
         finally:
@@ -286,6 +289,10 @@ class Supervisor:
             ).to_wire()
         )
         mine.sendall(INIT_HEADER.pack(len(init)) + init)
+        return process, mine
+
+    async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
+        process, mine = await self._spawn(w)
         mine.setblocking(False)
         channel = Channel(
             trio.SocketStream(trio.socket.from_stdlib_socket(mine)), f"worker {w.index}"
