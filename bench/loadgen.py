@@ -373,6 +373,10 @@ class LoadSpec:
     #: CPUs the worker processes are pinned to (None = let the OS place them)
     cpus: frozenset[int] | None = None
     key_prefix: bytes = b"bench:"
+    #: keys drawn uniformly at random (seeded by ``seed``), as redis-benchmark's
+    #: ``-r`` draws them, instead of in order: each commit of SETs then dirties
+    #: pages all over the B-tree, not a few neighbouring ones
+    random_keys: bool = False
     #: op ``mixed``: the share of SETs (the rest are GETs), in a fixed pattern
     set_fraction: float = 0.0
     #: op ``mixed``: seconds after the load starts (warm-up included) at which
@@ -522,10 +526,11 @@ def build_ring(
     ring = max(2 * spec.depth, min(spec.keys, max(64, RING_BYTES // sample)))
     if mixed and frac not in (0.0, 1.0):
         ring = max(ring, 100)  # so the ratio holds over the ring to within 1 %
+    rng = random.Random(spec.seed) if spec.random_keys else None
     reqs = [
         codec.encode(
             mixed_op(i, frac) if mixed else spec.op,
-            key_name(spec.key_prefix, i % spec.keys),
+            key_name(spec.key_prefix, rng.randrange(spec.keys) if rng else i % spec.keys),
             spec.value,
             i,
         )

@@ -64,10 +64,11 @@ from tenantkv.server.server import open_engine, server_ssl_context
 from tenantkv.server.shared_state import stored_throttle_props
 from tenantkv.server.tracking import changes_of
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
+from tenantkv.server.write_link import WriteLinkServer
 from tenantkv.storage.engine import lock_data_dir
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.op_wire import RemoteBatchOp, failed_outcome, item_from_wire
-from tenantkv.storage.ops import DropBucketOp, ExpireDueOp, PutSystemOp, WriteOp
+from tenantkv.storage.ops import CreateBucketOp, DropBucketOp, ExpireDueOp, PutSystemOp, WriteOp
 
 log = logging.getLogger("tenantkv.supervisor")
 
@@ -95,6 +96,8 @@ class _Worker:
     index: int
     process: trio.Process | None = None
     channel: Channel | None = None
+    #: its writes' link to the node's writer (tenantkv.server.write_link)
+    write_link: WriteLinkServer | None = None
     ready: trio.Event = dataclasses.field(default_factory=trio.Event)
     started: float = 0.0
     restarts: int = 0
@@ -145,7 +148,9 @@ class Supervisor:
         self._limiter_demand: dict[str, dict[str, float]] = {}
         #: the node's one group-commit writer: every worker's writes share its
         #: commits (tenantkv.server.remote_writer)
-        self.writer = GroupCommitWriter(self.engine, self._deliver_threadsafe)
+        self.writer = GroupCommitWriter(
+            self.engine, self._deliver_threadsafe, gather_when_busy=True
+        )
         self.writer.expiry_observers.append(self._expiry_written_threadsafe)
         self.latency = Latency(self.writer)
         self._token: trio.lowlevel.TrioToken | None = None
@@ -242,22 +247,37 @@ class Supervisor:
             self._forget(w)
             await trio.sleep(pause)
 
-    async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
+    async def _spawn(self, w: _Worker) -> tuple[trio.Process, socket.socket]:
+        """Start worker ``w``'s process and its write link, and send it its init
+        message: the process, and the supervisor's end of its control channel."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs.set_inheritable(True)
+        # The worker's writes have their own link, served off the event loop.
+        writes, their_writes = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        their_writes.set_inheritable(True)
         mine_listen = self.listen_socks[w.index]
         mine_resp = self.resp_socks[w.index] if self.resp_socks else []
         fds = [s.fileno() for s in (*mine_listen, *mine_resp)]
         env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
         w.ready = trio.Event()
         w.started = trio.current_time()
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "tenantkv.server.worker_main", str(theirs.fileno())],
-            pass_fds=[theirs.fileno(), self._lock_fd, *fds],
-            env=env,
-        )
-        theirs.close()
+        argv = [str(theirs.fileno()), str(their_writes.fileno())]
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "tenantkv.server.worker_main", *argv],
+                pass_fds=[theirs.fileno(), their_writes.fileno(), self._lock_fd, *fds],
+                env=env,
+            )
+        except BaseException:
+            mine.close()
+            writes.close()
+            raise
+        finally:
+            theirs.close()
+            their_writes.close()
         w.process = process
+        w.write_link = WriteLinkServer(writes, f"worker {w.index}", partial(self._write_direct, w))
+        w.write_link.start()
         init = msgpack.packb(
             m.Init(
                 index=w.index,
@@ -269,6 +289,10 @@ class Supervisor:
             ).to_wire()
         )
         mine.sendall(INIT_HEADER.pack(len(init)) + init)
+        return process, mine
+
+    async def _run_worker(self, w: _Worker, task_status: trio.TaskStatus[None] | None) -> int:
+        process, mine = await self._spawn(w)
         mine.setblocking(False)
         channel = Channel(
             trio.SocketStream(trio.socket.from_stdlib_socket(mine)), f"worker {w.index}"
@@ -305,6 +329,9 @@ class Supervisor:
         with contextlib.suppress(OSError):
             await channel.aclose()
         w.channel = None
+        if w.write_link is not None:
+            w.write_link.close()  # (its writes in the writer's queue still commit)
+            w.write_link = None
         if code is None:  # it died at start: the wait above was cancelled
             code = await process.wait()
         return code
@@ -378,15 +405,10 @@ class Supervisor:
     # -- the node's writer ------------------------------------------------------------
 
     async def _on_write(self, w: _Worker, msg: m.Write) -> m.WriteReply:
-        """Commit a worker's writes with everyone else's; answer once durable."""
-        wires = msg.ops
-        if not isinstance(wires, list):
-            raise ValueError("a write message needs a list of ops")
-        decoded = [item_from_wire(data, self.engine.bucket) for data in wires]
-        for op in decoded:
-            if isinstance(op, DropBucketOp):
-                op.handle.dropped = True  # writes queued after it find the bucket gone
-        batch = RemoteBatchOp(decoded)
+        """Commit a worker's writes with everyone else's; answer once durable (a
+        write message on the control channel: a worker sends its writes on its
+        write link, :meth:`_write_direct`)."""
+        decoded, batch = self._decode_write(msg.ops)
         done = trio.Event()
         box: list[Any] = [None, None]
 
@@ -396,8 +418,80 @@ class Supervisor:
 
         self.writer.submit(batch, callback)
         await done.wait()
-        result, error = box
-        if error is not None:  # the whole transaction failed: each write says so
+        return await self._write_answer(w, decoded, batch, box[0], box[1])
+
+    def _decode_write(self, wires: Any) -> tuple[list[WriteOp], RemoteBatchOp]:
+        """A write message's items, as one item of the node's writer."""
+        if not isinstance(wires, list):
+            raise ValueError("a write message needs a list of ops")
+        decoded = [item_from_wire(data, self.engine.bucket) for data in wires]
+        for op in decoded:
+            if isinstance(op, DropBucketOp):
+                op.handle.dropped = True  # writes queued after it find the bucket gone
+        return decoded, RemoteBatchOp(decoded)
+
+    def _write_direct(
+        self, w: _Worker, wires: Any, answer: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """A message of worker ``w``'s write link (on the link's thread): queued
+        on the node's writer, and answered by the writer's thread once durable
+        — the event loop is not on its way. One that creates or drops a bucket,
+        or whose commit must first be pushed to tracking clients, is answered
+        from the loop (:meth:`_answer_on_loop`)."""
+        decoded, batch = self._decode_write(wires)
+        on_loop = any(isinstance(op, (CreateBucketOp, DropBucketOp)) for op in decoded)
+
+        def callback(result: Any, error: BaseException | None) -> None:
+            if on_loop or (error is None and self._tracking):
+                if self._token is not None:
+                    with contextlib.suppress(trio.RunFinishedError):
+                        self._token.run_sync_soon(
+                            trio.lowlevel.spawn_system_task,
+                            partial(self._answer_on_loop, w, decoded, batch, result, error, answer),
+                        )
+                return
+            answer(self._write_reply(decoded, batch, result, error).to_wire())
+
+        self.writer.submit_many([Pending(batch, callback, direct=True)])
+
+    async def _answer_on_loop(
+        self,
+        w: _Worker,
+        decoded: list[WriteOp],
+        batch: RemoteBatchOp,
+        result: Any,
+        error: BaseException | None,
+        answer: Callable[[dict[str, Any]], None],
+    ) -> None:
+        try:
+            reply = await self._write_answer(w, decoded, batch, result, error)
+            await trio.to_thread.run_sync(answer, reply.to_wire())
+        except Exception:  # (a system task: a failure here must not end the node)
+            log.exception("answering worker %d's writes failed", w.index)
+
+    async def _write_answer(
+        self,
+        w: _Worker,
+        decoded: list[WriteOp],
+        batch: RemoteBatchOp,
+        result: Any,
+        error: BaseException | None,
+    ) -> m.WriteReply:
+        if error is None and self._tracking:
+            await self._invalidate(w, decoded)
+        return self._write_reply(decoded, batch, result, error)
+
+    def _write_reply(
+        self,
+        decoded: list[WriteOp],
+        batch: RemoteBatchOp,
+        result: Any,
+        error: BaseException | None,
+    ) -> m.WriteReply:
+        """The answer to a committed write message: each write's outcome (each
+        failed alike when the whole transaction failed); the buckets it created
+        or dropped are the supervisor's to know."""
+        if error is not None:
             err = (
                 error
                 if isinstance(error, errors.TenantKVError)
@@ -406,8 +500,6 @@ class Supervisor:
             return m.WriteReply([failed_outcome(item, err) for item in decoded])
         for handle in batch.created:
             self.engine.buckets[handle.name] = handle
-        if self._tracking:
-            await self._invalidate(w, decoded)
         for item, outcome in zip(decoded, result, strict=True):
             if isinstance(item, DropBucketOp):
                 if outcome[1] is None:
@@ -439,9 +531,21 @@ class Supervisor:
             self._tracking.discard(w.index)
 
     def _deliver_threadsafe(self, batch: list[Pending]) -> None:
-        assert self._token is not None
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._deliver, batch)
+        """(The writer's thread) a committed batch: write links' messages are
+        answered here, the rest on the event loop."""
+        on_loop = []
+        for p in batch:
+            if not p.direct:
+                on_loop.append(p)
+                continue
+            try:
+                p.callback(p.result, p.error)
+            except Exception:  # the writer must outlive a failed answer
+                log.exception("answering a write message failed")
+        if on_loop:
+            assert self._token is not None
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._deliver, on_loop)
 
     @staticmethod
     def _deliver(batch: list[Pending]) -> None:

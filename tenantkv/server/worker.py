@@ -87,7 +87,7 @@ class WorkerLink:
 
     shared_storage = True
 
-    def __init__(self, init: m.Init, sock: socket.socket) -> None:
+    def __init__(self, init: m.Init, sock: socket.socket, write_sock: socket.socket) -> None:
         self.index = init.index
         self.listen_fds = list(init.listen_fds)
         self.resp_fds = list(init.resp_fds)
@@ -95,6 +95,8 @@ class WorkerLink:
         self.workers = init.workers
         self._sock = sock
         self._channel: Channel | None = None
+        self._write_sock = write_sock
+        self._writes: Channel | None = None
         self._report_soon = trio.Event()
         #: leases applied and calls that failed (the status document reads them)
         self.leases_applied = 0
@@ -116,6 +118,17 @@ class WorkerLink:
             stream = trio.SocketStream(trio.socket.from_stdlib_socket(self._sock))
             self._channel = Channel(stream, f"worker {self.index}")
         return self._channel
+
+    @property
+    def writes(self) -> Channel:
+        """The write link (:mod:`tenantkv.server.write_link`): this worker's
+        write messages and their answers, served off the supervisor's event
+        loop. Made on first use, in Trio."""
+        if self._writes is None:
+            self._write_sock.setblocking(False)
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(self._write_sock))
+            self._writes = Channel(stream, f"worker {self.index} writes")
+        return self._writes
 
     @property
     def bootstraps(self) -> bool:
@@ -163,7 +176,7 @@ class WorkerLink:
 
     def writer(self, node: Node) -> RemoteWriter:
         """The node's one writer, in the supervisor, commits."""
-        return RemoteWriter(node.engine, lambda: self.channel, node._deliver, taken=node._taken)
+        return RemoteWriter(node.engine, lambda: self.writes, node._deliver, taken=node._taken)
 
     def bind_parameters(self, table: ParameterTable) -> None:
         self.share_rate_parameters(table)
@@ -184,11 +197,20 @@ class WorkerLink:
                 nursery.start_soon(node.writer.run)
             nursery.start_soon(self._lease_loop, node)
             nursery.start_soon(self._send_outbox)
+            nursery.start_soon(self._serve_writes, nursery)
             task_status.started()
             await self.channel.run(self.dispatch(node))
             log.warning("worker %d: the supervisor went away; stopping", self.index)
             nursery.cancel_scope.cancel()
         node.request_stop()
+
+    async def _serve_writes(self, nursery: trio.Nursery) -> None:
+        """Read the write link's answers; when it closes (the supervisor is gone,
+        or gave up on this worker) the worker stops, as when its channel closes:
+        its writes could no longer be committed."""
+        await self.writes.run({})
+        log.warning("worker %d: the write link closed; stopping", self.index)
+        nursery.cancel_scope.cancel()
 
     async def ready(self, host: str, port: int, resp_port: int | None) -> None:
         await self.channel.send(m.Ready(host, port, resp_port))

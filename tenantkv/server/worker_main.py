@@ -1,4 +1,5 @@
-"""Entry point of a worker process: ``python -m tenantkv.server.worker_main FD``.
+"""Entry point of a worker process: ``python -m tenantkv.server.worker_main FD WRITE_FD``
+(its control channel and its write link).
 
 Started by the supervisor of ``serve --workers N``, never by hand; see
 :mod:`tenantkv.server.worker` for what a worker is.
@@ -23,10 +24,13 @@ from tenantkv.server.worker import WorkerLink, read_init
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m tenantkv.server.worker_main FD (started by tenantkv serve)")
+    if len(args) != 2 or not all(a.isdigit() for a in args):
+        print(
+            "usage: python -m tenantkv.server.worker_main FD WRITE_FD (started by tenantkv serve)"
+        )
         return 2
     sock = socket.socket(fileno=int(args[0]))
+    writes = socket.socket(fileno=int(args[1]))
     init = read_init(sock)
     config = Config().with_values(init.config, source="the supervisor")
     configure_logging(config.log_level, config.log_format, worker=init.index)
@@ -34,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # what SIGHUP means (reload the config) and tells the workers.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     process_memory.return_large_allocations()
-    link = WorkerLink(init, sock)
+    link = WorkerLink(init, sock, writes)
     try:
         server = Server(config, role=link)
     except Exception as exc:

@@ -8,7 +8,9 @@ once, and only then hands the batch back (``deliver``) so each write is
 acknowledged after it is durable. The queue length is the write "lag" that
 later drives back-pressure.
 
-``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put); ``submit_many``
+``submit`` is O(1) and thread-safe (a ``SimpleQueue`` put, and the count of
+writes submitted under a lock: with ``--workers N`` the supervisor's event
+loop and each worker's write link submit); ``submit_many``
 queues a list of writes as one item, so a thread that gathers its writes
 (the server: every write of one turn of its event loop) wakes the writer once
 for all of them instead of letting it start a commit with the first few.
@@ -56,6 +58,9 @@ class Pending:
     taken: Callable[[], None] | None = None
     result: Any = None
     error: BaseException | None = None
+    #: the callback runs on the writer's thread (cheap and thread-safe: it
+    #: sends a worker's answer itself), not on the event loop
+    direct: bool = False
 
 
 _STOP = object()
@@ -72,6 +77,7 @@ class GroupCommitWriter:
         max_batch_bytes: int = MAX_BATCH_BYTES,
         gather_share: float = GATHER_SHARE,
         max_gather_seconds: float = MAX_GATHER_SECONDS,
+        gather_when_busy: bool = False,
     ) -> None:
         self.engine = engine
         self._deliver = deliver
@@ -84,11 +90,15 @@ class GroupCommitWriter:
         self.max_batch_bytes = max_batch_bytes
         self.gather_share = gather_share
         self.max_gather_seconds = max_gather_seconds
+        #: a batch waits for the writes it expects even when it starts with
+        #: writes queued (see ``_take_batch``)
+        self.gather_when_busy = gather_when_busy
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: writes taken from the queue and not yet in a batch (a list's remainder)
         self._carry: list[Pending] = []
-        # Writes submitted and taken: each counter has one writing thread, so
-        # ``lag`` needs no lock.
+        # Writes submitted (from any thread: under the lock) and taken (by the
+        # writer's thread only): ``lag`` reads them without one.
+        self._count_lock = threading.Lock()
         self._submitted = 0
         self._taken_count = 0
         #: writes the next batch is expected to gather (see ``_take_batch``)
@@ -136,12 +146,15 @@ class GroupCommitWriter:
     def submit(
         self, op: WriteOp, callback: Callback, taken: Callable[[], None] | None = None
     ) -> None:
-        self._submitted += op.op_count
+        with self._count_lock:
+            self._submitted += op.op_count
         self._queue.put(Pending(op, callback, taken))
 
     def submit_many(self, pending: list[Pending]) -> None:
-        """Queue writes as one item (one wake-up of the writer); from one thread."""
-        self._submitted += sum(p.op.op_count for p in pending)
+        """Queue writes as one item (one wake-up of the writer)."""
+        n = sum(p.op.op_count for p in pending)
+        with self._count_lock:
+            self._submitted += n
         self._queue.put(pending)
 
     def stop(self) -> None:
@@ -189,13 +202,22 @@ class GroupCommitWriter:
         The wait is at most half the last commit's time. A writer that finds
         writes queued does not wait: the event loop is then the bottleneck
         (pipelined clients), and holding its writes back only starves it.
+
+        Unless ``gather_when_busy``: the node's writer of ``--workers N``,
+        whose writers are workers that keep at most two messages unanswered
+        (``server/remote_writer.py``) and send what gathered meanwhile as soon
+        as an answer frees a place. What the last commit's answers release
+        then arrives within a round trip, behind the messages queued already:
+        waiting for it lets it join this commit instead of the next one (a
+        commit's wait less for those writes; measured under durable SET 16 x
+        64 on two workers, ~290 -> ~350 writes per commit).
         """
         batch: list[Pending] = []
         size = count = 0
         pending, self._carry = self._carry, []
         stopping = False
         max_bytes, max_ops = self.max_batch_bytes, self.max_batch_ops
-        gather = False
+        gather = self.gather_when_busy
         deadline = 0.0
         while True:
             for i, p in enumerate(pending):

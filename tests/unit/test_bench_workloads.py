@@ -324,3 +324,31 @@ def test_resp_parser_counts_mixed_replies() -> None:
     p = RedisCodec().parser(WORKLOAD, value)
     assert _count(p, [stream[i : i + 1] for i in range(len(stream))]) == (450, 20)
     assert p.error_sample == "-ERR oops"
+
+
+def test_random_keys_draw_over_the_keyspace_as_redis_benchmark_r_does() -> None:
+    """``random_keys`` (bench resp's MessagePack twin of ``redis-benchmark -r``):
+    keys drawn over the whole keyspace, seeded, where the default ring goes in
+    order."""
+
+    def keys(random_keys: bool = False) -> list[bytes]:
+        spec = LoadSpec(
+            op="get",
+            conns=1,
+            depth=64,
+            value=b"v",
+            keys=1000,
+            seconds=1,
+            warmup=0,
+            random_keys=random_keys,
+        )
+        blob, offs, ring = loadgen.build_ring(TenantKVCodec("u", "p", "b"), spec)
+        up = msgpack.Unpacker(raw=False)
+        up.feed(blob[: offs[ring]])
+        return [req[3]["key"] for req in up]
+
+    ordered, drawn = keys(), keys(random_keys=True)
+    assert ordered == [loadgen.key_name(b"bench:", i) for i in range(len(ordered))]
+    assert drawn == keys(random_keys=True) != ordered
+    assert len(set(drawn)) > len(drawn) // 2  # (spread, not a few keys over and over)
+    assert {k[len(b"bench:") :] for k in drawn} <= {b"%08d" % i for i in range(1000)}

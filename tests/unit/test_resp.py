@@ -37,6 +37,59 @@ def test_commands_round_trip_in_any_chunking(cmds: list[list[bytes]], chunk: int
     assert dec.buffered == 0 and not dec.in_frame
 
 
+def _runs(dec: resp.RequestDecoder) -> list[list[bytes]]:
+    got: list[list[bytes]] = []
+    while commands := dec.next_commands():
+        got.extend(list(c) for c in commands)
+    return got
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                [b"GET", b"k1"],
+                [b"GET", b"k2"],
+                [b"SET", b"k1", b"v\r\n"],
+                [b"SET", b"k2", b"\r\n\r"],
+                [b"DEL", b"k3"],
+                [b"MGET", b"k1", b"k2"],
+                [b"PING"],
+            ]
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 200),
+)
+def test_runs_of_like_commands_decode_as_one_at_a_time(cmds: list[list[bytes]], chunk: int) -> None:
+    """A run of commands of one shape decoded at once (next_commands: one
+    findall) gives the commands decoded one at a time, in any chunking, with
+    commands of other shapes and CRLF inside values among them."""
+    wire = b"".join(encode(*c) for c in cmds)
+    dec = decoder()
+    got: list[list[bytes]] = []
+    for i in range(0, len(wire), chunk):
+        dec.feed(wire[i : i + chunk])
+        got.extend(_runs(dec))
+    assert got == cmds
+    assert dec.buffered == 0 and dec.frames == len(cmds)
+
+
+def test_a_run_is_decoded_at_once_and_a_broken_one_a_command_at_a_time() -> None:
+    """Like commands in a row come as one run; a command of another shape among
+    them ends the run, and the rest is decoded as before (each run found once)."""
+    dec = decoder()
+    dec.feed(encode(b"GET", b"a") + encode(b"GET", b"b") * 9)
+    assert dec.next_commands() == ([b"GET", b"a"],)  # (its shape is learned here)
+    assert dec.next_commands() == [(b"GET", b"b")] * 9
+    dec.feed(encode(b"GET", b"c") * 5 + encode(b"GET", b"cd") + encode(b"GET", b"e") * 5)
+    assert _runs(dec) == [[b"GET", b"c"]] * 5 + [[b"GET", b"cd"]] + [[b"GET", b"e"]] * 5
+    dec.feed(encode(b"SET", b"k", b"v") * 4 + b"*3\r\n$3\r\nSET\r\n$1")
+    assert _runs(dec) == [[b"SET", b"k", b"v"]] * 4 and dec.in_frame
+    dec.feed(b"\r\nk\r\n$1\r\nv\r\n")
+    assert _runs(dec) == [[b"SET", b"k", b"v"]] and not dec.in_frame
+
+
 def test_inline_commands_split_like_redis_cli() -> None:
     dec = decoder()
     dec.feed(b"SET k \"a b\\n\\x41\" 'it\\'s'\r\nPING\n\r\n  get   k  \r\n")
@@ -219,3 +272,20 @@ def test_commands_of_one_shape_decode_as_argument_by_argument(
     got = list(d)  # (the third refused: too big for the frame, dropped)
     assert got == [[b"SET", b"k", b"v"]] * 2 + [[b"SET", b"k"], [b"GET", b"k"]]
     assert d.refused is not None
+
+
+def test_requests_of_a_run_name_each_command() -> None:
+    """Commands of one shape but other names (GET, TTL, DEL, lower case) in one
+    run are each the request of its own command, numbered in order."""
+    door = resp.RespDoor()
+    dec = decoder()
+    names = [b"GET", b"TTL", b"TTL", b"get", b"DEL", b"GET", b"XYZ", b"GET"]
+    dec.feed(b"".join(encode(n, b"k%d" % i) for i, n in enumerate(names)))
+    got = list(door.requests(dec))
+    assert [r[0] for r in got] == list(range(1, len(names) + 1))
+    assert [r[1] for r in got][:6] == ["get", "ttl", "ttl", "get", "del", "get"]
+    assert got[6][1] == resp.REFUSED_REQUEST and got[7][1] == "get"
+    assert [r[2] for r in got][:6] == [{"key": b"k%d" % i} for i in range(4)] + [
+        {"keys": [b"k4"]},
+        {"key": b"k5"},
+    ]

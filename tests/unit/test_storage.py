@@ -479,6 +479,49 @@ def test_the_wait_for_more_writes_is_bounded_and_only_on_an_idle_writer(
         s.close()
 
 
+def test_a_writer_that_gathers_when_busy_waits_for_what_it_expects_with_writes_queued(
+    tmp_path: Path,
+) -> None:
+    """The node's writer of --workers N (gather_when_busy): it finds writes
+    queued and still waits for as many as it expects (the messages its last
+    answers release), so they join this commit; the wait stays bounded."""
+    s = Store(tmp_path / "db")
+    h = s.bucket()
+    s.writer.stop()
+    s.writer.join(10)
+    try:
+        for window, then in ((60.0, 1), (0.05, 0)):
+            s.writer = GroupCommitWriter(
+                s.engine,
+                s._deliver,
+                gather_share=1e9,
+                max_gather_seconds=window,
+                gather_when_busy=True,
+            )
+            s.writer._expected = 3
+            s.writer.last_commit_seconds = 1.0
+            done = threading.Semaphore(0)
+
+            def answered(result: Any, error: BaseException | None, done: Any = done) -> None:
+                done.release()
+
+            for i in range(2):
+                s.writer.submit(SetOp(h, b"q%d" % i, b"c"), answered)
+            s.writer.start()
+            if then:
+                assert not done.acquire(timeout=0.2), "committed without the write it expects"
+                s.writer.submit(SetOp(h, b"q2", b"c"), answered)
+            for _ in range(2 + then):
+                assert done.acquire(timeout=10)
+            assert len(s.batches[-1]) == 2 + then
+            s.writer.stop()
+            s.writer.join(10)
+        s.writer = GroupCommitWriter(s.engine, s._deliver)
+        s.writer.start()
+    finally:
+        s.close()
+
+
 def _run_op(ops: list[WriteOp]) -> RunOp:
     return RunOp(ops, sum(op.size_hint for op in ops))
 

@@ -105,17 +105,23 @@ _number = re.compile(rb"(-?[0-9]{1,18})\r\n").match
 _MSGPACK_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 #: A command of at most this many arguments and MAX_CONTROL_BYTES (counted as
 #: for the frame bound) gives its shape — its argument count and lengths — to
-#: the next command: one regular expression of exactly that shape decodes a
+#: the next commands: one regular expression of exactly that shape decodes a
 #: pipeline of like commands (GET of one key length, SET of one value length)
-#: in one match each, in C (:meth:`RequestDecoder._shape_of`), where a header at a time took
-#: three matches, a loop and a copy per argument in Python.
+#: in C (:meth:`RequestDecoder._shape_of`), where a header at a time took
+#: three matches, a loop and a copy per argument in Python. A shape is of one
+#: length, so the run of like commands at the front of the buffer is decoded
+#: by one ``findall`` over as many whole shapes as the bytes hold
+#: (:meth:`RequestDecoder.next_commands`): as many matches as shapes means they
+#: tile the bytes, every one a command in a row.
 SHAPE_ARGS = 8
 #: Shapes compiled, node-wide (no more are made once it is full: the decoder
 #: then parses as before), and the most a decoder may compile (~50 us each): a
 #: client cycling through shapes cannot make each command cost a compile.
 MAX_SHAPES = 1024
 SHAPES_PER_DECODER = 8
-_shapes: dict[tuple[int, ...], re.Pattern[bytes]] = {}
+#: Fewest like commands decoded as a run (below it, a match each is as cheap).
+MIN_RUN = 3
+_shapes: dict[tuple[int, ...], tuple[re.Pattern[bytes], int]] = {}
 
 
 class RequestDecoder:
@@ -144,7 +150,12 @@ class RequestDecoder:
         #: the shape of the last command decoded argument by argument, tried
         #: first on the next (see SHAPE_ARGS), and how many more it may compile
         self._shape: re.Pattern[bytes] | None = None
+        self._shape_bytes = 0  # (the length of every command of that shape)
         self._compiles = SHAPES_PER_DECODER
+        #: the bytes before which a run was found broken (a command of another
+        #: shape among them): decoded a command at a time up to there, so a
+        #: broken run is looked for once, not once per command
+        self._no_run_before = 0
         #: commands decoded so far
         self.frames = 0
         #: the error of the command just returned, refused for its size: the
@@ -174,6 +185,7 @@ class RequestDecoder:
             # Nothing pending (the usual case): keep the chunk as received, so each
             # argument is sliced straight out of it (one copy, not two).
             self._buf = bytes(data)
+            self._no_run_before = 0
             return
         buf = self._buf
         if not isinstance(buf, bytearray):  # a command continues: grow a bytearray
@@ -181,6 +193,7 @@ class RequestDecoder:
         elif self._pos:
             del buf[: self._pos]
         self._cursor -= self._pos
+        self._no_run_before = max(0, self._no_run_before - self._pos)
         self._pos = 0
         buf += data
         self._buf = buf
@@ -188,6 +201,33 @@ class RequestDecoder:
     def __iter__(self) -> Iterator[list[bytes]]:
         while (args := self.next_command()) is not None:
             yield args
+
+    def next_commands(self) -> Sequence[Sequence[bytes]]:
+        """The next complete commands: every command in a row at the front of
+        the buffer shaped as the last one decoded argument by argument (one
+        ``findall`` for the run: see SHAPE_ARGS), else the next command alone;
+        none until more is fed. (What a door that turns commands into requests
+        calls: per command, a tuple of its arguments instead of a call, a match
+        and a list.)"""
+        shape, pos = self._shape, self._pos
+        if shape is not None and pos >= self._no_run_before and self._cursor <= pos:
+            size = self._shape_bytes
+            buf = self._buf
+            count = (len(buf) - pos) // size
+            # (findall gives a tuple of groups per match when there are several)
+            if count >= MIN_RUN and shape.groups > 1 and not (self._skip or self._drop_args):
+                end = pos + count * size
+                run = shape.findall(buf, pos, end)
+                if len(run) == count:  # (as many as fit: they tile the bytes)
+                    self.frames += count
+                    if end == len(buf):
+                        self._buf = b""  # idle: hold no buffer
+                        end = 0
+                    self._pos = self._cursor = end
+                    return run
+                self._no_run_before = end
+        one = self.next_command()
+        return () if one is None else (one,)
 
     def next_command(self) -> list[bytes] | None:
         """The next complete command, or None until more is fed (iterating the
@@ -352,12 +392,17 @@ class RequestDecoder:
         bound: this one was decoded and checked), compiled if need be and
         allowed."""
         key = tuple(map(len, args))
-        pattern = _shapes.get(key)
-        if pattern is None and self._compiles and len(_shapes) < MAX_SHAPES:
+        known = _shapes.get(key)
+        if known is None and self._compiles and len(_shapes) < MAX_SHAPES:
             self._compiles -= 1
             body = b"".join(rb"\$%d\r\n(.{%d})\r\n" % (n, n) for n in key)
-            pattern = _shapes[key] = re.compile(rb"\*%d\r\n" % len(key) + body, re.DOTALL)
-        return pattern
+            pattern = re.compile(rb"\*%d\r\n" % len(key) + body, re.DOTALL)
+            size = len(b"*%d\r\n" % len(key)) + sum(len(b"$%d\r\n\r\n" % n) + n for n in key)
+            known = _shapes[key] = (pattern, size)
+        if known is None:
+            return None
+        self._shape_bytes = known[1]
+        return known[0]
 
     def _header(self, pos: int, kind: str) -> tuple[int, int] | None:
         """``*N\\r\\n`` / ``$N\\r\\n`` at ``pos``: (N, position after it) or None."""
@@ -566,34 +611,43 @@ class RespDoor:
     def requests(self, decoder: Any) -> Iterator[Request]:
         """Each command decoded, as a request of the executor: a data command
         with its parsed parameters, a connection command with its arguments, or
-        a command refused for what it asked (:data:`REFUSED_REQUEST`)."""
+        a command refused for what it asked (:data:`REFUSED_REQUEST`). A run of
+        like commands comes from the decoder at once, and a name like the one
+        before it is not looked up again."""
         names, table, special = _NAMES, REDIS_COMMANDS, self._special
-        next_command = decoder.next_command
-        while (args := next_command()) is not None:
-            self._last_id = msgid = self._last_id + 1
-            if decoder.refused is not None:
-                yield msgid, REFUSED_REQUEST, self._oversized(decoder, args)
-                continue
-            raw = args[0]
-            name = names.get(raw) or raw.decode("latin-1").lower()
-            rc = table.get(name)
-            if rc is not None:
-                try:
-                    params, reply = parse_call(rc, args)
-                except errors.TenantKVError as exc:
-                    yield msgid, REFUSED_REQUEST, (name, exc, keys_named(rc.keys, len(args)), 0)
+        next_commands = decoder.next_commands
+        raw: bytes | None = None  # the last command's name as sent, and what it names
+        name, rc = "", None
+        while commands := next_commands():
+            for decoded in commands:
+                args = list(decoded)
+                self._last_id = msgid = self._last_id + 1
+                if decoder.refused is not None:
+                    raw = None
+                    yield msgid, REFUSED_REQUEST, self._oversized(decoder, args)
                     continue
-                if reply is not rc.reply:
-                    special[msgid] = reply
-                if self.tracker is not None:
-                    self.tracker.command(args, rc.keys if rc.kind == "read" else None)
-                yield msgid, name, params
-            elif name in LOCAL:
-                if self.tracker is not None:
-                    self._tracking_command(name, args)
-                yield msgid, name, args  # (its arguments: the door's)
-            else:
-                yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1, 0)
+                if args[0] != raw:
+                    raw = args[0]
+                    name = names.get(raw) or raw.decode("latin-1").lower()
+                    rc = table.get(name)
+                if rc is not None:
+                    try:
+                        params, reply = parse_call(rc, args)
+                    except errors.TenantKVError as exc:
+                        keys = keys_named(rc.keys, len(args))
+                        yield msgid, REFUSED_REQUEST, (name, exc, keys, 0)
+                        continue
+                    if reply is not rc.reply:
+                        special[msgid] = reply
+                    if self.tracker is not None:
+                        self.tracker.command(args, rc.keys if rc.kind == "read" else None)
+                    yield msgid, name, params
+                elif name in LOCAL:
+                    if self.tracker is not None:
+                        self._tracking_command(name, args)
+                    yield msgid, name, args  # (its arguments: the door's)
+                else:
+                    yield msgid, REFUSED_REQUEST, (name, _unknown(args), 1, 0)
 
     def _tracking_command(self, name: str, args: list[bytes]) -> None:
         """A connection command, tracking on: CLIENT CACHING yes|no is for the
