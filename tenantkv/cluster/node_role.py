@@ -22,6 +22,7 @@ from tenantkv.cluster.cluster_map import NodeInfo
 from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
+from tenantkv.cluster.quota_node import NodeQuota
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -59,6 +60,8 @@ class ClusterNode(SingleProcess):
         self.member: Member | None = None
         #: the cluster's buckets, users and parameters (tenantkv.cluster.metadata)
         self.metadata: MetadataStore | None = None
+        #: this node's shares of the buckets' limits (tenantkv.cluster.quota_node)
+        self.quota: NodeQuota | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -67,7 +70,15 @@ class ClusterNode(SingleProcess):
         if self.member is None:
             return {"cluster": {"node": self.settings.node_name, "joined": False}}
         metadata = self.metadata.status() if self.metadata is not None else {}
-        return {"cluster": {"joined": True, **self.member.status(), "metadata": metadata}}
+        quota = self.quota.status() if self.quota is not None else {}
+        return {
+            "cluster": {
+                "joined": True,
+                **self.member.status(),
+                "metadata": metadata,
+                "quota": quota,
+            }
+        }
 
     def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
         """Buckets, users and parameters change in etcd first (cluster.metadata)."""
@@ -86,6 +97,7 @@ class ClusterNode(SingleProcess):
         self.member = Member(etcd, self.settings, advertised(node.config, node))
         await nursery.start(self.member.run)
         await self.member.wait_for_map()
+        await self._hold_limits(node, nursery)
         self._route(node)
 
     async def _run_etcd(
@@ -105,6 +117,20 @@ class ClusterNode(SingleProcess):
             await self.metadata.read()
             await self.metadata.apply()
         await node.accounts.drop_dangling_roles(node.engine.buckets)
+
+    async def _hold_limits(self, node: Node, nursery: trio.Nursery) -> None:
+        """Hold each limited bucket to this node's share of its limits, from the
+        first request on (docs/cluster.md, "Tenant limits across the cluster")."""
+        member = self.member
+        assert member is not None
+        self.quota = NodeQuota(
+            node.throttle,
+            me=self.settings.node_name,
+            nodes_up=lambda: sum(1 for info in member.map.nodes.values() if info.up),
+            leader_of=lambda bucket: None,
+            wake=node.gate.wake,
+        )
+        await nursery.start(self.quota.run)
 
     def _route(self, node: Node) -> None:
         """From now on the node serves only the keys of its own slots."""
