@@ -27,6 +27,7 @@ from typing import Any, Final
 import trio
 
 from tenantkv.admission.quota_lease import (
+    LEASE_SLICES,
     BucketLease,
     BucketUse,
     LimitAllocator,
@@ -43,18 +44,28 @@ log = logging.getLogger("tenantkv.cluster")
 
 #: How often a node looks for limited buckets with no leader (seconds).
 CLAIM_PERIOD_SECS: Final = 0.2
-#: A node of rank r (by a hash of bucket and node) claims a leaderless bucket
-#: only after it has been leaderless r times this long.
+#: A node of rank r (by a hash of bucket and node, among the nodes up in its
+#: map) claims a leaderless bucket once it has been leaderless r + 1 times this
+#: long (so a node that just joined sees the others in the map first).
 CLAIM_STAGGER_SECS: Final = 0.3
 
 
 class QuotaLeader:
-    """This node as the quota leader of the buckets ``led()`` names."""
+    """This node as the quota leader of the buckets ``led()`` names.
+
+    A bucket newly led here is **warming** for ``LEASE_SLICES`` slices: its
+    reports are taken but its shares not yet given (they are ``pending`` in the
+    answer: the node keeps what it holds). By then the shares the previous leader
+    gave have run out and every live node has reported, so the first shares given
+    here are computed with all of them and never stack on the previous leader's.
+    """
 
     def __init__(self, throttle: TenantThrottle, led: Callable[[], set[str]]) -> None:
         self.throttle = throttle
         self.led = led
         self.allocator = LimitAllocator(self._props())
+        #: bucket -> when it was first led here (this office)
+        self._since: dict[str, float] = {}
 
     def _props(self) -> ThrottleProps:
         props = self.throttle.props()
@@ -62,19 +73,31 @@ class QuotaLeader:
         buckets = {n: p for n, p in props.buckets.items() if n in led and limited(p)}
         return ThrottleProps(props.node, MappingProxyType(buckets), props.slice_secs)
 
-    def report(self, node: str, usage: dict[str, BucketUse], now: float) -> dict[str, BucketLease]:
-        """``node``'s report of its use of the buckets led here; its shares."""
+    def report(
+        self, node: str, usage: dict[str, BucketUse], now: float
+    ) -> tuple[dict[str, BucketLease], set[str]]:
+        """``node``'s report of its use of the buckets led here: its shares, and the
+        buckets whose shares are pending (warming; the node keeps its own)."""
         props = self._props()
         if props != self.allocator.props:
             self.allocator.set_props(props)
+        for name in list(self._since):
+            if name not in props.buckets:
+                del self._since[name]
+        warm_until = LEASE_SLICES * props.slice_secs
+        pending = {
+            name for name in props.buckets if now - self._since.setdefault(name, now) < warm_until
+        }
         mine = {b: u for b, u in usage.items() if b in props.buckets}
-        return self.allocator.report(node, mine, now)
+        lease = self.allocator.report(node, mine, now)
+        return {b: x for b, x in lease.items() if b not in pending}, pending & set(usage)
 
     def answer(self, node: str, report: object) -> dict[str, Any]:
-        """The wire form of :meth:`report` (a peer's message); ``ValueError`` if
-        malformed."""
+        """The wire form of :meth:`report` (a peer's message): the lease with the
+        pending buckets' names; ``ValueError`` if the report is malformed."""
         usage = usage_from_wire(report)
-        return lease_to_wire(self.report(node, usage, trio.current_time()))
+        lease, pending = self.report(node, usage, trio.current_time())
+        return {**lease_to_wire(lease), "pending": sorted(pending)}
 
     def status(self) -> dict[str, Any]:
         return self.allocator.statistics()
@@ -142,8 +165,8 @@ class QuotaOffices:
     async def _claim(self) -> None:
         """Claim the limited buckets that have had no leader for this node's turn;
         give up the offices of buckets no longer limited (or dropped)."""
-        if not self.member.lease_valid():
-            return
+        if not self.member.lease_valid() or self.member.me.name not in self.member.map.nodes:
+            return  # (claims wait for the map: the stagger ranks the nodes in it)
         now = trio.current_time()
         wanted = set(self.buckets())
         try:
@@ -152,7 +175,7 @@ class QuotaOffices:
                     self._leaderless.pop(bucket, None)
                     continue
                 since = self._leaderless.setdefault(bucket, now)
-                if now - since >= self._rank(bucket) * CLAIM_STAGGER_SECS:
+                if now - since >= (self._rank(bucket) + 1) * CLAIM_STAGGER_SECS:
                     await self._take(bucket)
             for bucket in self.led() - wanted:
                 await self.etcd.txn([], [delete_op(self.prefix + bucket.encode())])

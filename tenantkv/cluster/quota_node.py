@@ -55,8 +55,8 @@ _INF: Final = math.inf
 #: Sends this node's report (``usage_to_wire``) to the named leader and returns
 #: its answer (``lease_to_wire``); raises :class:`QuotaUnreachable` if it cannot.
 Transport = Callable[[str, dict[str, Any]], Awaitable[Any]]
-#: The leader's side, in process: ``(node, usage, now) -> lease``.
-LocalLeader = Callable[[str, dict[str, BucketUse], float], dict[str, BucketLease]]
+#: The leader's side, in process: ``(node, usage, now) -> (lease, pending)``.
+LocalLeader = Callable[[str, dict[str, BucketUse], float], tuple[dict[str, BucketLease], set[str]]]
 
 
 class QuotaUnreachable(Exception):
@@ -140,11 +140,20 @@ class NodeQuota:
         self.shares = shares
         return out
 
-    def take(self, buckets: list[str], lease: dict[str, BucketLease], now: float) -> None:
+    def take(
+        self,
+        buckets: list[str],
+        lease: dict[str, BucketLease],
+        now: float,
+        pending: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         """A leader's answer for ``buckets``: a bucket it gave no share (it has not
-        seen this node use it) runs at 1/N until it does."""
+        seen this node use it) runs at 1/N until it does; a pending one (a new
+        leader warming up) keeps what it holds, until that runs out."""
         for name in buckets:
             share = lease.get(name)
+            if name in pending:
+                continue
             if share is None:
                 self._leased.pop(name, None)
             else:
@@ -160,7 +169,8 @@ class NodeQuota:
         mine = self._led_by(self.me) if self.local is not None else []
         if self.local is not None and mine:
             report = {b: usage[b] for b in mine if b in usage}
-            self.take(mine, self.local(self.me, report, now), now)
+            lease, pending = self.local(self.me, report, now)
+            self.take(mine, lease, now, pending)
         props = throttle.props()
         if props != self._allocator.props:
             self._allocator.set_props(props)
@@ -220,12 +230,13 @@ class NodeQuota:
                     with trio.fail_after(self.horizon_secs):
                         answer = await self.transport(leader, usage_to_wire(report))
                     lease = lease_from_wire(answer)
+                    pending = _pending(answer)
                 except (QuotaUnreachable, trio.TooSlowError, ValueError) as exc:
                     self.report_failures += 1
                     log.debug("quota report to %s: %s", leader, exc)
                 else:
                     self.reports_sent += 1
-                    self.take(buckets, lease, self.throttle.clock())
+                    self.take(buckets, lease, self.throttle.clock(), pending)
                     self.apply()
                 await self._next_round()
         finally:
@@ -246,3 +257,11 @@ class NodeQuota:
                 for name, (share, source) in self.shares.items()
             },
         }
+
+
+def _pending(answer: Any) -> set[str]:
+    """The buckets a leader's answer says are pending; ``ValueError`` if malformed."""
+    names = answer.get("pending", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"lease: 'pending' must be a list of bucket names, got {names!r}")
+    return set(names)

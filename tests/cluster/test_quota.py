@@ -63,7 +63,7 @@ class Cluster:
             for bucket, props in self.buckets.items():
                 th.add_bucket(bucket, **props)
             self.throttles[name] = th
-            led = (lambda: set(self.buckets)) if name == self.leader else set
+            led = lambda me=name: set(self.buckets) if me == self.leader else set()  # noqa: E731
             self.leaders[name] = QuotaLeader(th, led)
             self.quotas[name] = NodeQuota(
                 th,
@@ -320,3 +320,35 @@ async def test_without_the_leader_nodes_fall_back_to_one_nth_within_lease_slices
         assert quota.shares["h"][0].hard_rate == pytest.approx(300)
         assert quota.report_failures > 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_new_leader_warms_up_before_its_shares_so_they_never_stack(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 80/10/10 closed loop; the office moves from n0 to n1 (n0 left gracefully:
+    # its last shares are still held). The new leader's first shares, computed
+    # from one report, would give the whole limit to the first node to report.
+    cluster = Cluster({"h": {"hard_limit": 1000}})
+    cluster.start()
+    end = trio.current_time() + 4.0
+    per_slice: list[int] = []
+    async with trio.open_nursery() as nursery:
+        for q in cluster.quotas.values():
+            await nursery.start(q.run)
+        for node, conns in zip(NODES, (8, 1, 1), strict=True):
+            nursery.start_soon(client, cluster.throttles[node], "h", end, None, conns)
+        await trio.sleep(1.5)
+        last = sum(cluster.charged("h").values())
+        for k in range(20):
+            if k == 2:
+                cluster.leader = "n1"
+            await trio.sleep(SLICE)
+            now = sum(cluster.charged("h").values())
+            per_slice.append(now - last)
+            last = now
+        nursery.cancel_scope.cancel()
+    # Within one slice's burst of the limit over every half second of the move.
+    for k in range(len(per_slice) - 4):
+        assert sum(per_slice[k : k + 5]) <= 1000 * 0.5 + 1000 * SLICE, per_slice
+    assert sum(per_slice[-5:]) == pytest.approx(500, rel=0.05)
+    assert cluster.quotas["n2"].shares["h"][1] == "leader"
