@@ -22,6 +22,7 @@ from tenantkv.cluster.cluster_map import NodeInfo
 from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
+from tenantkv.cluster.peer import load_secret
 from tenantkv.cluster.quota_leader import QuotaLeader, QuotaOffices
 from tenantkv.cluster.quota_node import NodeQuota, Transport, limited
 from tenantkv.cluster.routing import Router
@@ -61,6 +62,10 @@ class ClusterNode(SingleProcess):
         self.member: Member | None = None
         #: the cluster's buckets, users and parameters (tenantkv.cluster.metadata)
         self.metadata: MetadataStore | None = None
+        #: the etcd client, once loaded
+        self.etcd: Etcd | None = None
+        #: the cluster secret: the node credential for peer sessions (cluster.peer)
+        self.secret: bytes = b""
         #: this node's shares of the buckets' limits (tenantkv.cluster.quota_node),
         #: who leads each bucket's quota and this node as a leader (quota_leader)
         self.quota: NodeQuota | None = None
@@ -94,6 +99,9 @@ class ClusterNode(SingleProcess):
 
     async def load(self, node: Node, nursery: trio.Nursery) -> None:
         etcd: Etcd = await nursery.start(self._run_etcd)
+        self.etcd = etcd
+        self.secret = await load_secret(etcd, self.settings)
+        node.accounts.node_secret = self.secret
         # The cluster's metadata before the first admin user: a node joining a
         # cluster takes its users rather than bootstrap one of its own.
         self.metadata = MetadataStore(etcd, self.settings, node)

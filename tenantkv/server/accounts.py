@@ -212,6 +212,10 @@ class Accounts:
         #: whether this process writes known-good pairs (the supervisor does it
         #: for workers)
         self.persist_known_good = True
+        #: the cluster's secret (tenantkv.cluster.peer) once this node is in a
+        #: cluster: the password of the node login (auth.NODE_USER); None, no node
+        #: login is accepted
+        self.node_secret: bytes | None = None
 
     async def authenticate(self, name: Any, password: Any, peer: str | None = None) -> auth.User:
         """The user these credentials name, or AuthenticationFailed.
@@ -245,6 +249,8 @@ class Accounts:
                 raise errors.AuthenticationFailed("unknown user or wrong password")
             # True: the next round finds it verified; None: that check was cancelled.
         assert who is not None
+        if name == auth.NODE_USER:
+            return await self._authenticate_node(source, password)
         done, box = trio.Event(), [None]
         if not cached:
             # Claimed before anything awaits: a concurrent login with the same
@@ -283,6 +289,17 @@ class Accounts:
             self._verified.clear()
         self._verified[key] = name
         return user
+
+    async def _authenticate_node(self, source: str | None, password: str) -> auth.User:
+        """A cluster node's login: the cluster secret, compared in constant time (no
+        scrypt: it is 32 random bytes). Failures count in the limiter as any
+        login's do."""
+        ticket, _ = await self._begin(source, auth.NODE_USER, cached=True)
+        ok = auth.node_secret_ok(self.node_secret, password)
+        await self._finish(source, auth.NODE_USER, ticket, ok=ok)
+        if not ok:
+            raise errors.AuthenticationFailed("unknown user or wrong password")
+        return auth.node_user()
 
     def login_settings(self) -> auth.LoginSettings:
         cfg = self._config()

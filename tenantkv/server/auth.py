@@ -32,6 +32,10 @@ from tenantkv.records import fields_dict
 #: keep their names and log in on the MessagePack door; see docs/security.md).
 USER_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 ROLES = ("read", "readwrite")
+#: The login name of a cluster node talking to another (tenantkv.cluster.peer):
+#: its password is the cluster's secret, not a stored hash. The ``@`` keeps it out
+#: of :data:`USER_NAME_RE`, so no admin can create a user of this name.
+NODE_USER = "@node"
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 MAX_PASSWORD_BYTES = 1024
 
@@ -49,6 +53,9 @@ class User:
     #: user deleted and created again under its name is another user, whose roles
     #: the old one's connections must not take (users made before it have "")
     uid: str = ""
+    #: a cluster node (:data:`NODE_USER`): it alone may run cluster-internal
+    #: commands; it has no role on any bucket and is never a stored user
+    node: bool = False
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -127,7 +134,29 @@ def generate_password() -> str:
     return secrets.token_urlsafe(18)
 
 
+def node_user() -> User:
+    """The user a cluster node logs in as with the cluster's secret: no admin, no
+    role on any bucket, unthrottled (its internal commands are bounded by their
+    own pages and are charged to no tenant)."""
+    return User(NODE_USER, b"", b"", unthrottled=True, uid=NODE_USER, node=True)
+
+
+def node_password(secret: bytes) -> str:
+    """The password a node sends for :data:`NODE_USER`: the cluster secret in hex."""
+    return secret.hex()
+
+
+def node_secret_ok(secret: bytes | None, password: str) -> bool:
+    """Does ``password`` carry the cluster secret? (Constant time; never with no
+    secret: a node outside a cluster accepts no node login.)"""
+    if not secret:
+        return False
+    return hmac.compare_digest(password.encode(), node_password(secret).encode())
+
+
 def validate_user_name(name: Any) -> str:
+    if name == NODE_USER:
+        raise errors.BadValue(f"the user name {NODE_USER!r} is reserved for cluster nodes")
     if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
         raise errors.BadValue(
             "user name must be 1-128 characters of letters, digits, '_', '.', '-' ('@' is "

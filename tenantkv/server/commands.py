@@ -71,9 +71,10 @@ class Session(Protocol):
 
 
 #: what a command is: a data command (read, write: through the admission
-#: pipeline), an admin or a session command, or a door's own (a RESP connection
-#: command: the door answers it)
-Kind = Literal["read", "write", "admin", "session", "door"]
+#: pipeline), an admin or a session command, a door's own (a RESP connection
+#: command: the door answers it), or a cluster node's to another
+#: (tenantkv.cluster.peer: only the node login may run it)
+Kind = Literal["read", "write", "admin", "session", "door", "internal"]
 
 #: Parameters any command accepts.
 COMMON_PARAMS = frozenset({"timeout_ms"})

@@ -333,7 +333,10 @@ class Executor:
                         cmd = commands.get(req[1])
                         # Only an admin's admin commands are exempt: a command's name
                         # exempts no one (the role check comes after the limiter).
-                        exempt = cmd is not None and cmd.kind == "admin" and self.user.admin
+                        exempt = cmd is not None and (
+                            (cmd.kind == "admin" and self.user.admin)
+                            or (cmd.kind == "internal" and self.user.node)
+                        )
                         if loan.room and not exempt:
                             loan.room -= 1  # a token of the chunk's loan (_refused_by_rate)
                         elif pipeline.request_rate_enabled and self._refused_by_rate(
@@ -1066,6 +1069,11 @@ class Executor:
                 h.release(method, outcome="error")
 
     async def _run_other(self, cmd: Command, msgid: int, params: dict[str, Any]) -> None:
+        if cmd.kind == "internal":  # a cluster node's (tenantkv.cluster.peer): no tenant's
+            if not self.current_user().node:
+                raise errors.Unauthorized(f"{cmd.name} is a cluster-internal command")
+            self.door.reply(cmd, msgid, await cmd.handler(self, params))
+            return
         if cmd.kind == "admin":
             if not self.current_user().admin:
                 raise errors.Unauthorized(f"{cmd.name} needs an admin user")
@@ -1205,7 +1213,7 @@ class Executor:
         user = self.user
         assert user is not None
         node = self.node
-        if self._auth_epoch != node.accounts.epoch:
+        if self._auth_epoch != node.accounts.epoch and not user.node:
             fresh = node.accounts.users.get(user.name)
             if fresh is None or fresh.uid != user.uid:
                 self.flow.begin_shutdown()
@@ -1319,11 +1327,11 @@ async def authenticate(
             raise errors.Unauthorized(f"user {user.name!r} has no role on bucket {bucket!r}")
     elif one_role_bucket and len(user.roles) == 1:
         bucket = next(iter(user.roles))
-    elif bucket_required and not user.admin:
+    elif bucket_required and not (user.admin or user.node):
         raise errors.BadValue("'bucket' is required for users who are not admins")
     if ex.user is None:
         # A non-admin may not take the slots kept for admins (TooManyConnections).
-        refused = await node.connection_authenticated(ex.conn_id, admin=user.admin)
+        refused = await node.connection_authenticated(ex.conn_id, admin=user.admin or user.node)
         if refused is not None:
             raise errors.TooManyConnections(refused)
     ex.logged_in(user, epoch, bucket)
