@@ -24,7 +24,8 @@ from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
 from tenantkv.cluster.peer import load_secret
 from tenantkv.cluster.quota_leader import QuotaLeader, QuotaOffices
-from tenantkv.cluster.quota_node import NodeQuota, Transport, limited
+from tenantkv.cluster.quota_node import NodeQuota, limited
+from tenantkv.cluster.quota_report import peer_transport
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -151,15 +152,13 @@ class ClusterNode(SingleProcess):
             nodes_up=lambda: sum(1 for info in member.map.nodes.values() if info.up),
             leader_of=offices.leader_of,
             local=leader.report,
-            transport=self.quota_transport,
+            transport=peer_transport(
+                self.settings.node_name, lambda: member.map.nodes, lambda: self.secret
+            ),
             wake=node.gate.wake,
         )
         await nursery.start(offices.run)
         await nursery.start(self.quota.run)
-
-    #: How this node's reports reach the other leaders (None: they cannot, and
-    #: the buckets those lead run at 1/N here).
-    quota_transport: Transport | None = None
 
     def _route(self, node: Node) -> None:
         """From now on the node serves only the keys of its own slots."""

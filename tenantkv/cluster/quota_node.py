@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 import trio
@@ -52,9 +53,12 @@ log = logging.getLogger("tenantkv.cluster")
 _SELF: Final = "node"
 _INF: Final = math.inf
 
-#: Sends this node's report (``usage_to_wire``) to the named leader and returns
-#: its answer (``lease_to_wire``); raises :class:`QuotaUnreachable` if it cannot.
-Transport = Callable[[str, dict[str, Any]], Awaitable[Any]]
+#: Sends this node's report (``usage_to_wire``) to a leader and returns its answer
+#: (``lease_to_wire`` and ``pending``); raises :class:`QuotaUnreachable` if it cannot.
+Send = Callable[[dict[str, Any]], Awaitable[Any]]
+#: Opens a channel to the named leader (its ``Send``, for as long as the context
+#: lasts); raises :class:`QuotaUnreachable` if it cannot.
+Transport = Callable[[str], AbstractAsyncContextManager[Send]]
 #: The leader's side, in process: ``(node, usage, now) -> (lease, pending)``.
 LocalLeader = Callable[[str, dict[str, BucketUse], float], tuple[dict[str, BucketLease], set[str]]]
 
@@ -220,27 +224,32 @@ class NodeQuota:
                 nursery.start_soon(self._report_to, leader)
 
     async def _report_to(self, leader: str) -> None:
-        """Report to ``leader`` each slice while it leads a bucket of this node."""
+        """Report to ``leader`` each slice while it leads a bucket of this node,
+        on one channel; a failed one is opened again a slice later."""
         assert self.transport is not None
         try:
-            while buckets := self._led_by(leader):
-                usage = self.throttle.usage()
-                report = {b: usage[b] for b in buckets if b in usage}
+            while self._led_by(leader):
                 try:
-                    with trio.fail_after(self.horizon_secs):
-                        answer = await self.transport(leader, usage_to_wire(report))
-                    lease = lease_from_wire(answer)
-                    pending = _pending(answer)
+                    async with self.transport(leader) as send:
+                        await self._reports(leader, send)
                 except (QuotaUnreachable, trio.TooSlowError, ValueError) as exc:
                     self.report_failures += 1
                     log.debug("quota report to %s: %s", leader, exc)
-                else:
-                    self.reports_sent += 1
-                    self.take(buckets, lease, self.throttle.clock(), pending)
-                    self.apply()
-                await self._next_round()
+                    await self._next_round()
         finally:
             self._reporters.discard(leader)
+
+    async def _reports(self, leader: str, send: Send) -> None:
+        while buckets := self._led_by(leader):
+            usage = self.throttle.usage()
+            report = {b: usage[b] for b in buckets if b in usage}
+            with trio.fail_after(self.horizon_secs):
+                answer = await send(usage_to_wire(report))
+            lease, pending = lease_from_wire(answer), _pending(answer)
+            self.reports_sent += 1
+            self.take(buckets, lease, self.throttle.clock(), pending)
+            self.apply()
+            await self._next_round()
 
     def status(self) -> dict[str, Any]:
         """Per limited bucket: its leader and this node's share (for ``status``)."""
