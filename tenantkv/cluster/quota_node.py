@@ -119,6 +119,8 @@ class NodeQuota:
         self._wakeup = trio.Event()
         self.reports_sent = 0
         self.report_failures = 0
+        #: leader's shares that ran out (no newer answer within the horizon)
+        self.shares_expired = 0
 
     @property
     def horizon_secs(self) -> float:
@@ -139,6 +141,9 @@ class NodeQuota:
             if leased is not None and now - leased[1] <= self.horizon_secs:
                 out[name], source = leased[0], "leader"
             else:
+                if leased is not None:  # no newer answer in time: it runs out
+                    del self._leased[name]
+                    self.shares_expired += 1
                 out[name], source = fallback_share(props, n), "fallback"
             shares[name] = (out[name], source)
         self.shares = shares
@@ -257,6 +262,7 @@ class NodeQuota:
         return {
             "reports_sent": self.reports_sent,
             "report_failures": self.report_failures,
+            "shares_expired": self.shares_expired,
             "buckets": {
                 name: {
                     "leader": self.leader_of(name),
