@@ -208,10 +208,16 @@ def _loads(
 
 def _window(
     nodes: list[Daemon], loads: list[tuple[loadgen.Target, LoadSpec]]
-) -> tuple[list[Snapshot], list[Snapshot]]:
-    """Run the loads; every node's snapshot at the window's start and end."""
-    _, samples = loadgen.run_loads(loads, lambda: [d.snapshot() for d in nodes], None)
-    return samples[0][1], samples[-1][1]
+) -> tuple[list[Snapshot], list[Snapshot], list[dict[str, Any]]]:
+    """Run the loads; every node's snapshot at the window's start and end, and
+    its ``cluster.quota`` status at the end (the load still running)."""
+
+    def probe() -> tuple[list[Snapshot], list[dict[str, Any]]]:
+        snaps = [d.snapshot() for d in nodes]
+        return snaps, [d.admin.server_status()["cluster"]["quota"] for d in nodes]
+
+    _, samples = loadgen.run_loads(loads, probe, None)
+    return samples[0][1][0], samples[-1][1][0], samples[-1][1][1]
 
 
 def cluster_rate(before: list[Snapshot], after: list[Snapshot], bucket: str) -> list[float]:
@@ -219,16 +225,22 @@ def cluster_rate(before: list[Snapshot], after: list[Snapshot], bucket: str) -> 
     return [delta(a, b, bucket).units_per_s for a, b in zip(before, after, strict=True)]
 
 
-def _sources(nodes: list[Daemon], bucket: str) -> list[str]:
-    """Where each node's share of ``bucket`` came from at the end, with the
-    reports to a leader that failed on it and the leader's shares that ran out
-    before a newer answer came (``leader/0/0``, ``fallback/3/5``)."""
+def _sources(quotas: list[dict[str, Any]], bucket: str) -> list[str]:
+    """Per node, at the window's end: where its share of ``bucket`` came from and
+    its hard rate, the reports to a leader that failed on it, and the leader's
+    shares that ran out before a newer answer came (``leader 826/0/0``)."""
     out = []
-    for d in nodes:
-        quota = d.admin.server_status()["cluster"]["quota"]
-        source = quota["buckets"].get(bucket, {}).get("source", "-")
-        out.append(f"{source}/{quota['report_failures']}/{quota['shares_expired']}")
+    for quota in quotas:
+        share = quota["buckets"].get(bucket, {})
+        hard = share.get("hard_rate", "-")
+        hard = f"{hard:.0f}" if isinstance(hard, float | int) else hard
+        failed, expired = quota["report_failures"], quota["shares_expired"]
+        out.append(f"{share.get('source', '-')} {hard}/{failed}/{expired}")
     return out
+
+
+#: What :func:`_sources` shows.
+SOURCES = "share from, hard rate / failed reports / shares run out"
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -252,8 +264,8 @@ def scenario_hard(args: argparse.Namespace, value: bytes, split: Sequence[float]
             loadgen.preload(d.target("limited"), args.keys, value, key_prefix=prefix)
         nodes[0].admin.set_bucket_throttle("limited", {"reserved": 0, "hard_limit": h})
         spec = loadgen.cell_spec(args, "get", CONNS * NODES, DEPTH, value, rate=offered / cost)
-        before, after = _window(nodes, _loads(nodes, prefixes, "limited", spec, split))
-        sources = _sources(nodes, "limited")
+        before, after, quotas = _window(nodes, _loads(nodes, prefixes, "limited", spec, split))
+    sources = _sources(quotas, "limited")
     per_node = cluster_rate(before, after, "limited")
     total = sum(per_node)
     err = 100.0 * (total - h) / h
@@ -262,7 +274,7 @@ def scenario_hard(args: argparse.Namespace, value: bytes, split: Sequence[float]
         f"   target +-3 %",
         "   per node                        "
         + ", ".join(f"{r:,.1f}" for r in per_node)
-        + f"   (share from / failed reports / shares run out: {', '.join(sources)})",
+        + f"   ({SOURCES}: {'; '.join(sources)})",
     ]
     if not even:
         fallback = h / 3 + sum(offered * s for s in split[1:])
@@ -300,8 +312,8 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         noisy = loadgen.cell_spec(args, "get", 10, DEPTH, value)
         loads = _loads(nodes, prefixes, "quiet", quiet, SPLIT_80)
         loads += _loads(nodes, prefixes, "noisy", noisy, None)
-        before, after = _window(nodes, loads)
-        sources = _sources(nodes, "quiet")
+        before, after, quotas = _window(nodes, loads)
+    sources = _sources(quotas, "quiet")
     q = cluster_rate(before, after, "quiet")
     n = cluster_rate(before, after, "noisy")
     ratio = 100.0 * sum(q) / r if r else 100.0
@@ -309,7 +321,7 @@ def scenario_reservation(args: argparse.Namespace, value: bytes) -> Outcome:
         f"   quiet, cluster-wide            {sum(q):>10,.1f} units/s = {ratio:.1f} % of R"
         f"   target >= 97 %",
         "   quiet per node                 " + ", ".join(f"{x:,.1f}" for x in q)
-        + f"   (share from / failed reports / shares run out: {', '.join(sources)})",
+        + f"   ({SOURCES}: {'; '.join(sources)})",
         "   noisy per node                 " + ", ".join(f"{x:,.1f}" for x in n),
         f"   1/N alone would give quiet     {_fallback_quiet(r, c):>10,.1f} units/s",
     ]  # fmt: skip
