@@ -20,11 +20,14 @@ import pytest
 import trio
 
 from tenantkv import errors
+from tenantkv.cluster.cluster_map import NodeInfo
+from tenantkv.cluster.peer import peer_session
 from tenantkv.cluster.slots import key_slot
 from tests.conftest import Daemon, wait_until
 
 from .conftest import EtcdServer
 from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
+from .test_peer import read_secret
 
 LIMIT = 1000
 #: 3 read units a GET (a value of three 4 KiB units less the key and overhead)
@@ -173,3 +176,37 @@ def test_when_the_leader_dies_the_others_fall_back_then_elect_another(
         + cluster_status(survivors[1])["quota"]["report_failures"]
         > 0
     )
+
+
+def test_quota_report_answers_a_node_and_refuses_bad_reports_precisely(
+    nodes: list[Daemon], etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    setup_bucket(nodes, "rep")
+    leader = quota_of(nodes[0], "rep")["leader"]
+    target = nodes[int(leader[1:])]
+    secret = trio.run(read_secret, etcd_server, etcd_prefix)
+    where = NodeInfo(leader, target.host, target.port, target.resp_port)
+    report = {"v": 1, "buckets": {"rep": [1, True, 50.0, 0.0], "other": [1, True, 1.0, 0.0]}}
+
+    async def main() -> None:
+        async with peer_session(where, secret) as s:
+            answer = await s.call("quota_report", {"node": "probe", "usage": report})
+            # A share of the limit (or pending while the leader warms up); a bucket
+            # it does not lead is left out.
+            assert set(answer["buckets"]) | set(answer["pending"]) == {"rep"}
+            for share in answer["buckets"].values():
+                assert 0 < share[2] <= LIMIT
+            for bad, says in [
+                ({"v": 2, "buckets": {}}, "unsupported version"),
+                ({"v": 1, "buckets": {"rep": [1, "yes", 1.0, 0.0]}}, "hungry must be a bool"),
+                ({"v": 1, "buckets": {"rep": [-1, True, 1.0, 0.0]}}, "connections must be"),
+                ("nonsense", "expected a map"),
+            ]:
+                with pytest.raises(errors.BadValue, match=says):
+                    await s.call("quota_report", {"node": "probe", "usage": bad})
+        # Not a node's login: refused.
+        async with target.async_client() as admin:
+            with pytest.raises(errors.Unauthorized):
+                await admin.command("quota_report", node="x", usage=report)
+
+    trio.run(main)
