@@ -23,6 +23,7 @@ from bench import (
     attack_resp,
     attack_throttle,
     cluster,
+    cluster_limits,
     cpu,
     crash,
     gates,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the measuring subcommands, each with every flag of its own
     throughput.add_parser(sub)
     throttle.add_parser(sub)
+    cluster_limits.add_parser(sub)
     retries.add_parser(sub)
     soak.add_parser(sub)
     probing.add_parser(sub)

@@ -98,16 +98,18 @@ from tenantkv.admission.rate_allocation import (
     rate_needs,
     water_fill,
 )
-from tenantkv.admission.throttle_props import ThrottleProps, rate_to_wire
+from tenantkv.admission.throttle_props import BucketProps, ThrottleProps, limit_rate, rate_to_wire
 
 __all__ = [
     "LEASE_SLICES",
     "WIRE_VERSION",
     "BucketLease",
     "BucketUse",
+    "LimitAllocator",
     "QuotaAllocator",
     "lease_from_wire",
     "lease_to_wire",
+    "split_limits",
     "usage_from_wire",
     "usage_to_wire",
 ]
@@ -136,11 +138,15 @@ class QuotaAllocator:
     """The supervisor's side: turns the workers' reports into their leases.
 
     ``props``: the node's and the buckets' properties (the committed ones); the
-    caller gives the new ones to :meth:`set_props` when they change.
+    caller gives the new ones to :meth:`set_props` when they change. ``lend``
+    False: no lending ahead (:func:`_lend`), for a single worker, whose own refill
+    already hands what a bucket leaves unused to its hungry buckets (lending too
+    would hand it twice).
     """
 
-    def __init__(self, props: ThrottleProps) -> None:
+    def __init__(self, props: ThrottleProps, *, lend: bool = True) -> None:
         self.props = props
+        self._lend = lend
         self._reports: dict[str, _Report] = {}
         #: The latest lease of every live worker, and the last one it was sent.
         self._leases: dict[str, dict[str, BucketLease]] = {}
@@ -154,6 +160,8 @@ class QuotaAllocator:
         self._node: dict[str, tuple[float, float, float]] = {}
         #: The node's free pool left after reservations, as of the latest allocation.
         self._free_rate = _INF
+        #: Per bucket, this node's share of a cluster's limits (:meth:`set_limits`).
+        self._limits: dict[str, BucketLease] = {}
 
     @property
     def workers(self) -> list[str]:
@@ -200,6 +208,17 @@ class QuotaAllocator:
         self.props = props
         self._dirty = True
 
+    def set_limits(self, limits: Mapping[str, BucketLease]) -> None:
+        """Allocate each bucket named in ``limits`` with its ``reserved_rate`` and
+        ``hard_rate`` in place of its configured reservation and hard limit (never
+        above them): a cluster node's share of the cluster's limits, leased by the
+        bucket's quota leader (tenantkv.cluster.quota_node). The node's allocation
+        among its buckets and the split below it run unchanged on those limits."""
+        new = dict(limits)
+        if new != self._limits:
+            self._limits = new
+            self._dirty = True
+
     def pending(self) -> dict[str, dict[str, BucketLease]]:
         """The other live workers' leases that moved since each was last sent (a
         share by more than ``PUSH_TOLERANCE``, or a bucket came or went): the caller
@@ -244,10 +263,10 @@ class QuotaAllocator:
             )
             for name, uses in per_bucket.items()
         }
-        needs = rate_needs(props, node_use)
+        needs = _limited(rate_needs(props, node_use), self._limits)
         names = list(needs)
         alloc = allocate_rates(props.node.capacity, [needs[n] for n in names], slice_secs)
-        rates = _lend(alloc, [needs[n] for n in names])
+        rates = _lend(alloc, [needs[n] for n in names]) if self._lend else list(alloc.rates)
         self._free_rate = alloc.free_rate
         leases: dict[str, dict[str, BucketLease]] = {w: {} for w in self._reports}
         self._node = {}
@@ -280,6 +299,100 @@ class QuotaAllocator:
             "buckets": buckets,
             "free_rate": rate_to_wire(self._free_rate),
         }
+
+
+class LimitAllocator(QuotaAllocator):
+    """A bucket's quota leader in a cluster: the same reports, leases, pushes and
+    forgetting as :class:`QuotaAllocator`, with the cluster's nodes as its
+    "workers", but what it splits is each bucket's **limits** (reservation and
+    hard limit, :func:`split_limits`), not a node's capacity: capacity stays per
+    node, so buckets do not compete across nodes and each node allocates its own
+    capacity among its buckets within the limits it is leased. ``props``: the
+    buckets this leader leads (the node part is not read)."""
+
+    def _allocate(self) -> None:
+        slice_secs = self.props.slice_secs
+        per_bucket: dict[str, list[tuple[str, BucketUse]]] = {}
+        for node, rep in self._reports.items():
+            for name, use in rep.use.items():
+                if name in self.props.buckets:
+                    per_bucket.setdefault(name, []).append((node, use))
+        leases: dict[str, dict[str, BucketLease]] = {n: {} for n in self._reports}
+        self._node = {}
+        for name, props in self.props.buckets.items():
+            hard = limit_rate(props.hard_limit)
+            res = _INF if props.reserved is None else float(props.reserved)
+            self._node[name] = (hard, res, hard)
+            for node, share in split_limits(props, per_bucket.get(name, []), slice_secs):
+                leases[node][name] = share
+        self._leases = leases
+        self._free_rate = _INF
+        self._fresh = True
+
+
+def split_limits(
+    props: BucketProps, uses: list[tuple[str, BucketUse]], slice_secs: float
+) -> list[tuple[str, BucketLease]]:
+    """One bucket's limits split between the nodes that use it: the hard limit as
+    :func:`_split` splits a bucket's rate between workers (hungry nodes may take
+    any amount, the others their demand with headroom, the rest by connections),
+    the reservation in the same proportions; the headroom the quiet nodes leave
+    unused is lent to the hungry ones (:func:`_lend_headroom`). Without a hard limit the reservation
+    alone is split so, and every share's hard rate is unlimited. The shares' rates
+    are their hard rates. A reservation of ``None`` (exempt from capacity) is
+    ``inf`` in every share: the node keeps its own ``None``."""
+    hard = limit_rate(props.hard_limit)
+    res = _INF if props.reserved is None else float(props.reserved)
+    if not math.isinf(hard):
+        return _lend_headroom(_split(hard, res, hard, uses, slice_secs), dict(uses))
+    base = 0.0 if props.reserved is None else float(props.reserved)
+    return [
+        (node, BucketLease(_INF, share.reserved_rate, _INF))
+        for node, share in _split(base, res, base, uses, slice_secs)
+    ]
+
+
+def _lend_headroom(
+    shares: list[tuple[str, BucketLease]], uses: dict[str, BucketUse]
+) -> list[tuple[str, BucketLease]]:
+    """The hungry nodes' shares plus the headroom the others leave above their
+    demand (their room to grow, ``DEMAND_HEADROOM``), by connections: without it
+    a hard limit driven 80/10/10 was held ~7 % under, the quiet nodes' headroom
+    unused. Lent ahead, as :func:`_lend` lends capacity: should a quiet node grow
+    into its headroom, the bucket runs over its limit by that growth until its
+    next report (a slice and a round trip)."""
+    hungry = [i for i, (node, _) in enumerate(shares) if uses[node].hungry]
+    if not hungry:
+        return shares
+    lendable = 0.0
+    for node, share in shares:
+        u = uses[node]
+        if not u.hungry:
+            lendable += max(0.0, share.hard_rate - max(u.demand, u.unthrottled))
+    if lendable <= 0.0:
+        return shares
+    weights = [float(max(uses[shares[i][0]].connections, 1)) for i in hungry]
+    wsum = sum(weights)
+    out = list(shares)
+    for i, w in zip(hungry, weights, strict=True):
+        node, share = out[i]
+        gift = lendable * w / wsum
+        out[i] = (node, BucketLease(share.rate + gift, share.reserved_rate, share.hard_rate + gift))
+    return out
+
+
+def _limited(needs: dict[str, RateNeed], limits: Mapping[str, BucketLease]) -> dict[str, RateNeed]:
+    """``needs`` with each bucket named in ``limits`` held to its share of them."""
+    for name, share in limits.items():
+        need = needs.get(name)
+        if need is None:
+            continue
+        reserved = need.reserved
+        if reserved is not None and share.reserved_rate < reserved:
+            reserved = share.reserved_rate
+        hard = share.hard_rate if share.hard_rate < need.hard_rate else need.hard_rate
+        needs[name] = need._replace(reserved=reserved, hard_rate=hard)
+    return needs
 
 
 def _lend(alloc: RateAllocation, needs: list[RateNeed]) -> list[float]:

@@ -61,8 +61,9 @@ class RateNeed(NamedTuple):
     what its users did lately (one process's view, or the sum over every worker's).
     A named tuple: one is built per bucket at every recompute."""
 
-    #: configured reservation (``None``: exempt from node capacity)
-    reserved: Limit
+    #: configured reservation (``None``: exempt from node capacity); a cluster node's
+    #: share of the cluster's reservation may be fractional
+    reserved: float | None
     #: hard limit as a rate (``inf``: unlimited)
     hard_rate: float
     weight: float

@@ -23,6 +23,9 @@ from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
 from tenantkv.cluster.peer import load_secret
+from tenantkv.cluster.quota_leader import QuotaLeader, QuotaOffices
+from tenantkv.cluster.quota_node import NodeQuota, limited
+from tenantkv.cluster.quota_report import peer_transport
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -64,6 +67,11 @@ class ClusterNode(SingleProcess):
         self.etcd: Etcd | None = None
         #: the cluster secret: the node credential for peer sessions (cluster.peer)
         self.secret: bytes = b""
+        #: this node's shares of the buckets' limits (tenantkv.cluster.quota_node),
+        #: who leads each bucket's quota and this node as a leader (quota_leader)
+        self.quota: NodeQuota | None = None
+        self.quota_offices: QuotaOffices | None = None
+        self.quota_leader: QuotaLeader | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -72,7 +80,17 @@ class ClusterNode(SingleProcess):
         if self.member is None:
             return {"cluster": {"node": self.settings.node_name, "joined": False}}
         metadata = self.metadata.status() if self.metadata is not None else {}
-        return {"cluster": {"joined": True, **self.member.status(), "metadata": metadata}}
+        quota = self.quota.status() if self.quota is not None else {}
+        if self.quota_leader is not None:
+            quota["leading"] = self.quota_leader.status()
+        return {
+            "cluster": {
+                "joined": True,
+                **self.member.status(),
+                "metadata": metadata,
+                "quota": quota,
+            }
+        }
 
     def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
         """Buckets, users and parameters change in etcd first (cluster.metadata)."""
@@ -94,6 +112,7 @@ class ClusterNode(SingleProcess):
         self.member = Member(etcd, self.settings, advertised(node.config, node))
         await nursery.start(self.member.run)
         await self.member.wait_for_map()
+        await self._hold_limits(node, etcd, nursery)
         self._route(node)
 
     async def _run_etcd(
@@ -113,6 +132,33 @@ class ClusterNode(SingleProcess):
             await self.metadata.read()
             await self.metadata.apply()
         await node.accounts.drop_dangling_roles(node.engine.buckets)
+
+    async def _hold_limits(self, node: Node, etcd: Etcd, nursery: trio.Nursery) -> None:
+        """Hold each limited bucket to this node's share of its limits, from the
+        first request on, and take part in electing their quota leaders
+        (docs/cluster.md, "Tenant limits across the cluster")."""
+        member = self.member
+        assert member is not None
+        throttle = node.throttle
+
+        def buckets() -> list[str]:
+            return [name for name, p in throttle.props().buckets.items() if limited(p)]
+
+        offices = self.quota_offices = QuotaOffices(etcd, member, buckets)
+        leader = self.quota_leader = QuotaLeader(throttle, offices.led)
+        self.quota = NodeQuota(
+            throttle,
+            me=self.settings.node_name,
+            nodes_up=lambda: sum(1 for info in member.map.nodes.values() if info.up),
+            leader_of=offices.leader_of,
+            local=leader.report,
+            transport=peer_transport(
+                self.settings.node_name, lambda: member.map.nodes, lambda: self.secret
+            ),
+            wake=node.gate.wake,
+        )
+        await nursery.start(offices.run)
+        await nursery.start(self.quota.run)
 
     def _route(self, node: Node) -> None:
         """From now on the node serves only the keys of its own slots."""
