@@ -441,6 +441,19 @@ class NodeUnavailable(ServerError, InRedisWords):
         return f"CLUSTERDOWN {self.errmsg}"
 
 
+class SlotMoving(ServerError, InRedisWords):
+    """The key's slot is switching to another node (a rebalance): for well under a
+    second this node takes no write of it; the request did not run. Retry after
+    ``retryAfterMs`` (the map then names the new owner). RESP: ``TRYAGAIN``."""
+
+    code = 73
+    code_name = "SlotMoving"
+    default_labels = (RETRYABLE,)
+
+    def redis_text(self) -> str:
+        return f"TRYAGAIN {self.errmsg}"
+
+
 #: code -> class: every ServerError subclass written out above, each with its own code.
 _BY_CODE: dict[int, type[ServerError]] = {c.code: c for c in ServerError.__subclasses__()}
 assert len(_BY_CODE) == len(ServerError.__subclasses__()), "two error classes share a code"

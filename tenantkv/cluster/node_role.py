@@ -23,6 +23,7 @@ from tenantkv.cluster.etcd import Etcd
 from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.metadata import MetadataStore
 from tenantkv.cluster.peer import load_secret
+from tenantkv.cluster.rebalance import Mover, SlotJanitor
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -64,6 +65,10 @@ class ClusterNode(SingleProcess):
         self.etcd: Etcd | None = None
         #: the cluster secret: the node credential for peer sessions (cluster.peer)
         self.secret: bytes = b""
+        #: the rebalance's mover (working while this node coordinates) and the
+        #: janitor dropping slots moved away (tenantkv.cluster.rebalance)
+        self.mover: Mover | None = None
+        self.janitor: SlotJanitor | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -72,7 +77,17 @@ class ClusterNode(SingleProcess):
         if self.member is None:
             return {"cluster": {"node": self.settings.node_name, "joined": False}}
         metadata = self.metadata.status() if self.metadata is not None else {}
-        return {"cluster": {"joined": True, **self.member.status(), "metadata": metadata}}
+        moves = self.mover.status() if self.mover is not None and self.member.coordinator else {}
+        if self.janitor is not None:
+            moves["keys_dropped"] = self.janitor.dropped
+        return {
+            "cluster": {
+                "joined": True,
+                **self.member.status(),
+                "metadata": metadata,
+                "moves": moves,
+            }
+        }
 
     def sharing(self, op: WriteOp) -> AbstractAsyncContextManager[None]:
         """Buckets, users and parameters change in etcd first (cluster.metadata)."""
@@ -92,8 +107,14 @@ class ClusterNode(SingleProcess):
         await self._bootstrap(node)
         nursery.start_soon(node.expiry_pager.run)
         self.member = Member(etcd, self.settings, advertised(node.config, node))
+        self.mover = Mover(self.member, self.secret)
+        self.member.while_coordinating = self.mover.run
         await nursery.start(self.member.run)
         await self.member.wait_for_map()
+        self.janitor = SlotJanitor(node, self.member)
+        await self.janitor.drop_foreign()
+        self.member.on_map = self.janitor.map_changed
+        nursery.start_soon(self.janitor.run)
         self._route(node)
 
     async def _run_etcd(
