@@ -22,6 +22,7 @@ from bench import (
     attack_memory,
     attack_resp,
     attack_throttle,
+    cluster_rebalance,
     cpu,
     crash,
     gates,
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     resp.add_parser(sub)
     micro.add_parser(sub)
     workers.add_parser(sub)
+    cluster_rebalance.add_parser(sub)
     return parser
 
 

@@ -55,6 +55,7 @@ from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
 from tenantkv.cluster.rebalance_plan import drained, next_batch, slots_to_move
 from tenantkv.cluster.slots import SLOTS
 from tenantkv.server.commands import Session, command
+from tenantkv.storage.slot_ops import MoveControlOp
 
 log = logging.getLogger("tenantkv.cluster")
 
@@ -218,16 +219,23 @@ class Mover:
             peer_session(source, self.secret) as src,
             peer_session(target, self.secret) as dst,
         ):
+            switched = [False]
             try:
-                await self._copy(src, dst, mv, slots)
+                await self._copy(src, dst, mv, slots, switched)
             except BaseException:
-                with trio.move_on_after(2, shield=True):
-                    await src.call("move_end", {"slots": slots})  # (serving as before)
+                if not switched[0]:  # (once switching, the source must stay fenced)
+                    with trio.move_on_after(2, shield=True):
+                        await src.call("move_end", {"slots": slots})  # (serving as before)
                 raise
         self.batches += 1
 
     async def _copy(
-        self, src: PeerSession, dst: PeerSession, mv: SlotMove, slots: list[int]
+        self,
+        src: PeerSession,
+        dst: PeerSession,
+        mv: SlotMove,
+        slots: list[int],
+        switched: list[bool],
     ) -> None:
         args = {"source": mv.source, "slots": slots}
         await dst.call("move_reset", {"slots": slots})
@@ -250,6 +258,7 @@ class Mover:
             _check(done, mv)
             if done["left"] == 0:
                 break
+        switched[0] = True  # (the write may succeed with its answer lost)
         await self.member.update_map(lambda c: switch_move(c, mv))
         await self._commit(mv)
         self.fence_secs.append(trio.current_time() - fenced)
@@ -286,13 +295,23 @@ class SlotJanitor:
         self.node = node
         self.member = member
         self.dropped = 0
-        self._send, self._receive = trio.open_memory_channel[list[int]](math.inf)
+        self._send, self._receive = trio.open_memory_channel[tuple[str, list[int]]](math.inf)
         self._last = member.map
 
     def map_changed(self, new: ClusterMap) -> None:
-        """(Member.on_map) Slots of this node's that the new map gives away."""
+        """(Member.on_map) Slots of this node's that the new map gives away; slots
+        it gains lose any move state left from when they last left it."""
         old, self._last = self._last, new
         me = self.member.me.name
+        gained = [
+            s
+            for r in new.ranges
+            if r.node == me
+            for s in range(r.start, r.end + 1)
+            if old.owner(s) != me
+        ]
+        if gained and old.version:
+            self._send.send_nowait(("gained", gained))
         gone = [
             s
             for r in old.ranges
@@ -301,7 +320,7 @@ class SlotJanitor:
             if new.owner(s) not in (me, None)
         ]
         if gone:
-            self._send.send_nowait(gone)
+            self._send.send_nowait(("gone", gone))
 
     async def foreign(self, m: ClusterMap) -> list[int]:
         """Slots that hold keys here while the map gives them to another node and
@@ -331,7 +350,15 @@ class SlotJanitor:
             log.info("dropped %d keys of %d slots the map gives to other nodes", n, len(slots))
 
     async def run(self) -> None:
-        async for slots in self._receive:
+        async for what, slots in self._receive:
+            if what == "gained":
+                router = self.node.cluster
+                if router is not None:
+                    router.fenced.difference_update(slots)
+                step = rebalance_commands.MAX_MOVE_SLOTS
+                for at in range(0, len(slots), step):
+                    await self.node.write(MoveControlOp("end", slots[at : at + step]))
+                continue
             me, m = self.member.me.name, self.member.map
             # (not one moving here again meanwhile: its copy is being written)
             slots = [s for s in slots if m.owner(s) != me and m.move_of(s) is None]

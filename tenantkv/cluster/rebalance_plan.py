@@ -17,7 +17,7 @@ from tenantkv.cluster.cluster_map import ClusterMap, SlotMove
 #: write per phase). Small enough that a batch's fence (its final catch-up and
 #: two map writes) stays far below a second; large enough that the per-batch
 #: round trips do not dominate a move of many keys.
-BATCH_SLOTS = 64
+BATCH_SLOTS = 256
 
 
 def plan(m: ClusterMap, drain: tuple[str, ...] = ()) -> list[SlotMove]:

@@ -134,4 +134,3 @@ async def settle() -> None:
     an error here). Collected now, Trio's finalizer closes it on the loop."""
     gc.collect()
     await trio.sleep(0.01)
-

@@ -50,9 +50,11 @@ async def test_one_coordinator_and_every_member_sees_the_map(
         # whole: on a loaded machine a member may briefly hold the map before last,
         # or a late lease renewal may make the election run again.)
         await wait_for(
-            lambda: sum(m.coordinator for m in ms) == 1
-            and ms[0].map == ms[1].map == ms[2].map
-            and ms[0].map.assigned() == SLOTS,
+            lambda: (
+                sum(m.coordinator for m in ms) == 1
+                and ms[0].map == ms[1].map == ms[2].map
+                and ms[0].map.assigned() == SLOTS
+            ),
             "one coordinator and one whole map",
         )
         owners = [sum(m.owns(s) for m in ms) for s in range(0, SLOTS, 97)]
