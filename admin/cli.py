@@ -280,9 +280,7 @@ def _bucket_delete(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 
 def _user_create_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . - (no @)"
-    )
+    p.add_argument("name", metavar="NAME", help="user name: 1-128 of letters, digits, _ . - (no @)")
     p.add_argument(
         "--user-password",
         metavar="PW",
@@ -512,8 +510,19 @@ def _rebalance_text(progress: dict[str, Any] | None) -> str:
     return line + (f"; moving {now}" if now else "")
 
 
+def _rebalance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-slots",
+        type=int,
+        default=0,
+        metavar="N",
+        help="slots moved together (default 256): more is faster, each batch's write "
+        "pause grows with the keys written during its last catch-up",
+    )
+
+
 def _rebalance(c: tenantkv.Client, a: argparse.Namespace) -> Output:
-    progress = c.command("cluster_rebalance")
+    progress = c.command("cluster_rebalance", batch_slots=a.batch_slots)
     if not progress.get("total"):
         return Output(progress, "the slots are even over the nodes that are up: nothing to move")
     return Output(progress, "rebalance started:" + _rebalance_text(progress))
@@ -521,10 +530,11 @@ def _rebalance(c: tenantkv.Client, a: argparse.Namespace) -> Output:
 
 def _node_remove_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="the node to take out of the cluster")
+    _rebalance_args(p)
 
 
 def _node_remove(c: tenantkv.Client, a: argparse.Namespace) -> Output:
-    progress = c.command("cluster_node_remove", name=a.name)
+    progress = c.command("cluster_node_remove", name=a.name, batch_slots=a.batch_slots)
     return Output(
         progress,
         f"removing node {fmt.cell(a.name)!r}: its slots move to the other nodes, then it "
@@ -1018,7 +1028,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "took it on; follow the progress with cluster-status (docs/cluster.md, "
         '"Rebalance").',
         ("tenantkv-admin rebalance", "tenantkv-admin cluster-status"),
-        _no_arguments,
+        _rebalance_args,
         _rebalance,
     ),
     Subcommand(

@@ -403,15 +403,24 @@ class NotMyPartition(ServerError, InRedisWords):
     default_labels = (RETRYABLE,)
 
     def __init__(
-        self, errmsg: str = "", *, slot: int = 0, owner: str = "", map_version: int = 0,
+        self,
+        errmsg: str = "",
+        *,
+        slot: int = 0,
+        owner: str = "",
+        map_version: int = 0,
         **kw: Any,
     ) -> None:
         super().__init__(errmsg, **kw)
         self.slot, self.owner, self.map_version = slot, owner, map_version
 
     def to_wire(self) -> dict[str, Any]:
-        return {**super().to_wire(), "slot": self.slot, "owner": self.owner,
-                "mapVersion": self.map_version}
+        return {
+            **super().to_wire(),
+            "slot": self.slot,
+            "owner": self.owner,
+            "mapVersion": self.map_version,
+        }
 
     def redis_text(self) -> str:
         return f"MOVED {self.slot} {self.owner}"

@@ -108,13 +108,21 @@ class Rebalance:
     drain: tuple[str, ...] = ()
     moved: int = 0
     total: int = 0
+    #: slots per batch (0: the default, rebalance_plan.BATCH_SLOTS)
+    batch: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"drain": list(self.drain), "moved": self.moved, "total": self.total}
+        doc = {"drain": list(self.drain), "moved": self.moved, "total": self.total}
+        return {**doc, "batch": self.batch} if self.batch else doc
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Rebalance:
-        return cls(tuple(data.get("drain", ())), int(data["moved"]), int(data["total"]))
+        return cls(
+            tuple(data.get("drain", ())),
+            int(data["moved"]),
+            int(data["total"]),
+            int(data.get("batch", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from tenantkv.cluster.cluster_map import ClusterMap, Rebalance, SlotMove, SlotRa
 from tenantkv.cluster.etcd import EtcdError
 from tenantkv.cluster.membership import LostOffice, Member
 from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
-from tenantkv.cluster.rebalance_plan import drained, next_batch, slots_to_move
+from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, drained, next_batch, slots_to_move
 from tenantkv.cluster.slots import SLOTS
 from tenantkv.server.commands import Session, command
 from tenantkv.storage.slot_ops import MoveControlOp
@@ -123,8 +123,9 @@ def finish(m: ClusterMap) -> ClusterMap | None:
     return replace(m, nodes=nodes, rebalance=None, removed=removed)
 
 
-def request(m: ClusterMap, drain: tuple[str, ...]) -> ClusterMap | None:
-    """The map with a rebalance goal (``drain``: nodes to empty and remove)."""
+def request(m: ClusterMap, drain: tuple[str, ...], batch: int = 0) -> ClusterMap | None:
+    """The map with a rebalance goal (``drain``: nodes to empty and remove;
+    ``batch``: slots per batch, 0 for the default)."""
     for name in drain:
         info = m.nodes.get(name)
         if info is None:
@@ -140,7 +141,7 @@ def request(m: ClusterMap, drain: tuple[str, ...]) -> ClusterMap | None:
     total = old.moved + slots_to_move(m, goal)
     if m.rebalance is None and total == 0 and not goal:
         return None  # balanced already
-    return replace(m, rebalance=Rebalance(goal, old.moved, total))
+    return replace(m, rebalance=Rebalance(goal, old.moved, total, batch or old.batch))
 
 
 class StaleMove(Exception):
@@ -197,7 +198,7 @@ class Mover:
             with trio.move_on_after(1.0):
                 await self.member.map_event.wait()
             return
-        batch = next_batch(m, r.drain)
+        batch = next_batch(m, r.drain, r.batch or BATCH_SLOTS)
         if batch is None:
             if drained(m, r.drain):
                 await self.member.update_map(finish)
@@ -378,13 +379,13 @@ def _role(s: Session) -> Any:
     return role
 
 
-async def _to_coordinator(s: Session, drain: list[str]) -> Any:
+async def _to_coordinator(s: Session, drain: list[str], batch: int) -> Any:
     """Hand a rebalance request to the coordinator (this node, or over a peer
     session) and answer its progress."""
     role = _role(s)
     member: Member = role.member
     if member.coordinator:
-        return await _request_here(member, drain)
+        return await _request_here(member, drain, batch)
     try:
         kv = await member.etcd.get(member.settings.key("coordinator"))
     except EtcdError as exc:
@@ -393,19 +394,28 @@ async def _to_coordinator(s: Session, drain: list[str]) -> Any:
     if info is None:
         raise errors.NodeUnavailable("the cluster has no coordinator now; try again")
     async with peer_session(info, role.secret) as peer:
-        return await peer.call("rebalance_request", {"drain": drain})
+        return await peer.call("rebalance_request", {"drain": drain, "batch": batch})
 
 
-async def _request_here(member: Member, drain: list[str]) -> Any:
+async def _request_here(member: Member, drain: list[str], batch: int) -> Any:
     try:
-        new = await member.update_map(lambda m: request(m, tuple(drain)))
+        new = await member.update_map(lambda m: request(m, tuple(drain), batch))
     except (EtcdError, LostOffice) as exc:
         raise errors.NodeUnavailable(f"the map could not be written: {exc}") from None
     m = new if new is not None else member.map
     return m.progress() or {"moved": 0, "total": 0, "drain": [], "moving": []}
 
 
-@internal_command("rebalance_request", "drain")
+def _batch(p: dict[str, Any]) -> int:
+    batch = p.get("batch_slots", p.get("batch", 0))
+    if type(batch) is not int or not 0 <= batch <= rebalance_commands.MAX_MOVE_SLOTS:
+        raise errors.BadValue(
+            f"'batch_slots' must be 1 to {rebalance_commands.MAX_MOVE_SLOTS} (0: the default)"
+        )
+    return batch
+
+
+@internal_command("rebalance_request", "drain", "batch")
 async def rebalance_request(s: Session, p: dict[str, Any]) -> Any:
     drain = p.get("drain")
     if not isinstance(drain, list) or not all(isinstance(n, str) for n in drain):
@@ -413,21 +423,22 @@ async def rebalance_request(s: Session, p: dict[str, Any]) -> Any:
     member: Member = _role(s).member
     if not member.coordinator:
         raise errors.NodeUnavailable("this node is no longer the coordinator; try again")
-    return await _request_here(member, drain)
+    return await _request_here(member, drain, _batch(p))
 
 
-@command("cluster_rebalance", "admin")
+@command("cluster_rebalance", "admin", "batch_slots")
 async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: even the slots out over the nodes that are up
-    (docs/cluster.md, "Rebalance"); answers once the coordinator took it on."""
-    return await _to_coordinator(s, [])
+    (docs/cluster.md, "Rebalance"); answers once the coordinator took it on.
+    ``batch_slots``: slots moved together (default 256)."""
+    return await _to_coordinator(s, [], _batch(p))
 
 
-@command("cluster_node_remove", "admin", "name")
+@command("cluster_node_remove", "admin", "name", "batch_slots")
 async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: move every slot off node ``name``, then take
     it out of the map."""
     name = p.get("name")
     if not isinstance(name, str) or not name:
         raise errors.BadValue("'name' must be a node name")
-    return await _to_coordinator(s, [name])
+    return await _to_coordinator(s, [name], _batch(p))

@@ -44,7 +44,7 @@ PAGE_BYTES = 4 * 1024 * 1024
 #: How long a target's step (``move_copy``, ``move_catch_up``) runs at most.
 STEP_SECS = 0.5
 #: Slots one move names at most.
-MAX_MOVE_SLOTS = 1024
+MAX_MOVE_SLOTS = 4096
 
 
 def _slots(p: dict[str, Any]) -> list[int]:

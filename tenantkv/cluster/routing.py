@@ -100,6 +100,8 @@ class Router:
         self._owners: list[str | None] = []
         #: slots in a move's switch phase, by slot, in the map last seen
         self._switching: dict[int, SlotMove] = {}
+        #: nodes that own slots in the map last seen
+        self._holders: set[str] = set()
 
     def map_document(self) -> dict[str, Any]:
         """The map as the ``cluster_map`` command gives it to clients."""
@@ -151,6 +153,7 @@ class Router:
         if m is not self._map:
             self._map, self._owners = m, _owners(m)
             self._switching = {s: mv for mv in m.moves if mv.phase == "switch" for s in mv.slots()}
+            self._holders = {r.node for r in m.ranges}
         owners = self._owners
         me = member.me.name
         for slot in slots:
@@ -179,7 +182,10 @@ class Router:
         mv = self._switching.get(slot)
         if mv is not None:
             target = m.nodes.get(mv.target)
-            if resp and target is not None:
+            # -ASK only to a node that owns slots already: clients learn nodes from
+            # CLUSTER SLOTS, and redis-py fails on an -ASK to a node it never saw
+            # (a node's first batch); -TRYAGAIN then, until the map names it.
+            if resp and target is not None and mv.target in self._holders:
                 where = address(target, resp=True)
                 return AskRedirect(
                     f"slot {slot} is switching to {mv.target} at {where}",

@@ -6,6 +6,8 @@ first three; every key must then read its last acknowledged value."""
 from __future__ import annotations
 
 import threading
+import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +26,9 @@ from .test_cluster_e2e import cluster_status, create_bucket, start_nodes
 BUCKET = "rb"
 #: Keys each writer cycles over (spread over every slot range).
 KEYS = 300
+#: Slots per batch: 4 batches a move here (fewer round trips than the default 256;
+#: the data is small), still several batches and switches each way.
+BATCH = 1024
 
 
 class Writer:
@@ -37,7 +42,7 @@ class Writer:
         self.write = write
         self.acked: dict[bytes, int] = {}
         self.errors: dict[str, int] = {}
-        self.not_retryable: list[BaseException] = []
+        self.not_retryable: list[str] = []
         self.writes = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -56,7 +61,7 @@ class Writer:
                     except BaseException as exc:
                         self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
                         if not retryable(exc):
-                            self.not_retryable.append(exc)
+                            self.not_retryable.append(traceback.format_exc())
                             return
                         continue
                     self.acked[key] = n
@@ -113,6 +118,18 @@ def rebalanced(d: Daemon) -> bool:
     return m["rebalance"] is None and m["slots_assigned"] == SLOTS
 
 
+def polled(predicate: Callable[[], bool]) -> Callable[[], bool]:
+    """``predicate`` at most every 50 ms (each check logs in to a node)."""
+
+    def check() -> bool:
+        if predicate():
+            return True
+        time.sleep(0.05)
+        return False
+
+    return check
+
+
 def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
     cluster: list[Daemon], tmp_path: Path
 ) -> None:
@@ -131,23 +148,25 @@ def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
     try:
         for w in writers:
             w.thread.start()
-        wait_until(lambda: all(w.writes > KEYS for w in writers), what="a first round of writes")
+        wait_until(
+            lambda: all(w.writes > KEYS for w in writers), timeout=30, what="a round of writes"
+        )
 
         # A fourth node joins: it gets slots only from a rebalance.
         nodes = [*cluster, fourth_node(tmp_path)]
         wait_until(lambda: "n3" in slot_counts(nodes[0]), what="n3 in the map")
         assert slot_counts(nodes[0])["n3"] == 0
         with nodes[2].client() as admin:  # (any node: it goes to the coordinator)
-            started = admin.command("cluster_rebalance")
+            started = admin.command("cluster_rebalance", batch_slots=BATCH)
         assert started["total"] == SLOTS // 4
-        wait_until(lambda: rebalanced(nodes[0]), timeout=120, what="the rebalance done")
+        wait_until(polled(lambda: rebalanced(nodes[0])), timeout=120, what="the rebalance")
         assert sorted(slot_counts(nodes[0]).values()) == [4096] * 4
 
         # node-remove: all of n1's slots go to the other three, then it leaves the map.
         with nodes[0].client() as admin:
-            admin.command("cluster_node_remove", name="n1")
+            admin.command("cluster_node_remove", name="n1", batch_slots=BATCH)
         wait_until(
-            lambda: "n1" not in slot_counts(nodes[3]) and rebalanced(nodes[3]),
+            polled(lambda: "n1" not in slot_counts(nodes[3]) and rebalanced(nodes[3])),
             timeout=120,
             what="n1 removed",
         )
@@ -155,7 +174,8 @@ def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
         rounds = [w.writes for w in writers]
         wait_until(
             lambda: all(w.writes > r + KEYS for w, r in zip(writers, rounds, strict=True)),
-            what="a round of writes after the moves",
+            timeout=30,
+            what=f"writes after the moves {[(w.writes, w.errors, w.not_retryable) for w in writers]}",  # noqa: E501
         )
     finally:
         for w in writers:

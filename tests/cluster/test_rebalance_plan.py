@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
+import trio
 
 from tenantkv import errors
 from tenantkv.cluster.cluster_map import (
@@ -15,6 +17,7 @@ from tenantkv.cluster.cluster_map import (
     SlotRange,
     next_map,
 )
+from tenantkv.cluster.membership import ClusterSettings, Member
 from tenantkv.cluster.rebalance import (
     StaleMove,
     begin_move,
@@ -25,7 +28,8 @@ from tenantkv.cluster.rebalance import (
     switch_move,
 )
 from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, next_batch, plan, slots_to_move
-from tenantkv.cluster.slots import SLOTS
+from tenantkv.cluster.routing import AskRedirect, Router
+from tenantkv.cluster.slots import SLOTS, key_slot
 
 
 def live(*names: str) -> dict[str, NodeInfo]:
@@ -155,3 +159,54 @@ def test_reassign_merges_ranges() -> None:
         SlotRange(0, 14, "a"),
         SlotRange(15, 19, "b"),
     )
+
+
+# -- the door's answers while a slot moves (routing, sans-IO) -------------------------
+
+
+def moving_router(phase: str, *, target_owns: bool = True) -> tuple[Router, Router]:
+    """Routers of the source "a" and the target "b" while slots 0-99 move a -> b."""
+    ranges = (SlotRange(0, 8191, "a"), SlotRange(8192, 16383, "b"))
+    if not target_owns:
+        ranges = (SlotRange(0, 16383, "a"),)
+    nodes = {n: NodeInfo(n, "10.0.0.1", 7207 + 10 * i, 7208 + 10 * i) for i, n in enumerate("ab")}
+    m = ClusterMap(9, ranges, nodes, (SlotMove(0, 99, "a", "b", phase),))
+    out = []
+    for me in "ab":
+        member = Member(Any, ClusterSettings(("http://e",), me), nodes[me])  # type: ignore[arg-type]
+        member.map = m
+        member.lease_deadline = trio.current_time() + 10
+        out.append(Router(member))
+    return out[0], out[1]
+
+
+KEY = b"k126"  # slot 58: among the moving ones
+assert key_slot(KEY) < 100
+
+
+async def test_a_fenced_slot_refuses_writes_and_serves_reads() -> None:
+    source, _ = moving_router("copy")
+    assert source.refusal([KEY], resp=True, write=True) is None
+    source.fenced.add(key_slot(KEY))
+    refused = source.refusal([KEY], resp=True, write=True)
+    assert isinstance(refused, errors.SlotMoving) and refused.has_label(errors.RETRYABLE)
+    assert refused.redis_text().startswith("TRYAGAIN")
+    assert source.refusal([KEY], resp=True, write=False) is None  # reads go on
+
+
+async def test_a_switching_slot_asks_on_resp_and_the_target_takes_asking() -> None:
+    source, target = moving_router("switch")
+    ask = source.refusal([KEY], resp=True, write=False)
+    assert isinstance(ask, AskRedirect) and ask.redis_text() == f"ASK {key_slot(KEY)} 10.0.0.1:7218"
+    assert isinstance(source.refusal([KEY], resp=False), errors.SlotMoving)  # MessagePack
+    moved = target.refusal([KEY], resp=True)
+    assert isinstance(moved, errors.NotMyPartition) and moved.redis_text().startswith("MOVED")
+    assert target.refusal([KEY], resp=True, asking=True) is None
+    # ASKING does nothing for a slot that is not switching to this node.
+    assert isinstance(target.refusal([b"bar"], resp=True, asking=True), errors.NotMyPartition)
+
+
+async def test_no_ask_to_a_node_that_owns_no_slot_yet() -> None:
+    source, _ = moving_router("switch", target_owns=False)
+    refused = source.refusal([KEY], resp=True)
+    assert isinstance(refused, errors.SlotMoving) and refused.redis_text().startswith("TRYAGAIN")
