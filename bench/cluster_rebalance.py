@@ -153,7 +153,7 @@ def load(cc: ClusterClient, password: str, n: int, value: bytes) -> float:
     by_node: dict[Any, list[bytes]] = {}
     for i in range(n):
         k = key_of(i)
-        by_node.setdefault(cc.node_of(k), []).append(k)
+        by_node.setdefault(cc.map.node_of(k), []).append(k)
     t0 = time.perf_counter()
 
     def fill(address: Any, keys: list[bytes]) -> None:
@@ -386,6 +386,9 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
         f"writers: {wcounts.acked:,} writes acknowledged, errors {wcounts.errors}; "
         f"probe: {pcounts.acked:,} acknowledged, errors {pcounts.errors}"
     )
+    worst = _worst_pause(nodes)
+    if worst:
+        print(f"longest pause, as the coordinator logged it: {worst}")
     lost = _check(cc, args.keys, value, last)
     print(f"check: {args.keys:,} keys read back, {lost} not holding their last acknowledged value")
     if args.json:
@@ -409,6 +412,19 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
             },
         )
     return 1 if lost or wcounts.fatal or pcounts.fatal else 0
+
+
+def _worst_pause(nodes: list[Node]) -> str:
+    """The coordinator's log line of the batch with the longest write pause."""
+    worst, text = -1.0, ""
+    for node in nodes:
+        with open(os.path.join(node.dir, "log"), errors="replace") as f:
+            for line in f:
+                if "writes paused" in line:
+                    ms = float(line.split("writes paused ")[1].split(" ms")[0])
+                    if ms > worst:
+                        worst, text = ms, line.split("rebalance: ", 1)[1].strip()
+    return text
 
 
 def _check(cc: ClusterClient, n: int, value: bytes, last: dict[bytes, bytes]) -> int:

@@ -159,6 +159,7 @@ class Mover:
         self.fence_secs: list[float] = []
         self.batches = 0
         self.restarts = 0
+        self._began = 0.0
 
     def status(self) -> dict[str, Any]:
         f = sorted(self.fence_secs)
@@ -239,6 +240,7 @@ class Mover:
         switched: list[bool],
     ) -> None:
         args = {"source": mv.source, "slots": slots}
+        self._began = trio.current_time()
         await dst.call("move_reset", {"slots": slots})
         await src.call("move_track", {"slots": slots})
         cursor = None
@@ -252,17 +254,34 @@ class Mover:
             _check(done, mv)
             if done["left"] < FENCE_BELOW:
                 break
+        copied = trio.current_time()
         await src.call("move_fence", {"slots": slots})
         fenced = trio.current_time()
-        while True:
-            done = await dst.call("move_catch_up", args)
-            _check(done, mv)
-            if done["left"] == 0:
+        while True:  # (relayed here: the sessions are open)
+            taken = await src.call("move_take", {"slots": slots})
+            _check(taken, mv)
+            await dst.call("move_import", {"records": taken["records"]})
+            if taken["left"] == 0:
                 break
+        caught_up = trio.current_time()
         switched[0] = True  # (the write may succeed with its answer lost)
         await self.member.update_map(lambda c: switch_move(c, mv))
+        switching = trio.current_time()
         await self._commit(mv)
-        self.fence_secs.append(trio.current_time() - fenced)
+        done_at = trio.current_time()
+        self.fence_secs.append(done_at - copied)
+        log.info(
+            "rebalance: batch %d-%d copied in %.0f ms; writes paused %.0f ms (fence %.0f, "
+            "last catch-up %.0f, switch %.0f, new owner %.0f)",
+            mv.start,
+            mv.end,
+            (copied - self._began) * 1000,
+            (done_at - copied) * 1000,
+            (fenced - copied) * 1000,
+            (caught_up - fenced) * 1000,
+            (switching - caught_up) * 1000,
+            (done_at - switching) * 1000,
+        )
         await src.call("move_end", {"slots": slots})
 
     async def _commit(self, mv: SlotMove) -> None:

@@ -20,7 +20,9 @@ On the **target** (the node they go to), each pulling from the source:
 - ``move_copy {source, slots, cursor}``: copy pages for up to
   :data:`STEP_SECS`, then answer the cursor to continue from (None: done);
 - ``move_catch_up {source, slots}``: take the dirty keys and write their
-  state, until none are left or :data:`STEP_SECS` passed.
+  state, until none are left or :data:`STEP_SECS` passed;
+- ``move_import {records}``: write records the coordinator took from the
+  source (the last catch-up, while the slots are fenced).
 
 Each answers within about :data:`STEP_SECS` (bounded pages), so that the
 coordinator notices a lost node quickly and no connection waits long.
@@ -157,14 +159,16 @@ async def move_end(s: Session, p: dict[str, Any]) -> Any:
 
 
 async def drop_slots(node: Any, slots: list[int]) -> int:
-    """Drop every key of ``slots`` held here (batches of DROP_BATCH a commit)."""
+    """Drop every key of ``slots`` held here, DROP_BATCH keys a commit (the slots
+    that hold none cost a read, no commit)."""
+    index = node.engine.slots
+    held = [slot for slot in slots if index.keys(slot, limit=1)]
     dropped = 0
-    for slot in slots:
-        while True:
-            n = await node.write(DropSlotOp(slot))
-            dropped += n
-            if n < DROP_BATCH:
-                break
+    while held:
+        n = await node.write(DropSlotOp(held))
+        dropped += n
+        if n < DROP_BATCH:
+            break
     return dropped
 
 
@@ -204,6 +208,24 @@ async def _import(s: Session, records: list[Any]) -> int:
     if items:
         await s.node.write(ImportOp(items))
     return len(items)
+
+
+@internal_command("move_import", "records")
+async def move_import(s: Session, p: dict[str, Any]) -> Any:
+    """The number of records written: records as ``move_take`` answers them (the
+    coordinator relays the last catch-up of a fenced batch over the sessions it
+    holds, sparing the target a connection in the fence)."""
+    _index(s)
+    records = p.get("records")
+    if (
+        not isinstance(records, list)
+        or len(records) > PAGE_KEYS
+        or not all(isinstance(r, list) and len(r) == 3 for r in records)
+    ):
+        raise errors.BadValue(
+            f"'records' must be a list of up to {PAGE_KEYS} [bucket, key, record]"
+        )
+    return await _import(s, records)
 
 
 @internal_command("move_copy", "source", "slots", "cursor")

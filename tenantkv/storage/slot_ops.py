@@ -18,14 +18,15 @@ DROP_BATCH = 10_000
 
 
 class DropSlotOp(WriteOp):
-    """Delete up to :data:`DROP_BATCH` keys of ``slot`` (every bucket), with their
-    expiry and index entries. Returns how many keys went; the caller repeats
-    while that is the batch."""
+    """Delete up to :data:`DROP_BATCH` keys of ``slot`` (every bucket; a sequence:
+    of each slot in turn), with their expiry and index entries. Returns how many
+    keys went; the caller repeats while that is the batch."""
 
     exempt = True  # internal work (a slot moved away): never throttled
 
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
+    def __init__(self, slot: int | Sequence[int]) -> None:
+        self.slots = (slot,) if isinstance(slot, int) else tuple(slot)
+        self.slot = self.slots[0]
         #: (bucket, key) of each record it removed: client-side caching tells their readers
         self.removed_keys: list[tuple[str, bytes]] = []
 
@@ -42,14 +43,15 @@ class DropSlotOp(WriteOp):
     def _drop(self, w: WriteContext, index: SlotIndex) -> int:
         cur = w.txn.cursor(db=index.db)
         found: list[bytes] = []
-        for name in sorted(w.engine.buckets):  # (a dropped bucket's entries stay: skipped)
-            prefix = slot_prefix(name, self.slot)
-            if cur.set_range(prefix):
-                for item in cur.iternext(values=False):
-                    raw = bytes(item)
-                    if not raw.startswith(prefix) or len(found) >= DROP_BATCH:
-                        break
-                    found.append(raw)
+        for slot in self.slots:
+            for name in sorted(w.engine.buckets):  # (a dropped bucket's entries stay)
+                prefix = slot_prefix(name, slot)
+                if cur.set_range(prefix):
+                    for item in cur.iternext(values=False):
+                        raw = bytes(item)
+                        if not raw.startswith(prefix) or len(found) >= DROP_BATCH:
+                            break
+                        found.append(raw)
         dropped = 0
         self.removed_keys = []  # (applied again if the transaction is retried)
         for raw in found:

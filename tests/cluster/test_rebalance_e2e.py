@@ -149,7 +149,9 @@ def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
         for w in writers:
             w.thread.start()
         wait_until(
-            lambda: all(w.writes > KEYS for w in writers), timeout=30, what="a round of writes"
+            lambda: all(w.writes > KEYS for w in writers),
+            timeout=30,
+            what=f"a round of writes {[(w.writes, w.errors) for w in writers]}",
         )
 
         # A fourth node joins: it gets slots only from a rebalance.
