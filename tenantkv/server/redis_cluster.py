@@ -143,7 +143,6 @@ COMMANDS = (
 
 # COMMAND DOCS (redis-cli's hints): the table is redis_docs's; CLUSTER's line is ours.
 redis_docs.SYNTAX["cluster"] = "subcommand:string [key:string]"
-redis_docs.SYNTAX["asking"] = ""
 
 for _c in COMMANDS:
     _register(_c)
