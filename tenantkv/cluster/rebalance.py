@@ -52,7 +52,7 @@ from tenantkv.cluster.cluster_map import ClusterMap, Rebalance, SlotMove, SlotRa
 from tenantkv.cluster.etcd import EtcdError
 from tenantkv.cluster.membership import LostOffice, Member
 from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
-from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, drained, next_batch, slots_to_move
+from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, done, next_batch, slots_to_move
 from tenantkv.cluster.slots import SLOTS
 from tenantkv.server.commands import Session, command
 from tenantkv.storage.slot_ops import MoveControlOp
@@ -186,6 +186,10 @@ class Mover:
                 await trio.sleep(RETRY_SECS)
 
     async def _step(self) -> None:
+        seen = self.member.map
+        if not seen.moves and seen.rebalance is None:
+            await self.member.map_event.wait()  # (idle: nothing read from etcd)
+            return
         m, _ = await self.member.read_map()
         if m.moves:
             mv = m.moves[0]
@@ -196,16 +200,15 @@ class Mover:
             return
         r = m.rebalance
         if r is None:
-            with trio.move_on_after(1.0):
-                await self.member.map_event.wait()
             return
         batch = next_batch(m, r.drain, r.batch or BATCH_SLOTS)
         if batch is None:
-            if drained(m, r.drain):
+            if done(m, r.drain):
                 await self.member.update_map(finish)
                 log.info("rebalance: done, %d slots moved", r.moved)
-            else:  # (a node to empty holds slots no one can take now: wait)
-                await trio.sleep(RETRY_SECS)
+            else:  # (the moves left wait for a node that is down)
+                with trio.move_on_after(RETRY_SECS * 4):
+                    await self.member.map_event.wait()
             return
         if await self.member.update_map(lambda c: begin_move(c, batch)) is not None:
             await self._move(batch)

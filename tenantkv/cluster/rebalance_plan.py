@@ -4,9 +4,10 @@ The goal: every node that is up and not being removed holds an even share of
 the slots (``16384 // n``, the first ``16384 % n`` of them, by how many they
 hold now, one more), and nodes being removed (``drain``) hold none. Nodes above
 their share give their highest slots to nodes below theirs, so that every
-node's slots stay few contiguous ranges. A node that is down gives nothing (its
-data is on it alone) and takes nothing; unassigned slots are the coordinator's
-ordinary assignment, not the rebalance's.
+node's slots stay few contiguous ranges. A node that is down keeps its share
+in the count but gives nothing (its data is on it alone) and takes nothing
+until it is back: the moves it is part of wait (``movable``); unassigned slots
+are the coordinator's ordinary assignment, not the rebalance's.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from tenantkv.cluster.cluster_map import ClusterMap, SlotMove
 BATCH_SLOTS = 256
 
 
-def plan(m: ClusterMap, drain: tuple[str, ...] = ()) -> list[SlotMove]:
-    """The moves, as ranges each from one node to one, that reach the goal."""
+def plan(m: ClusterMap, drain: tuple[str, ...] = (), *, movable: bool = True) -> list[SlotMove]:
+    """The moves, as ranges each from one node to one, that reach the goal; with
+    ``movable`` only those whose nodes are both up (the others wait)."""
     owned: dict[str, list[int]] = {}
     for r in m.ranges:
         owned.setdefault(r.node, []).extend(range(r.start, r.end + 1))
-    receivers = [n for n in sorted(m.nodes) if m.nodes[n].up and n not in drain]
-    if not receivers:
+    receivers = [n for n in sorted(m.nodes) if n not in drain]
+    if not [n for n in receivers if m.nodes[n].up]:
         return []
     assigned = sum(len(v) for v in owned.values())
     share, extra = divmod(assigned, len(receivers))
@@ -36,7 +38,7 @@ def plan(m: ClusterMap, drain: tuple[str, ...] = ()) -> list[SlotMove]:
     given: list[tuple[int, str]] = []
     for node in sorted(owned):
         info = m.nodes.get(node)
-        if info is None or not info.up:
+        if info is None or (movable and not info.up):
             continue  # a down node's slots stay (its data is there alone)
         excess = len(owned[node]) - quota.get(node, 0)
         if excess > 0:
@@ -45,7 +47,7 @@ def plan(m: ClusterMap, drain: tuple[str, ...] = ()) -> list[SlotMove]:
     at = 0
     for node in receivers:
         need = quota[node] - len(owned.get(node, []))
-        if need <= 0:
+        if need <= 0 or (movable and not m.nodes[node].up):
             continue
         for slot, source in given[at : at + need]:
             last = moves[-1] if moves else None
@@ -70,9 +72,10 @@ def next_batch(
 
 
 def slots_to_move(m: ClusterMap, drain: tuple[str, ...] = ()) -> int:
-    return sum(len(mv) for mv in plan(m, drain))
+    """Slots the goal moves, those waiting for a node that is down included."""
+    return sum(len(mv) for mv in plan(m, drain, movable=False))
 
 
-def drained(m: ClusterMap, drain: tuple[str, ...]) -> bool:
-    """Do the nodes being removed hold no slot any more?"""
-    return all(m.slots_of(n) == 0 for n in drain)
+def done(m: ClusterMap, drain: tuple[str, ...]) -> bool:
+    """Is the goal reached: nothing to move, down nodes counted (their moves wait)?"""
+    return not plan(m, drain, movable=False)

@@ -207,3 +207,57 @@ def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
     cc.close()
     rc.close()
     print({w.prefix: (w.writes, w.errors) for w in writers})
+
+
+def test_a_rebalance_goes_on_after_its_coordinator_is_killed(
+    cluster: list[Daemon], tmp_path: Path
+) -> None:
+    """kill -9 of the coordinator in the middle of a rebalance (it is also a source
+    of moves): another node takes the office and resumes from the map (a move in
+    phase copy starts over, one in phase switch is finished), the killed node
+    comes back and drops what it no longer owns, and no acknowledged write is lost."""
+    wait_until(lambda: cluster_status(cluster[0])["map"]["slots_assigned"] == SLOTS)
+    create_bucket(cluster, BUCKET)
+    cc = ClusterClient(
+        cluster[0].host, cluster[0].port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET
+    )
+    writer = Writer("k", lambda k, v: cc.set(k, v))
+    nodes = [*cluster, fourth_node(tmp_path)]
+    try:
+        writer.thread.start()
+        wait_until(lambda: writer.writes > KEYS, timeout=30, what="a round of writes")
+        wait_until(lambda: "n3" in slot_counts(nodes[0]), what="n3 in the map")
+        statuses = [cluster_status(d) for d in nodes[:3]]
+        coordinator = nodes[next(i for i, s in enumerate(statuses) if s["coordinator"])]
+        others = [d for d in nodes if d is not coordinator]
+        with others[0].client() as admin:
+            admin.command("cluster_rebalance", batch_slots=128)
+
+        def some_moved() -> bool:
+            progress = cluster_status(others[0])["map"]["rebalance"]
+            return progress is not None and progress["moved"] >= 512
+
+        wait_until(polled(some_moved), timeout=60, what="a few batches moved")
+        coordinator.kill()
+        coordinator.start()  # (same data directory and name)
+        wait_until(polled(lambda: rebalanced(others[0])), timeout=120, what="the rebalance")
+        assert sorted(slot_counts(others[0]).values()) == [4096] * 4
+        done = writer.writes
+        wait_until(
+            lambda: writer.writes > done + KEYS,
+            timeout=30,
+            what=f"writes after the rebalance {writer.errors} {writer.not_retryable}",
+        )
+    finally:
+        writer.stop.set()
+        writer.thread.join(30)
+    assert not writer.not_retryable, writer.not_retryable[:3]
+    for key, n in writer.acked.items():
+        assert cc.get(key) == str(n).encode(), (key, n, key_slot(key))
+
+    def entries(d: Daemon) -> int:
+        with d.client() as c:
+            return sum(b["entries"] for b in c.list_buckets() if b["name"] == BUCKET)
+
+    wait_until(polled(lambda: sum(entries(d) for d in nodes) == KEYS), what="old copies dropped")
+    cc.close()

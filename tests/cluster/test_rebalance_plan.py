@@ -27,7 +27,7 @@ from tenantkv.cluster.rebalance import (
     request,
     switch_move,
 )
-from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, next_batch, plan, slots_to_move
+from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, done, next_batch, plan, slots_to_move
 from tenantkv.cluster.routing import AskRedirect, Router
 from tenantkv.cluster.slots import SLOTS, key_slot
 
@@ -105,7 +105,15 @@ def test_a_down_node_gives_nothing_and_cannot_be_removed() -> None:
     assert down is not None
     joined = next_map(down, live("a", "c", "d"), 1)
     assert joined is not None
-    assert all(mv.source != "b" and mv.target != "b" for mv in plan(joined))
+    moves = plan(joined)
+    assert all(mv.source != "b" and mv.target != "b" for mv in moves)
+    # b keeps its share in the count: the rest waits for it (not done).
+    assert sum(len(mv) for mv in moves) == 2 * (5461 - 4096) + 1
+    after = apply_all(joined)
+    assert after.slots_of("b") == 5461 and not done(after, ())
+    assert slots_to_move(after) == 5461 - 4096
+    back = next_map(after, live("a", "b", "c", "d"), 1)
+    assert back is not None and done(apply_all(back), ())
     with pytest.raises(errors.BadValue, match="down"):
         request(joined, ("b",))
     with pytest.raises(errors.BadValue, match="no node"):
