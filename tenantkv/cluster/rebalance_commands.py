@@ -86,6 +86,12 @@ def _records(s: Session, pairs: list[tuple[str, bytes]]) -> list[Imported]:
 async def move_track(s: Session, p: dict[str, Any]) -> Any:
     slots = _slots(p)
     _index(s)
+    router = s.node.cluster
+    assert router is not None
+    member = router.member
+    others = [slot for slot in slots if member.map.owner(slot) != member.me.name]
+    if others:
+        raise errors.BadValue(f"slots {others[:5]} are not this node's: nothing to copy here")
     await s.node.write(MoveControlOp("track", slots))
     assert s.node.cluster is not None
     s.node.cluster.fenced.difference_update(slots)
