@@ -87,6 +87,7 @@ def retryable(exc: BaseException) -> bool:
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[list[Daemon]]:
+    """Three nodes; a test appends the nodes it starts, and all are killed after."""
     nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 3)
     yield nodes
     for d in nodes:
@@ -155,7 +156,8 @@ def test_rebalance_and_node_remove_under_writes_lose_no_acknowledged_write(
         )
 
         # A fourth node joins: it gets slots only from a rebalance.
-        nodes = [*cluster, fourth_node(tmp_path)]
+        cluster.append(fourth_node(tmp_path))
+        nodes = list(cluster)
         wait_until(lambda: "n3" in slot_counts(nodes[0]), what="n3 in the map")
         assert slot_counts(nodes[0])["n3"] == 0
         with nodes[2].client() as admin:  # (any node: it goes to the coordinator)
@@ -222,7 +224,8 @@ def test_a_rebalance_goes_on_after_its_coordinator_is_killed(
         cluster[0].host, cluster[0].port, user="admin", password=ADMIN_PASSWORD, bucket=BUCKET
     )
     writer = Writer("k", lambda k, v: cc.set(k, v))
-    nodes = [*cluster, fourth_node(tmp_path)]
+    cluster.append(fourth_node(tmp_path))
+    nodes = list(cluster)
     try:
         writer.thread.start()
         wait_until(lambda: writer.writes > KEYS, timeout=30, what="a round of writes")
