@@ -492,9 +492,59 @@ def _cluster_text(doc: dict[str, Any]) -> str:
         ]
         for name, n in m["nodes"].items()
     ]
+    head += _rebalance_text(m.get("rebalance"))
     if not rows:
         return head
     return head + "\n" + fmt.table(["node", "address", "resp", "state", "slots", "ranges"], rows)
+
+
+def _rebalance_text(progress: dict[str, Any] | None) -> str:
+    """The rebalance in progress as a line with a progress bar ("" when none runs)."""
+    if not progress:
+        return ""
+    moved, total = progress["moved"], max(progress["total"], 1)
+    width = 30
+    done = min(width, width * moved // total)
+    bar = "#" * done + "." * (width - done)
+    moving = progress.get("moving") or []
+    now = ", ".join(f"slots {s}-{e} {src}->{dst} ({phase})" for s, e, src, dst, phase in moving)
+    drain = progress.get("drain") or []
+    line = f"\nrebalance [{bar}] {moved}/{progress['total']} slots moved"
+    if drain:
+        line += f", removing {', '.join(drain)}"
+    return line + (f"; moving {now}" if now else "")
+
+
+def _rebalance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-slots",
+        type=int,
+        default=0,
+        metavar="N",
+        help="slots moved together (default 256): more is faster, each batch's write "
+        "pause grows with the keys written during its last catch-up",
+    )
+
+
+def _rebalance(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    progress = c.command("cluster_rebalance", batch_slots=a.batch_slots)
+    if not progress.get("total"):
+        return Output(progress, "the slots are even over the nodes that are up: nothing to move")
+    return Output(progress, "rebalance started:" + _rebalance_text(progress))
+
+
+def _node_remove_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="the node to take out of the cluster")
+    _rebalance_args(p)
+
+
+def _node_remove(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    progress = c.command("cluster_node_remove", name=a.name, batch_slots=a.batch_slots)
+    return Output(
+        progress,
+        f"removing node {fmt.cell(a.name)!r}: its slots move to the other nodes, then it "
+        "leaves the map (follow it with cluster-status)" + _rebalance_text(progress),
+    )
 
 
 def _ping(c: tenantkv.Client, a: argparse.Namespace) -> Output:
@@ -974,6 +1024,30 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         ("tenantkv-admin cluster-status", "tenantkv-admin --json cluster-status | jq .map"),
         _no_arguments,
         _cluster_status,
+    ),
+    Subcommand(
+        "rebalance",
+        "even the slots out over the nodes that are up",
+        "Ask the cluster's coordinator to move slots so that every node that is up holds "
+        "an even share (a node that joined gets its share this way; nothing moves on its "
+        "own). Slots move in small batches, their data copied while writes go on; each "
+        "batch stops taking writes for well under a second. Answers once the coordinator "
+        "took it on; follow the progress with cluster-status (docs/cluster.md, "
+        '"Rebalance").',
+        ("tenantkv-admin rebalance", "tenantkv-admin cluster-status"),
+        _rebalance_args,
+        _rebalance,
+    ),
+    Subcommand(
+        "node-remove",
+        "move every slot off a node, then take it out of the cluster",
+        "Ask the coordinator to move all of NAME's slots to the other nodes that are up "
+        "(evened out), then take NAME out of the map; it stays out while it runs, and "
+        "may be stopped once cluster-status no longer lists it. The node must be up: "
+        "its slots' data is on it alone.",
+        ("tenantkv-admin node-remove node3",),
+        _node_remove_args,
+        _node_remove,
     ),
 )
 

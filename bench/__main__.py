@@ -24,6 +24,7 @@ from bench import (
     attack_throttle,
     cluster,
     cluster_limits,
+    cluster_rebalance,
     cpu,
     crash,
     gates,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     micro.add_parser(sub)
     workers.add_parser(sub)
     cluster.add_parser(sub)
+    cluster_rebalance.add_parser(sub)
     return parser
 
 

@@ -307,15 +307,24 @@ class NotMyPartition(ServerError, InRedisWords, code=70, labels=(RETRYABLE,)):
     fetch the cluster map (``cluster_map``) and send it there. RESP: ``MOVED``."""
 
     def __init__(
-        self, errmsg: str = "", *, slot: int = 0, owner: str = "", map_version: int = 0,
+        self,
+        errmsg: str = "",
+        *,
+        slot: int = 0,
+        owner: str = "",
+        map_version: int = 0,
         **kw: Any,
     ) -> None:
         super().__init__(errmsg, **kw)
         self.slot, self.owner, self.map_version = slot, owner, map_version
 
     def to_wire(self) -> dict[str, Any]:
-        return {**super().to_wire(), "slot": self.slot, "owner": self.owner,
-                "mapVersion": self.map_version}
+        return {
+            **super().to_wire(),
+            "slot": self.slot,
+            "owner": self.owner,
+            "mapVersion": self.map_version,
+        }
 
     def redis_text(self) -> str:
         return f"MOVED {self.slot} {self.owner}"
@@ -336,6 +345,19 @@ class NodeUnavailable(ServerError, InRedisWords, code=72, labels=(RETRYABLE,)):
 
     def redis_text(self) -> str:
         return f"CLUSTERDOWN {self.errmsg}"
+
+
+class SlotMoving(ServerError, InRedisWords):
+    """The key's slot is switching to another node (a rebalance): for well under a
+    second this node takes no write of it; the request did not run. Retry after
+    ``retryAfterMs`` (the map then names the new owner). RESP: ``TRYAGAIN``."""
+
+    code = 73
+    code_name = "SlotMoving"
+    default_labels = (RETRYABLE,)
+
+    def redis_text(self) -> str:
+        return f"TRYAGAIN {self.errmsg}"
 
 
 #: code -> class: every ServerError subclass written out above, each with its own code.

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -71,6 +71,15 @@ class Member:
         self.etcd_errors = 0
         #: called with each newer map (the role wires what must follow it)
         self.on_map: Callable[[ClusterMap], None] = lambda m: None
+        #: run while this node coordinates, cancelled when it stops (the role
+        #: wires the rebalance's mover here)
+        self.while_coordinating: Callable[[], Awaitable[None]] | None = None
+        #: the coordinator's office (key, revision won) while this node holds it
+        self._office: tuple[bytes, int] | None = None
+        #: the map update_map wrote last and its revision (None: unknown)
+        self._written: tuple[ClusterMap, int] | None = None
+        #: set (and replaced) at each newer map
+        self.map_event = trio.Event()
         self._map_seen = trio.Event()
         #: the node is stopping: a lease that ends is not renewed by a new join
         self._leaving = False
@@ -204,6 +213,8 @@ class Member:
             return
         self.map = new
         self.map_changes += 1
+        self.map_event.set()
+        self.map_event = trio.Event()
         log.info(
             "cluster map version %d: %s",
             new.version,
@@ -222,12 +233,18 @@ class Member:
                 lambda: campaign(self.etcd, office, self.me.name.encode(), self.lease)
             )
             self.coordinator = True
+            self._office = (office, won)
             log.info("node %s is the coordinator", self.me.name)
             try:
-                await self._serve_office(office, won)
-            except LostOffice as exc:
+                async with trio.open_nursery() as nursery:
+                    if self.while_coordinating is not None:
+                        nursery.start_soon(self.while_coordinating)
+                    await self._serve_office(office, won)
+            except* LostOffice as group:
                 self.coordinator = False
-                log.error("node %s: %s; campaigning again", self.me.name, exc)
+                log.error("node %s: %s; campaigning again", self.me.name, group.exceptions[0])
+            finally:
+                self._office = None
 
     async def _serve_office(self, office: bytes, won: int) -> None:
         nodes = self.settings.key("nodes") + b"/"
@@ -274,6 +291,47 @@ class Member:
                 return revision
             holder = await self.etcd.get(office)
             if holder is None or holder.mod_revision != won:
+                raise LostOffice("it no longer holds the coordinator's office")
+
+    async def read_map(self) -> tuple[ClusterMap, int]:
+        """The map as etcd holds it now, and its key's mod revision (0: none)."""
+        stored = await self.etcd.get(self.settings.key("map"))
+        if stored is None:
+            return ClusterMap(), 0
+        return ClusterMap.decode(stored.value), stored.mod_revision
+
+    async def update_map(
+        self, change: Callable[[ClusterMap], ClusterMap | None]
+    ) -> ClusterMap | None:
+        """Coordinator only: write ``change(map)`` with the version one higher, one
+        transaction on the map's revision and this node's office (read again and
+        retried when the map moved meanwhile). Returns the map written, or None
+        when ``change`` wanted none. Raises LostOffice when the office is gone."""
+        map_key = self.settings.key("map")
+        # The map this node wrote last, if it is still etcd's (the transaction
+        # checks): one round trip less per write in a move's switch.
+        known = self._written
+        while True:
+            office = self._office
+            if office is None:
+                raise LostOffice("this node is not the coordinator")
+            current, revision = known if known is not None else await self.read_map()
+            known = None
+            new = change(current)
+            if new is None:
+                return None
+            new = replace(new, version=current.version + 1)
+            result = await self.etcd.txn(
+                [Compare.mod_revision(map_key, revision), Compare.mod_revision(*office)],
+                [put_op(map_key, new.encode())],
+            )
+            if result.succeeded:
+                self._written = (new, result.revision)
+                log.info("coordinator: wrote cluster map version %d", new.version)
+                return new
+            self._written = None
+            holder = await self.etcd.get(office[0])
+            if holder is None or holder.mod_revision != office[1]:
                 raise LostOffice("it no longer holds the coordinator's office")
 
 

@@ -26,6 +26,7 @@ from tenantkv.cluster.peer import load_secret
 from tenantkv.cluster.quota_leader import QuotaLeader, QuotaOffices
 from tenantkv.cluster.quota_node import NodeQuota, limited
 from tenantkv.cluster.quota_report import peer_transport
+from tenantkv.cluster.rebalance import Mover, SlotJanitor
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -72,6 +73,10 @@ class ClusterNode(SingleProcess):
         self.quota: NodeQuota | None = None
         self.quota_offices: QuotaOffices | None = None
         self.quota_leader: QuotaLeader | None = None
+        #: the rebalance's mover (working while this node coordinates) and the
+        #: janitor dropping slots moved away (tenantkv.cluster.rebalance)
+        self.mover: Mover | None = None
+        self.janitor: SlotJanitor | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -83,12 +88,16 @@ class ClusterNode(SingleProcess):
         quota = self.quota.status() if self.quota is not None else {}
         if self.quota_leader is not None:
             quota["leading"] = self.quota_leader.status()
+        moves = self.mover.status() if self.mover is not None and self.member.coordinator else {}
+        if self.janitor is not None:
+            moves["keys_dropped"] = self.janitor.dropped
         return {
             "cluster": {
                 "joined": True,
                 **self.member.status(),
                 "metadata": metadata,
                 "quota": quota,
+                "moves": moves,
             }
         }
 
@@ -110,9 +119,15 @@ class ClusterNode(SingleProcess):
         await self._bootstrap(node)
         nursery.start_soon(node.expiry_pager.run)
         self.member = Member(etcd, self.settings, advertised(node.config, node))
+        self.mover = Mover(self.member, self.secret)
+        self.member.while_coordinating = self.mover.run
         await nursery.start(self.member.run)
         await self.member.wait_for_map()
         await self._hold_limits(node, etcd, nursery)
+        self.janitor = SlotJanitor(node, self.member)
+        await self.janitor.drop_foreign()
+        self.member.on_map = self.janitor.map_changed
+        nursery.start_soon(self.janitor.run)
         self._route(node)
 
     async def _run_etcd(

@@ -12,6 +12,13 @@ all). A refusal is cheap and early — nothing ran, so the retryable ones carry
 ``RetryableError`` — and costs the read floor per key named, as any refused
 request does.
 
+While a slot moves (tenantkv.cluster.rebalance) its source refuses its writes
+with ``SlotMoving`` (RESP ``-TRYAGAIN``) once fenced, and in the move's
+``switch`` phase answers every request of it with ``-ASK slot target`` on the
+RESP door (``SlotMoving`` on the MessagePack door: retried, the map then names
+the new owner), while the target takes a RESP request of it that follows
+``ASKING`` (a flag for the connection's next command, as in Redis Cluster).
+
 The check filters the chunk's decoded requests (:meth:`Router.route`), so it
 sees every request whatever path the executor then takes it down (runs of
 reads and writes take theirs straight from the chunk). Its cost on the path:
@@ -26,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tenantkv import errors
-from tenantkv.cluster.cluster_map import ClusterMap, NodeInfo
+from tenantkv.cluster.cluster_map import ClusterMap, NodeInfo, SlotMove
 from tenantkv.cluster.membership import Member
 from tenantkv.cluster.slots import SLOTS, key_slot
 
@@ -71,15 +78,30 @@ def address(info: NodeInfo, *, resp: bool) -> str:
     return f"{info.host}:{info.resp_port if resp else info.port}"
 
 
+class AskRedirect(errors.NotMyPartition):
+    """RESP ``-ASK slot host:port``: this one request goes to the slot's target,
+    preceded by ``ASKING`` (the slot is switching to it)."""
+
+    def redis_text(self) -> str:
+        return f"ASK {self.slot} {self.owner}"
+
+
 class Router:
     """The node's ownership check (see the module docstring)."""
 
     def __init__(self, member: Member) -> None:
         self.member = member
         self.refused = 0
+        #: slots whose writes this node refuses now (a move's fence; the writer
+        #: enforces it too, for writes routed before it)
+        self.fenced: set[int] = set()
         #: each slot's owner in the map last seen (a list lookup per key, not a search)
         self._map: ClusterMap | None = None
         self._owners: list[str | None] = []
+        #: slots in a move's switch phase, by slot, in the map last seen
+        self._switching: dict[int, SlotMove] = {}
+        #: nodes that own slots in the map last seen
+        self._holders: set[str] = set()
 
     def map_document(self) -> dict[str, Any]:
         """The map as the ``cluster_map`` command gives it to clients."""
@@ -99,19 +121,27 @@ class Router:
         for req in requests:
             if ex.user is not None:
                 cmd = commands.get(req[1])
+                asking = False
+                if resp and getattr(ex, "asking", False):
+                    ex.asking = False  # (ASKING is good for the next command only)
+                    asking = True
                 if cmd is not None and cmd.kind in DATA_KINDS:
                     keys = request_keys(req[2])
                     if keys is not None:
-                        exc = self.refusal(keys, resp=resp, write=cmd.kind == "write")
+                        exc = self.refusal(
+                            keys, resp=resp, write=cmd.kind == "write", asking=asking
+                        )
                         if exc is not None:
                             if ex.in_multi:  # not queued: EXEC answers EXECABORT
                                 ex.transaction_refused(req[1])
                             self._refuse(ex, req, exc, len(keys))
                             continue
+                elif resp and req[1] == "asking":
+                    ex.asking = True
             yield req
 
     def refusal(
-        self, keys: list[bytes], *, resp: bool, write: bool = True
+        self, keys: list[bytes], *, resp: bool, write: bool = True, asking: bool = False
     ) -> errors.ServerError | None:
         """Why this node does not serve ``keys`` now, or None when it does. Without a
         valid lease it still serves reads of its slots on the map it holds (etcd
@@ -122,17 +152,56 @@ class Router:
         member, m = self.member, self.member.map
         if m is not self._map:
             self._map, self._owners = m, _owners(m)
+            self._switching = {s: mv for mv in m.moves if mv.phase == "switch" for s in mv.slots()}
+            self._holders = {r.node for r in m.ranges}
         owners = self._owners
+        me = member.me.name
         for slot in slots:
             owner = owners[slot]
-            if owner == member.me.name:
+            if owner == me:
+                if self._switching or self.fenced:
+                    exc = self._moving(m, slot, write=write, resp=resp)
+                    if exc is not None:
+                        return exc
                 if write and not member.lease_valid():
                     return errors.NodeUnavailable(
                         f"node {owner} cannot prove it still owns slot {slot}: its cluster "
                         "lease lapsed"
                     )
                 continue
+            if asking and (mv := self._switching.get(slot)) is not None and mv.target == me:
+                continue  # (its source sent this request here with -ASK)
             return self._elsewhere(m, slot, owner, resp=resp)
+        return None
+
+    def _moving(
+        self, m: ClusterMap, slot: int, *, write: bool, resp: bool
+    ) -> errors.ServerError | None:
+        """A slot of this node's that is moving away: fenced, writes wait; switching,
+        everything goes to the target."""
+        mv = self._switching.get(slot)
+        if mv is not None:
+            target = m.nodes.get(mv.target)
+            # -ASK only to a node that owns slots already: clients learn nodes from
+            # CLUSTER SLOTS, and redis-py fails on an -ASK to a node it never saw
+            # (a node's first batch); -TRYAGAIN then, until the map names it.
+            if resp and target is not None and mv.target in self._holders:
+                where = address(target, resp=True)
+                return AskRedirect(
+                    f"slot {slot} is switching to {mv.target} at {where}",
+                    slot=slot,
+                    owner=where,
+                    map_version=m.version,
+                )
+            return errors.SlotMoving(
+                f"slot {slot} is switching to node {mv.target}; try again in a moment",
+                retry_after_ms=50,
+            )
+        if write and slot in self.fenced:
+            return errors.SlotMoving(
+                f"slot {slot} is switching to another node; try again in a moment",
+                retry_after_ms=50,
+            )
         return None
 
     @staticmethod

@@ -106,7 +106,27 @@ def _reply(enc: Encoder, v: Any) -> bytes:
     return enc.value(v)
 
 
+async def _asking(s: Any, p: dict[str, Any]) -> Any:
+    """ASKING: the connection's next command may act on a slot switching to this
+    node (the router sets and spends the flag: tenantkv.cluster.routing)."""
+    if s.node.cluster is None:
+        raise errors.BadValue("This instance has cluster support disabled")
+    return "OK"
+
+
 COMMANDS = (
+    RedisCommand(
+        "asking",
+        1,
+        "session",
+        lambda args: {},
+        _asking,
+        lambda enc, v: enc.simple(v),
+        flags=("fast",),
+        keys=(0, 0, 0),
+        summary="Cluster mode: the next command may act on a slot being moved here (after -ASK).",
+        group="cluster",
+    ),
     RedisCommand(
         "cluster",
         -2,

@@ -206,11 +206,11 @@ def _put(
     flags: int,
 ) -> int:
     """Write a record and keep the expiry index in step; returns the new CAS."""
+    if w.engine.slots is not None:  # cluster mode: the key by its slot (first: a fence)
+        w.engine.slots.added(w.txn, h.name, key)
     cas = w.next_cas()
     raw = records.encode(value, cas, expiry_ms, flags)
     w.txn.put(key, raw, db=h.db)
-    if w.engine.slots is not None:  # cluster mode: the key by its slot
-        w.engine.slots.added(w.txn, h.name, key)
     if old is not None and old.expiry_ms and old.expiry_ms != expiry_ms:
         w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
     if expiry_ms and (old is None or old.expiry_ms != expiry_ms):
@@ -274,10 +274,10 @@ def count_delete(w: WriteContext, bucket: str) -> None:
 
 
 def _delete(w: WriteContext, h: BucketHandle, key: bytes, old: Record) -> None:
+    if w.engine.slots is not None:  # (first: a fenced slot refuses)
+        w.engine.slots.deleting(w.txn, h.name, key)
     w.txn.delete(key, db=h.db)
     count_delete(w, h.name)
-    if w.engine.slots is not None:
-        w.engine.slots.removed(w.txn, h.name, key)
     if old.expiry_ms:
         w.txn.delete(records.expiry_key(old.expiry_ms, h.name, key), db=w.engine.expiry)
 

@@ -18,6 +18,17 @@ the index (its writes would no longer keep it).
 
 A bucket's drop leaves its entries behind: readers skip entries whose bucket
 or key is gone, and dropping the slot removes them.
+
+A slot moving away (tenantkv.cluster.rebalance) is also watched here, since
+every write of a key passes through :meth:`SlotIndex.added` or
+:meth:`SlotIndex.deleting` in the writer's transaction: the keys written or
+deleted since its copy began are noted (a *dirty set* per slot, bounded by
+:data:`MAX_DIRTY_KEYS`; beyond it the slot is marked overflowed and its copy
+starts again), and a *fenced* slot refuses writes with ``SlotMoving`` before
+the op changes anything. Both are changed only by ops on the writer thread
+(:class:`~tenantkv.storage.slot_ops.MoveControlOp`), so a change is ordered
+with every write: writes before it are committed when it returns, writes after
+it see it.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tenantkv import errors
 from tenantkv.cluster.slots import key_slot
 
 log = logging.getLogger("tenantkv.storage")
@@ -32,6 +44,9 @@ log = logging.getLogger("tenantkv.storage")
 SLOTS_DB = b"__slots__"
 #: In the system database while the index covers every key.
 COMPLETE_KEY = b"meta:slot_index"
+#: Keys a moving slot's dirty set holds at most; past it the slot's copy starts
+#: over (a slot written faster than it can be copied).
+MAX_DIRTY_KEYS = 100_000
 
 
 def entry(bucket: str, key: bytes) -> bytes:
@@ -54,6 +69,14 @@ class SlotIndex:
         #: the Engine (not imported: the engine imports this module)
         self.engine = engine
         self.db = db
+        #: moving slot -> (bucket, key) written or deleted since its copy began
+        self.dirty: dict[int, set[tuple[str, bytes]]] = {}
+        #: moving slots whose dirty set overflowed (their copy must start over)
+        self.overflowed: set[int] = set()
+        #: slots that refuse writes (a move's switch)
+        self.fenced: set[int] = set()
+        #: internal ops (a slot dropped or imported) pass a fence
+        self.bypass = False
 
     @classmethod
     def open(cls, engine: Any, *, enabled: bool) -> SlotIndex | None:
@@ -85,10 +108,34 @@ class SlotIndex:
     # -- the write path (in the writer's transaction) -----------------------------------
 
     def added(self, txn: Any, bucket: str, key: bytes) -> None:
-        txn.put(entry(bucket, key), b"", db=self.db)
+        """A key written (call it before the write: a fenced slot raises)."""
+        slot = key_slot(key)
+        if self.dirty or self.fenced:
+            self._moving(slot, bucket, key)
+        txn.put(slot_prefix(bucket, slot) + key, b"", db=self.db)
+
+    def deleting(self, txn: Any, bucket: str, key: bytes) -> None:
+        """A key deleted by a write (before the delete: a fenced slot raises)."""
+        if self.dirty or self.fenced:
+            self._moving(key_slot(key), bucket, key)
+        self.removed(txn, bucket, key)
 
     def removed(self, txn: Any, bucket: str, key: bytes) -> None:
+        """A key gone (expired: its copy, if moving, expires too)."""
         txn.delete(entry(bucket, key), db=self.db)
+
+    def _moving(self, slot: int, bucket: str, key: bytes) -> None:
+        if slot in self.fenced and not self.bypass:
+            raise errors.SlotMoving(
+                f"slot {slot} is switching to another node; try again in a moment",
+                retry_after_ms=50,
+            )
+        keys = self.dirty.get(slot)
+        if keys is not None and slot not in self.overflowed:
+            keys.add((bucket, key))
+            if len(keys) > MAX_DIRTY_KEYS:
+                self.overflowed.add(slot)
+                keys.clear()
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from tenantkv.server.redis_docs import SYNTAX, arguments
 #: commands that take no argument at all
 NO_ARGUMENTS = {"dbsize", "quit", "reset", "time", "randomkey"}
 NO_ARGUMENTS |= {"multi", "exec", "discard", "unwatch"}
+NO_ARGUMENTS |= {"asking"}
 
 
 def test_every_command_has_its_arguments_documented() -> None:
