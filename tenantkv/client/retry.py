@@ -474,8 +474,10 @@ class RetryState:
 
 
 def _did_not_run(exc: errors.TenantKVError) -> bool:
-    """The error guarantees the request had no effect, whatever its kind."""
-    return isinstance(exc, errors.RequestNotSent | errors.ShuttingDown)
+    """The error guarantees the request had no effect, whatever its kind. A slot
+    switching nodes (a rebalance) refuses writes for well under a second: the same
+    node then runs it or, once the map moved, says where the key went."""
+    return isinstance(exc, errors.RequestNotSent | errors.ShuttingDown | errors.SlotMoving)
 
 
 def policy_from_settings(retry_policy: RetryPolicy | None, **settings: Any) -> RetryPolicy:

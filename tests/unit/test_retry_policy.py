@@ -204,13 +204,19 @@ def test_errors_without_both_labels_are_raised_at_once(exc: BaseException) -> No
 
 @pytest.mark.parametrize("call", [GET, SET])
 @pytest.mark.parametrize(
-    "exc", [errors.ShuttingDown("restarting"), errors.RequestNotSent("broke before send")]
+    "exc",
+    [
+        errors.ShuttingDown("restarting"),
+        errors.RequestNotSent("broke before send"),
+        errors.SlotMoving("slot 7 is switching to node4", retry_after_ms=50),
+    ],
 )
 def test_a_request_that_provably_did_not_run_is_retried(
     call: Any, exc: errors.TenantKVError
 ) -> None:
     """A server restart: refused while stopping, or the connection broke before the
-    request went out. Reads and writes alike are safe to send again."""
+    request went out; or the key's slot is switching nodes (a rebalance's pause).
+    Reads and writes alike are safe to send again."""
     run = drive(RetryPolicy(random=fixed(1.0)), [exc, "ok"], call=call)
     assert run.result == "ok" and len(run.attempts) == 2
 
