@@ -279,6 +279,15 @@ def _check_bucket(h: BucketHandle) -> None:
         raise errors.BucketNotFound(f"bucket {h.name!r} was deleted")
 
 
+def _expect(live: Record | None, cas: int = 0) -> Record:
+    """The live record a write needs (with ``cas``: that version of it)."""
+    if live is None:
+        raise errors.KeyNotFound("key does not exist")
+    if cas and live.cas != cas:
+        raise errors.CasMismatch(f"cas is {live.cas}, not {cas}")
+    return live
+
+
 def expiry_from_ttl(now_ms: int, ttl: float) -> int:
     return 0 if not ttl else now_ms + int(ttl * 1000)
 
@@ -356,10 +365,8 @@ class SetOp(KeyOp):
         old, live = _stored_and_live(w, h, self.key)
         if self.mode == "add" and live is not None:
             raise errors.KeyExists("key already exists")
-        if (self.mode == "replace" or self.cas) and live is None:
-            raise errors.KeyNotFound("key does not exist")
-        if self.cas and live is not None and live.cas != self.cas:
-            raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+        if self.mode == "replace" or self.cas:
+            _expect(live, self.cas)
         cas = _put(w, h, self.key, old, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
         return {"cas": cas}
 
@@ -374,10 +381,7 @@ class DeleteOp(KeyOp):
     def apply(self, w: WriteContext) -> Any:
         h, old, live = self.read(w)
         if self.cas:
-            if live is None:
-                raise errors.KeyNotFound("key does not exist")
-            if live.cas != self.cas:
-                raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+            _expect(live, self.cas)
         if old is not None:
             _delete(w, h, self.key, old)
         if live is None:
@@ -394,9 +398,8 @@ class TouchOp(KeyOp):
     nbytes: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h, _, live = self.read(w)
-        if live is None:
-            raise errors.KeyNotFound("key does not exist")
+        h, _, stored = self.read(w)
+        live = _expect(stored)
         expiry = expiry_from_ttl(w.now_ms, self.ttl)
         cas = _put(w, h, self.key, live, live.value, expiry, live.flags)
         self.nbytes = len(self.key) + live.stored_bytes
