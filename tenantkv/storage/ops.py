@@ -305,8 +305,10 @@ class KeyOp(WriteOp):
         """(the bucket, the key's record as stored, as a reader sees it: see
         :func:`_stored_and_live`); raises if the bucket was deleted."""
         h = self.bucket
-        _check_bucket(h)
-        return (h, *_stored_and_live(w, h, self.key))
+        if h.dropped:
+            _check_bucket(h)  # raises
+        old, live = _stored_and_live(w, h, self.key)
+        return h, old, live
 
 
 @dataclass(slots=True, eq=False, init=False)
