@@ -483,43 +483,33 @@ def _fix(b: int) -> tuple[int, int, str]:
     return b & 0x1F, 0, "body"  # fixstr
 
 
+def _family(
+    first: int, kind: str, *, lengths: tuple[int, ...] = (), sizes: tuple[int, ...] = ()
+) -> dict[int, tuple[int, int, str]]:
+    """A family of MessagePack headers from ``first`` on, one per width, as the
+    specification lists them: bin 8/16/32 has a length field of 1, 2 or 4
+    bytes (``lengths``); uint 8..64 a fixed body of 1, 2, 4 or 8 (``sizes``)."""
+    widths = [(0, n) for n in lengths] + [(n, 0) for n in sizes]
+    return {first + i: (size, length, kind) for i, (size, length) in enumerate(widths)}
+
+
 #: Headers from 0xc0 on: (fixed body size, length-field bytes, kind).
 _HEADERS: dict[int, tuple[int, int, str]] = {
     0xC0: (0, 0, "scalar"),  # nil
     0xC1: (0, 0, "bad"),
-    0xC2: (0, 0, "scalar"),
+    0xC2: (0, 0, "scalar"),  # false, true
     0xC3: (0, 0, "scalar"),
-    0xC4: (0, 1, "body"),  # bin 8/16/32
-    0xC5: (0, 2, "body"),
-    0xC6: (0, 4, "body"),
-    0xC7: (0, 1, "ext"),
-    0xC8: (0, 2, "ext"),
-    0xC9: (0, 4, "ext"),
-    0xCA: (4, 0, "body"),  # float 32/64
-    0xCB: (8, 0, "body"),
-    0xCC: (1, 0, "body"),  # uint 8..64
-    0xCD: (2, 0, "body"),
-    0xCE: (4, 0, "body"),
-    0xCF: (8, 0, "body"),
-    0xD0: (1, 0, "body"),  # int 8..64
-    0xD1: (2, 0, "body"),
-    0xD2: (4, 0, "body"),
-    0xD3: (8, 0, "body"),
-    0xD4: (0, 0, "ext"),  # fixext 1..16
-    0xD5: (0, 0, "ext"),
-    0xD6: (0, 0, "ext"),
-    0xD7: (0, 0, "ext"),
-    0xD8: (0, 0, "ext"),
-    0xD9: (0, 1, "body"),  # str 8/16/32
-    0xDA: (0, 2, "body"),
-    0xDB: (0, 4, "body"),
-    0xDC: (0, 2, "container"),  # array 16/32
-    0xDD: (0, 4, "container"),
-    0xDE: (0, 2, "container"),  # map 16/32
-    0xDF: (0, 4, "container"),
+    **_family(0xC4, "body", lengths=(1, 2, 4)),  # bin 8/16/32
+    **_family(0xC7, "ext", lengths=(1, 2, 4)),  # ext 8/16/32
+    **_family(0xCA, "body", sizes=(4, 8)),  # float 32/64
+    **_family(0xCC, "body", sizes=(1, 2, 4, 8)),  # uint 8..64
+    **_family(0xD0, "body", sizes=(1, 2, 4, 8)),  # int 8..64
+    **_family(0xD4, "ext", sizes=(0, 0, 0, 0, 0)),  # fixext 1..16 (refused unread)
+    **_family(0xD9, "body", lengths=(1, 2, 4)),  # str 8/16/32
+    **_family(0xDC, "container", lengths=(2, 4)),  # array 16/32
+    **_family(0xDE, "container", lengths=(2, 4)),  # map 16/32
+    **{b: (0, 0, "scalar") for b in range(0xE0, 0x100)},  # negative fixint
 }
-for _b in range(0xE0, 0x100):
-    _HEADERS[_b] = (0, 0, "scalar")  # negative fixint
 
 
 _packer = msgpack.Packer(use_bin_type=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
@@ -64,6 +64,8 @@ class AsyncClusterClient(Protocol):
 
     async def node_client(self, address: Address) -> AsyncClient: ...
 
+
+C = TypeVar("C")
 
 #: Each node's batch: (the call's place in the pipeline, the part of it the node gets).
 Batches = dict[Address | None, list[tuple[int, Part]]]
@@ -115,43 +117,78 @@ def no_node(batch: list[tuple[int, Part]]) -> list[Any]:
     ]
 
 
-def first_error(results: list[Any]) -> BaseException | None:
-    return next((r for r in results if isinstance(r, BaseException)), None)
+def lost(address: Address, exc: errors.TenantKVError, n: int) -> list[Any]:
+    """The answers of a batch of ``n`` calls that a node's connection could not
+    take: unreachable (not sent) or the error itself (a login refused, say) in
+    every call's place."""
+    if isinstance(exc, errors.ConnectFailed):
+        return [unreachable(address, exc)] * n
+    exc.__traceback__ = None
+    return [exc] * n
 
 
-class ClusterPipeline(Commands):
+class _Queued(Commands, Generic[C]):
+    """What both pipelines share, all of it sans-IO: the queue, and the rounds of
+    an ``execute`` — plan the calls left by the map, settle the nodes' answers,
+    go again by a newer map for the calls refused. Only how a round's batches
+    are sent differs: one node after another, or all at once on Trio."""
+
+    def __init__(self, client: C, *, raise_on_error: bool = True) -> None:
+        self._client = client
+        self._calls: list[Call[Any]] = []
+        self.raise_on_error = raise_on_error
+        self.results: list[Any] = []
+        #: the execute under way: its calls, their results, the places still to send
+        self._sent: list[Call[Any]] = []
+        self._results: list[Any] = []
+        self._todo: list[int] = []
+        self._by_node: Batches = {}
+
+    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> None:
+        self._calls.append(call)  # queued calls share the timeout given to execute()
+
+    def _begin(self) -> None:
+        """Take the queue: every call still to send."""
+        self._sent, self._calls = self._calls, []
+        self._results = [None] * len(self._sent)
+        self._todo = list(range(len(self._sent)))
+
+    def _plan(self, slot_map: SlotMap, seed: Address) -> Batches:
+        """This round's batch for each node: the calls left, by ``slot_map``."""
+        self._by_node = batches(self._sent, self._todo, slot_map, seed)
+        return self._by_node
+
+    def _settle(self, answers: dict[Address | None, list[Any]]) -> bool:
+        """The round's answers in place; whether every call is answered (else the
+        refused go again, by a newer map)."""
+        self._todo = settle(self._by_node, answers, self._results)
+        return not self._todo
+
+    def _end(self) -> list[Any]:
+        """The results, in the order queued; the first error raised if asked."""
+        self.results = results = self._results
+        error = next((r for r in results if isinstance(r, BaseException)), None)
+        if error is not None and self.raise_on_error:
+            raise error
+        return results
+
+
+class ClusterPipeline(_Queued["ClusterClient"]):
     """Queues commands; ``execute()`` sends each node its part in one batch and
     returns the results in the order queued. ``raise_on_error`` as in
     :class:`~tenantkv.client.sync_client.Pipeline`: the first failed command's
     error is raised after every answer is in (else ``results`` holds it)."""
 
-    def __init__(self, client: ClusterClient, *, raise_on_error: bool = True) -> None:
-        self._client = client
-        self._calls: list[Call[Any]] = []
-        self.raise_on_error = raise_on_error
-        self.results: list[Any] = []
-
-    def _execute(self, call: Call[Any], op_timeout: float | None = None) -> None:
-        self._calls.append(call)  # queued calls share the timeout given to execute()
-
     def execute(self, timeout: float | None = None) -> list[Any]:
         cc = self._client
-        calls, self._calls = self._calls, []
-        results: list[Any] = [None] * len(calls)
-        todo: list[int] = list(range(len(calls)))
+        self._begin()
         for redirects in range(cc.max_redirects + 1):
             if redirects:
                 cc.refresh_map()  # the refused calls did not run: resend by the new map
-            by_node = batches(calls, todo, cc.map, cc.seed)
-            answers = {a: self._send(a, batch, timeout) for a, batch in by_node.items()}
-            todo = settle(by_node, answers, results)
-            if not todo:
+            by_node = self._plan(cc.map, cc.seed)
+            if self._settle({a: self._send(a, batch, timeout) for a, batch in by_node.items()}):
                 break
-        self.results = results
-        error = first_error(results)
-        if error is not None and self.raise_on_error:
-            raise error
-        return results
+        return self._end()
 
     def _send(
         self, address: Address | None, batch: list[tuple[int, Part]], timeout: float | None
@@ -166,11 +203,8 @@ class ClusterPipeline(Commands):
             for _, (_, call, _) in batch:
                 pipe._execute(call)
             return pipe.execute(timeout)
-        except errors.ConnectFailed as exc:
-            return [unreachable(address, exc)] * len(batch)
         except errors.TenantKVError as exc:
-            exc.__traceback__ = None
-            return [exc] * len(batch)
+            return lost(address, exc, len(batch))
 
     def __enter__(self) -> ClusterPipeline:
         return self
@@ -180,43 +214,27 @@ class ClusterPipeline(Commands):
             self.execute()
 
 
-class AsyncClusterPipeline(Commands):
+class AsyncClusterPipeline(_Queued["AsyncClusterClient"]):
     """:class:`ClusterPipeline` on Trio: queue commands (no ``await``), then
     ``await p.execute()`` (``op_timeout``: each call's timeout), or ``async
     with`` (executes on exit). The nodes' batches go out at once, each on its
     node's connection."""
 
-    def __init__(self, client: AsyncClusterClient, *, raise_on_error: bool = True) -> None:
-        self._client = client
-        self._calls: list[Call[Any]] = []
-        self.raise_on_error = raise_on_error
-        self.results: list[Any] = []
-
-    def _execute(self, call: Call[Any], op_op_timeout: float | None = None) -> None:
-        self._calls.append(call)
-
     async def execute(self, op_timeout: float | None = None) -> list[Any]:
         cc = self._client
-        calls, self._calls = self._calls, []
-        results: list[Any] = [None] * len(calls)
-        todo: list[int] = list(range(len(calls)))
+        self._begin()
         for redirects in range(cc.max_redirects + 1):
             if redirects:
                 await cc.refresh_map()
             assert cc.map is not None, "use AsyncClusterClient in async with"
-            by_node = batches(calls, todo, cc.map, cc.seed)
+            by_node = self._plan(cc.map, cc.seed)
             answers: dict[Address | None, list[Any]] = {}
             async with trio.open_nursery() as nursery:
                 for address, batch in by_node.items():
                     nursery.start_soon(self._send, address, batch, op_timeout, answers)
-            todo = settle(by_node, answers, results)
-            if not todo:
+            if self._settle(answers):
                 break
-        self.results = results
-        error = first_error(results)
-        if error is not None and self.raise_on_error:
-            raise error
-        return results
+        return self._end()
 
     async def _send(
         self,
@@ -232,11 +250,8 @@ class AsyncClusterPipeline(Commands):
             node = await self._client.node_client(address)
             calls = [part[1] for _, part in batch]
             answers[address] = await send_batch(node, calls, op_timeout)
-        except errors.ConnectFailed as exc:
-            answers[address] = [unreachable(address, exc)] * len(batch)
-        except errors.TenantKVError as exc:  # (a login refused, say): every call of the node's
-            exc.__traceback__ = None
-            answers[address] = [exc] * len(batch)
+        except errors.TenantKVError as exc:
+            answers[address] = lost(address, exc, len(batch))
 
     async def __aenter__(self) -> AsyncClusterPipeline:
         return self

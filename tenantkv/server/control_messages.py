@@ -120,7 +120,8 @@ class Call(ControlMessage, Generic[R]):
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         for base in cls.__dict__.get("__orig_bases__", ()):
-            if get_origin(base) is Call:
+            origin = get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Call):
                 cls.REPLY = get_args(base)[0]
 
 
@@ -256,12 +257,17 @@ class LoginBeginReply(Reply):
     known: bool = False
 
 
-class LoginBegin(Call[LoginBeginReply], type="login_begin", sender=WORKER):
-    """the node's login limiter: may this login be verified now"""
+class _LoginStep(Call[R]):
+    """A step of one login through the node's login limiter (its fields first)."""
 
     login: int
     source: str
     user: str | None
+
+
+class LoginBegin(_LoginStep[LoginBeginReply], type="login_begin", sender=WORKER):
+    """the node's login limiter: may this login be verified now"""
+
     cached: bool
     settings: list[float]
 
@@ -271,12 +277,9 @@ class LoginEndReply(Reply):
     limited: bool = False
 
 
-class LoginEnd(Call[LoginEndReply], type="login_end", sender=WORKER):
+class LoginEnd(_LoginStep[LoginEndReply], type="login_end", sender=WORKER):
     """a login's outcome; answered with how long to hold a failure"""
 
-    login: int
-    source: str
-    user: str | None
     ok: bool
     settings: list[float]
 

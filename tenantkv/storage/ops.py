@@ -175,16 +175,8 @@ def _plain_sets(w: WriteContext, ops: list[WriteOp]) -> list[Any] | None:
     return [op.plain_result(c) for op, c in zip(sets, cas, strict=True)]
 
 
-def _live(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
-    raw = w.txn.get(key, None, h.db)  # (key, default, db): positional is ~60 ns cheaper
-    if raw is None:
-        return None
-    rec = records.decode(raw)
-    return rec if rec.live(w.now_ms) else None
-
-
 def _stored(w: WriteContext, h: BucketHandle, key: bytes) -> Record | None:
-    raw = w.txn.get(key, None, h.db)
+    raw = w.txn.get(key, None, h.db)  # (key, default, db): positional is ~60 ns cheaper
     return None if raw is None else records.decode(raw)
 
 
@@ -287,14 +279,42 @@ def _check_bucket(h: BucketHandle) -> None:
         raise errors.BucketNotFound(f"bucket {h.name!r} was deleted")
 
 
+def _expect(live: Record | None, cas: int = 0) -> Record:
+    """The live record a write needs (with ``cas``: that version of it)."""
+    if live is None:
+        raise errors.KeyNotFound("key does not exist")
+    if cas and live.cas != cas:
+        raise errors.CasMismatch(f"cas is {live.cas}, not {cas}")
+    return live
+
+
 def expiry_from_ttl(now_ms: int, ttl: float) -> int:
     return 0 if not ttl else now_ms + int(ttl * 1000)
 
 
-@dataclass(slots=True, eq=False, init=False)
-class SetOp(WriteOp):
+@dataclass(slots=True, eq=False)
+class KeyOp(WriteOp):
+    """Base of the ops on one key of one bucket: their first two fields (first on
+    the wire too: a subclass's own fields follow them) and the read that opens
+    their ``apply``."""
+
     bucket: BucketHandle
     key: bytes
+
+    def read(self, w: WriteContext) -> tuple[BucketHandle, Record | None, Record | None]:
+        """(the bucket, the key's record as stored, as a reader sees it: see
+        :func:`_stored_and_live`); raises if the bucket was deleted."""
+        h = self.bucket
+        if h.dropped:
+            _check_bucket(h)  # raises
+        old, live = _stored_and_live(w, h, self.key)
+        return h, old, live
+
+
+@dataclass(slots=True, eq=False, init=False)
+class SetOp(KeyOp):
+    """``set`` (``add``, ``replace``, with ``cas``: only over that version): its CAS."""
+
     value: bytes
     ttl: float = 0
     flags: int = 0
@@ -344,34 +364,26 @@ class SetOp(WriteOp):
             expiry_ms = expiry_from_ttl(w.now_ms, self.ttl) if self.ttl else 0
             cas = upsert(w, h, self.key, self.value, expiry_ms, self.flags, need_old=False)[0]
             return {"cas": cas}
-        old = _stored(w, h, self.key)
-        live = old if old is not None and old.live(w.now_ms) else None
+        old, live = _stored_and_live(w, h, self.key)
         if self.mode == "add" and live is not None:
             raise errors.KeyExists("key already exists")
-        if (self.mode == "replace" or self.cas) and live is None:
-            raise errors.KeyNotFound("key does not exist")
-        if self.cas and live is not None and live.cas != self.cas:
-            raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+        if self.mode == "replace" or self.cas:
+            _expect(live, self.cas)
         cas = _put(w, h, self.key, old, self.value, expiry_from_ttl(w.now_ms, self.ttl), self.flags)
         return {"cas": cas}
 
 
 @dataclass(slots=True, eq=False)
-class DeleteOp(WriteOp):
-    bucket: BucketHandle
-    key: bytes
+class DeleteOp(KeyOp):
+    """``delete`` (with ``cas``: only that version): whether a live record was deleted."""
+
     cas: int = 0
     nbytes: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
+        h, old, live = self.read(w)
         if self.cas:
-            if live is None:
-                raise errors.KeyNotFound("key does not exist")
-            if live.cas != self.cas:
-                raise errors.CasMismatch(f"cas is {live.cas}, not {self.cas}")
+            _expect(live, self.cas)
         if old is not None:
             _delete(w, h, self.key, old)
         if live is None:
@@ -381,36 +393,33 @@ class DeleteOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class TouchOp(WriteOp):
-    bucket: BucketHandle
-    key: bytes
+class TouchOp(KeyOp):
+    """``touch``: a live record's expiry set anew (``ttl`` 0: none); its new CAS."""
+
     ttl: float = 0
     nbytes: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old = _live(w, h, self.key)
-        if old is None:
-            raise errors.KeyNotFound("key does not exist")
-        cas = _put(w, h, self.key, old, old.value, expiry_from_ttl(w.now_ms, self.ttl), old.flags)
-        self.nbytes = len(self.key) + old.stored_bytes
+        h, _, stored = self.read(w)
+        live = _expect(stored)
+        expiry = expiry_from_ttl(w.now_ms, self.ttl)
+        cas = _put(w, h, self.key, live, live.value, expiry, live.flags)
+        self.nbytes = len(self.key) + live.stored_bytes
         return {"cas": cas}
 
 
 @dataclass(slots=True, eq=False)
-class CounterOp(WriteOp):
-    bucket: BucketHandle
-    key: bytes
+class CounterOp(KeyOp):
+    """``incr`` / ``decr``: a missing key starts at ``initial`` (refused if
+    None) with ``ttl``; an existing one keeps its expiry and flags."""
+
     delta: int
     initial: int | None = None
     ttl: float = 0
     nbytes: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
+        h, old, live = self.read(w)
         if live is None:
             if self.initial is None:
                 raise errors.KeyNotFound("key does not exist and no initial value was given")

@@ -21,6 +21,7 @@ from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import (
     INT64_MAX,
     INT64_MIN,
+    KeyOp,
     WriteContext,
     WriteOp,
     _check_bucket,
@@ -90,24 +91,20 @@ def _write(
     return len(key) + records.HEADER_BYTES + len(value)
 
 
-class ValueRewriteOp(WriteOp):
+class ValueRewriteOp(KeyOp):
     """Base of the ops that rewrite one key's value, its expiry and flags kept
     (INCR, APPEND, SETRANGE, SETBIT, INCRBYFLOAT, BITFIELD): ``apply`` reads the
     live value (None: no key), asks :meth:`rewrite` for the new value and the
     answer, and writes the new value unless it is None."""
 
     __slots__ = ()
-    bucket: BucketHandle
-    key: bytes
 
     def rewrite(self, current: bytes | None) -> tuple[bytes | None, Any]:
         """(the new value or None to write nothing, the answer); raises to refuse."""
         raise NotImplementedError
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
+        h, old, live = self.read(w)
         data, answer = self.rewrite(None if live is None else live.value)
         if data is not None:
             self.nbytes = _write(w, h, self.key, old, data, KEEP.at(w.now_ms, live))
@@ -115,12 +112,10 @@ class ValueRewriteOp(WriteOp):
 
 
 @dataclass(slots=True, eq=False)
-class StringSetOp(WriteOp):
+class StringSetOp(KeyOp):
     """SET with NX / XX, an expiry and GET; SETNX, SETEX, PSETEX and GETSET are its
     spellings. Returns ``(written, old value or None)``."""
 
-    bucket: BucketHandle
-    key: bytes
     value: bytes
     expiry: Expiry = CLEAR
     only: Literal["", "nx", "xx"] = ""
@@ -224,11 +219,11 @@ class MultiDeleteOp(WriteOp):
         return deleted
 
 
-class _AnswersValue(WriteOp):
+class _AnswersValue(KeyOp):
     """An op on ``key`` whose answer is the value it read (GETDEL, GETEX): held as
     the write is (``reply_hint``)."""
 
-    key: bytes
+    __slots__ = ()
 
     @property
     def size_hint(self) -> int:  # type: ignore[override]
@@ -239,8 +234,6 @@ class _AnswersValue(WriteOp):
 class GetDelOp(_AnswersValue):
     """GETDEL: the value, deleted; None if there was none."""
 
-    bucket: BucketHandle
-    key: bytes
     nbytes: int = 0
     reply_hint: int = 0
 
@@ -258,16 +251,12 @@ class GetDelOp(_AnswersValue):
 class GetExOp(_AnswersValue):
     """GETEX with an option: the value, its expiry changed (``clear``: PERSIST)."""
 
-    bucket: BucketHandle
-    key: bytes
     expiry: Expiry
     nbytes: int = 0
     reply_hint: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
+        h, old, live = self.read(w)
         if live is None:
             return None
         self.nbytes = _write(w, h, self.key, old, live.value, self.expiry.at(w.now_ms, live))
@@ -275,21 +264,17 @@ class GetExOp(_AnswersValue):
 
 
 @dataclass(slots=True, eq=False)
-class ExpireOp(WriteOp):
+class ExpireOp(KeyOp):
     """EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (with NX / XX / GT / LT) and PERSIST
     (``expiry`` clear). Returns 1 if the expiry was changed, else 0."""
 
-    bucket: BucketHandle
-    key: bytes
     expiry: Expiry
     #: the conditions given (``nx``, ``xx``, ``gt``, ``lt``); all must hold
     only: frozenset[str] = frozenset()
     nbytes: int = 0
 
     def apply(self, w: WriteContext) -> Any:
-        h = self.bucket
-        _check_bucket(h)
-        old, live = _stored_and_live(w, h, self.key)
+        h, old, live = self.read(w)
         if live is None:
             return 0
         new = self.expiry.at(w.now_ms, live)
@@ -314,8 +299,6 @@ class ExpireOp(WriteOp):
 class IncrByOp(ValueRewriteOp):
     """INCR, INCRBY, DECR, DECRBY: a missing key counts as 0; the expiry is kept."""
 
-    bucket: BucketHandle
-    key: bytes
     delta: int
     nbytes: int = 0
 
@@ -336,8 +319,6 @@ class IncrByOp(ValueRewriteOp):
 class AppendOp(ValueRewriteOp):
     """APPEND: the length of the value after appending (a missing key starts empty)."""
 
-    bucket: BucketHandle
-    key: bytes
     value: bytes
     max_value_bytes: int
     nbytes: int = 0

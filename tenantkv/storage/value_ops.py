@@ -46,8 +46,6 @@ def _bounded(data: bytes, limit: int) -> bytes:
 class SetRangeOp(ValueRewriteOp):
     """SETRANGE: the value's length after writing ``value`` at ``offset``."""
 
-    bucket: BucketHandle
-    key: bytes
     offset: int
     value: bytes
     max_value_bytes: int
@@ -72,8 +70,6 @@ class SetRangeOp(ValueRewriteOp):
 class SetBitOp(ValueRewriteOp):
     """SETBIT: the bit's previous value (the value grows, zero-padded)."""
 
-    bucket: BucketHandle
-    key: bytes
     offset: int
     bit: int
     reply_hint: int = 0
@@ -92,8 +88,6 @@ class SetBitOp(ValueRewriteOp):
 class IncrByFloatOp(ValueRewriteOp):
     """INCRBYFLOAT: the new value as Redis formats it; the expiry is kept."""
 
-    bucket: BucketHandle
-    key: bytes
     incr: bytes
     nbytes: int = 0
 
@@ -201,8 +195,6 @@ class BitFieldOp(ValueRewriteOp):
     the farthest bit written (even when OVERFLOW FAIL refused the write, as
     Redis grows it first). ``fops`` are :data:`bit_ops.FieldOp` as lists."""
 
-    bucket: BucketHandle
-    key: bytes
     fops: list[list[Any]]
     reply_hint: int = 0
     nbytes: int = 0
