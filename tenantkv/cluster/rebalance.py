@@ -54,7 +54,7 @@ from tenantkv.cluster.membership import LostOffice, Member
 from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
 from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, done, next_batch, slots_to_move
 from tenantkv.cluster.slots import SLOTS
-from tenantkv.server.commands import Session, command
+from tenantkv.server.commands import Session
 from tenantkv.storage.slot_ops import MoveControlOp
 
 log = logging.getLogger("tenantkv.cluster")
@@ -448,7 +448,6 @@ async def rebalance_request(s: Session, p: dict[str, Any]) -> Any:
     return await _request_here(member, drain, _batch(p))
 
 
-@command("cluster_rebalance", "admin", "batch_slots")
 async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: even the slots out over the nodes that are up
     (docs/cluster.md, "Rebalance"); answers once the coordinator took it on.
@@ -456,7 +455,6 @@ async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
     return await _to_coordinator(s, [], _batch(p))
 
 
-@command("cluster_node_remove", "admin", "name", "batch_slots")
 async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: move every slot off node ``name``, then take
     it out of the map."""

@@ -388,6 +388,26 @@ async def cluster_map(s: Session, p: dict[str, Any]) -> Any:
 # -- admin ----------------------------------------------------------------------------
 
 
+# Registered here, run there: every node knows the commands (a node in no cluster
+# answers BadValue), and the cluster package is imported only where it is used.
+@command("cluster_rebalance", "admin", "batch_slots")
+async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
+    """{moved, total, drain, moving}: even the slots out over the nodes that are up
+    (docs/cluster.md, "Rebalance"); answers once the coordinator took it on."""
+    from tenantkv.cluster import rebalance
+
+    return await rebalance.cluster_rebalance(s, p)
+
+
+@command("cluster_node_remove", "admin", "name", "batch_slots")
+async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
+    """{moved, total, drain, moving}: move every slot off node ``name``, then take
+    it out of the map."""
+    from tenantkv.cluster import rebalance
+
+    return await rebalance.cluster_node_remove(s, p)
+
+
 @command("create_bucket", "admin", "name", "reserved", "hard_limit")
 async def create_bucket(s: Session, p: dict[str, Any]) -> Any:
     """{name, reserved, hard_limit}. Throttle limits default to the node defaults."""
