@@ -281,9 +281,7 @@ class WritePermits:
     Methods that can free permits return the waiters to wake.
     """
 
-    def __init__(
-        self, clock: Callable[[], float], settings: PermitSettings | None = None
-    ) -> None:
+    def __init__(self, clock: Callable[[], float], settings: PermitSettings | None = None) -> None:
         self._clock = clock
         self.settings = settings or PermitSettings()
         self._capacity = self.settings.max_capacity  # no backlog is known yet

@@ -26,7 +26,7 @@ from tenantkv.cluster.peer import load_secret
 from tenantkv.cluster.quota_leader import QuotaLeader, QuotaOffices
 from tenantkv.cluster.quota_node import NodeQuota, limited
 from tenantkv.cluster.quota_report import peer_transport
-from tenantkv.cluster.rebalance import Mover, SlotJanitor
+from tenantkv.cluster.rebalance import Mover, SlotJanitor, move_slots
 from tenantkv.cluster.routing import Router
 from tenantkv.config import Config
 from tenantkv.server.node import Node
@@ -179,6 +179,9 @@ class ClusterNode(SingleProcess):
         """From now on the node serves only the keys of its own slots."""
         assert self.member is not None
         node.cluster = Router(self.member)
+
+    async def move_slots(self, session: Any, drain: list[str], params: dict[str, Any]) -> Any:
+        return await move_slots(session, drain, params)
 
     async def drain(self, node: Node) -> None:
         if self.member is not None:

@@ -448,17 +448,10 @@ async def rebalance_request(s: Session, p: dict[str, Any]) -> Any:
     return await _request_here(member, drain, _batch(p))
 
 
-async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
-    """{moved, total, drain, moving}: even the slots out over the nodes that are up
-    (docs/cluster.md, "Rebalance"); answers once the coordinator took it on.
-    ``batch_slots``: slots moved together (default 256)."""
-    return await _to_coordinator(s, [], _batch(p))
-
-
-async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
-    """{moved, total, drain, moving}: move every slot off node ``name``, then take
-    it out of the map."""
-    name = p.get("name")
-    if not isinstance(name, str) or not name:
-        raise errors.BadValue("'name' must be a node name")
-    return await _to_coordinator(s, [name], _batch(p))
+async def move_slots(s: Session, drain: list[str], p: dict[str, Any]) -> Any:
+    """{moved, total, drain, moving}: the admin commands ``cluster_rebalance`` (no
+    ``drain``: even the slots out over the nodes that are up) and
+    ``cluster_node_remove`` (move every slot off the drained node, then take it out
+    of the map); answers once the coordinator took it on (docs/cluster.md,
+    "Rebalance"). ``batch_slots``: slots moved together (default 256)."""
+    return await _to_coordinator(s, drain, _batch(p))

@@ -388,24 +388,21 @@ async def cluster_map(s: Session, p: dict[str, Any]) -> Any:
 # -- admin ----------------------------------------------------------------------------
 
 
-# Registered here, run there: every node knows the commands (a node in no cluster
-# answers BadValue), and the cluster package is imported only where it is used.
 @command("cluster_rebalance", "admin", "batch_slots")
 async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: even the slots out over the nodes that are up
-    (docs/cluster.md, "Rebalance"); answers once the coordinator took it on."""
-    from tenantkv.cluster import rebalance
-
-    return await rebalance.cluster_rebalance(s, p)
+    (docs/cluster.md, "Rebalance"); a node in no cluster answers BadValue."""
+    return await s.node.role.move_slots(s, [], p)
 
 
 @command("cluster_node_remove", "admin", "name", "batch_slots")
 async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: move every slot off node ``name``, then take
     it out of the map."""
-    from tenantkv.cluster import rebalance
-
-    return await rebalance.cluster_node_remove(s, p)
+    name = p.get("name")
+    if not isinstance(name, str) or not name:
+        raise errors.BadValue("'name' must be a node name")
+    return await s.node.role.move_slots(s, [name], p)
 
 
 @command("create_bucket", "admin", "name", "reserved", "hard_limit")

@@ -106,6 +106,10 @@ class Role(Protocol):
         """``server_status``: the node's document."""
         ...
 
+    async def move_slots(self, session: Any, drain: list[str], params: dict[str, Any]) -> Any:
+        """Rebalance the cluster's slots (``drain``: nodes to empty): cluster roles."""
+        ...
+
     async def drain(self, node: Node) -> None:
         """After the sessions: what must be answered before storage closes."""
         ...

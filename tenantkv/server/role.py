@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from tenantkv import errors
 from tenantkv.admission.connection_table import Admission
 from tenantkv.admission.gate import ParameterTable
 from tenantkv.config import Config
@@ -106,6 +107,10 @@ class SingleProcess:
         from tenantkv.server.status import status_document
 
         return status_document(node)
+
+    async def move_slots(self, session: Any, drain: list[str], params: dict[str, Any]) -> Any:
+        """A rebalance or a node's removal: cluster roles only."""
+        raise errors.BadValue("this node is in no cluster")
 
     async def drain(self, node: Node) -> None:
         """The local writer is drained when it stops (Node.stop_writer)."""

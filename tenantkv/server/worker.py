@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgpack
 import trio
 
+from tenantkv import errors
 from tenantkv.admission.connection_table import Admission
 from tenantkv.admission.gate import ParameterTable
 from tenantkv.admission.quota_lease import BucketLease, lease_from_wire, usage_to_wire
@@ -167,6 +168,10 @@ class WorkerLink:
 
     async def status(self, node: Node) -> dict[str, Any]:
         return await self.node_status()
+
+    async def move_slots(self, session: Any, drain: list[str], params: dict[str, Any]) -> Any:
+        """A rebalance: cluster nodes only (a cluster node has no workers)."""
+        raise errors.BadValue("this node is in no cluster")
 
     async def drain(self, node: Node) -> None:
         """Writes still waiting for the node's writer get their answers before the
