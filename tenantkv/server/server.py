@@ -40,6 +40,7 @@ from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.node import Announcement, Node, Role
 from tenantkv.server.role import ListenError, SingleProcess
+from tenantkv.server.status import gc_frozen
 from tenantkv.storage.engine import Engine
 
 __all__ = ["ListenError", "Server", "TLSConfigError", "open_engine", "server_ssl_context"]
@@ -201,6 +202,7 @@ class Server:
                     await role.announce(node, where, ready_file)
                     if self._freeze_gc:
                         gc.freeze()
+                        gc_frozen()
                         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
                     task_status.started(self)
                     await self._stop.wait()
