@@ -447,7 +447,10 @@ class Supervisor:
                     with contextlib.suppress(trio.RunFinishedError):
                         self._token.run_sync_soon(
                             trio.lowlevel.spawn_system_task,
-                            partial(self._answer_on_loop, w, decoded, batch, result, error, answer),
+                            self._answer_on_loop,
+                            w,
+                            partial(self._write_answer, w, decoded, batch, result, error),
+                            answer,
                         )
                 return
             answer(self._write_reply(decoded, batch, result, error).to_wire())
@@ -457,15 +460,13 @@ class Supervisor:
     async def _answer_on_loop(
         self,
         w: _Worker,
-        decoded: list[WriteOp],
-        batch: RemoteBatchOp,
-        result: Any,
-        error: BaseException | None,
+        reply: Callable[[], Awaitable[m.WriteReply]],
         answer: Callable[[dict[str, Any]], None],
     ) -> None:
+        """Send the write link's answer that :meth:`_write_answer` makes."""
         try:
-            reply = await self._write_answer(w, decoded, batch, result, error)
-            await trio.to_thread.run_sync(answer, reply.to_wire())
+            wire = (await reply()).to_wire()
+            await trio.to_thread.run_sync(answer, wire)
         except Exception:  # (a system task: a failure here must not end the node)
             log.exception("answering worker %d's writes failed", w.index)
 
