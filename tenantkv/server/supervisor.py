@@ -60,7 +60,7 @@ from tenantkv.server.role import (
     resp_listen_error,
     write_ready_file,
 )
-from tenantkv.server.server import open_engine, server_ssl_context
+from tenantkv.server.server import freeze_gc, open_engine, server_ssl_context
 from tenantkv.server.shared_state import stored_throttle_props
 from tenantkv.server.tracking import changes_of
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
@@ -210,6 +210,10 @@ class Supervisor:
         announce_listening(where, workers=self.count)
         if ready_file:
             write_ready_file(ready_file, where)
+        # The node's writer runs here: the decoded writes waiting for a commit
+        # (a thousand and more under load) would set off a collection every few
+        # hundred writes, as in one process (which does the same).
+        freeze_gc()
         sd_notify.ready(f"listening on {host}:{port} ({self.count} workers)")
 
     async def _listen(self) -> None:
