@@ -40,6 +40,7 @@ from tenantkv.server.doors.msgpack import MsgpackDoor
 from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.node import Announcement, Node, Role
 from tenantkv.server.role import ListenError, SingleProcess
+from tenantkv.server.status import gc_frozen
 from tenantkv.storage.engine import Engine
 
 __all__ = ["ListenError", "Server", "TLSConfigError", "open_engine", "server_ssl_context"]
@@ -54,6 +55,16 @@ log = logging.getLogger("tenantkv.server")
 #: objects die young and do not count; reference cycles, which only a
 #: collection frees, still start one after this many.
 GC_YOUNG_THRESHOLD = 10_000
+
+
+def freeze_gc() -> None:
+    """A serving process's garbage collector: what start-up built moved out of
+    its reach (:func:`gc.freeze`), the young threshold raised
+    (:data:`GC_YOUNG_THRESHOLD`). Once, when the process serves."""
+    gc.freeze()
+    gc_frozen()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
 
 #: The deadline sweep runs every shortest-timeout / 8, within these bounds: a
 #: session outlives its deadline by at most that much.
@@ -200,8 +211,7 @@ class Server:
                     accept_scopes = self._start_accepting(sessions)
                     await role.announce(node, where, ready_file)
                     if self._freeze_gc:
-                        gc.freeze()
-                        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+                        freeze_gc()
                     task_status.started(self)
                     await self._stop.wait()
                     await self._drain_sessions(accept_scopes)

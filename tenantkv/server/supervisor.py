@@ -60,7 +60,7 @@ from tenantkv.server.role import (
     resp_listen_error,
     write_ready_file,
 )
-from tenantkv.server.server import open_engine, server_ssl_context
+from tenantkv.server.server import freeze_gc, open_engine, server_ssl_context
 from tenantkv.server.shared_state import stored_throttle_props
 from tenantkv.server.tracking import changes_of
 from tenantkv.server.worker import INIT_HEADER, MAX_WORKERS, RATE_LIMITERS
@@ -210,6 +210,10 @@ class Supervisor:
         announce_listening(where, workers=self.count)
         if ready_file:
             write_ready_file(ready_file, where)
+        # The node's writer runs here: the decoded writes waiting for a commit
+        # (a thousand and more under load) would set off a collection every few
+        # hundred writes, as in one process (which does the same).
+        freeze_gc()
         sd_notify.ready(f"listening on {host}:{port} ({self.count} workers)")
 
     async def _listen(self) -> None:
@@ -447,7 +451,10 @@ class Supervisor:
                     with contextlib.suppress(trio.RunFinishedError):
                         self._token.run_sync_soon(
                             trio.lowlevel.spawn_system_task,
-                            partial(self._answer_on_loop, w, decoded, batch, result, error, answer),
+                            self._answer_on_loop,
+                            w,
+                            partial(self._write_answer, w, decoded, batch, result, error),
+                            answer,
                         )
                 return
             answer(self._write_reply(decoded, batch, result, error).to_wire())
@@ -457,15 +464,13 @@ class Supervisor:
     async def _answer_on_loop(
         self,
         w: _Worker,
-        decoded: list[WriteOp],
-        batch: RemoteBatchOp,
-        result: Any,
-        error: BaseException | None,
+        reply: Callable[[], Awaitable[m.WriteReply]],
         answer: Callable[[dict[str, Any]], None],
     ) -> None:
+        """Send the write link's answer that :meth:`_write_answer` makes."""
         try:
-            reply = await self._write_answer(w, decoded, batch, result, error)
-            await trio.to_thread.run_sync(answer, reply.to_wire())
+            wire = (await reply()).to_wire()
+            await trio.to_thread.run_sync(answer, wire)
         except Exception:  # (a system task: a failure here must not end the node)
             log.exception("answering worker %d's writes failed", w.index)
 
