@@ -30,7 +30,7 @@ coordinator notices a lost node quickly and no connection waits long.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -39,6 +39,9 @@ from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
 from tenantkv.cluster.slots import SLOTS
 from tenantkv.server.commands import Session
 from tenantkv.storage.slot_ops import DROP_BATCH, DropSlotOp, Imported, ImportOp, MoveControlOp
+
+if TYPE_CHECKING:
+    from tenantkv.cluster.routing import Router
 
 #: Records one page carries at most, and bytes (values beyond it end the page).
 PAGE_KEYS = 2000
@@ -67,6 +70,14 @@ def _index(s: Session) -> Any:
     return index
 
 
+def _router(s: Session) -> Router:
+    """This node's router, after :func:`_index`'s check that it is in a cluster."""
+    _index(s)
+    router = s.node.cluster
+    assert router is not None
+    return router
+
+
 def _records(s: Session, pairs: list[tuple[str, bytes]]) -> list[Imported]:
     """Each (bucket, key) with its stored record now (None: gone)."""
     engine = s.node.engine
@@ -85,10 +96,7 @@ def _records(s: Session, pairs: list[tuple[str, bytes]]) -> list[Imported]:
 @internal_command("move_track", "slots")
 async def move_track(s: Session, p: dict[str, Any]) -> Any:
     slots = _slots(p)
-    _index(s)
-    router = s.node.cluster
-    assert router is not None
-    member = router.member
+    member = _router(s).member
     others = [slot for slot in slots if member.map.owner(slot) != member.me.name]
     if others:
         raise errors.BadValue(f"slots {others[:5]} are not this node's: nothing to copy here")
@@ -144,9 +152,7 @@ async def move_take(s: Session, p: dict[str, Any]) -> Any:
 @internal_command("move_fence", "slots")
 async def move_fence(s: Session, p: dict[str, Any]) -> Any:
     slots = _slots(p)
-    _index(s)
-    assert s.node.cluster is not None
-    s.node.cluster.fenced.update(slots)  # (refused at once at the door)
+    _router(s).fenced.update(slots)  # (refused at once at the door)
     await s.node.write(MoveControlOp("fence", slots))  # (and by the writer from now on)
     return True
 
@@ -154,10 +160,9 @@ async def move_fence(s: Session, p: dict[str, Any]) -> Any:
 @internal_command("move_end", "slots")
 async def move_end(s: Session, p: dict[str, Any]) -> Any:
     slots = _slots(p)
-    _index(s)
+    router = _router(s)
     await s.node.write(MoveControlOp("end", slots))
-    assert s.node.cluster is not None
-    s.node.cluster.fenced.difference_update(slots)
+    router.fenced.difference_update(slots)
     return True
 
 
@@ -181,9 +186,7 @@ async def drop_slots(node: Any, slots: list[int]) -> int:
 @internal_command("move_reset", "slots")
 async def move_reset(s: Session, p: dict[str, Any]) -> Any:
     slots = _slots(p)
-    _index(s)
-    router = s.node.cluster
-    assert router is not None
+    router = _router(s)
     mine = [slot for slot in slots if router.member.map.owner(slot) == router.member.me.name]
     if mine:
         raise errors.BadValue(f"slots {mine[:5]} are this node's: not dropped")
