@@ -4,6 +4,7 @@ map; a node killed with SIGKILL loses its lease and the map marks it down."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -73,6 +74,35 @@ def create_bucket(nodes: list[Daemon], name: str, timeout: float = 2.0) -> None:
         return True
 
     wait_until(everywhere, timeout=timeout, what=f"bucket {name!r} on every node")
+
+
+@contextlib.contextmanager
+def serving(
+    tmp_path: Path, etcd: EtcdServer, prefix: str, count: int, *, ttl: int, bucket: str
+) -> Iterator[list[Daemon]]:
+    """``count`` nodes sharing the slots, with ``bucket`` made; killed on the way out."""
+    nodes = start_nodes(tmp_path, etcd, prefix, count, ttl=ttl)
+    try:
+        wait_until(
+            lambda: all(full_map(cluster_status(d), count) for d in nodes), what=f"map of {count}"
+        )
+        create_bucket(nodes, bucket)
+        yield nodes
+    finally:
+        for d in nodes:
+            d.kill()
+
+
+def admin_cli(d: Daemon, *args: str, timeout: float = 60) -> str:
+    """``tenantkv-admin`` against node ``d`` as the admin: its standard output."""
+    argv = [sys.executable, "-m", "tenantkv_admin.cli", "--port", str(d.port)]
+    return subprocess.run(
+        [*argv, "--password", ADMIN_PASSWORD, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    ).stdout
 
 
 @pytest.fixture
@@ -181,23 +211,9 @@ def test_graceful_stop_leaves_at_once(
 def test_admin_cluster_status(three_nodes: list[Daemon]) -> None:
     d = three_nodes[0]
     wait_until(lambda: full_map(cluster_status(d), 3), what="the map of 3")
-    base = [
-        sys.executable,
-        "-m",
-        "tenantkv_admin.cli",
-        "--port",
-        str(d.port),
-        "--password",
-        ADMIN_PASSWORD,
-    ]
-    out = subprocess.run(
-        [*base, "--json", "cluster-status"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
-    doc = json.loads(out)
+    doc = json.loads(admin_cli(d, "--json", "cluster-status", timeout=30))
     assert doc["node"] == "n0" and doc["map"]["slots_assigned"] == SLOTS
-    text = subprocess.run(
-        [*base, "cluster-status"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
+    text = admin_cli(d, "cluster-status", timeout=30)
     assert "map version" in text and "n2" in text and "0-5461" in text
 
 

@@ -25,7 +25,7 @@ from tenantkv.client.cluster import AsyncClusterClient, ClusterClient
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
+from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
 from .test_routing_e2e import BUCKET, key_on, owner_of, resp
 
 
@@ -46,14 +46,8 @@ def redis_cluster(d: Daemon) -> RedisCluster:
 
 @pytest.fixture
 def three(tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[list[Daemon]]:
-    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 3, ttl=1)
-    try:
-        wait_until(lambda: all(full_map(cluster_status(d), 3) for d in nodes), what="map of 3")
-        create_bucket(nodes, BUCKET)
+    with serving(tmp_path, etcd_server, etcd_prefix, 3, ttl=1, bucket=BUCKET) as nodes:
         yield nodes
-    finally:
-        for d in nodes:
-            d.kill()
 
 
 def test_kill_9_of_one_node_the_others_serve_and_its_data_comes_back(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from tenantkv.client.cluster import ClusterClient
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
+from .test_cluster_e2e import admin_cli, cluster_status, create_bucket, full_map, start_nodes
 
 BUCKET = "ops"
 KEYS = 120
@@ -52,22 +51,7 @@ def scrape(d: Daemon) -> str:
 
 
 def admin(d: Daemon, *args: str) -> str:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tenantkv_admin.cli",
-            "--port",
-            str(d.port),
-            "--password",
-            ADMIN_PASSWORD,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    return admin_cli(d, *args)
 
 
 def test_every_series_of_a_node_carries_its_name_and_the_nodes_sum(nodes: list[Daemon]) -> None:

@@ -19,7 +19,7 @@ from tenantkv.cluster.slots import SLOTS, key_slot
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
+from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
 
 BUCKET = "app"
 
@@ -30,14 +30,8 @@ def cluster(
 ) -> Iterator[list[Daemon]]:
     """Three nodes (a lease of 2 s) and the bucket (the cluster's: made on one node)."""
     tmp: Path = tmp_path_factory.mktemp("routing")
-    nodes = start_nodes(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2)
-    try:
-        wait_until(lambda: all(full_map(cluster_status(d), 3) for d in nodes), what="map of 3")
-        create_bucket(nodes, BUCKET)
+    with serving(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2, bucket=BUCKET) as nodes:
         yield nodes
-    finally:
-        for d in nodes:
-            d.kill()
 
 
 def owner_of(nodes: list[Daemon], key: bytes) -> Daemon:
