@@ -78,14 +78,6 @@ def address(info: NodeInfo, *, resp: bool) -> str:
     return f"{info.host}:{info.resp_port if resp else info.port}"
 
 
-class AskRedirect(errors.NotMyPartition):
-    """RESP ``-ASK slot host:port``: this one request goes to the slot's target,
-    preceded by ``ASKING`` (the slot is switching to it)."""
-
-    def redis_text(self) -> str:
-        return f"ASK {self.slot} {self.owner}"
-
-
 class Router:
     """The node's ownership check (see the module docstring)."""
 
@@ -100,8 +92,6 @@ class Router:
         self._owners: list[str | None] = []
         #: slots in a move's switch phase, by slot, in the map last seen
         self._switching: dict[int, SlotMove] = {}
-        #: nodes that own slots in the map last seen
-        self._holders: set[str] = set()
 
     def map_document(self) -> dict[str, Any]:
         """The map as the ``cluster_map`` command gives it to clients."""
@@ -153,7 +143,6 @@ class Router:
         if m is not self._map:
             self._map, self._owners = m, _owners(m)
             self._switching = {s: mv for mv in m.moves if mv.phase == "switch" for s in mv.slots()}
-            self._holders = {r.node for r in m.ranges}
         owners = self._owners
         me = member.me.name
         for slot in slots:
@@ -181,18 +170,11 @@ class Router:
         everything goes to the target."""
         mv = self._switching.get(slot)
         if mv is not None:
-            target = m.nodes.get(mv.target)
-            # -ASK only to a node that owns slots already: clients learn nodes from
-            # CLUSTER SLOTS, and redis-py fails on an -ASK to a node it never saw
-            # (a node's first batch); -TRYAGAIN then, until the map names it.
-            if resp and target is not None and mv.target in self._holders:
-                where = address(target, resp=True)
-                return AskRedirect(
-                    f"slot {slot} is switching to {mv.target} at {where}",
-                    slot=slot,
-                    owner=where,
-                    map_version=m.version,
-                )
+            # -TRYAGAIN, not -ASK: redis-py (8.x) fails with an AttributeError on
+            # an -ASK to a node its topology lacks (one that got its first slots
+            # since it last read CLUSTER SLOTS), and every cluster client retries
+            # -TRYAGAIN; the pause is well under a second. The target still takes
+            # ASKING for a switching slot, for clients that send it.
             return errors.SlotMoving(
                 f"slot {slot} is switching to node {mv.target}; try again in a moment",
                 retry_after_ms=50,

@@ -392,6 +392,7 @@ async def cluster_map(s: Session, p: dict[str, Any]) -> Any:
 async def cluster_rebalance(s: Session, p: dict[str, Any]) -> Any:
     """{moved, total, drain, moving}: even the slots out over the nodes that are up
     (docs/cluster.md, "Rebalance"); a node in no cluster answers BadValue."""
+    log.info("audit: %s asked for a rebalance %s", s.who(), p)
     return await s.node.role.move_slots(s, [], p)
 
 
@@ -402,6 +403,7 @@ async def cluster_node_remove(s: Session, p: dict[str, Any]) -> Any:
     name = p.get("name")
     if not isinstance(name, str) or not name:
         raise errors.BadValue("'name' must be a node name")
+    log.info("audit: %s asked to remove node %r %s", s.who(), name, p)
     return await s.node.role.move_slots(s, [name], p)
 
 

@@ -308,6 +308,13 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
             done.add("delete_user")
             c.delete_bucket("aud")
             done.add("delete_bucket")
+            for name, params in (
+                ("cluster_rebalance", {}),
+                ("cluster_node_remove", {"name": "n2"}),
+            ):
+                with pytest.raises(errors.BadValue, match="in no cluster"):
+                    c.command(name, **params)  # (audited, then refused: a single node)
+                done.add(name)
     finally:
         d.stop()
     changing = {n for n, cmd in COMMANDS.items() if cmd.kind == "admin"} - READ_ONLY_ADMIN
@@ -333,6 +340,8 @@ def test_admin_changes_are_audited_and_no_secret_is_logged(
         "update_user": "updated user 'auditee' (roles, password)",
         "delete_user": "deleted user 'auditee'",
         "delete_bucket": "deleted bucket 'aud'",
+        "cluster_rebalance": "asked for a rebalance",
+        "cluster_node_remove": "asked to remove node 'n2'",
     }
     assert set(expected) == done
     for command, what in expected.items():
