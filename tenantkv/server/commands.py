@@ -26,7 +26,7 @@ from tenantkv.admission.throttle_props import limit_to_wire, parse_bucket_props,
 from tenantkv.server import auth, transaction
 from tenantkv.server.node import THROTTLE_NODE_KEY, Node
 from tenantkv.storage import backup as backup_mod
-from tenantkv.storage.engine import BucketHandle, validate_bucket_name
+from tenantkv.storage.engine import BucketHandle, KeyRange, validate_bucket_name
 from tenantkv.storage.ops import (
     CounterOp,
     CreateBucketOp,
@@ -253,9 +253,7 @@ def scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
             raise errors.BadValue("give either 'prefix' or 'start'/'end', not both")
         start, end = prefix, prefix_end(prefix)
     limit = int_param(p, "limit", 100, 1, MAX_SCAN_LIMIT)
-    items, more = s.node.engine.scan(
-        b, start=start, end=end, after=opt_key(p, "after"), limit=limit
-    )
+    items, more = s.node.engine.scan(b, KeyRange(start, end, opt_key(p, "after")), limit=limit)
     out = []
     for k, rec in items:
         s.read_sizes.append(len(k) + rec.stored_bytes)

@@ -34,7 +34,7 @@ from tenantkv.server.redis_commands import (
     read_command,
     syntax_error,
 )
-from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.engine import BucketHandle, KeyRange
 from tenantkv.storage.ops import parse_int64
 from tenantkv.storage.records import HEADER_BYTES
 from tenantkv.storage.string_ops import CLEAR, ExpireOp, Expiry
@@ -106,7 +106,7 @@ def _random_key(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     lo = int.from_bytes(first[0][:8].ljust(8, b"\0"), "big")
     hi = int.from_bytes(last[:8].ljust(8, b"\xff"), "big")
     probe = _rng.randint(lo, max(lo, hi)).to_bytes(8, "big")
-    window, _ = engine.scan_keys(b, start=probe, limit=RANDOMKEY_WINDOW)
+    window, _ = engine.scan_keys(b, KeyRange(probe), limit=RANDOMKEY_WINDOW)
     if len(window) < RANDOMKEY_WINDOW:
         window += engine.scan_keys(b, limit=RANDOMKEY_WINDOW - len(window))[0]
     s.read_keys = 1 + len(window)

@@ -27,7 +27,7 @@ from tenantkv.server.redis_commands import (
     syntax_error,
 )
 from tenantkv.server.scan_cursors import parse_cursor
-from tenantkv.storage.engine import BucketHandle
+from tenantkv.storage.engine import BucketHandle, KeyRange
 from tenantkv.storage.records import HEADER_BYTES
 
 #: SCAN's default COUNT, and the most keys one SCAN call may examine.
@@ -289,7 +289,7 @@ def _scan(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
             return [b"0", []]  # every key is a string; past the end of any scan
         table = scan_cursors.cursors(str(s.node.engine.path))
         after = table.resume(b.name, cursor) if cursor else None
-        keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=p["count"])
+        keys, more = s.node.engine.scan_keys(b, KeyRange(start, end, after), limit=p["count"])
         _examined(s, keys)
     finally:
         s.read_keys = max(1, s.read_keys)
@@ -305,7 +305,7 @@ def _keys_cmd(s: Session, b: BucketHandle, p: dict[str, Any]) -> Any:
     examined = 0
     try:
         while True:
-            keys, more = s.node.engine.scan_keys(b, start=start, end=end, after=after, limit=1000)
+            keys, more = s.node.engine.scan_keys(b, KeyRange(start, end, after), limit=1000)
             _examined(s, keys)
             out += keys if matches is None else (k for k in keys if matches(k))
             examined += len(keys)

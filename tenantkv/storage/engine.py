@@ -119,6 +119,20 @@ class NonDecreasingClock:
         return self._high
 
 
+@dataclass(frozen=True)
+class KeyRange:
+    """The keys a scan visits: start <= key < end, and key > after (the last key
+    of the page before, a cursor)."""
+
+    start: bytes = b""
+    end: bytes | None = None
+    after: bytes | None = None
+
+
+#: every key of a bucket
+ALL_KEYS = KeyRange()
+
+
 @dataclass(eq=False)
 class BucketHandle:
     """An open bucket. ``dropped`` is set before its drop is queued, so a
@@ -310,13 +324,8 @@ class Engine:
         # Views of the stored records (buffers=True): each value's size is checked
         # before anything is copied, and a live one is copied once, by decode.
         with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
-            for key in keys:
-                raw = txn.get(key)
+            for raw in _live_records(txn, keys, now):
                 if raw is None:
-                    out.append(None)
-                    continue
-                expiry_ms = records.unpack_header(raw)[1]
-                if expiry_ms and expiry_ms <= now:
                     out.append(None)
                     continue
                 total += len(raw) - records.HEADER_BYTES + RESULT_ENTRY_OVERHEAD
@@ -333,28 +342,21 @@ class Engine:
         is none), read on views of the records: for readers that want no value
         (Redis EXISTS, STRLEN, TYPE, TTL), which copied up to 1 MiB per key named."""
         now = self.now_ms()
-        out: list[tuple[int, int] | None] = []
         with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
-            for key in keys:
-                raw = txn.get(key)
-                if raw is None:
-                    out.append(None)
-                    continue
-                expiry_ms = records.unpack_header(raw)[1]
-                out.append(None if expiry_ms and expiry_ms <= now else (len(raw), expiry_ms))
-        return out
+            return [
+                None if raw is None else (len(raw), records.unpack_header(raw)[1])
+                for raw in _live_records(txn, keys, now)
+            ]
 
     def scan(
         self,
         h: BucketHandle,
+        where: KeyRange = ALL_KEYS,
         *,
-        start: bytes = b"",
-        end: bytes | None = None,
-        after: bytes | None = None,
         limit: int = 100,
         max_bytes: int = MAX_RESULT_BYTES,
     ) -> tuple[list[tuple[bytes, Record]], bool]:
-        """Live records with start <= key < end (and key > after), in key order.
+        """Live records of ``where``, in key order.
 
         Returns (items, more): ``more`` says a further call may return more.
         A page also ends before its keys and values would exceed ``max_bytes``
@@ -364,7 +366,7 @@ class Engine:
         items: list[tuple[bytes, Record]] = []
         total = 0
         with self.txn_lock, self.env.begin(db=h.db) as txn:
-            for key, raw in _live_in_range(txn, start, end, after, now):
+            for key, raw in _live_in_range(txn, where, now):
                 rec = records.decode(raw)
                 if len(items) == limit:
                     return items, True
@@ -375,13 +377,7 @@ class Engine:
         return items, False
 
     def scan_keys(
-        self,
-        h: BucketHandle,
-        *,
-        start: bytes = b"",
-        end: bytes | None = None,
-        after: bytes | None = None,
-        limit: int = 100,
+        self, h: BucketHandle, where: KeyRange = ALL_KEYS, *, limit: int = 100
     ) -> tuple[list[bytes], bool]:
         """:meth:`scan` for the keys alone (Redis KEYS and SCAN): each record's
         expiry is read on a view of it, and nothing of its value is copied — a
@@ -392,7 +388,7 @@ class Engine:
         now = self.now_ms()
         keys: list[bytes] = []
         with self.txn_lock, self.env.begin(db=h.db, buffers=True) as txn:
-            for key, _raw in _live_in_range(txn, start, end, after, now):
+            for key, _raw in _live_in_range(txn, where, now):
                 if len(keys) == limit:
                     return keys, True
                 keys.append(key)
@@ -682,13 +678,24 @@ def _check_format(raw: bytes | None) -> int:
     return version
 
 
-def _live_in_range(
-    txn: lmdb.Transaction, start: bytes, end: bytes | None, after: bytes | None, now: int
-) -> Iterator[tuple[bytes, Any]]:
-    """``(key, stored record)`` with start <= key < end and key > after, in key
-    order, from ``txn``'s database, passing over the records expired at ``now``
-    (wall-clock ms; read from the header alone). Records as the transaction gives
-    them: views in a ``buffers=True`` one; keys always copied."""
+def _live_records(txn: lmdb.Transaction, keys: list[bytes], now: int) -> Iterator[Any]:
+    """Each key's stored record as the transaction gives it, or None where there
+    is none or it expired at ``now`` (wall-clock ms; read from the header alone)."""
+    for key in keys:
+        raw = txn.get(key)
+        if raw is not None:
+            expiry_ms = records.unpack_header(raw)[1]
+            if expiry_ms and expiry_ms <= now:
+                raw = None
+        yield raw
+
+
+def _live_in_range(txn: lmdb.Transaction, where: KeyRange, now: int) -> Iterator[tuple[bytes, Any]]:
+    """``(key, stored record)`` of ``where``, in key order, from ``txn``'s database,
+    passing over the records expired at ``now`` (wall-clock ms; read from the
+    header alone). Records as the transaction gives them: views in a
+    ``buffers=True`` one; keys always copied."""
+    start, end, after = where.start, where.end, where.after
     cur = txn.cursor()
     seek = start
     if after is not None and after >= seek:

@@ -42,14 +42,24 @@ def test_the_class_line_sets_code_labels_and_fatal_and_the_rest_is_inherited() -
         code_name = "AnOlderName"
 
     assert (Base.code, Base.code_name, Base.default_labels, Base.fatal) == (
-        990, "Base", (errors.RETRYABLE,), True,
+        990,
+        "Base",
+        (errors.RETRYABLE,),
+        True,
     )
     assert (Derived.code, Derived.code_name, Derived.default_labels, Derived.fatal) == (
-        991, "Derived", (errors.RETRYABLE,), True,
+        991,
+        "Derived",
+        (errors.RETRYABLE,),
+        True,
     )
     assert (Named.code_name, Named.fatal, Named.default_labels) == ("AnOlderName", False, ())
     wire = Derived("no").to_wire()
-    assert wire == {"code": 991, "codeName": "Derived", "errmsg": "no",
-                    "errorLabels": [errors.RETRYABLE]}
+    assert wire == {
+        "code": 991,
+        "codeName": "Derived",
+        "errmsg": "no",
+        "errorLabels": [errors.RETRYABLE],
+    }
     # Declared inside a test, they stay out of the module's table of codes.
     assert 990 not in errors.error_classes()

@@ -30,6 +30,7 @@ from tenantkv.server.doors import resp as resp_door
 from tenantkv.server.doors.resp import RespDoor
 from tenantkv.server.node import Node
 from tenantkv.server.redis_connection import MAX_CLIENT_NAME_BYTES, MAX_CONFIG_PATTERNS
+from tenantkv.storage.engine import KeyRange
 from tests.e2e.test_fuzz_resp import replies
 from tests.unit.test_session import hello_session, node, units_used
 
@@ -333,9 +334,10 @@ async def test_keys_and_scan_read_keys_without_copying_values(
             (b"k", b"l", b"k18", 5),
             (b"z", None, None, 10),
         ]:
-            items, more = engine.scan(b, start=start, end=end, after=after, limit=limit)
+            where = KeyRange(start, end, after)
+            items, more = engine.scan(b, where, limit=limit)
             want = ([k for k, _ in items], more)
-            assert engine.scan_keys(b, start=start, end=end, after=after, limit=limit) == want
+            assert engine.scan_keys(b, where, limit=limit) == want
         await peer.send((b"KEYS", b"k?7"), (b"KEYS", b"k*9"))
         assert await peer.replies(2) == [
             b"*2\r\n$3\r\nk17\r\n$3\r\nk27\r\n",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tenantkv import errors
-from tenantkv.storage.engine import Engine
+from tenantkv.storage.engine import ALL_KEYS, Engine, KeyRange
 from tenantkv.storage.group_commit import GroupCommitWriter, Pending
 from tenantkv.storage.ops import (
     CounterOp,
@@ -73,8 +73,8 @@ class Store:
     def get(self, key: bytes, bucket: str = "b") -> Any:
         return self.engine.get(self.engine.bucket(bucket), key)
 
-    def scan(self, bucket: str = "b", **kw: Any) -> Any:
-        return self.engine.scan(self.engine.bucket(bucket), **kw)
+    def scan(self, where: KeyRange = ALL_KEYS, bucket: str = "b", **kw: Any) -> Any:
+        return self.engine.scan(self.engine.bucket(bucket), where, **kw)
 
     def ok(self, op: WriteOp) -> Any:
         ((result, error),) = self.run(op)
@@ -268,11 +268,11 @@ def test_drop_bucket_fails_queued_writes_cleanly(store: Store) -> None:
 def test_scan_ranges_prefix_and_cursor(store: Store) -> None:
     b = store.bucket()
     store.run(*[SetOp(b, k, b"v") for k in (b"a1", b"a2", b"a3", b"b1", b"c1")])
-    items, more = store.scan(start=b"a", end=b"b", limit=2)
+    items, more = store.scan(KeyRange(b"a", b"b"), limit=2)
     assert [k for k, _ in items] == [b"a1", b"a2"] and more
-    items, more = store.scan(start=b"a", end=b"b", after=b"a2", limit=2)
+    items, more = store.scan(KeyRange(b"a", b"b", b"a2"), limit=2)
     assert [k for k, _ in items] == [b"a3"] and not more
-    items, _ = store.scan(start=b"b")
+    items, _ = store.scan(KeyRange(b"b"))
     assert [k for k, _ in items] == [b"b1", b"c1"]
 
 
