@@ -7,8 +7,10 @@ shared batch transaction untouched; its error goes to its own caller only.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
@@ -70,6 +72,28 @@ class WriteContext:
         first = eng.cas_counter + 1
         eng.cas_counter += n
         return first
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[None]:
+        """What runs inside applies all or nothing: in a nested LMDB transaction,
+        aborted if it raises — and with it what this process counted meanwhile
+        (the CAS block, this batch's expiry hints), so the batch's other writes
+        go on as if it had never run."""
+        eng, parent = self.engine, self.txn
+        saved = (eng.cas_counter, eng.cas_ceiling, self._expiry_index_empty)
+        earliest = self.earliest_expiry_ms
+        self.txn = eng.env.begin(write=True, parent=parent)
+        try:
+            yield
+        except BaseException:
+            self.txn.abort()
+            eng.cas_counter, eng.cas_ceiling, self._expiry_index_empty = saved
+            self.earliest_expiry_ms = earliest
+            raise
+        else:
+            self.txn.commit()
+        finally:
+            self.txn = parent
 
 
 class WriteOp:

@@ -250,6 +250,16 @@ class TransactionOp(WriteOp):
             return [deletes(w, self.bucket.name), [_cas(w, self.bucket, k) for k in self.probe]]
         if not self.watches_hold(w):
             return None
+        slots = w.engine.slots
+        if slots is not None and slots.fenced:
+            # A slot switching to another node refuses writes (SlotMoving,
+            # retryable: the client sends the transaction again), so a step
+            # refused must take the steps before it back with it.
+            with w.nested():
+                return self._steps(w)
+        return self._steps(w)
+
+    def _steps(self, w: WriteContext) -> list[list[Any]]:
         out: list[list[Any]] = []
         read = 0  # bytes the reads returned so far
         for step in self.steps:
@@ -260,6 +270,8 @@ class TransactionOp(WriteOp):
                 continue
             try:
                 result = step.apply(w)
+            except errors.SlotMoving:
+                raise  # (the whole transaction: see apply)
             except errors.TenantKVError as exc:
                 out.append(_outcome(None, exc, step, None))
             else:
