@@ -38,7 +38,14 @@ from tenantkv import errors
 from tenantkv.cluster.peer import PeerSession, internal_command, peer_session
 from tenantkv.cluster.slots import SLOTS
 from tenantkv.server.commands import Session
-from tenantkv.storage.slot_ops import DROP_BATCH, DropSlotOp, Imported, ImportOp, MoveControlOp
+from tenantkv.storage.slot_ops import (
+    DROP_BATCH,
+    DropSlotOp,
+    Imported,
+    ImportOp,
+    MoveControlOp,
+    incarnation,
+)
 
 if TYPE_CHECKING:
     from tenantkv.cluster.routing import Router
@@ -86,7 +93,7 @@ def _records(s: Session, pairs: list[tuple[str, bytes]]) -> list[Imported]:
         for bucket, key in pairs:
             h = engine.buckets.get(bucket)
             raw = None if h is None or h.dropped else txn.get(key, None, h.db)
-            out.append((bucket, key, None if raw is None else bytes(raw)))
+            out.append((bucket, key, None if raw is None else bytes(raw), incarnation(h)))
     return out
 
 
@@ -108,7 +115,7 @@ async def move_track(s: Session, p: dict[str, Any]) -> Any:
 
 @internal_command("move_page", "slots", "cursor")
 async def move_page(s: Session, p: dict[str, Any]) -> Any:
-    """{records: [[bucket, key, record]], cursor}: cursor [slot index, bucket, key]
+    """{records: [[bucket, key, record, incarnation]], cursor}: cursor [slot index, bucket, key]
     to continue after, or None when the slots are done."""
     slots = _slots(p)
     index = _index(s)
@@ -128,7 +135,7 @@ async def move_page(s: Session, p: dict[str, Any]) -> Any:
             continue
         records = _records(s, batch)
         out += records
-        size += sum(len(k) + len(r or b"") for _, k, r in records)
+        size += sum(len(k) + len(r or b"") for _, k, r, _ in records)
         after = batch[-1]
     if at >= len(slots):
         return {"records": out, "cursor": None}
@@ -212,7 +219,7 @@ def _secret(s: Session) -> bytes:
 
 async def _import(s: Session, records: list[Any]) -> int:
     items: list[Imported] = [
-        (str(b), bytes(k), None if r is None else bytes(r)) for b, k, r in records
+        (str(b), bytes(k), None if r is None else bytes(r), made) for b, k, r, made in records
     ]
     if items:
         await s.node.write(ImportOp(items))
@@ -229,10 +236,10 @@ async def move_import(s: Session, p: dict[str, Any]) -> Any:
     if (
         not isinstance(records, list)
         or len(records) > PAGE_KEYS
-        or not all(isinstance(r, list) and len(r) == 3 for r in records)
+        or not all(isinstance(r, list) and len(r) == 4 for r in records)
     ):
         raise errors.BadValue(
-            f"'records' must be a list of up to {PAGE_KEYS} [bucket, key, record]"
+            f"'records' must be a list of up to {PAGE_KEYS} [bucket, key, record, incarnation]"
         )
     return await _import(s, records)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from tenantkv import errors
 from tenantkv.storage import records
+from tenantkv.storage.engine import BucketHandle
 from tenantkv.storage.ops import WriteContext, WriteOp, _delete, _stored
 from tenantkv.storage.slot_index import SlotIndex, parse_entry, slot_prefix
 
@@ -69,8 +70,15 @@ class DropSlotOp(WriteOp):
 
 
 #: One imported record: (bucket, key, the record as stored — header and value —
-#: or None: the key is gone).
-Imported = tuple[str, bytes, bytes | None]
+#: or None: the key is gone, the bucket's incarnation on the node it comes from).
+Imported = tuple[str, bytes, bytes | None, Any]
+
+
+def incarnation(h: BucketHandle | None) -> Any:
+    """Which bucket of a name this is: its ``created_ms``, the same on every node
+    (cluster metadata carries it) and new when the name is dropped and created
+    again (None: no such bucket)."""
+    return None if h is None or h.dropped else h.props.get("created_ms")
 
 
 class ImportOp(WriteOp):
@@ -84,7 +92,7 @@ class ImportOp(WriteOp):
 
     def __init__(self, items: Sequence[Imported]) -> None:
         self.items = items
-        self.size_hint = sum(len(k) + len(r or b"") for _, k, r in items) + 64
+        self.size_hint = sum(len(k) + len(r or b"") for _, k, r, _ in items) + 64
         self.keys_touched = max(1, len(items))
 
     def apply(self, w: WriteContext) -> Any:
@@ -93,19 +101,30 @@ class ImportOp(WriteOp):
             raise errors.BadValue("this node keeps no slot index: it is in no cluster")
         index.bypass = True
         try:
-            for bucket, key, raw in self.items:
-                _import(w, bucket, key, raw)
+            for bucket, key, raw, made in self.items:
+                _import(w, bucket, key, raw, made)
         finally:
             index.bypass = False
         return len(self.items)
 
 
-def _import(w: WriteContext, bucket: str, key: bytes, raw: bytes | None) -> None:
+def _import(w: WriteContext, bucket: str, key: bytes, raw: bytes | None, made: Any) -> None:
     h = w.engine.buckets.get(bucket)
-    if h is None or h.dropped:
-        # Made on another node a moment ago and not here yet (metadata follows
-        # etcd): the page is refused and copied again, never skipped.
-        raise errors.NodeUnavailable(f"bucket {bucket!r} is not on this node yet")
+    here = incarnation(h)
+    if (h is None or h.dropped) and raw is None and made is None:
+        return  # a key gone from a bucket that neither node has: nothing to delete
+    if h is None or h.dropped or here != made:
+        # Made on another node a moment ago and not here yet, or dropped and
+        # made again on one of the two nodes and not yet on the other (metadata
+        # follows etcd): the page is refused and copied again once both hold
+        # the same bucket, never skipped — and a dropped bucket's records never
+        # land in the bucket made again under its name.
+        raise errors.NodeUnavailable(
+            f"bucket {bucket!r} is not on this node yet"
+            if h is None or h.dropped
+            else f"bucket {bucket!r} here is not the one the records come from "
+            "(dropped and created again): copied again once both nodes follow etcd"
+        )
     old = _stored(w, h, key)
     rec = None if raw is None else records.decode(raw)
     if rec is None or (rec.expiry_ms and rec.expiry_ms <= w.now_ms):

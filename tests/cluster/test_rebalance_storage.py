@@ -11,7 +11,7 @@ import pytest
 from tenantkv import errors
 from tenantkv.cluster.slots import key_slot
 from tenantkv.storage import records
-from tenantkv.storage.ops import DeleteOp, ExpireDueOp, SetOp
+from tenantkv.storage.ops import CreateBucketOp, DeleteOp, ExpireDueOp, SetOp
 from tenantkv.storage.slot_index import MAX_DIRTY_KEYS
 from tenantkv.storage.slot_ops import DropSlotOp, ImportOp, MoveControlOp
 from tests.unit.test_storage import Store
@@ -97,7 +97,13 @@ def test_imported_records_keep_cas_expiry_and_flags_and_raise_the_cas_counter(
     expired = records.encode(b"old", cas + 1, store.clock.ms - 1, 0)
     assert (
         store.ok(
-            ImportOp([("b", tagged(1), raw), ("b", tagged(2), expired), ("b", tagged(9), None)])
+            ImportOp(
+                [
+                    ("b", tagged(1), raw, None),
+                    ("b", tagged(2), expired, None),
+                    ("b", tagged(9), None, None),
+                ]
+            )
         )
         == 3
     )
@@ -115,4 +121,24 @@ def test_imported_records_keep_cas_expiry_and_flags_and_raise_the_cas_counter(
     assert store.engine.slots is not None and store.engine.slots.count(SLOT) == 2
     # A bucket this node has not got yet: refused (copied again), never skipped.
     with pytest.raises(errors.NodeUnavailable):
-        store.ok(ImportOp([("nope", tagged(1), raw)]))
+        store.ok(ImportOp([("nope", tagged(1), raw, None)]))
+    # A key gone from a bucket neither node has: nothing to do.
+    assert store.ok(ImportOp([("nope", tagged(1), None, None)])) == 1
+
+
+def test_a_dropped_buckets_records_never_land_in_the_bucket_made_again(store: Store) -> None:
+    # The target holds bucket "b" as made again (created_ms 2) while a page of
+    # the source's "b" of before (created_ms 1) is in flight, or the other way
+    # round: refused until both nodes hold the same one, then copied again.
+    store.engine.buckets["b"] = store.ok(CreateBucketOp("b", {"created_ms": 2}))
+    raw = records.encode(b"of the dropped bucket", 5, 0, 0)
+    for made in (1, None):
+        for item in (("b", tagged(1), raw, made), ("b", tagged(2), None, made)):
+            with pytest.raises(errors.NodeUnavailable, match="dropped and created again"):
+                store.ok(ImportOp([item]))
+    assert store.get(tagged(1)) is None
+    store.ok(SetOp(store.engine.bucket("b"), tagged(2), b"of the bucket made again"))
+    assert store.ok(ImportOp([("b", tagged(1), raw, 2), ("b", tagged(2), None, 2)])) == 2
+    rec = store.get(tagged(1))
+    assert rec is not None and rec.value == b"of the dropped bucket"
+    assert store.get(tagged(2)) is None
