@@ -50,7 +50,12 @@ def test_a_transaction_touching_a_fenced_slot_applies_nothing(store: Store) -> N
     assert store.get(b"{staying}:new") is None and store.get(FENCED) is None
     # The batch around it commits as usual, with CAS values the engine still
     # counts from where the aborted steps left them (none of theirs is kept).
-    assert store.ok(SetOp(b, b"{staying}:after", b"v"))["cas"] > cas_before
+    (_, refused), (done, error) = store.run(
+        TransactionOp(b, steps, [], 1 << 20), SetOp(b, b"{staying}:after", b"v")
+    )
+    assert isinstance(refused, errors.SlotMoving) and error is None
+    assert done["cas"] > cas_before and store.get(b"{staying}:after") is not None
+    assert store.get(OTHER).value == b"1"
     # Once the switch is over (here: the move given up), the same transaction runs.
     store.ok(MoveControlOp("end", [key_slot(FENCED)]))
     out = store.ok(TransactionOp(b, steps, [], 1 << 20))
