@@ -35,6 +35,11 @@ async def quota_report(s: Session, p: dict[str, Any]) -> Any:
     if leader is None:
         raise errors.BadValue("this node is in no cluster")
     node = str_param(p, "node")
+    router = s.node.cluster
+    if router is None or node not in router.member.map.nodes:
+        # The leader's table holds the nodes of the cluster, not any name a
+        # holder of the cluster secret makes up (each would take a share).
+        raise errors.BadValue(f"node {node!r} is not in this node's cluster map")
     try:
         return leader.answer(node, p.get("usage"))
     except ValueError as exc:

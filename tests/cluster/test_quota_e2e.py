@@ -190,7 +190,11 @@ def test_quota_report_answers_a_node_and_refuses_bad_reports_precisely(
 
     async def main() -> None:
         async with peer_session(where, secret) as s:
-            answer = await s.call("quota_report", {"node": "probe", "usage": report})
+            with pytest.raises(errors.BadValue, match="not in this node's cluster map"):
+                await s.call("quota_report", {"node": "probe", "usage": report})
+            # As another node of the map (its share for one slice: this report's).
+            other = next(n for n in ("n0", "n1", "n2") if n != leader)
+            answer = await s.call("quota_report", {"node": other, "usage": report})
             # A share of the limit (or pending while the leader warms up); a bucket
             # it does not lead is left out.
             assert set(answer["buckets"]) | set(answer["pending"]) == {"rep"}
@@ -203,7 +207,7 @@ def test_quota_report_answers_a_node_and_refuses_bad_reports_precisely(
                 ("nonsense", "expected a map"),
             ]:
                 with pytest.raises(errors.BadValue, match=says):
-                    await s.call("quota_report", {"node": "probe", "usage": bad})
+                    await s.call("quota_report", {"node": other, "usage": bad})
         # Not a node's login: refused.
         async with target.async_client() as admin:
             with pytest.raises(errors.Unauthorized):
