@@ -13,9 +13,13 @@ def test_freeze_gc_counts_what_it_froze_once() -> None:
     thresholds = gc.get_threshold()
     try:
         freeze_gc()
+        counted = status._frozen.count
         frozen = gc.get_freeze_count()
         assert frozen > 1000
-        assert status._frozen.count == frozen
+        # A frozen object that dies leaves the permanent generation and nothing
+        # joins it without another freeze: the count taken when it froze is the
+        # count now plus the few objects that died since (2 in a run seen).
+        assert frozen <= counted <= frozen + 100
         assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
     finally:
         gc.unfreeze()
