@@ -221,11 +221,11 @@ def test_a_rebalance_goes_on_after_its_coordinator_is_killed(
         coordinator = nodes[next(i for i, s in enumerate(statuses) if s["coordinator"])]
         others = [d for d in nodes if d is not coordinator]
         with others[0].client() as admin:
-            admin.command("cluster_rebalance", batch_slots=128)
+            admin.command("cluster_rebalance", batch_slots=256)
 
         def some_moved() -> bool:
             progress = cluster_status(others[0])["map"]["rebalance"]
-            return progress is not None and progress["moved"] >= 512
+            return progress is not None and progress["moved"] >= 512  # two batches of 16
 
         wait_until(some_moved, timeout=60, what="a few batches moved")
         coordinator.kill()
