@@ -26,6 +26,16 @@ from hypothesis import settings
 settings.register_profile("tenantkv", deadline=None)
 settings.load_profile("tenantkv")
 
+# The suite starts some hundreds of Python processes (daemons and their workers,
+# the admin tool, bench) and each xdist worker imports every test module. Where
+# the environment sets PYTHONDONTWRITEBYTECODE, each compiled its sources again:
+# ~0.2 s of CPU a daemon start, ~8 s a worker's collection (pytest rewrites the
+# asserts of every test module). So the suite keeps the bytecode of the checkout
+# whatever the environment says: pytest's rewritten test modules from here on,
+# and the sources the started processes import (pytest_configure).
+sys.dont_write_bytecode = False
+ROOT = Path(__file__).resolve().parents[1]
+
 ADMIN_PASSWORD = "admin-test-password"
 # Tests run with the defaults, not the developer's shell: a TENANTKV_<NAME> there
 # (a metrics port, a data directory, ...) would reach every daemon a test starts.
@@ -68,13 +78,18 @@ def rss_anon_mb(pid: int) -> float:
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds (a few ms apart): end-to-end tests wait on
-    what they need to see, not for a guessed time."""
+    """Poll ``predicate`` until it holds: end-to-end tests wait on what they need to
+    see, not for a guessed time. The polls start 5 ms apart and spread out to 50 ms:
+    a predicate often logs in to daemons and asks their status (~3 ms of CPU), and
+    polled every 5 ms through a wait of seconds (a lease expiring, a worker coming
+    back) it kept a core busy for nothing."""
     deadline = time.monotonic() + timeout
+    pause = 0.005
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.05)
 
 
 def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -84,7 +99,7 @@ def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
     cmd = [sys.executable, "-m", "bench", *args]
     with subprocess.Popen(
         cmd,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -98,6 +113,28 @@ def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the checkout's packages once, before the xdist workers start: every
+    process the tests start then reads their bytecode instead of compiling them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import compileall
+
+    for package in ("tenantkv", "admin", "bench"):
+        compileall.compile_dir(ROOT / package, quiet=1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker more than the cores. An end-to-end test spends part
+    of its time waiting on its daemons (a start-up, an fsync, a timeout it checks),
+    so one worker per core left a quarter of the cores idle; the extra worker runs
+    in those gaps. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return len(os.sched_getaffinity(0)) + 1
 
 
 class FakeClock:

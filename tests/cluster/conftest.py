@@ -120,10 +120,15 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
     server.stop()
 
 
+def new_prefix() -> str:
+    """A key prefix of its own in the shared etcd (a cluster's, or a test's)."""
+    return f"/t-{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture
 def etcd_prefix() -> str:
     """A key prefix of this test's own in the shared etcd."""
-    return f"/t-{uuid.uuid4().hex[:12]}"
+    return new_prefix()
 
 
 async def settle() -> None:

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,19 +16,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from tenantkv.client.cluster import ClusterClient
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
-from .conftest import EtcdServer
+from .conftest import EtcdServer, new_prefix
 from .test_cluster_e2e import admin_cli, cluster_status, create_bucket, full_map, start_nodes
 
 BUCKET = "ops"
 KEYS = 120
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def nodes(
-    tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
 ) -> Iterator[list[Daemon]]:
-    monkeypatch.setenv("TENANTKV_METRICS_PORT", "0")  # each node: /metrics on a free port
-    started = start_nodes(tmp_path, etcd_server, etcd_prefix, 3, ttl=1)
+    """The module's 3 nodes: the metrics test only reads them; the status test,
+    after it, stops one at its end."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TENANTKV_METRICS_PORT", "0")  # each node: /metrics on a free port
+        tmp_path = tmp_path_factory.mktemp("ops")
+        started = start_nodes(tmp_path, etcd_server, new_prefix(), 3, ttl=1)
     try:
         wait_until(lambda: all(full_map(cluster_status(d), 3) for d in started), what="map of 3")
         create_bucket(started, BUCKET)

@@ -25,7 +25,7 @@ from tenantkv.cluster.peer import peer_session
 from tenantkv.cluster.slots import key_slot
 from tests.conftest import Daemon, wait_until
 
-from .conftest import EtcdServer
+from .conftest import EtcdServer, new_prefix
 from .test_cluster_e2e import cluster_status, create_bucket, full_map, start_nodes
 from .test_peer import read_secret
 
@@ -36,15 +36,34 @@ UNITS_PER_GET = 3
 WINDOW = 4.0
 
 
-@pytest.fixture
-def nodes(tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[list[Daemon]]:
-    started = start_nodes(tmp_path, etcd_server, etcd_prefix, 3)
+@contextlib.contextmanager
+def three_nodes(tmp_path: Path, etcd: EtcdServer, prefix: str) -> Iterator[list[Daemon]]:
+    started = start_nodes(tmp_path, etcd, prefix, 3)
     try:
         wait_until(lambda: all(full_map(cluster_status(d), 3) for d in started), what="the map")
         yield started
     finally:
         for d in started:
             d.kill()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[list[Daemon]]:
+    """Three nodes of this test's own (it stops one)."""
+    with three_nodes(tmp_path, etcd_server, etcd_prefix) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
+) -> Iterator[tuple[list[Daemon], str]]:
+    """Three nodes, and their etcd prefix, for the tests that leave every node up:
+    each drives a bucket of its own, and the hard limit and its leader are a
+    bucket's."""
+    prefix = new_prefix()
+    with three_nodes(tmp_path_factory.mktemp("quota"), etcd_server, prefix) as started:
+        yield started, prefix
 
 
 def key_on(status: dict[str, Any], node: str) -> str:
@@ -128,8 +147,9 @@ def measure(nodes: list[Daemon], bucket: str, plan: list[tuple[int, float | None
 
 
 def test_a_hard_limit_holds_cluster_wide_with_the_load_split_80_10_10(
-    nodes: list[Daemon],
+    shared: tuple[list[Daemon], str],
 ) -> None:
+    nodes, _ = shared
     # n0 closed loop on 8 tasks; n1 and n2 paced at 100 units/s each. At 1/N the
     # cluster would charge 333 + 100 + 100; the leader gives n0 what they leave.
     rate = measure(nodes, "split", [(8, None), (1, 100 / UNITS_PER_GET), (1, 100 / UNITS_PER_GET)])
@@ -140,8 +160,9 @@ def test_a_hard_limit_holds_cluster_wide_with_the_load_split_80_10_10(
 
 
 def test_a_hard_limit_holds_cluster_wide_with_the_load_split_evenly(
-    nodes: list[Daemon],
+    shared: tuple[list[Daemon], str],
 ) -> None:
+    nodes, _ = shared
     rate = measure(nodes, "even", [(3, None), (3, None), (3, None)])
     assert rate <= LIMIT * 1.03 + 3 * LIMIT * 0.1 / WINDOW, rate
     assert rate >= 0.5 * LIMIT, rate
@@ -179,8 +200,9 @@ def test_when_the_leader_dies_the_others_fall_back_then_elect_another(
 
 
 def test_quota_report_answers_a_node_and_refuses_bad_reports_precisely(
-    nodes: list[Daemon], etcd_server: EtcdServer, etcd_prefix: str
+    shared: tuple[list[Daemon], str], etcd_server: EtcdServer
 ) -> None:
+    nodes, etcd_prefix = shared
     setup_bucket(nodes, "rep")
     leader = quota_of(nodes[0], "rep")["leader"]
     target = nodes[int(leader[1:])]

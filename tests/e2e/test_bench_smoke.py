@@ -25,12 +25,20 @@ def bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return run_bench(*args, timeout=timeout)
 
 
-@pytest.mark.slow
-def test_smoke_runs_and_report_renders(tmp_path: Path) -> None:
-    out = tmp_path / "results"
+@pytest.fixture(scope="module")
+def smoke_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``bench smoke`` run for the module: its results folder. (The crash
+    scenario's checks read the smoke's crash run rather than run it again.)"""
+    out = tmp_path_factory.mktemp("smoke") / "results"
     r = bench("smoke", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "results are sane" in r.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_smoke_runs_and_report_renders(smoke_out: Path, tmp_path: Path) -> None:
+    out = smoke_out
     smoke = {s.name for s in harness.SCENARIOS if s.smoke is not None}
     written = {p.stem for p in out.glob("*.json")}
     assert written == smoke
@@ -49,6 +57,34 @@ def test_smoke_runs_and_report_renders(tmp_path: Path) -> None:
     # a smoke figure is labelled as such, never passed off as a published one
     assert "(smoke run)" in text
     assert "Not run yet: `python -m bench run soak --publish`" in text
+
+
+@pytest.mark.slow
+def test_smoke_crash_cycles_lose_no_acknowledged_write(smoke_out: Path) -> None:
+    """``bench crash --quick --cycles 2 --run-seconds 0.5`` (the smoke's flags):
+    its printed verdict and its JSON, cycle by cycle."""
+    env = json.loads((smoke_out / "crash.json").read_text())
+    assert env["command"].endswith("crash --quick --cycles 2 --run-seconds 0.5")
+    assert env["exit_code"] == 0
+    assert "target: 0 acknowledged writes lost over all crash cycles: MET" in env["printed"]
+    doc = env["result"]
+    assert doc["benchmark"] == "crash"
+    assert doc["meta"]["settings"]["cycles"] == 2
+    summary = doc["summary"]
+    assert summary["lost"] == 0
+    assert summary["corrupt"] == 0
+    assert summary["acknowledged"] > 0
+    assert summary["in_flight_survived"] <= summary["in_flight"]
+    assert summary["restart_ms_max"] > 0
+    assert summary["final_check"]["lost"] == 0
+    assert summary["final_check"]["keys"] > 0
+    assert len(doc["cycles"]) == 2
+    for row in doc["cycles"]:
+        assert row["acknowledged"] > 0
+        assert row["lost"] == 0
+        assert row["restart_ms"] > 0
+        assert sum(row["acknowledged_by_kind"].values()) == row["acknowledged"]
+    assert doc["lost_writes"] == []
 
 
 def test_list_names_every_scenario() -> None:

@@ -543,7 +543,7 @@ def test_node_counters_keep_a_killed_workers_counts(tmp_path: Path) -> None:
         for kill in range(4):
             clients = _clients_on_every_worker(d, 2, bucket="kept")
             for w, c in clients.items():
-                for i in range(40):
+                for i in range(10):  # (each a durable write the node's count must keep)
                     c.set(f"{kill}-{w}-{i}".encode(), b"v" * 100)
                     acked += 1
             for c in clients.values():
