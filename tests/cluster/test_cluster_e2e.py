@@ -26,8 +26,14 @@ def cluster_status(d: Daemon) -> dict[str, Any]:
         return c.server_status()["cluster"]  # type: ignore[no-any-return]
 
 
+#: The nodes' etcd lease (s). A node that renews nothing for this long fences its
+#: writes: a loaded 2-core machine once held a node's renewals back 2.1 s, and a
+#: test's own writes then failed (NodeUnavailable, lease lapsed) with a 1 s lease.
+LEASE_TTL = 3
+
+
 def start_nodes(
-    tmp_path: Path, etcd: EtcdServer, prefix: str, count: int, *, ttl: int = 1
+    tmp_path: Path, etcd: EtcdServer, prefix: str, count: int, *, ttl: int = LEASE_TTL
 ) -> list[Daemon]:
     config = tmp_path / "cluster.toml"
     config.write_text(

@@ -32,7 +32,7 @@ def two_nodes(
 ) -> Iterator[tuple[list[Daemon], str]]:
     tmp: Path = tmp_path_factory.mktemp("metadata")
     prefix = f"/metadata-{tmp.name}"
-    nodes = start_nodes(tmp, etcd_server, prefix, 2, ttl=2)
+    nodes = start_nodes(tmp, etcd_server, prefix, 2)
     try:
         wait_until(lambda: all(full_map(cluster_status(d), 2) for d in nodes), what="map of 2")
         yield nodes, prefix
@@ -164,7 +164,7 @@ def test_with_etcd_down_admin_changes_are_refused_and_data_keeps_serving(
     etcd = EtcdServer(tmp_path / "etcd" / "data").start()
     nodes: list[Daemon] = []
     try:
-        nodes = start_nodes(tmp_path, etcd, "/down", 1, ttl=2)
+        nodes = start_nodes(tmp_path, etcd, "/down", 1)
         (a,) = nodes
         wait_until(lambda: full_map(cluster_status(a), 1), what="map of 1")
         with a.client() as c:
@@ -261,7 +261,7 @@ def test_two_nodes_racing_to_create_one_bucket_one_wins(
 def test_a_node_away_during_changes_takes_them_when_it_returns(
     tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
-    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=2)
+    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2)
     try:
         a, b = nodes
         wait_until(lambda: all(full_map(cluster_status(d), 2) for d in nodes), what="map of 2")

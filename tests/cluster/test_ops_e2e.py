@@ -32,7 +32,7 @@ def nodes(
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TENANTKV_METRICS_PORT", "0")  # each node: /metrics on a free port
         tmp_path = tmp_path_factory.mktemp("ops")
-        started = start_nodes(tmp_path, etcd_server, new_prefix(), 3, ttl=1)
+        started = start_nodes(tmp_path, etcd_server, new_prefix(), 3)
     try:
         wait_until(lambda: all(full_map(cluster_status(d), 3) for d in started), what="map of 3")
         create_bucket(started, BUCKET)

@@ -180,7 +180,7 @@ def test_when_the_leader_dies_the_others_fall_back_then_elect_another(
         what="the leader's shares everywhere",
     )
     victim.kill()
-    # Its office goes with its lease (TTL 1 s); until another node takes it the
+    # Its office goes with its lease (LEASE_TTL); until another node takes it the
     # survivors hold 1/N of the limit, N the nodes up in their map.
     wait_until(
         lambda: all(

@@ -19,7 +19,14 @@ from tenantkv.cluster.slots import SLOTS, key_slot
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
+from .test_cluster_e2e import (
+    LEASE_TTL,
+    cluster_status,
+    create_bucket,
+    full_map,
+    serving,
+    start_nodes,
+)
 
 BUCKET = "app"
 
@@ -30,7 +37,9 @@ def cluster(
 ) -> Iterator[list[Daemon]]:
     """Three nodes (a lease of 2 s) and the bucket (the cluster's: made on one node)."""
     tmp: Path = tmp_path_factory.mktemp("routing")
-    with serving(tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=2, bucket=BUCKET) as nodes:
+    with serving(
+        tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=LEASE_TTL, bucket=BUCKET
+    ) as nodes:
         yield nodes
 
 
@@ -166,7 +175,7 @@ def test_a_single_node_has_no_cluster_command(daemon: Daemon) -> None:
 def test_a_down_node_slots_are_unavailable_the_others_serve(
     tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str
 ) -> None:
-    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2, ttl=1)
+    nodes = start_nodes(tmp_path, etcd_server, etcd_prefix, 2)
     try:
         wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
         create_bucket(nodes, BUCKET)
@@ -236,7 +245,7 @@ def test_etcd_down_reads_serve_writes_fenced_then_all_converges(tmp_path: Path) 
     etcd.start()
     nodes: list[Daemon] = []
     try:
-        nodes = start_nodes(tmp_path, etcd, "/fenced", 2, ttl=1)
+        nodes = start_nodes(tmp_path, etcd, "/fenced", 2)
         wait_until(lambda: full_map(cluster_status(nodes[0]), 2), what="map of 2")
         with nodes[0].client() as c:
             c.create_bucket(BUCKET)

@@ -22,7 +22,9 @@ CONNS = 16  # the benchmark's default --conns
 
 def test_bench_gates_quick_get(tmp_path: Path) -> None:
     out = tmp_path / "gates.json"
-    args = ["gates", "--quick", "--seconds", "0.5", "--warmup", "0.1", "--ops", "get"]
+    # 1.5 s windows: a loaded 2-core machine once gave the generator no turn in
+    # a 0.5 s one (a cell of 0 GETs), and each cell must show its gates at work.
+    args = ["gates", "--quick", "--seconds", "1.5", "--warmup", "0.2", "--ops", "get"]
     proc = run_bench(*args, "--json", str(out), timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert "on/off" in proc.stdout
