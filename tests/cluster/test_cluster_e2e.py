@@ -84,7 +84,13 @@ def create_bucket(nodes: list[Daemon], name: str, timeout: float = 2.0) -> None:
 
 @contextlib.contextmanager
 def serving(
-    tmp_path: Path, etcd: EtcdServer, prefix: str, count: int, *, ttl: int, bucket: str
+    tmp_path: Path,
+    etcd: EtcdServer,
+    prefix: str,
+    count: int,
+    *,
+    bucket: str,
+    ttl: int = LEASE_TTL,
 ) -> Iterator[list[Daemon]]:
     """``count`` nodes sharing the slots, with ``bucket`` made; killed on the way out."""
     nodes = start_nodes(tmp_path, etcd, prefix, count, ttl=ttl)

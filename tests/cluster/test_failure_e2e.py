@@ -25,14 +25,7 @@ from tenantkv.client.cluster import AsyncClusterClient, ClusterClient
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import (
-    LEASE_TTL,
-    cluster_status,
-    create_bucket,
-    full_map,
-    serving,
-    start_nodes,
-)
+from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
 from .test_routing_e2e import BUCKET, key_on, owner_of, resp
 
 
@@ -53,7 +46,7 @@ def redis_cluster(d: Daemon) -> RedisCluster:
 
 @pytest.fixture
 def three(tmp_path: Path, etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[list[Daemon]]:
-    with serving(tmp_path, etcd_server, etcd_prefix, 3, ttl=LEASE_TTL, bucket=BUCKET) as nodes:
+    with serving(tmp_path, etcd_server, etcd_prefix, 3, bucket=BUCKET) as nodes:
         yield nodes
 
 

@@ -19,14 +19,7 @@ from tenantkv.cluster.slots import SLOTS, key_slot
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
-from .test_cluster_e2e import (
-    LEASE_TTL,
-    cluster_status,
-    create_bucket,
-    full_map,
-    serving,
-    start_nodes,
-)
+from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
 
 BUCKET = "app"
 
@@ -37,9 +30,7 @@ def cluster(
 ) -> Iterator[list[Daemon]]:
     """Three nodes (a lease of 2 s) and the bucket (the cluster's: made on one node)."""
     tmp: Path = tmp_path_factory.mktemp("routing")
-    with serving(
-        tmp, etcd_server, f"/routing-{tmp.name}", 3, ttl=LEASE_TTL, bucket=BUCKET
-    ) as nodes:
+    with serving(tmp, etcd_server, f"/routing-{tmp.name}", 3, bucket=BUCKET) as nodes:
         yield nodes
 
 
