@@ -122,12 +122,16 @@ def setup_bucket(nodes: list[Daemon], bucket: str) -> list[str]:
     return keys
 
 
-def measure(nodes: list[Daemon], bucket: str, plan: list[tuple[int, float | None]]) -> float:
+def measure(
+    nodes: list[Daemon], bucket: str, plan: list[tuple[int, float | None]]
+) -> tuple[float, list[float]]:
     """Drive ``plan`` (per node: tasks, rate) and return the cluster-wide units/s
-    charged over ``WINDOW`` after 1.5 s of warm-up."""
+    charged over ``WINDOW`` after 1.5 s of warm-up, and each node's share of the
+    hard limit (units/s) as the leader gave it at the window's end, under load."""
     keys = setup_bucket(nodes, bucket)
     end = time.monotonic() + 1.5 + WINDOW + 0.5
     result: list[float] = []
+    shares: list[float] = []
 
     async def main() -> None:
         async with trio.open_nursery() as n:
@@ -138,12 +142,15 @@ def measure(nodes: list[Daemon], bucket: str, plan: list[tuple[int, float | None
             await trio.sleep(WINDOW)
             after, t1 = await trio.to_thread.run_sync(charged, nodes, bucket), time.monotonic()
             result.append((after - before) / (t1 - t0))
+            for d in nodes:
+                share = await trio.to_thread.run_sync(quota_of, d, bucket)
+                shares.append(float(share["hard_rate"]))
 
     trio.run(main)
-    print(f"{bucket}: {result[0]:.1f} units/s cluster-wide")
+    print(f"{bucket}: {result[0]:.1f} units/s cluster-wide, shares {shares}")
     for d in nodes:
         assert quota_of(d, bucket)["source"] == "leader", quota_of(d, bucket)
-    return result[0]
+    return result[0], shares
 
 
 def test_a_hard_limit_holds_cluster_wide_with_the_load_split_80_10_10(
@@ -152,20 +159,28 @@ def test_a_hard_limit_holds_cluster_wide_with_the_load_split_80_10_10(
     nodes, _ = shared
     # n0 closed loop on 8 tasks; n1 and n2 paced at 100 units/s each. At 1/N the
     # cluster would charge 333 + 100 + 100; the leader gives n0 what they leave.
-    rate = measure(nodes, "split", [(8, None), (1, 100 / UNITS_PER_GET), (1, 100 / UNITS_PER_GET)])
-    # One slice's burst per node over the window on top of the limit, at most;
-    # at least well above the 533 of 1/N (a loaded machine drives less).
+    plan = [(8, None), (1, 100 / UNITS_PER_GET), (1, 100 / UNITS_PER_GET)]
+    rate, shares = measure(nodes, "split", plan)
+    # One slice's burst per node over the window on top of the limit, at most.
     assert rate <= LIMIT * 1.03 + 3 * LIMIT * 0.1 / WINDOW, rate
-    assert rate >= 0.65 * LIMIT, rate
+    # The leader gives n0 what the paced nodes leave: more than 1/N, more than
+    # theirs. Read as shares, not as the rate n0 reached: a loaded 2-core machine
+    # once drove the whole cluster at 389 units/s, below any rate bound that
+    # tells the leader's split from 1/N.
+    assert shares[0] > LIMIT / 3 and shares[0] > max(shares[1:]), shares
 
 
 def test_a_hard_limit_holds_cluster_wide_with_the_load_split_evenly(
     shared: tuple[list[Daemon], str],
 ) -> None:
     nodes, _ = shared
-    rate = measure(nodes, "even", [(3, None), (3, None), (3, None)])
+    rate, shares = measure(nodes, "even", [(3, None), (3, None), (3, None)])
     assert rate <= LIMIT * 1.03 + 3 * LIMIT * 0.1 / WINDOW, rate
-    assert rate >= 0.5 * LIMIT, rate
+    # The whole limit is handed out (the rate reached depends on the machine's
+    # load; the shares do not). Each node's share is read at its own last slice,
+    # so their sum may stand a slice's move above the limit: the rate above is
+    # what holds it.
+    assert sum(shares) >= LIMIT * 0.9, shares
 
 
 def test_when_the_leader_dies_the_others_fall_back_then_elect_another(
