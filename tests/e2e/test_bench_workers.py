@@ -44,7 +44,9 @@ def test_workers_quick_compares_one_and_two_workers(tmp_path: Path) -> None:
         for n, procs in (("1", 1), ("2", 3)):  # 2 workers: the supervisor and two workers
             s = c["workers"][n]
             assert s["errors"] == 0, (c["door"], c["op"], n, s["error_sample"])
-            assert s["ops_per_s"] > 0 and s["server_us_per_op"] > 0
+            # The CPU figure is reported; its size is the bench's to judge: a loaded run
+            # once read 0.0 over a quick window (whole clock ticks of /proc).
+            assert s["ops_per_s"] > 0 and s["server_us_per_op"] is not None
             assert [r["processes"] for r in s["rounds"]] == [procs]
             assert (s["ops_per_commit"] is not None) == (c["op"] == "set")
             if n == "2":
