@@ -110,19 +110,18 @@ class ImportOp(WriteOp):
 
 def _import(w: WriteContext, bucket: str, key: bytes, raw: bytes | None, made: Any) -> None:
     h = w.engine.buckets.get(bucket)
-    here = incarnation(h)
-    if (h is None or h.dropped) and raw is None and made is None:
-        return  # a key gone from a bucket that neither node has: nothing to delete
-    if h is None or h.dropped or here != made:
-        # Made on another node a moment ago and not here yet, or dropped and
-        # made again on one of the two nodes and not yet on the other (metadata
-        # follows etcd): the page is refused and copied again once both hold
-        # the same bucket, never skipped — and a dropped bucket's records never
-        # land in the bucket made again under its name.
+    # Made on another node a moment ago and not here yet, or dropped and made
+    # again on one of the two nodes and not yet on the other (metadata follows
+    # etcd): the page is refused and copied again once both hold the same
+    # bucket, never skipped, and a dropped bucket's records never land in the
+    # bucket made again under its name.
+    if h is None or h.dropped:
+        if raw is None and made is None:
+            return  # a key gone from a bucket that neither node has: nothing to delete
+        raise errors.NodeUnavailable(f"bucket {bucket!r} is not on this node yet")
+    if incarnation(h) != made:
         raise errors.NodeUnavailable(
-            f"bucket {bucket!r} is not on this node yet"
-            if h is None or h.dropped
-            else f"bucket {bucket!r} here is not the one the records come from "
+            f"bucket {bucket!r} here is not the one the records come from "
             "(dropped and created again): copied again once both nodes follow etcd"
         )
     old = _stored(w, h, key)
