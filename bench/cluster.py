@@ -467,6 +467,22 @@ class Window:
         }
 
 
+@contextlib.contextmanager
+def _loaded_cluster(
+    args: Any,
+) -> Iterator[tuple[Cluster, str, str, list[tuple[Target, LoadSpec]]]]:
+    """Three nodes, the bench user, and a GET load per node over its preloaded
+    keys for a failure part's window: what the kill and etcd parts start from."""
+    with cluster(3, args.lease_ttl) as c:
+        user, password = _bench_user(c)
+        codec = TenantKVCodec(user, password, BUCKET)
+        loads = _loads(
+            [(n.host, n.port) for n in c.nodes], c.prefixes, codec, args, args.failure_seconds
+        )
+        _preload(loads)
+        yield c, user, password, loads
+
+
 def _run_window(loads: list[tuple[Target, LoadSpec]], w: Window) -> dict[str, Any]:
     results, _ = loadgen.run_loads(loads, w.probe, SAMPLE_EVERY)
     return {
@@ -480,13 +496,7 @@ def part_kill(args: Any) -> dict[str, Any]:
     """GETs on two nodes; the third killed with SIGKILL half-way through."""
     from tenantkv.client.cluster import ClusterClient
 
-    with cluster(3, args.lease_ttl) as c:
-        user, password = _bench_user(c)
-        codec = TenantKVCodec(user, password, BUCKET)
-        loads = _loads(
-            [(n.host, n.port) for n in c.nodes], c.prefixes, codec, args, args.failure_seconds
-        )
-        _preload(loads)
+    with _loaded_cluster(args) as (c, user, password, loads):
         victim = c.nodes[2]
         victim_key = loadgen.key_name(c.prefixes[2], 0)
         seen: dict[str, int] = {}
@@ -526,13 +536,7 @@ def part_kill(args: Any) -> dict[str, Any]:
 def part_etcd(args: Any) -> dict[str, Any]:
     """GETs on every node while etcd is killed with SIGKILL half-way through;
     then etcd back, and the time until everything converges."""
-    with cluster(3, args.lease_ttl) as c:
-        user, password = _bench_user(c)
-        codec = TenantKVCodec(user, password, BUCKET)
-        loads = _loads(
-            [(n.host, n.port) for n in c.nodes], c.prefixes, codec, args, args.failure_seconds
-        )
-        _preload(loads)
+    with _loaded_cluster(args) as (c, _user, _password, loads):
         fenced: list[float] = []
         admin_change: list[str] = []
         with contextlib.ExitStack() as stack:

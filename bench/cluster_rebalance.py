@@ -321,36 +321,7 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
     last: dict[bytes, bytes] = {}
     wcounts, pcounts = Counts(), Counts()
     windows: list[float] = []
-    rng = random.Random(args.seed)
-    threads = [
-        threading.Thread(
-            target=writer,
-            args=(
-                ClusterClient(nodes[0].host, nodes[0].port, **kw),
-                args.keys,
-                value,
-                last,
-                wcounts,
-                stop,
-                random.Random(rng.random()),
-                f"w{i}:",
-            ),
-        )
-        for i in range(args.writers)
-    ]
-    pclient = ClusterClient(nodes[0].host, nodes[0].port, **kw)
-    threads.append(
-        threading.Thread(
-            target=probe,
-            args=(
-                pclient,
-                Client(nodes[0].host, nodes[0].port, user="admin", password=password),
-                pcounts,
-                windows,
-                stop,
-            ),
-        )
-    )
+    threads = _load_threads(args, nodes, kw, password, value, last, wcounts, pcounts, windows, stop)
     for t in threads:
         t.start()
     try:
@@ -412,6 +383,43 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
             },
         )
     return 1 if lost or wcounts.fatal or pcounts.fatal else 0
+
+
+def _load_threads(
+    args: argparse.Namespace,
+    nodes: list[Node],
+    kw: dict[str, Any],
+    password: str,
+    value: bytes,
+    last: dict[bytes, bytes],
+    wcounts: Counts,
+    pcounts: Counts,
+    windows: list[float],
+    stop: threading.Event,
+) -> list[threading.Thread]:
+    """The writers (each its own keys and seed) and the probe that times each
+    stretch of refused writes, all through node 0, not yet started."""
+    rng = random.Random(args.seed)
+    threads = [
+        threading.Thread(
+            target=writer,
+            args=(
+                ClusterClient(nodes[0].host, nodes[0].port, **kw),
+                args.keys,
+                value,
+                last,
+                wcounts,
+                stop,
+                random.Random(rng.random()),
+                f"w{i}:",
+            ),
+        )
+        for i in range(args.writers)
+    ]
+    pclient = ClusterClient(nodes[0].host, nodes[0].port, **kw)
+    admin = Client(nodes[0].host, nodes[0].port, user="admin", password=password)
+    threads.append(threading.Thread(target=probe, args=(pclient, admin, pcounts, windows, stop)))
+    return threads
 
 
 def _worst_pause(nodes: list[Node]) -> str:

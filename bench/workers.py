@@ -240,29 +240,11 @@ def _measure_msgpack(
     with _split(handle) as split, _machine(handle) as mach, commits as wpc:
         res = loadgen.run_load(target, spec, handle.cpu_seconds)
     return {
-        "requests": res.ok,
-        "ops_per_s": round(res.ops_per_s, 1),
-        "server_us_per_op": _r(
-            res.server_cpu_s / res.ok * 1e6 if res.ok and res.server_cpu_s is not None else None,
-            2,
-        ),
-        "server_cpu_pct": _r(
-            100 * res.server_cpu_s / res.window_s if res.server_cpu_s is not None else None, 1
-        ),
-        "client_cpu_pct": _r(100 * res.client_cpu_s / res.window_s, 1),
-        "p50_ms": _r(_ms(res.percentile_us(0.5)), 3),
-        "p99_ms": _r(_ms(res.percentile_us(0.99)), 3),
-        "errors": res.errors,
-        "error": res.error_sample,
-        "writes_per_commit": _r(wpc(), 1),
+        **resp.loadgen_figures(res, wpc()),
         "processes": procs,
         **split,
         **mach,
     }
-
-
-def _ms(us: float | None) -> float | None:
-    return None if us is None else us / 1000
 
 
 def one_server(args: argparse.Namespace, workers: int, cells: list[Cell]) -> dict[Cell, Any]:
