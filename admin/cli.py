@@ -28,10 +28,9 @@ from typing import Any
 
 import tenantkv
 from tenantkv import errors
-from tenantkv.config import DEFAULT_PORT
+from tenantkv.protocol import DEFAULT_PORT
 
 from . import format as fmt
-from . import top as top_mod
 from .cluster_totals import cluster_totals, totals_text
 
 PROG = "tenantkv-admin"
@@ -734,6 +733,8 @@ def _top_args(p: argparse.ArgumentParser) -> None:
 
 
 def _top(c: tenantkv.Client, a: argparse.Namespace) -> Output:
+    from . import top as top_mod  # (its metrics module is only `top`'s)
+
     shown = top_mod.run(
         c.server_status,
         interval=a.interval,

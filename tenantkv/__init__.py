@@ -6,8 +6,9 @@ monitoring (:class:`CommandListener` and the events); errors are in
 :mod:`tenantkv.errors`. See docs/client.md.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from tenantkv._version import __version__
-from tenantkv.client.async_client import AsyncClient
 from tenantkv.client.core import Item, Record
 from tenantkv.client.monitoring import (
     CommandEventLog,
@@ -18,6 +19,20 @@ from tenantkv.client.monitoring import (
 )
 from tenantkv.client.retry import RetryPolicy, RetryTokenBucket
 from tenantkv.client.sync_client import Client, Pipeline
+
+if TYPE_CHECKING:
+    from tenantkv.client.async_client import AsyncClient
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncClient imports Trio, which takes most of a second of CPU to import:
+    # a script or the admin CLI that uses the blocking Client does not pay it.
+    if name == "AsyncClient":
+        from tenantkv.client.async_client import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(f"module 'tenantkv' has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncClient",
