@@ -71,6 +71,10 @@ class Writer:
 def retryable(exc: BaseException) -> bool:
     if isinstance(exc, errors.TenantKVError):
         return exc.has_label(errors.RETRYABLE) or isinstance(exc, errors.ConnectionClosed)
+    if type(exc) is redis.exceptions.ClusterError and str(exc) == "TTL exhausted.":
+        # redis-py's own retries (16, about 0.6 s of -TRYAGAIN) ran out before a
+        # switch's pause ended on a loaded machine; none ran (docs/cluster.md).
+        return True
     return isinstance(
         exc,
         (
