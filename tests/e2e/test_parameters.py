@@ -53,6 +53,9 @@ def test_parameter_persists_across_restart(fresh_daemon: Daemon) -> None:
     with fresh_daemon.client() as c:
         c.command("set_parameter", name="idle_timeout_secs", value=120)
     fresh_daemon.stop()
+    # New ports: the test is about the data directory, not the port, and on a busy
+    # machine another process may take the old port before the restart binds it.
+    fresh_daemon.port = fresh_daemon.resp_port = 0
     fresh_daemon.start()
     with fresh_daemon.client() as c:
         assert c.command("get_parameter", name="idle_timeout_secs")["value"] == 120.0
