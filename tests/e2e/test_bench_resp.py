@@ -30,7 +30,8 @@ def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def test_resp_quick_cells_against_the_resp_and_msgpack_ports(tmp_path: Path) -> None:
     _need_redis_benchmark()
     out = tmp_path / "resp.json"
-    args = ["resp", "--quick", "--ops", "get,set", "--shapes", "4x16", "--seconds", "0.3"]
+    # 1 s runs: on a loaded machine a 0.3 s one may complete no request in its window.
+    args = ["resp", "--quick", "--ops", "get,set", "--shapes", "4x16", "--seconds", "1"]
     args += ["--keys", "500", "--json", str(out)]
     vs_redis = shutil.which("redis-server") is not None
     if vs_redis:
@@ -47,7 +48,12 @@ def test_resp_quick_cells_against_the_resp_and_msgpack_ports(tmp_path: Path) -> 
         for side in ("resp", "msgpack") + (("redis",) if vs_redis else ()):
             assert c[side]["errors"] == 0, (side, c[side]["error_sample"])
             assert c[side]["ops_per_s"] > 0, side
-            assert c[side]["server_us_per_op"] > 0, side
+            # Server CPU is read in /proc's whole clock ticks (10 ms): redis-server,
+            # at well under a microsecond per request, can spend less than one in a
+            # run on a loaded machine (a run read 0.0); tenantkv spends tens.
+            assert c[side]["server_us_per_op"] is not None, side
+            if side != "redis":
+                assert c[side]["server_us_per_op"] > 0, side
         assert c["resp_over_msgpack"] > 0
         assert (c["resp_over_redis"] is not None) == vs_redis
     assert [ch["figure"] for ch in doc["checks"]] == [
