@@ -149,6 +149,9 @@ class Refresh(Call[Done], type="refresh", sender=SUPERVISOR):
 
 class StatusReply(Reply):
     status: dict[str, Any]
+    #: ``time.monotonic()`` when the worker read its counts: one clock for every
+    #: process of the host, so the supervisor stamps the node's document with it
+    at: float
 
 
 class Status(Call[StatusReply], type="status", sender=SUPERVISOR):

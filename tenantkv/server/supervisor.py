@@ -662,10 +662,10 @@ class Supervisor:
             shares[name] = rate_share.split(1.0, demands)[str(w.index)]
         return shares
 
-    async def _documents(self) -> list[dict[str, Any]]:
+    async def _documents(self) -> list[m.StatusReply]:
         """Every serving worker's status document, asked for in parallel; each is
         kept as that worker's latest (its counts outlive it: node_figures)."""
-        docs: dict[int, tuple[Channel, dict[str, Any]]] = {}
+        docs: dict[int, tuple[Channel, m.StatusReply]] = {}
 
         async def one(w: _Worker) -> None:
             channel = w.channel
@@ -674,7 +674,7 @@ class Supervisor:
             with contextlib.suppress(ChannelClosed):
                 answer = await channel.call(m.Status())
                 if w.channel is channel:  # not a worker that died meanwhile
-                    docs[w.index] = (channel, answer.status)
+                    docs[w.index] = (channel, answer)
                     self.figures.seen(w.index, answer.status)
 
         async with trio.open_nursery() as nursery:
@@ -684,9 +684,19 @@ class Supervisor:
         return [doc for i, (ch, doc) in sorted(docs.items()) if self.workers[i].channel is ch]
 
     async def node_status(self) -> dict[str, Any]:
-        """The node's status document (``/metrics`` and ``server_status`` read it)."""
-        docs = await self._documents()
-        return self.figures.document(docs, self._node_parts()) if docs else {}
+        """The node's status document (``/metrics`` and ``server_status`` read it).
+
+        Its ``uptime_secs`` is the mean instant at which the workers read their
+        counts, not the moment the last answer arrived: a rate taken between two
+        documents divides summed counts by the difference of their stamps, and
+        a worker or a supervisor held up on a loaded machine would otherwise
+        stretch or shrink that window by the hold-up (a rate off by a tenth over
+        two seconds)."""
+        answers = await self._documents()
+        if not answers:
+            return {}
+        read_at = sum(a.at for a in answers) / len(answers)
+        return self.figures.document([a.status for a in answers], self._node_parts(read_at))
 
     async def _poll_figures(self) -> None:
         """Read every worker's document now and then: what a worker that dies
@@ -695,12 +705,12 @@ class Supervisor:
             await trio.sleep(POLL_SECS)
             await self._documents()
 
-    def _node_parts(self) -> dict[str, Any]:
+    def _node_parts(self, read_at: float) -> dict[str, Any]:
         """The figures only the supervisor knows, in the document's shape (the
-        figures the metric catalog declares ``node``)."""
+        figures the metric catalog declares ``node``), stamped ``read_at``."""
         return {
             "pid": os.getpid(),
-            "uptime_secs": round(time.monotonic() - self._started, 3),
+            "uptime_secs": round(read_at - self._started, 3),
             "connections": {"table": self.table.statistics().as_dict()},
             "authentication": self.login_gate.statistics(self._login_settings).as_dict(),
             "storage": {"writer": self.writer.statistics()},

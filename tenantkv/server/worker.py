@@ -29,6 +29,7 @@ import itertools
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -370,7 +371,7 @@ class WorkerLink:
     async def _on_status(self, node: Node, msg: m.Status) -> m.StatusReply:
         from tenantkv.server.status import status_document
 
-        return m.StatusReply(status_document(node))
+        return m.StatusReply(status_document(node), time.monotonic())
 
     async def _on_lease(self, node: Node, msg: m.Lease) -> None:
         self._apply_lease(node, lease_from_wire(msg.lease))

@@ -7,6 +7,7 @@ every worker open connections until ``whoami`` has named each one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -630,3 +631,35 @@ def test_every_figure_of_the_node_document_declares_how_it_combines(workers2: Da
     doc = _status(workers2)
     doc.pop("workers")
     assert undeclared(doc) == []
+
+
+def test_the_node_document_is_stamped_when_its_counts_were_read(workers2: Daemon) -> None:
+    """A rate between two status documents (``tenantkv-admin top``, the bench)
+    divides counts by the difference of their ``uptime_secs``, so a node's
+    document is stamped with the instant the workers read their counts (their
+    mean), not when the slowest worker's answer reached the supervisor: a worker
+    held up for ``HOLD`` seconds moves the stamp by about half of that, and a
+    rate over a short window stays true on a loaded machine."""
+    hold = 2.0
+    clients = _clients_on_every_worker(workers2, 2)
+    try:
+        first = clients[0].command("server_status")
+        t1 = time.monotonic()
+        (pid,) = [w["pid"] for w in first["workers"] if w["worker"] == 1]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(clients[0].command, "server_status")
+                time.sleep(hold)  # the hold is this test's input, not a wait for a state
+                t3 = time.monotonic()
+                os.kill(pid, signal.SIGCONT)
+                second = pending.result(timeout=30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        for c in clients.values():
+            c.close()
+    assert len(second["workers"]) == 2  # both answered: the stamp covers both reads
+    # Stamped at the slow answer: >= t3 - t1. At the mean of the two reads: about
+    # t3 - t1 - hold / 2; worker 0 has most of the hold to answer on a loaded machine.
+    assert second["uptime_secs"] - first["uptime_secs"] <= (t3 - t1) - hold / 4

@@ -63,7 +63,7 @@ async def test_a_call_is_answered_by_its_handler_and_a_failure_reaches_the_calle
     evicted: list[int] = []
 
     async def on_status(msg: m.Status) -> m.StatusReply:
-        return m.StatusReply({"pid": 7})
+        return m.StatusReply({"pid": 7}, 1.5)
 
     async def on_evict(msg: m.Evict) -> None:
         evicted.append(msg.conn)
@@ -77,7 +77,7 @@ async def test_a_call_is_answered_by_its_handler_and_a_failure_reaches_the_calle
             nursery.start_soon(worker.run, dispatch)
             nursery.start_soon(supervisor.run, {})
             answer = await supervisor.call(m.Status())
-            assert answer == m.StatusReply({"pid": 7})
+            assert answer == m.StatusReply({"pid": 7}, 1.5)
             await supervisor.send(m.Evict(42))
             with pytest.raises(RemoteError, match="storage gone"):
                 await supervisor.call(m.Refresh())
