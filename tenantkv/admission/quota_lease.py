@@ -73,7 +73,9 @@ Why the limits hold, and the bounds where they lag
       all N workers together add at most one node rate (one hard limit) for one
       round trip plus one slice of counter.
     * A dead worker: the supervisor is told (:meth:`QuotaAllocator.forget`) or
-      it stops reporting and is dropped after ``LEASE_SLICES`` slices; its share
+      it stops reporting and is dropped after ``LEASE_SLICES`` slices of the
+      others' reports (not of the supervisor's time: reports queued while the
+      supervisor was held up are not silence, :meth:`QuotaAllocator.report`); its share
       goes to the others with the next allocation. What it had not spent dies
       with it; what it spent in its last slice may be spent again by the others
       in that slice (at most one slice of its share).
@@ -148,6 +150,12 @@ class QuotaAllocator:
         self.props = props
         self._lend = lend
         self._reports: dict[str, _Report] = {}
+        #: The clock a worker's silence is measured on: it follows the callers'
+        #: ``now`` but moves at most one slice per report, so reports that waited
+        #: in a queue while this process was held up do not find the others
+        #: silent (:meth:`report`).
+        self._silence_clock = 0.0
+        self._last_now: float | None = None
         #: The latest lease of every live worker, and the last one it was sent.
         self._leases: dict[str, dict[str, BucketLease]] = {}
         self._sent: dict[str, dict[str, BucketLease]] = {}
@@ -182,9 +190,18 @@ class QuotaAllocator:
         """
         use = dict(usage)
         previous = self._reports.get(worker)
-        self._reports[worker] = _Report(use, now)
         slice_secs = self.props.slice_secs
-        horizon = now - LEASE_SLICES * slice_secs
+        # Silence is counted in the reports this allocator handles, not in its
+        # caller's time alone: after a hold-up of this process, the first report
+        # handled would otherwise find every other worker silent and take their
+        # shares while they still spend their leases (their own reports are
+        # next in the queue). A worker that is really silent is still dropped
+        # after LEASE_SLICES slices of the others' reports.
+        if self._last_now is not None:
+            self._silence_clock += min(max(now - self._last_now, 0.0), slice_secs)
+        self._last_now = now
+        self._reports[worker] = _Report(use, self._silence_clock)
+        horizon = self._silence_clock - LEASE_SLICES * slice_secs
         for name in [w for w, r in self._reports.items() if r.at < horizon]:
             self.forget(name)
         if (

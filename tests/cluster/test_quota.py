@@ -216,8 +216,9 @@ def test_limit_allocator_leases_nodes_their_shares_and_forgets_the_silent() -> N
     lease = alloc.report("b", {"h": use(2, True)}, 0.0)
     assert lease["h"].hard_rate == pytest.approx(600)
     assert alloc.lease("a")["h"].hard_rate == pytest.approx(300)
-    # "a" goes silent for LEASE_SLICES slices: its share goes to "b".
-    lease = alloc.report("b", {"h": use(2, True)}, 0.5)
+    # "a" goes silent for LEASE_SLICES slices of b's reports: its share goes to "b".
+    for t in (0.1, 0.2, 0.3, 0.4):
+        lease = alloc.report("b", {"h": use(2, True)}, t)
     assert lease["h"].hard_rate == pytest.approx(900)
     assert alloc.workers == ["b"]
 

@@ -578,10 +578,35 @@ def test_forget_and_silence_drop_a_worker() -> None:
     assert qa.lease("w0")["A"].rate == pytest.approx(10_000 / 3)
     qa.forget("w2")
     assert qa.report("w0", {"A": use(1, True)}, 0.1)["A"].rate == pytest.approx(5000)
-    # w1 last reported at 0.0: more than 3 slices later it is gone.
+    # w1 last reported at 0.0: after 3 more slices of w0's reports it is gone.
+    for t in (0.2, 0.3):
+        assert qa.report("w0", {"A": use(1, True)}, t)["A"].rate == pytest.approx(5000)
     assert qa.report("w0", {"A": use(1, True)}, 0.31)["A"].rate == pytest.approx(10_000)
     assert qa.workers == ["w0"]
     assert qa.lease("w1") == {}
+
+
+def test_a_late_allocator_forgets_nobody() -> None:
+    """Reports wait in the queue while the allocator's process is held up (a
+    loaded machine): the first one handled after the hold-up must not find the
+    others silent, or its worker would get their shares while they still spend
+    their leases (the node over its hard limit until the push)."""
+    qa = allocator(A={"reserved": 0, "hard_limit": 2000})
+    sent = {}
+    t = 0.0
+    for _ in range(10):
+        for w in ("w0", "w1"):
+            sent[w] = qa.report(w, {"A": use(4, True, 3000.0)}, t)
+            t += SLICE / 2
+    t += 4 * SLICE  # the hold-up: both workers' next reports wait in the queue
+    sent["w0"] = qa.report("w0", {"A": use(4, True, 3000.0)}, t)
+    assert sent["w0"]["A"].hard_rate + sent["w1"]["A"].hard_rate <= 2000 * 1.0001
+    assert qa.workers == ["w0", "w1"]
+    # A worker that is really silent is still dropped after 3 slices of the other's reports.
+    for _ in range(4):
+        t += SLICE
+        sent["w0"] = qa.report("w0", {"A": use(4, True, 3000.0)}, t)
+    assert qa.workers == ["w0"] and sent["w0"]["A"].hard_rate == pytest.approx(2000)
 
 
 def test_unthrottled_use_is_set_aside_for_its_worker() -> None:
