@@ -101,6 +101,13 @@ def test_throttle_hard_limit_holds_with_two_workers(tmp_path: Path) -> None:
     assert doc["meta"]["settings"]["workers"] == 2
     (s,) = doc["scenarios"]
     assert s["client"]["errors"] == 0, s["client"]["error_sample"]
-    # a 2 s window on a shared CI machine: sane, not the ±3 % of the published run
-    assert abs(s["server"]["units_per_s"] - s["settings"]["hard_limit"]) <= 0.1 * 2000
+    # A 2 s window on a shared CI machine: sane, not the ±3 % of the published run.
+    # Above the limit is what the limit promises never to let through. Below it
+    # is lost throughput, and a loaded machine causes some: a worker not
+    # scheduled for a few hundred ms leaves its share of the limit unused (its
+    # counter refills at most a slice's worth), and the other worker may not
+    # spend it (a loaded run read 1,756, -12 %). The lower bound still catches a
+    # split that strands a worker's share (1,000: half the limit).
+    achieved, limit = s["server"]["units_per_s"], s["settings"]["hard_limit"]
+    assert 0.7 * limit <= achieved <= 1.1 * limit, s
     assert "serve --workers 2" in r.stdout
