@@ -1919,6 +1919,27 @@ METRICS: tuple[Metric, ...] = (
         across="node",
     ),
     Metric(
+        "tenantkv_cluster_requests_refused",
+        "counter",
+        "cluster.routing.refused",
+        "Requests this node answered with a redirection or a refusal instead of running "
+        "them: keys of another node's slot (`-MOVED`), a slot no node serves now "
+        "(`-CLUSTERDOWN`), keys of several slots on RESP (`-CROSSSLOT`), a moving slot "
+        "past its hold (`-TRYAGAIN`).",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
+        "tenantkv_cluster_requests_held",
+        "counter",
+        "cluster.routing.held",
+        "Requests of a slot moving away from this node that waited for the move to settle "
+        "(at most 2 s) before being answered as the map then said: redirected to the new "
+        "owner, served here (the move was given up), or refused (`-TRYAGAIN`).",
+        section="Cluster",
+        across="node",
+    ),
+    Metric(
         "tenantkv_cluster_etcd_errors",
         "counter",
         "cluster.etcd_errors",

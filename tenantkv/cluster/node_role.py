@@ -77,6 +77,7 @@ class ClusterNode(SingleProcess):
         #: janitor dropping slots moved away (tenantkv.cluster.rebalance)
         self.mover: Mover | None = None
         self.janitor: SlotJanitor | None = None
+        self.router: Router | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"node": self.settings.node_name}
@@ -91,6 +92,8 @@ class ClusterNode(SingleProcess):
         moves = self.mover.status() if self.mover is not None and self.member.coordinator else {}
         if self.janitor is not None:
             moves["keys_dropped"] = self.janitor.dropped
+        r = self.router
+        routing = {"refused": r.refused, "held": r.held} if r is not None else {}
         return {
             "cluster": {
                 "joined": True,
@@ -98,6 +101,7 @@ class ClusterNode(SingleProcess):
                 "metadata": metadata,
                 "quota": quota,
                 "moves": moves,
+                "routing": routing,
             }
         }
 
@@ -178,7 +182,7 @@ class ClusterNode(SingleProcess):
     def _route(self, node: Node) -> None:
         """From now on the node serves only the keys of its own slots."""
         assert self.member is not None
-        node.cluster = Router(self.member)
+        node.cluster = self.router = Router(self.member)
 
     async def move_slots(self, session: Any, drain: list[str], params: dict[str, Any]) -> Any:
         return await move_slots(session, drain, params)

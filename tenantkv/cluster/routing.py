@@ -12,12 +12,19 @@ all). A refusal is cheap and early — nothing ran, so the retryable ones carry
 ``RetryableError`` — and costs the read floor per key named, as any refused
 request does.
 
-While a slot moves (tenantkv.cluster.rebalance) its source refuses its writes
-with ``SlotMoving`` (RESP ``-TRYAGAIN``) once fenced, and in the move's
-``switch`` phase answers every request of it with ``-ASK slot target`` on the
-RESP door (``SlotMoving`` on the MessagePack door: retried, the map then names
-the new owner), while the target takes a RESP request of it that follows
-``ASKING`` (a flag for the connection's next command, as in Redis Cluster).
+While a slot moves (tenantkv.cluster.rebalance) its source takes no write of
+it once fenced, and in the move's ``switch`` phase no request of it, while the
+target takes a RESP request of it that follows ``ASKING`` (a flag for the
+connection's next command, as in Redis Cluster). Such a request is **held**
+(:class:`~tenantkv.server.held.Held`, :meth:`Router.hold`): the connection waits, up to
+``HOLD_SECS``, until the move settles, and the request is then answered as
+the map says — ``NotMyPartition`` (``-MOVED``) once the target owns the slot,
+served here if the move was given up — and only a move that outlasts the hold
+answers ``SlotMoving`` (``-TRYAGAIN``, retryable). A client therefore follows
+one redirection instead of spending its retries on a pause: redis-py gives up
+on ``-TRYAGAIN`` after about 0.6 s, and a switch's pause on a loaded machine
+can be longer. A request inside ``MULTI`` is refused at once (EXEC answers
+EXECABORT), as any refused request there.
 
 The check filters the chunk's decoded requests (:meth:`Router.route`), so it
 sees every request whatever path the executor then takes it down (runs of
@@ -30,15 +37,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from typing import Any
+from functools import partial
+from typing import Any, Final
+
+import trio
 
 from tenantkv import errors
 from tenantkv.cluster.cluster_map import ClusterMap, NodeInfo, SlotMove
 from tenantkv.cluster.membership import Member
 from tenantkv.cluster.slots import SLOTS, key_slot
+from tenantkv.server.held import Held
 
 #: Command kinds whose requests name keys.
 DATA_KINDS = frozenset({"read", "write"})
+#: How long a request of a moving slot waits for the move to settle (Router.hold):
+#: a switch pauses a slot for about 0.3 s on a quiet machine.
+HOLD_SECS: Final = 2.0
+#: A move given up lifts its fence without a new map: looked at this often.
+HOLD_POLL_SECS: Final = 0.05
 
 
 def node_id(name: str) -> str:
@@ -84,6 +100,8 @@ class Router:
     def __init__(self, member: Member) -> None:
         self.member = member
         self.refused = 0
+        #: requests held while their slot moved (hold), and those served here after
+        self.held = 0
         #: slots whose writes this node refuses now (a move's fence; the writer
         #: enforces it too, for writes routed before it)
         self.fenced: set[int] = set()
@@ -118,17 +136,35 @@ class Router:
                 if cmd is not None and cmd.kind in DATA_KINDS:
                     keys = request_keys(req[2])
                     if keys is not None:
-                        exc = self.refusal(
-                            keys, resp=resp, write=cmd.kind == "write", asking=asking
-                        )
+                        write = cmd.kind == "write"
+                        exc = self.refusal(keys, resp=resp, write=write, asking=asking)
                         if exc is not None:
                             if ex.in_multi:  # not queued: EXEC answers EXECABORT
                                 ex.transaction_refused(req[1])
+                            elif type(exc) is errors.SlotMoving:  # (answered once settled)
+                                yield Held(req, partial(self.hold, req, keys, write))
+                                continue
                             self._refuse(ex, req, exc, len(keys))
                             continue
                 elif resp and req[1] == "asking":
                     ex.asking = True
             yield req
+
+    async def hold(self, req: Any, keys: list[bytes], write: bool, ex: Any) -> Any:
+        """Wait until the slot of ``req`` (naming ``keys``) is no longer moving, at
+        most ``HOLD_SECS``, then answer it as the map says: the request to serve
+        here (the move was given up), or None when it was answered."""
+        self.held += 1
+        resp = ex.door.protocol_name == "resp"
+        with trio.move_on_after(HOLD_SECS):
+            while type(self.refusal(keys, resp=resp, write=write)) is errors.SlotMoving:
+                with trio.move_on_after(HOLD_POLL_SECS):  # (a fence lifted: no new map)
+                    await self.member.map_event.wait()
+        exc = self.refusal(keys, resp=resp, write=write)
+        if exc is None:
+            return req
+        self._refuse(ex, req, exc, len(keys))
+        return None
 
     def refusal(
         self, keys: list[bytes], *, resp: bool, write: bool = True, asking: bool = False
@@ -170,11 +206,11 @@ class Router:
         everything goes to the target."""
         mv = self._switching.get(slot)
         if mv is not None:
-            # -TRYAGAIN, not -ASK: redis-py (8.x) fails with an AttributeError on
-            # an -ASK to a node its topology lacks (one that got its first slots
-            # since it last read CLUSTER SLOTS), and every cluster client retries
-            # -TRYAGAIN; the pause is well under a second. The target still takes
-            # ASKING for a switching slot, for clients that send it.
+            # Held, then -MOVED (or -TRYAGAIN past the hold), not -ASK: redis-py
+            # (8.x) fails with an AttributeError on an -ASK to a node its topology
+            # lacks (one that got its first slots since it last read CLUSTER
+            # SLOTS). The target still takes ASKING for a switching slot, for
+            # clients that send it.
             return errors.SlotMoving(
                 f"slot {slot} is switching to node {mv.target}; try again in a moment",
                 retry_after_ms=50,

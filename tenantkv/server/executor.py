@@ -44,6 +44,7 @@ from tenantkv import errors
 from tenantkv.admission.pipeline import Holds
 from tenantkv.server import auth, transaction
 from tenantkv.server.commands import Command, check_params
+from tenantkv.server.held import Held
 from tenantkv.server.log_setup import SparseLog
 from tenantkv.server.node import Node
 from tenantkv.server.rate_loan import RateLoan
@@ -61,6 +62,7 @@ closing_log = SparseLog(log)
 #: the door needs in place of params
 Request = tuple[int, str, Any]
 Numbered = Iterator[tuple[int, Request]]
+
 
 #: Requests handled back to back before the connection lets other tasks run.
 FAIR_SHARE_REQUESTS = 256
@@ -330,6 +332,11 @@ class Executor:
                         if not await self.door.before_auth(self, req):
                             return False
                     else:
+                        if type(req) is Held:  # (cluster: its slot is moving away)
+                            self._settle_chunk()
+                            req = await req.settle(self)
+                            if req is None:
+                                break  # answered meanwhile
                         cmd = commands.get(req[1])
                         # Only an admin's admin commands are exempt: a command's name
                         # exempts no one (the role check comes after the limiter).

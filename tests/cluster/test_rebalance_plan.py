@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,8 +29,9 @@ from tenantkv.cluster.rebalance import (
     switch_move,
 )
 from tenantkv.cluster.rebalance_plan import BATCH_SLOTS, done, next_batch, plan, slots_to_move
-from tenantkv.cluster.routing import Router
+from tenantkv.cluster.routing import HOLD_POLL_SECS, HOLD_SECS, Router
 from tenantkv.cluster.slots import SLOTS, key_slot
+from tenantkv.server.held import Held
 
 
 def live(*names: str) -> dict[str, NodeInfo]:
@@ -213,3 +215,107 @@ async def test_a_switching_slot_says_tryagain_and_the_target_takes_asking() -> N
     assert target.refusal([KEY], resp=True, asking=True) is None
     # ASKING does nothing for a slot that is not switching to this node.
     assert isinstance(target.refusal([b"bar"], resp=True, asking=True), errors.NotMyPartition)
+
+
+# -- a request of a moving slot is held, then answered as the map says ---------------
+
+
+class DoorStub:
+    """What routing touches of an executor: its door, its user, its answers."""
+
+    def __init__(self, *, resp: bool = True, in_multi: bool = False) -> None:
+        kinds = {"set": "write", "get": "read", "incr": "write"}
+        self.door = SimpleNamespace(
+            protocol_name="resp" if resp else "msgpack",
+            commands={name: SimpleNamespace(kind=kind) for name, kind in kinds.items()},
+        )
+        self.user = object()
+        self.asking = False
+        self.in_multi = in_multi
+        self.answers: list[tuple[int, errors.ServerError]] = []
+        self.refused_in_multi: list[str] = []
+
+    def charge_floor(self, keys: int) -> None:
+        pass
+
+    def fail(self, msgid: int, method: str, exc: errors.ServerError, **kw: Any) -> None:
+        self.answers.append((msgid, exc))
+
+    def transaction_refused(self, method: str) -> None:
+        self.refused_in_multi.append(method)
+
+
+def one_routed(router: Router, ex: DoorStub, req: tuple[int, str, Any]) -> Any:
+    (out,) = router.route(ex, iter([req]))
+    return out
+
+
+async def settle_in_background(nursery: trio.Nursery, held: Held, ex: DoorStub) -> list[Any]:
+    box: list[Any] = []
+
+    async def run() -> None:
+        box.append(await held.settle(ex))  # type: ignore[arg-type]
+
+    nursery.start_soon(run)
+    await trio.sleep(0.2)
+    assert box == [] and ex.answers == []  # still held: nothing answered yet
+    return box
+
+
+@pytest.mark.parametrize("resp", [True, False])
+async def test_a_switching_slots_request_is_held_then_moved(
+    resp: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    source, _ = moving_router("switch")
+    ex = DoorStub(resp=resp)
+    held = one_routed(source, ex, (1, "get", {"key": KEY}))
+    assert isinstance(held, Held) and held[1] == "get"
+    async with trio.open_nursery() as nursery:
+        box = await settle_in_background(nursery, held, ex)
+        member = source.member
+        committed = commit_move(member.map, member.map.moves[0])
+        assert committed is not None
+        member.map, event = replace(committed, version=10), member.map_event
+        member.map_event = trio.Event()
+        event.set()  # (Member._take does this for a map from etcd)
+    assert box == [None]
+    ((msgid, exc),) = ex.answers
+    assert msgid == 1 and isinstance(exc, errors.NotMyPartition)
+    if resp:
+        assert exc.redis_text() == f"MOVED {key_slot(KEY)} 10.0.0.1:7218"
+
+
+async def test_a_fenced_write_is_served_here_when_the_move_is_given_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    source, _ = moving_router("copy")
+    source.fenced.add(key_slot(KEY))
+    ex = DoorStub()
+    assert one_routed(source, ex, (2, "get", {"key": KEY})) == (2, "get", {"key": KEY})
+    req = (3, "set", {"key": KEY, "value": b"v"})
+    held = one_routed(source, ex, req)
+    async with trio.open_nursery() as nursery:
+        box = await settle_in_background(nursery, held, ex)
+        source.fenced.clear()  # move_end: no new map, the hold looks again by itself
+    assert box == [req] and ex.answers == []
+
+
+async def test_a_move_that_outlasts_the_hold_answers_tryagain(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    source, _ = moving_router("switch")
+    ex = DoorStub()
+    held = one_routed(source, ex, (4, "set", {"key": KEY, "value": b"v"}))
+    t0 = trio.current_time()
+    assert await held.settle(ex) is None  # type: ignore[arg-type]
+    assert trio.current_time() - t0 == pytest.approx(HOLD_SECS, abs=HOLD_POLL_SECS)
+    ((_, exc),) = ex.answers
+    assert isinstance(exc, errors.SlotMoving) and exc.redis_text().startswith("TRYAGAIN")
+
+
+async def test_inside_multi_a_moving_slot_is_refused_at_once() -> None:
+    source, _ = moving_router("switch")
+    ex = DoorStub(in_multi=True)
+    assert list(source.route(ex, iter([(5, "incr", {"key": KEY})]))) == []
+    assert ex.refused_in_multi == ["incr"]
+    assert isinstance(ex.answers[0][1], errors.SlotMoving)

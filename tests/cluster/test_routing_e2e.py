@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import trio
 from redis.cluster import ClusterNode, RedisCluster
 
 from tenantkv import errors
-from tenantkv.cluster.routing import node_id
+from tenantkv.cluster.cluster_map import NodeInfo
+from tenantkv.cluster.peer import peer_session
+from tenantkv.cluster.routing import HOLD_SECS, node_id
 from tenantkv.cluster.slots import SLOTS, key_slot
 from tests.conftest import ADMIN_PASSWORD, Daemon, wait_until
 
 from .conftest import EtcdServer
 from .test_cluster_e2e import cluster_status, create_bucket, full_map, serving, start_nodes
+from .test_peer import read_secret
 
 BUCKET = "app"
 
@@ -418,3 +424,56 @@ def test_a_transaction_naming_another_nodes_key_runs_nowhere(cluster: list[Daemo
                 [("set", {"key": mine, "value": b"1"}), ("set", {"key": theirs, "value": b"2"})]
             )
         assert c.get(mine) is None
+
+
+def test_a_write_to_a_fenced_slot_waits_for_its_move_instead_of_tryagain(
+    cluster: list[Daemon], etcd_server: EtcdServer
+) -> None:
+    """A slot's fence (its move's last catch-up, then the switch) holds the slot's
+    writes instead of answering ``-TRYAGAIN`` at once, which a redis-py
+    application would see once its retries (about 0.6 s) ran out: here the move
+    is given up (``move_end``) and the held SET runs on the node it was sent to.
+    (A move that commits answers the held request ``-MOVED``, one that outlasts
+    the hold ``-TRYAGAIN``: sans-IO, tests/cluster/test_rebalance_plan.py.)"""
+    d = cluster[0]
+    key = key_on(cluster, d, "held")
+    slot = key_slot(key)
+    status = cluster_status(d)
+    held_before = status["routing"]["held"]
+    me = NodeInfo(status["node"], d.host, d.port, d.resp_port)
+    r = resp(d)
+    answers: list[Any] = []
+
+    async def main() -> None:
+        secret = await read_secret(etcd_server, status["prefix"])
+        async with peer_session(me, secret) as peer:
+            await peer.call("move_track", {"slots": [slot]})
+            await peer.call("move_fence", {"slots": [slot]})
+            try:
+                async with trio.open_nursery() as nursery:
+
+                    async def write() -> None:
+                        t0 = time.monotonic()
+                        try:
+                            answers.append(await trio.to_thread.run_sync(r.set, key, b"held"))
+                        except redis.exceptions.TryAgainError:
+                            # the hold ran out first (a loaded machine kept the
+                            # status polls below from seeing it in time)
+                            assert time.monotonic() - t0 >= HOLD_SECS * 0.9
+                            answers.append("TRYAGAIN")
+
+                    nursery.start_soon(write)
+                    await trio.to_thread.run_sync(
+                        lambda: wait_until(
+                            lambda: cluster_status(d)["routing"]["held"] > held_before,
+                            what="the SET held",
+                        )
+                    )
+                    assert answers == []  # held, not refused
+            finally:
+                await peer.call("move_end", {"slots": [slot]})
+
+    trio.run(main)
+    if answers != ["TRYAGAIN"]:
+        assert answers == [True]  # the fence lifted inside the hold: it ran here
+        assert r.get(key) == b"held"
