@@ -6,9 +6,11 @@ are loaded (pipelined per node), then ``--writers`` threads overwrite random
 keys through ``ClusterClient`` while a fourth node joins and
 ``tenantkv-admin rebalance`` gives it a quarter of the slots. A probe thread
 writes, all the time, keys of the slots moving now (the batch the map names):
-the time from a write of the batch refused (fenced, switching) to the next
-one acknowledged is the batch's **write unavailability** (every slot of a
-batch is fenced and switched together, so it is each of its slots').
+the longest gap between two of its acknowledged writes while a batch moves
+is the batch's **write unavailability** (every slot of a batch is fenced and
+switched together, so it is each of its slots'): a write of a fenced or
+switching slot waits at its source until the move settles, then goes to the
+new owner, and is refused (``SlotMoving``) only if the pause outlasts that hold.
 
 Printed: the load rate, the rebalance's duration (request to the map's goal
 cleared), max and p99 unavailability per batch (and the coordinator's own
@@ -234,11 +236,16 @@ def probe_keys() -> dict[int, bytes]:
 def probe(
     cc: ClusterClient, admin: Client, counts: Counts, windows: list[float], stop: threading.Event
 ) -> None:
-    """Write keys of the batch moving now; each refused stretch is a window."""
+    """Write keys of the batch moving now, one after another; a batch's window is
+    the longest gap between two acknowledged writes while it moved. A write of a
+    fenced or switching slot is held at its source until the move settles (then
+    redirected), or refused past the hold, so the gap covers both; a status poll
+    (every 20 ms, a few ms) sits in some gaps too."""
     keys = probe_keys()
     moving: list[int] = []
-    refused_since: float | None = None
+    worst: dict[int, float] = {}  # per batch (its first slot): the longest gap
     last_poll = 0.0
+    last_ack = time.perf_counter()
     i = 0
     while not stop.is_set():
         now = time.perf_counter()
@@ -250,6 +257,7 @@ def probe(
                 moving = current
             elif not moving:
                 time.sleep(0.01)
+                last_ack = time.perf_counter()  # (no batch moving: no gap to count)
                 continue
         slot = moving[i % len(moving)]
         i += 1
@@ -257,14 +265,13 @@ def probe(
             cc.set(keys[slot], b"p")
         except Exception as exc:
             counts.error(exc)
-            if refused_since is None:
-                refused_since = time.perf_counter()
             time.sleep(0.002)
             continue
         counts.acked += 1
-        if refused_since is not None:
-            windows.append(time.perf_counter() - refused_since)
-            refused_since = None
+        now = time.perf_counter()
+        worst[moving[0]] = max(worst.get(moving[0], 0.0), now - last_ack)
+        last_ack = now
+    windows += worst.values()
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -338,24 +345,29 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
             t.join(60)
     status = admin.server_status()["cluster"]
     coordinator = {}
+    routing = {"held": 0, "refused": 0}  # summed over the nodes
     for node in nodes:
         with Client(node.host, node.port, user="admin", password=password) as c:
             doc = c.server_status()["cluster"]
             if doc["coordinator"]:
                 coordinator = doc.get("moves", {})
+            for k in routing:
+                routing[k] += doc.get("routing", {}).get(k, 0)
     slots = {n: v["slots"] for n, v in status["map"]["nodes"].items()}
     print(
         f"rebalance of {started['total']} slots 3 -> 4 nodes: {duration:.1f} s; slots now {slots}"
     )
     print(
         f"write unavailability per batch (probe): max {_ms(max(windows, default=None))}, "
-        f"p99 {_ms(pct(windows, 0.99))}, over {len(windows)} refused stretches; "
+        f"p99 {_ms(pct(windows, 0.99))}, over {len(windows)} batches; "
         f"coordinator fence-to-switch: max {coordinator.get('fence_ms_max')} ms, "
         f"p99 {coordinator.get('fence_ms_p99')} ms over {coordinator.get('batches')} batches"
     )
     print(
         f"writers: {wcounts.acked:,} writes acknowledged, errors {wcounts.errors}; "
-        f"probe: {pcounts.acked:,} acknowledged, errors {pcounts.errors}"
+        f"probe: {pcounts.acked:,} acknowledged, errors {pcounts.errors}; nodes held "
+        f"{routing['held']:,} requests of moving slots and redirected or refused "
+        f"{routing['refused']:,}"
     )
     worst = _worst_pause(nodes)
     if worst:
@@ -376,6 +388,7 @@ def _measure(args: argparse.Namespace, tmp: str, url: str, nodes: list[Node], pa
                     "count": len(windows),
                 },
                 "coordinator": coordinator,
+                "routing": routing,
                 "writer_errors": wcounts.errors,
                 "probe_errors": pcounts.errors,
                 "writes_acked": wcounts.acked,
@@ -398,7 +411,7 @@ def _load_threads(
     stop: threading.Event,
 ) -> list[threading.Thread]:
     """The writers (each its own keys and seed) and the probe that times each
-    stretch of refused writes, all through node 0, not yet started."""
+    gap between acknowledged writes of a moving batch, all through node 0, not yet started."""
     rng = random.Random(args.seed)
     threads = [
         threading.Thread(
