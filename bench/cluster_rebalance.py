@@ -253,6 +253,12 @@ def probe(
             last_poll = now
             progress = admin.server_status()["cluster"]["map"]["rebalance"] or {}
             current = [s for a, b, *_ in progress.get("moving", []) for s in range(a, b + 1)]
+            if current and not moving:
+                # Log in to every node now (the one joining too): a window is the
+                # move's, not the first connection's (a login's hash under load).
+                for address in cc.refresh_map().nodes.values():
+                    cc.node_client(address).command("ping")
+                last_ack = time.perf_counter()
             if current:
                 moving = current
             elif not moving:
