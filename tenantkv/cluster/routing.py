@@ -100,7 +100,7 @@ class Router:
     def __init__(self, member: Member) -> None:
         self.member = member
         self.refused = 0
-        #: requests held while their slot moved (hold), and those served here after
+        #: requests held while their slot moved (hold)
         self.held = 0
         #: slots whose writes this node refuses now (a move's fence; the writer
         #: enforces it too, for writes routed before it)
@@ -156,11 +156,12 @@ class Router:
         here (the move was given up), or None when it was answered."""
         self.held += 1
         resp = ex.door.protocol_name == "resp"
+        exc = self.refusal(keys, resp=resp, write=write)
         with trio.move_on_after(HOLD_SECS):
-            while type(self.refusal(keys, resp=resp, write=write)) is errors.SlotMoving:
+            while type(exc) is errors.SlotMoving:
                 with trio.move_on_after(HOLD_POLL_SECS):  # (a fence lifted: no new map)
                     await self.member.map_event.wait()
-        exc = self.refusal(keys, resp=resp, write=write)
+                exc = self.refusal(keys, resp=resp, write=write)
         if exc is None:
             return req
         self._refuse(ex, req, exc, len(keys))

@@ -63,7 +63,6 @@ closing_log = SparseLog(log)
 Request = tuple[int, str, Any]
 Numbered = Iterator[tuple[int, Request]]
 
-
 #: Requests handled back to back before the connection lets other tasks run.
 FAIR_SHARE_REQUESTS = 256
 #: Unsent reply bytes above which the connection sends before going on.
@@ -337,6 +336,7 @@ class Executor:
                             req = await req.settle(self)
                             if req is None:
                                 break  # answered meanwhile
+                            continue  # the checks above again: a user deleted, a shutdown
                         cmd = commands.get(req[1])
                         # Only an admin's admin commands are exempt: a command's name
                         # exempts no one (the role check comes after the limiter).
